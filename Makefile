@@ -1,0 +1,33 @@
+# The two entry points of the README. Everything they need is installed by the scripts below.
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: up test setup setup-system engine check unit
+
+## Set everything up on a fresh machine and run the appliance on its embedded default (CPU engine).
+up: setup engine
+	$(BIN)/appliance up
+
+## Set everything up and run the whole test suite (what .ci/run runs).
+test: setup setup-system engine
+	bash scripts/start-dockerd.sh
+	$(MAKE) check
+	$(BIN)/python -m pytest -ra --durations=15 tests
+
+setup:
+	bash scripts/setup.sh $(VENV)
+
+setup-system:
+	bash scripts/setup-system.sh
+
+engine: setup
+	$(BIN)/appliance engine setup
+
+check:
+	$(BIN)/ruff check appliance host_setup controller tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: setup
+	$(BIN)/python -m pytest -q tests/unit

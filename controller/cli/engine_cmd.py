@@ -1,0 +1,9 @@
+"""Placeholder: this command group is being written."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the `appliance` app."""

@@ -1,0 +1,66 @@
+"""Where the appliance keeps its state, and the knobs an operator sets through the environment.
+
+One place decides the data directory so that the engine environment, the model cache, the launch
+store, the key store and the compile caches all land under the same root (and survive a
+controller restart or a fresh clone of the code).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def default_home() -> Path:
+    explicit = os.environ.get("APPLIANCE_HOME")
+    if explicit:
+        return Path(explicit)
+    if os.geteuid() == 0:
+        return Path("/var/lib/appliance")
+    return Path.home() / ".local" / "share" / "appliance"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Every on-disk location the appliance uses, derived from one root."""
+
+    home: Path
+
+    @property
+    def engine_venv(self) -> Path:
+        return self.home / "engine" / "venv"
+
+    @property
+    def engine_python(self) -> Path:
+        return self.engine_venv / "bin" / "python"
+
+    @property
+    def models(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def cache(self) -> Path:
+        return self.home / "cache"
+
+    @property
+    def runs(self) -> Path:
+        """Per-launch log files and PID files."""
+        return self.home / "runs"
+
+    @property
+    def db(self) -> Path:
+        return self.home / "appliance.sqlite3"
+
+    @property
+    def keys_db(self) -> Path:
+        return self.home / "keys.sqlite3"
+
+    @property
+    def host_changes(self) -> Path:
+        """The journal of host changes made by `appliance host apply`, read by `revert`."""
+        return self.home / "host-changes.json"
+
+
+def paths() -> Paths:
+    return Paths(home=default_home())

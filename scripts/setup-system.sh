@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# System packages the test suite uses for real: a Docker daemon (MEASURED.md: Debian's docker.io
+# works here with the vfs storage driver), Prometheus' promtool for rule and query tests, nginx
+# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images.
+set -euo pipefail
+need=()
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v nginx >/dev/null || need+=(nginx)
+[ -x /bin/busybox ] || need+=(busybox-static)
+if [ ${#need[@]} -eq 0 ]; then
+  echo "[setup-system] system packages present"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "[setup-system] need root to install: ${need[*]}" >&2
+  exit 1
+fi
+echo "[setup-system] installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Debian starts services it installs where it can; the appliance starts its own.
