@@ -37,7 +37,5 @@ def busybox_image(client: docker.DockerClient, busybox: Path = Path("/bin/busybo
             dinfo.type = tarfile.DIRTYPE
             dinfo.mode = 0o1777 if d == "tmp" else 0o755
             tar.addfile(dinfo)
-    client.images.import_image(  # type: ignore[no-untyped-call]
-        repository="appliance-test/busybox", tag="latest", src=buf.getvalue()
-    ) if False else client.api.import_image_from_data(buf.getvalue(), repository="appliance-test/busybox", tag="latest")
+    client.api.import_image_from_data(buf.getvalue(), repository="appliance-test/busybox", tag="latest")
     return BUSYBOX_TAG
