@@ -1,0 +1,92 @@
+"""LaunchSpec: the exact, complete launch a recipe renders to. Pure data.
+
+Runtimes (controller/runtime/) execute a LaunchSpec and nothing else, so what `appliance recipes
+render` shows is exactly what runs. The spec hash labels the container/process so that a restarted
+controller can adopt an engine it launched (and tell whether it is the same launch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Mount(Frozen):
+    source: str
+    target: str
+    read_only: bool = False
+
+
+class Ulimit(Frozen):
+    name: str
+    soft: int  # -1 = unlimited
+    hard: int
+
+
+class Probes(Frozen):
+    """How the supervisor decides the engine is ready: /health answers AND one real completion succeeds."""
+
+    health_path: str = "/health"
+    models_path: str = "/v1/models"
+    completion_path: str = "/v1/chat/completions"
+    completion_prompt: str = "Say OK."
+    completion_max_tokens: int = 4
+
+
+class LaunchSpec(Frozen):
+    recipe: str
+    spec_hash: str = Field(description="sha256 over everything below except labels; first 16 hex chars.")
+    platform: str
+    runtime: Literal["docker", "process"]
+    image: str | None = None
+    python: str | None = None
+    workdir: str | None = None
+    argv: tuple[str, ...] = Field(description="The engine command itself (without the sourcing wrapper).")
+    source_files: tuple[str, ...] = ()
+    env: dict[str, str]
+    mounts: tuple[Mount, ...] = ()
+    devices: tuple[str, ...] = ()
+    group_add: tuple[str, ...] = ()
+    ipc_mode: str | None = None
+    shm_size: str | None = None
+    network_mode: str | None = None
+    security_opt: tuple[str, ...] = ()
+    ulimits: tuple[Ulimit, ...] = ()
+    memory_limit: None = Field(
+        default=None, description="Always none: DOMAIN §3, a cgroup limit counts page cache and kills TP=4."
+    )
+    published_ports: dict[int, int] = Field(default_factory=dict, description="container port → host port")
+    labels: dict[str, str] = Field(default_factory=dict)
+    restart_policy: Literal["no"] = "no"  # the controller owns restarts
+    host: str = "127.0.0.1"
+    port: int
+    served_model_name: str
+    cache_root: str
+    ready_budget_s: int
+    stall_window_s: int
+    probes: Probes = Field(default_factory=Probes)
+
+    def command(self) -> tuple[str, ...]:
+        """The full command: source the platform env files first (DOMAIN §2), then exec the engine."""
+        if not self.source_files:
+            return self.argv
+        sources = " && ".join(f". {shlex.quote(f)}" for f in self.source_files)
+        return ("bash", "-c", f'{sources} && exec "$@"', "engine", *self.argv)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def spec_hash(fields: dict[str, object]) -> str:
+    """Stable content hash of the launch-relevant fields (sorted JSON)."""
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

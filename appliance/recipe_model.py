@@ -1,0 +1,213 @@
+"""The recipe: everything an operator must get right to run the engine on a host, written once.
+
+Pure: pydantic v2 models only. A recipe is frozen and rejects unknown keys, so a typo in a YAML file
+is an error naming the field instead of a silently ignored setting (one missing variable costs an
+afternoon, DOMAIN §2 "missing one causes trouble").
+
+Facts behind the fields are cited as DOMAIN §n / S<step> (see shared/DOMAIN.md).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    """Base for every recipe part: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Platform(StrEnum):
+    GFX906 = "gfx906"  # Hygon Z100 / AMD GCN 5.1 (DOMAIN §1)
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class DockerRuntime(Strict):
+    kind: Literal["docker"] = "docker"
+    image: str
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    # DOMAIN §1: the production engine runs on a bridge network; that is why `--host 0.0.0.0` matters.
+    network: Literal["bridge", "host"] = "bridge"
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: str | None = None
+    group_add: tuple[str, ...] = ()
+    device_paths: tuple[str, ...] = Field(
+        default=(), description="Host device nodes passed through, e.g. /dev/kfd, /dev/dri."
+    )
+    security_opt: tuple[str, ...] = ()
+
+
+class ProcessRuntime(Strict):
+    kind: Literal["process"] = "process"
+    python: str = Field(description="Interpreter that runs the engine; ${APPLIANCE_HOME} is substituted.")
+    workdir: str | None = None
+
+
+Runtime = Annotated[DockerRuntime | ProcessRuntime, Field(discriminator="kind")]
+
+
+class ModelSpec(Strict):
+    path: str = Field(description="Model path or id as the engine sees it (inside the container for docker).")
+    served_name: str = Field(description="Stable served model name (DOMAIN §1: the same across slots).")
+    host_path: str | None = Field(default=None, description="Host directory mounted at `path` (docker).")
+
+
+class GraphMode(StrEnum):
+    EAGER = "eager"  # --enforce-eager: reproducible token stream (DOMAIN §2 recipe B)
+    GRAPH = "graph"  # CUDA/HIP graphs: faster, output varies across restarts (S14b/S14d)
+
+
+class EngineArgs(Strict):
+    tensor_parallel_size: int = Field(default=1, ge=1, le=16)
+    dtype: Literal["float16", "bfloat16", "float32", "auto"] = "float16"
+    max_model_len: int | None = Field(default=None, ge=16)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    mode: GraphMode = GraphMode.GRAPH
+    cudagraph_mode: (
+        Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None
+    ) = Field(default=None, description="None = the engine default (FULL_AND_PIECEWISE in vLLM ≥ 0.11).")
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    enable_prefix_caching: bool | None = None
+    mamba_cache_mode: str | None = None
+    disable_custom_all_reduce: bool = False
+    skip_mm_profiling: bool = False
+    enable_prompt_tokens_details: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    attention_backend: str | None = None
+    override_generation_config: dict[str, Any] | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=1, le=65535)
+    extra_args: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _graph_options_need_graph_mode(self) -> EngineArgs:
+        if self.mode is GraphMode.EAGER and (self.cudagraph_mode or self.cudagraph_capture_sizes):
+            raise ValueError(
+                "cudagraph_mode/cudagraph_capture_sizes are set but mode is 'eager' "
+                "(--enforce-eager disables graphs): remove them or set mode: graph"
+            )
+        return self
+
+
+class EnvVar(Strict):
+    value: str
+    why: str | None = None
+
+
+def _coerce_env(value: object) -> object:
+    """Allow `NAME: "value"` as shorthand for `NAME: {value: "value"}` in YAML."""
+    if isinstance(value, dict):
+        return {
+            k: ({"value": str(v)} if isinstance(v, str | int | float | bool) else v) for k, v in value.items()
+        }
+    return value
+
+
+class Environment(Strict):
+    vars: dict[str, EnvVar] = Field(default_factory=dict)
+    source_files: tuple[str, ...] = Field(
+        default=(), description="Shell files sourced before start, e.g. /opt/dtk/env.sh (DOMAIN §2)."
+    )
+    torch_first_wrapper: bool = Field(
+        default=False,
+        description="Start via `python -c 'import torch; ...main()'` (importing vllm first → std::bad_alloc, DOMAIN §5).",
+    )
+
+    @field_validator("vars", mode="before")
+    @classmethod
+    def _shorthand(cls, value: object) -> object:
+        return _coerce_env(value)
+
+
+class AcsState(StrEnum):
+    DISABLED = "disabled"  # redirect bits off (DOMAIN §6 deployed state)
+    ENABLED = "enabled"
+    ANY = "any"
+
+
+class HostRequirements(Strict):
+    min_ram_gib: float | None = Field(default=None, gt=0)
+    swap_total_gib: float | None = Field(default=None, ge=0)
+    swappiness: int | None = Field(default=None, ge=0, le=200)
+    memlock_unlimited: bool = False
+    no_cgroup_memory_limit: bool = True
+    pcie_acs: AcsState = AcsState.ANY
+    boot_params: tuple[str, ...] = ()
+    kernel_module: str | None = None
+
+
+class Reproducibility(StrEnum):
+    BITWISE = "bitwise"
+    VARIES = "varies-across-restarts"
+
+
+class Expectations(Strict):
+    ready_budget_s: int = Field(ge=10, description="How long a start may take before it is a failure.")
+    stall_window_s: int = Field(default=600, ge=10, description="No progress and no CPU for this long = stalled.")
+    decode_ms_per_token: float | None = Field(default=None, gt=0)
+    reproducibility: Reproducibility = Reproducibility.VARIES
+    min_mem_available_gib: float | None = Field(default=None, ge=0)
+    warm_restart: bool = Field(
+        default=False, description="Warm the compile cache on an empty root, then restart (DOMAIN §4)."
+    )
+    notes: str = ""
+
+
+class CachePolicy(Strict):
+    root: str = Field(description="Base directory; the per-variant root is derived under it.")
+    triton_cache_dir: str | None = Field(
+        default=None, description="A fixed Triton cache volume (DOMAIN §2); default: inside the variant root."
+    )
+
+
+class MemoryModel(Strict):
+    """Inputs for host admission (DOMAIN §3). GiB unless named otherwise."""
+
+    worker_anon_gib_eager: float = Field(ge=0)
+    worker_anon_gib_graph: float = Field(ge=0)
+    overhead_gib: float = Field(ge=0, description="EngineCore + API server anonymous memory.")
+    startup_transient_gib: float = Field(
+        default=0.0, ge=0, description="Peak above steady state during warm-up (cold start)."
+    )
+    warm_transient_gib: float | None = Field(
+        default=None, ge=0, description="Peak above steady state on a warm-cache start, if different."
+    )
+    page_cache_floor_gib: float = Field(
+        default=0.6, ge=0, description="Page cache the host keeps even when squeezed (S14: ~600 MB)."
+    )
+    pinned_bytes_per_worker: int | None = Field(
+        default=None, ge=0, description="Pinned host bytes per worker; None = max_num_seqs × max_model_len × 4."
+    )
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    extends: str | None = None
+    abstract: bool = Field(default=False, description="A base recipe that cannot be launched itself.")
+    platform: Platform
+    runtime: Runtime
+    model: ModelSpec
+    devices: tuple[int, ...] | None = Field(
+        default=None, description="GPU indices, rendered to HIP_/CUDA_VISIBLE_DEVICES (always explicit on GPUs)."
+    )
+    engine: EngineArgs = Field(default_factory=EngineArgs)
+    env: Environment = Field(default_factory=Environment)
+    host: HostRequirements = Field(default_factory=HostRequirements)
+    expect: Expectations
+    cache: CachePolicy
+    memory: MemoryModel | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.engine.tensor_parallel_size

@@ -1,0 +1,88 @@
+"""The Runtime protocol: the one seam through which the controller touches engines.
+
+Everything effectful about an engine — starting it, signalling it, reading its logs, finding it again
+after a controller restart — goes through a Runtime. The supervisor's tests replace it with a fake;
+the integration tests run the real ProcessRuntime (a real vLLM CPU engine) and DockerRuntime (a real
+daemon). Methods are synchronous (the docker SDK is); the async supervisor driver calls them via
+`asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from appliance.launch_spec import LaunchSpec
+
+# Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
+LABEL_MANAGED = "appliance.managed"
+LABEL_LAUNCH_ID = "appliance.launch_id"
+LABEL_RECIPE = "appliance.recipe"
+LABEL_SPEC_HASH = "appliance.spec_hash"
+
+
+class EngineHandle(BaseModel):
+    """How to find one running (or finished) engine again. Serialisable: stored in the launch record."""
+
+    model_config = ConfigDict(frozen=True)
+
+    launch_id: str
+    runtime: str  # "process" | "docker"
+    ref: str  # PID (process) or container id (docker)
+    recipe: str
+    spec_hash: str
+    log_path: str | None = None
+    started_at: float  # wall clock, seconds since the epoch
+
+
+class ExitInfo(BaseModel):
+    """What the runtime knows about how an engine ended (or that it is still running)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    running: bool
+    exit_code: int | None = None
+    signal: int | None = None  # the terminating signal, when known (process runtime; docker: code-128)
+    oom_killed: bool | None = None  # docker's State.OOMKilled; None where the runtime cannot know
+
+
+class RuntimeError_(Exception):
+    """A runtime operation failed in a way the operator must see (image missing, daemon down...)."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    name: str
+
+    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+        """Launch the engine exactly as the spec says. Returns at once; readiness is the supervisor's job."""
+        ...
+
+    def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
+        """TERM, wait up to grace_s, then KILL — by PID / container id, never by pattern."""
+        ...
+
+    def inspect(self, handle: EngineHandle) -> ExitInfo:
+        """Non-blocking: is it running; if not, how did it end."""
+        ...
+
+    def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        """Block up to timeout_s for the engine to end; returns running=True on timeout."""
+        ...
+
+    def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:
+        """Log text appended since byte offset `offset`, and the new offset (poll-based streaming)."""
+        ...
+
+    def adopt(self) -> list[EngineHandle]:
+        """Engines this appliance launched that are still running (by label or PID file)."""
+        ...
+
+    def engine_pids(self, handle: EngineHandle) -> list[int]:
+        """Host PIDs of the engine's processes (for memory watch and OOM attribution)."""
+        ...
+
+    def cpu_seconds(self, handle: EngineHandle) -> float:
+        """Total CPU time of the engine's processes so far (stall detection: no progress AND no CPU)."""
+        ...
