@@ -64,3 +64,17 @@ class Paths:
 
 def paths() -> Paths:
     return Paths(home=default_home())
+
+
+def recipes_dir() -> Path:
+    """The recipe directory: $APPLIANCE_RECIPES, else the `recipes/` folder beside the code."""
+    explicit = os.environ.get("APPLIANCE_RECIPES")
+    if explicit:
+        return Path(explicit)
+    return Path(__file__).resolve().parent.parent / "recipes"
+
+
+DEFAULT_RECIPE = "cpu-smollm2"
+CONTROLLER_PORT = 8090  # admin API + controller /metrics, 127.0.0.1 unless configured
+GATEWAY_PORT = 8080  # DOMAIN §1: the api-gateway on :8080 in front of the engine on :8000
+ENGINE_PORT = 8000
