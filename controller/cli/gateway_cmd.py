@@ -1,9 +1,86 @@
-"""Placeholder: this command group is being written."""
+"""`appliance gateway`: run the authenticated streaming proxy (standalone or under the controller)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from controller.gateway.config import ADMIN_TOKEN_ENV, GatewayConfig
+from controller.gateway.slot import NoSlotPolicy
+from controller.settings import paths
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def gateway(
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            help="Engine base URL, e.g. http://127.0.0.1:8000. Unset: no slot until the "
+            "controller sets one (PUT /admin/upstream)."
+        ),
+    ] = None,
+    served_model: Annotated[
+        str | None, typer.Option(help="Rewrite the `model` of JSON requests to this served name.")
+    ] = None,
+    listen: Annotated[str, typer.Option(help="HOST:PORT to serve clients on.")] = "0.0.0.0:8080",
+    keys: Annotated[
+        Path | None, typer.Option(help="Key store file (default: the appliance's keys.sqlite3).")
+    ] = None,
+    no_slot: Annotated[
+        NoSlotPolicy, typer.Option(help="While no engine is ready: reject (503 + Retry-After) or queue.")
+    ] = NoSlotPolicy.REJECT,
+    queue_max: Annotated[int, typer.Option(help="Queue mode: most requests waiting for a slot.")] = 64,
+    queue_timeout: Annotated[
+        float, typer.Option(help="Queue mode: longest wait for a slot, seconds.")
+    ] = 30.0,
+    retry_after: Annotated[int, typer.Option(help="Retry-After seconds sent with 503 while no slot.")] = 5,
+    max_body: Annotated[int, typer.Option(help="Largest request body in bytes (larger: 413).")] = 16 << 20,
+    connect_timeout: Annotated[float, typer.Option(help="Upstream connect timeout, seconds.")] = 5.0,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Upstream idle-read timeout, seconds (there is no total timeout).")
+    ] = 600.0,
+    log_level: Annotated[str, typer.Option(help="uvicorn/gateway log level.")] = "warning",
+) -> None:
+    """Run the gateway in the foreground. Admin calls need the token whose sha256 is in
+    $APPLIANCE_ADMIN_TOKEN_SHA256 (unset: the admin surface is closed)."""
+    from controller.gateway import server  # imported late: uvicorn/aiohttp are heavy for other commands
+
+    host, port = _split_listen(listen)
+    config = GatewayConfig(
+        keys_db=keys or paths().keys_db,
+        host=host,
+        port=port,
+        upstream_url=upstream,
+        served_model=served_model,
+        admin_token_sha256=GatewayConfig.admin_hash_from_env(),
+        max_body_bytes=max_body,
+        connect_timeout_s=connect_timeout,
+        idle_timeout_s=idle_timeout,
+        no_slot_policy=no_slot,
+        queue_max=queue_max,
+        queue_timeout_s=queue_timeout,
+        retry_after_s=retry_after,
+        log_level=log_level,
+    )
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    admin = "open" if config.admin_token_sha256 else f"closed (set {ADMIN_TOKEN_ENV})"
+    typer.echo(
+        f"gateway on {host}:{port} → {upstream or 'no upstream yet'}; keys {config.keys_db}; "
+        f"admin surface {admin}",
+        err=True,
+    )
+    server.run(config)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `appliance` app."""
+    app.command("gateway")(gateway)

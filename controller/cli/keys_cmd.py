@@ -1,9 +1,139 @@
-"""Placeholder: this command group is being written."""
+"""`appliance keys create|list|revoke`: manage gateway API keys.
+
+Works on the key file directly, or through the controller's admin API with ``--api URL`` (admin
+token from $APPLIANCE_ADMIN_TOKEN). A key is printed once, at creation; only its hash is stored.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
+from controller.settings import paths
+
+ADMIN_TOKEN_CLIENT_ENV = "APPLIANCE_ADMIN_TOKEN"
+
+keys_app = typer.Typer(
+    name="keys", help="Gateway API keys (stored as hashes; shown once at creation).", no_args_is_help=True
+)
+
+KeysOpt = Annotated[
+    Path | None, typer.Option("--keys", help="Key store file (default: keys.sqlite3 in APPLIANCE_HOME).")
+]
+ApiOpt = Annotated[
+    str | None, typer.Option("--api", help="Use the controller's admin API at this URL, not the file.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _api(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    token = os.environ.get(ADMIN_TOKEN_CLIENT_ENV)
+    if not token:
+        raise typer.BadParameter(
+            f"--api needs the admin token in ${ADMIN_TOKEN_CLIENT_ENV}", param_hint="--api"
+        )
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        base.rstrip("/") + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        typer.echo(f"error: {method} {path} → {exc.code}: {detail}", err=True)
+        raise typer.Exit(1) from exc
+    except urllib.error.URLError as exc:
+        typer.echo(f"error: cannot reach {base}: {exc.reason}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+@keys_app.command("create")
+def create(
+    name: Annotated[str, typer.Option("--name", help="Who or what the key is for.")],
+    rpm: Annotated[
+        int | None, typer.Option("--rpm", min=1, help="Requests per minute (unset: no limit).")
+    ] = None,
+    max_concurrent: Annotated[
+        int | None, typer.Option("--max-concurrent", min=1, help="Concurrent requests (unset: no limit).")
+    ] = None,
+    keys: KeysOpt = None,
+    api: ApiOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key and print it (the only time it is ever shown)."""
+    if api:
+        out = _api(api, "POST", "/keys", {"name": name, "rpm_limit": rpm, "max_concurrent": max_concurrent})
+    else:
+        try:
+            record, key = KeyStore(keys or paths().keys_db).create(name, rpm, max_concurrent)
+        except KeyStoreError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        out = {**record.as_dict(), "key": key}
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(out["key"])
+    typer.echo(f"created key {out['id']} ({out['name']}). Store it now: it cannot be shown again.", err=True)
+
+
+@keys_app.command("list")
+def list_keys(
+    all_keys: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    keys: KeysOpt = None,
+    api: ApiOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys (ids, names, limits; never the keys)."""
+    if api:
+        rows: list[dict[str, Any]] = _api(api, "GET", f"/keys?include_revoked={str(all_keys).lower()}")
+    else:
+        rows = [r.as_dict() for r in KeyStore(keys or paths().keys_db).list(include_revoked=all_keys)]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'RPM':>6} {'CONC':>5}")
+    for r in rows:
+        typer.echo(
+            f"{r['id']:<13} {r['name'][:24]:<24} {_when(r['created']):<19} {_when(r['revoked']):<19} "
+            f"{r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5}"
+        )
+
+
+@keys_app.command("revoke")
+def revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (from `appliance keys list`).")],
+    keys: KeysOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Revoke a key; the gateway refuses it within about a second, without a restart."""
+    if api:
+        _api(api, "DELETE", f"/keys/{key_id}")
+    else:
+        try:
+            KeyStore(keys or paths().keys_db).revoke(key_id)
+        except KeyNotFound as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+    typer.echo(f"revoked {key_id}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `appliance` app."""
+    app.add_typer(keys_app)

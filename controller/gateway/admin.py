@@ -1,0 +1,130 @@
+"""The gateway's admin surface, used by the controller's supervisor (see ``control.py``).
+
+    GET  /admin/upstream   → the current upstream
+    PUT  /admin/upstream   {"url": str|null, "served_model": str|null, "drain_deadline_s": float,
+                            "retry_after_s": int|null}
+         new requests go to ``url`` at once (or get 503/queue when null); the call returns after
+         requests on the previous upstream ended or were aborted at the deadline.
+    POST /admin/drain      {"deadline_s": float, "abort": bool}
+         waits for every in-flight request, up to the deadline; aborts the rest if asked.
+
+Every call needs ``Authorization: Bearer <admin token>``; the gateway knows only the token's
+sha256 (``APPLIANCE_ADMIN_TOKEN_SHA256``) and compares in constant time.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from controller.gateway.asgi import (
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_error,
+    send_json,
+)
+from controller.gateway.auth import AdminAuth
+from controller.gateway.metrics import GatewayMetrics
+from controller.gateway.slot import Slot, Upstream
+
+_ADMIN_BODY_LIMIT = 64 * 1024
+M = TypeVar("M", bound=BaseModel)
+
+
+class UpstreamRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None
+    served_model: str | None = None
+    drain_deadline_s: float = Field(default=30.0, ge=0, le=3600)
+    retry_after_s: int | None = Field(default=None, ge=1, le=3600)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError("url must start with http:// or https://")
+        return v
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    deadline_s: float = Field(default=30.0, ge=0, le=3600)
+    abort: bool = False
+
+
+def upstream_view(up: Upstream | None) -> dict[str, Any] | None:
+    if up is None:
+        return None
+    return {"url": up.url, "served_model": up.served_model, "generation": up.generation}
+
+
+class Admin:
+    def __init__(self, auth: AdminAuth, slot: Slot, metrics: GatewayMetrics) -> None:
+        self.auth = auth
+        self.slot = slot
+        self.metrics = metrics
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.auth.enabled:
+            await send_error(
+                send, 403, "admin surface disabled: set APPLIANCE_ADMIN_TOKEN_SHA256", "permission_error"
+            )
+            return
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if not self.auth.check(authorization):
+            await send_error(
+                send, 401, "invalid admin token", "authentication_error", [(b"www-authenticate", b"Bearer")]
+            )
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/admin/upstream" and method == "GET":
+            await send_json(
+                send,
+                200,
+                {
+                    "upstream": upstream_view(self.slot.current),
+                    "in_flight": self.slot.in_flight,
+                    "queue_waiting": self.slot.waiting,
+                },
+            )
+        elif path == "/admin/upstream" and method == "PUT":
+            put = await self._parse(receive, send, UpstreamRequest)
+            if put is not None:
+                up, result = await self.slot.switch(
+                    put.url, put.served_model, put.drain_deadline_s, put.retry_after_s
+                )
+                self.metrics.switches.inc()
+                self.metrics.upstream_ready.set(1 if up is not None else 0)
+                self.metrics.drain_aborted.inc(result.aborted)
+                await send_json(send, 200, {"upstream": upstream_view(up), **result.as_dict()})
+        elif path == "/admin/drain" and method == "POST":
+            drain = await self._parse(receive, send, DrainRequest)
+            if drain is not None:
+                result = await self.slot.drain(drain.deadline_s, drain.abort)
+                self.metrics.drain_aborted.inc(result.aborted)
+                await send_json(send, 200, result.as_dict())
+        else:
+            await send_error(send, 404, f"no admin route {method} {path}", "not_found")
+
+    @staticmethod
+    async def _parse(receive: Receive, send: Send, model: type[M]) -> M | None:
+        try:
+            raw = await read_body(receive, _ADMIN_BODY_LIMIT)
+            return model.model_validate(json.loads(raw or b"{}"))
+        except ValidationError as exc:  # before ValueError: it is one
+            await send_error(send, 422, str(exc), "invalid_request_error")
+        except ValueError as exc:
+            await send_error(send, 400, f"malformed JSON body: {exc}", "invalid_request_error")
+        except BodyTooLarge:
+            await send_error(send, 413, "admin request body too large", "invalid_request_error")
+        except ClientGone:
+            pass  # nobody to answer
+        return None

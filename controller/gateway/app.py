@@ -1,0 +1,104 @@
+"""The gateway as one ASGI application: routing, lifespan, health and metrics.
+
+/v1/...        authenticated, forwarded to the current upstream (``proxy.py``)
+/admin/...     the controller's handle on the upstream slot (``admin.py``)
+/healthz       the gateway process itself (200 while it runs; says whether a slot is set)
+/metrics       Prometheus text, the gateway's own registry (``metrics.py``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from controller.gateway.admin import Admin, upstream_view
+from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
+from controller.gateway.auth import AdminAuth, KeyCache
+from controller.gateway.config import GatewayConfig
+from controller.gateway.keystore import KeyStore
+from controller.gateway.limits import KeyLimiter
+from controller.gateway.metrics import GatewayMetrics
+from controller.gateway.proxy import Proxy, Tee
+from controller.gateway.slot import Slot
+
+log = logging.getLogger(__name__)
+
+
+class GatewayApp:
+    def __init__(
+        self, config: GatewayConfig, tee: Tee | None = None, metrics: GatewayMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or GatewayMetrics()
+        self.keys = KeyCache(KeyStore(config.keys_db), refresh_s=config.key_refresh_s)
+        self.slot = Slot(
+            config.no_slot_policy, config.queue_max, config.queue_timeout_s, config.retry_after_s
+        )
+        if config.upstream_url:
+            self.slot.set(config.upstream_url, config.served_model)
+        self.metrics.upstream_ready.set(1 if self.slot.current else 0)
+        self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee)
+        self.admin = Admin(AdminAuth(config.admin_token_sha256), self.slot, self.metrics)
+        self._refresher: asyncio.Task[None] | None = None
+
+    async def startup(self) -> None:
+        # Blocking read on purpose: the gateway must not accept requests before it knows the keys.
+        self.keys.load()
+        self.metrics.keys_loaded.set_function(lambda: self.keys.size)
+        await self.proxy.start()
+        self._refresher = asyncio.create_task(self.keys.run_refresher())
+
+    async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
+        await self.proxy.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            if path.startswith("/v1/"):
+                await self.proxy.handle(scope, receive, send)
+            elif path == "/healthz":
+                await send_json(
+                    send,
+                    200,
+                    {
+                        "status": "ok",
+                        "upstream": upstream_view(self.slot.current),
+                        "in_flight": self.slot.in_flight,
+                        "queue_waiting": self.slot.waiting,
+                        "keys": self.keys.size,
+                    },
+                )
+            elif path == "/metrics":
+                await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
+            elif path.startswith("/admin/"):
+                await self.admin.handle(scope, receive, send)
+            else:
+                await send_error(send, 404, f"no route {path}", "not_found")
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        # websockets are not served: uvicorn refuses them when the app returns without accepting.
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except (OSError, sqlite3.Error) as exc:
+                    await send({"type": "lifespan.startup.failed", "message": f"gateway start failed: {exc}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return

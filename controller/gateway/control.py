@@ -1,0 +1,131 @@
+"""The controller's client for the gateway's admin surface (used by the supervisor).
+
+    await set_upstream(gateway, token, "http://127.0.0.1:8000", "qwen3.8-27b")   # engine ready
+    await set_upstream(gateway, token, None, None, drain_deadline_s=30)          # before a restart
+    await drain(gateway, token, deadline_s=30)
+
+``token`` is the admin token itself; the gateway was started with its sha256 in
+``APPLIANCE_ADMIN_TOKEN_SHA256`` (``auth.hash_admin_token``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+# The admin calls wait for a drain, so their HTTP timeout is the drain deadline plus this margin.
+_MARGIN_S = 10.0
+
+
+class GatewayControlError(Exception):
+    """The gateway refused or could not be reached; ``status`` is None when it was unreachable."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SwitchResult:
+    upstream: dict[str, Any] | None  # {"url", "served_model", "generation"} or None
+    drained: bool
+    aborted: int
+    remaining: int
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    drained: bool
+    aborted: int
+    remaining: int
+    waited_s: float
+
+
+async def _call(
+    gateway_url: str,
+    admin_token: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    wait_s: float,
+    session: aiohttp.ClientSession | None,
+) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    timeout = aiohttp.ClientTimeout(total=wait_s + _MARGIN_S, sock_connect=5.0)
+    own = session is None
+    s = session or aiohttp.ClientSession()
+    url = gateway_url.rstrip("/") + path
+    try:
+        async with s.request(method, url, json=body, headers=headers, timeout=timeout) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise GatewayControlError(
+                    f"gateway {method} {path} → {resp.status}: {text[:500]}", resp.status
+                )
+            data: dict[str, Any] = await resp.json(content_type=None)
+            return data
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise GatewayControlError(f"gateway {url} unreachable: {exc!r}") from exc
+    finally:
+        if own:
+            await s.close()
+
+
+async def set_upstream(
+    gateway_url: str,
+    admin_token: str,
+    url: str | None,
+    served_model: str | None,
+    drain_deadline_s: float = 30.0,
+    retry_after_s: int | None = None,
+    *,
+    session: aiohttp.ClientSession | None = None,
+) -> SwitchResult:
+    """Point new requests at ``url`` (None: no engine; clients get 503 + Retry-After or queue) and
+    return once requests on the previous upstream ended, or were aborted at the deadline."""
+    body: dict[str, Any] = {"url": url, "served_model": served_model, "drain_deadline_s": drain_deadline_s}
+    if retry_after_s is not None:
+        body["retry_after_s"] = retry_after_s
+    data = await _call(gateway_url, admin_token, "PUT", "/admin/upstream", body, drain_deadline_s, session)
+    return SwitchResult(
+        upstream=data["upstream"],
+        drained=data["drained"],
+        aborted=data["aborted"],
+        remaining=data["remaining"],
+        waited_s=data["waited_s"],
+    )
+
+
+async def drain(
+    gateway_url: str,
+    admin_token: str,
+    deadline_s: float = 30.0,
+    abort: bool = False,
+    *,
+    session: aiohttp.ClientSession | None = None,
+) -> DrainResult:
+    """Wait (up to ``deadline_s``) for every in-flight request; abort the rest if ``abort``."""
+    data = await _call(
+        gateway_url,
+        admin_token,
+        "POST",
+        "/admin/drain",
+        {"deadline_s": deadline_s, "abort": abort},
+        deadline_s,
+        session,
+    )
+    return DrainResult(
+        drained=data["drained"],
+        aborted=data["aborted"],
+        remaining=data["remaining"],
+        waited_s=data["waited_s"],
+    )
+
+
+async def get_upstream(
+    gateway_url: str, admin_token: str, *, session: aiohttp.ClientSession | None = None
+) -> dict[str, Any]:
+    return await _call(gateway_url, admin_token, "GET", "/admin/upstream", None, 0.0, session)

@@ -1,0 +1,220 @@
+"""The API key store: a SQLite file holding sha256 hashes of random keys, never the keys.
+
+A key looks like ``sk-app-<id>-<secret>``: the 12-hex-digit id is not secret (it names the key in
+listings, logs and metrics), the secret is 32 random bytes. Only ``sha256(whole key)`` is stored, so
+a copy of the file cannot be used to call the gateway; the key is shown once, when it is created.
+
+Writers (the CLI, the controller's admin API) and the reader (the gateway process) share the file.
+Triggers bump a ``version`` row on every change, so the gateway can notice a revoke by reading one
+integer once a second instead of reloading the table (see ``auth.KeyCache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+KEY_PREFIX = "sk-app-"
+ID_HEX_LEN = 12
+_KEY_RE = re.compile(r"^sk-app-([0-9a-f]{12})-[A-Za-z0-9_-]{20,200}$")
+_ID_RE = re.compile(r"^[0-9a-f]{12}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    key_sha256 TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    revoked REAL,
+    rpm_limit INTEGER,
+    max_concurrent INTEGER
+);
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (k, v) VALUES ('version', 0);
+CREATE TRIGGER IF NOT EXISTS keys_version_ins AFTER INSERT ON keys
+    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
+CREATE TRIGGER IF NOT EXISTS keys_version_upd AFTER UPDATE ON keys
+    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
+CREATE TRIGGER IF NOT EXISTS keys_version_del AFTER DELETE ON keys
+    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
+"""
+
+
+class KeyStoreError(Exception):
+    """A key store operation failed for a reason the caller should show to the operator."""
+
+
+class KeyNotFound(KeyStoreError):
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no key with id {key_id!r}")
+        self.key_id = key_id
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What may be shown about a key: everything except its secret and its hash."""
+
+    id: str
+    name: str
+    created: float
+    revoked: float | None
+    rpm_limit: int | None
+    max_concurrent: int | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked is None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created": self.created,
+            "revoked": self.revoked,
+            "rpm_limit": self.rpm_limit,
+            "max_concurrent": self.max_concurrent,
+        }
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """A record with the hash the gateway compares against (sha256 digest, 32 bytes)."""
+
+    record: KeyRecord
+    digest: bytes
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id_of(presented: str) -> str | None:
+    """The id embedded in a well-formed key, or None if the string cannot be one of our keys."""
+    m = _KEY_RE.match(presented)
+    return m.group(1) if m else None
+
+
+def _row_to_record(row: sqlite3.Row) -> KeyRecord:
+    return KeyRecord(
+        id=row["id"],
+        name=row["name"],
+        created=row["created"],
+        revoked=row["revoked"],
+        rpm_limit=row["rpm_limit"],
+        max_concurrent=row["max_concurrent"],
+    )
+
+
+class KeyStore:
+    """Operations on one key file. Each call opens its own connection: callers live in different
+    threads (FastAPI's thread pool) and processes (CLI, gateway), and opening costs ~0.1 ms."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._initialised = False
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        if not self._initialised:
+            self._init()
+        conn = sqlite3.connect(self.path, timeout=5.0)
+        conn.row_factory = sqlite3.Row
+        try:
+            with conn:
+                yield conn
+        finally:
+            conn.close()
+
+    def _init(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        existed = self.path.exists()
+        conn = sqlite3.connect(self.path, timeout=5.0)
+        try:
+            # WAL: the gateway's once-a-second read never waits for a CLI write, nor blocks it.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+            conn.commit()
+        finally:
+            conn.close()
+        if not existed:
+            # The file holds only hashes, but names and limits are still the operator's business.
+            os.chmod(self.path, 0o600)
+        self._initialised = True
+
+    def create(
+        self, name: str, rpm_limit: int | None = None, max_concurrent: int | None = None
+    ) -> tuple[KeyRecord, str]:
+        """Make a new key. Returns the record and the key itself, which is not stored anywhere."""
+        if not name.strip():
+            raise KeyStoreError("a key needs a non-empty name")
+        for label, value in (("rpm_limit", rpm_limit), ("max_concurrent", max_concurrent)):
+            if value is not None and value < 1:
+                raise KeyStoreError(f"{label} must be at least 1 (or unset for no limit), got {value}")
+        key_id = secrets.token_hex(ID_HEX_LEN // 2)
+        key = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"
+        record = KeyRecord(
+            id=key_id,
+            name=name,
+            created=time.time(),
+            revoked=None,
+            rpm_limit=rpm_limit,
+            max_concurrent=max_concurrent,
+        )
+        with self._connect() as conn:
+            conn.execute(
+                "INSERT INTO keys (id, name, key_sha256, created, revoked, rpm_limit, max_concurrent)"
+                " VALUES (?, ?, ?, ?, NULL, ?, ?)",
+                (key_id, name, hash_key(key), record.created, rpm_limit, max_concurrent),
+            )
+        return record, key
+
+    def list(self, include_revoked: bool = True) -> list[KeyRecord]:
+        query = "SELECT * FROM keys"
+        if not include_revoked:
+            query += " WHERE revoked IS NULL"
+        with self._connect() as conn:
+            rows = conn.execute(query + " ORDER BY created").fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def get(self, key_id: str) -> KeyRecord:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM keys WHERE id = ?", (key_id,)).fetchone()
+        if row is None:
+            raise KeyNotFound(key_id)
+        return _row_to_record(row)
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        """Mark a key revoked (idempotent: a second revoke keeps the first time)."""
+        if not _ID_RE.match(key_id):
+            raise KeyNotFound(key_id)
+        with self._connect() as conn:
+            conn.execute(
+                "UPDATE keys SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), key_id)
+            )
+        return self.get(key_id)
+
+    def version(self) -> int:
+        """A number that changes whenever any key is added, changed or removed."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT v FROM meta WHERE k = 'version'").fetchone()
+        return int(row[0])
+
+    def snapshot(self) -> tuple[int, dict[str, StoredKey]]:
+        """Version and every key (revoked ones too, so the gateway can say "revoked"), read in one
+        transaction so the version matches the rows."""
+        with self._connect() as conn:
+            conn.execute("BEGIN")  # one read snapshot for both statements
+            version = int(conn.execute("SELECT v FROM meta WHERE k = 'version'").fetchone()[0])
+            rows = conn.execute("SELECT * FROM keys").fetchall()
+        keys = {
+            r["id"]: StoredKey(record=_row_to_record(r), digest=bytes.fromhex(r["key_sha256"])) for r in rows
+        }
+        return version, keys

@@ -1,0 +1,473 @@
+"""Forwarding one OpenAI-compatible request to the current upstream, streaming the answer back.
+
+The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
+body, pick the upstream, one pooled aiohttp request. Per chunk: one ``readany``, two clock reads,
+two histogram observations when streaming, one ASGI ``send`` with the bytes exactly as they arrived
+(no parsing, no re-framing, so the client receives byte for byte what the engine sent).
+
+A watcher task waits on ASGI ``receive`` for ``http.disconnect`` and cancels the request's task:
+the aiohttp response is then closed at once, whether we were waiting for the first token or in the
+middle of a stream, and vLLM aborts the generation when its socket closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from controller.gateway.asgi import (
+    BodyTooLarge,
+    ClientGone,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_error,
+)
+from controller.gateway.auth import AuthFailure, KeyCache
+from controller.gateway.config import GatewayConfig
+from controller.gateway.keystore import KeyRecord
+from controller.gateway.limits import KeyLimiter, LimitExceeded
+from controller.gateway.metrics import GatewayMetrics
+from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
+
+log = logging.getLogger(__name__)
+
+# Called with (request id, bytes exactly as received from upstream); tests use it to prove the
+# passthrough is byte for byte.
+Tee = Callable[[bytes, bytes], None]
+
+STATUS_CLIENT_GONE = 499  # nginx's convention: the client closed the connection first
+
+# Routes get their own metric label; anything else under /v1 is "/v1/other" (bounded cardinality).
+KNOWN_ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/rerank",
+        "/v1/score",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+    }
+)
+
+# Never forwarded upstream: hop-by-hop headers, the client's credentials, and headers we set.
+_DROP_REQUEST = frozenset(
+    {
+        b"host",
+        b"authorization",
+        b"proxy-authorization",
+        b"content-length",
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"expect",
+        b"x-request-id",
+    }
+)
+# Never passed back: hop-by-hop (uvicorn frames the body itself) and the id we set.
+_DROP_RESPONSE = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"x-request-id",
+    }
+)
+_REQUEST_ID_RE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+_CLOSE = (b"connection", b"close")
+
+
+def route_label(path: str) -> str:
+    return path if path in KNOWN_ROUTES else "/v1/other"
+
+
+class _RequestState:
+    """Why the request's task was cancelled (by us), and how far the response got."""
+
+    __slots__ = ("finished", "reason", "response_started", "status", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.reason: str | None = None  # "client" (disconnected) or "drain" (deadline passed)
+        self.finished = False
+        self.response_started = False
+        self.status = 0
+
+    def abort(self) -> None:
+        if not self.finished and self.reason is None:
+            self.reason = "drain"
+            self.task.cancel()
+
+
+class Proxy:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        keys: KeyCache,
+        limiter: KeyLimiter,
+        slot: Slot,
+        metrics: GatewayMetrics,
+        tee: Tee | None = None,
+    ) -> None:
+        self.config = config
+        self.keys = keys
+        self.limiter = limiter
+        self.slot = slot
+        self.metrics = metrics
+        self.tee = tee
+        self.session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=config.connect_timeout_s, sock_read=config.idle_timeout_s
+        )
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.config.pool_limit,
+            limit_per_host=0,
+            keepalive_timeout=self.config.upstream_keepalive_s,
+            ttl_dns_cache=10,
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            # Bytes pass through as the engine encoded them; the client asked for its own encoding.
+            auto_decompress=False,
+            # Do not invent headers the client did not send: the request upstream is the client's.
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = perf_counter()
+        route = route_label(scope["path"])
+        authorization: bytes | None = None
+        request_id: bytes | None = None
+        content_type = b""
+        content_length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-request-id":
+                if _REQUEST_ID_RE.match(value):
+                    request_id = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                content_length = value
+        if request_id is None:
+            request_id = os.urandom(12).hex().encode()
+        rid = (b"x-request-id", request_id)
+
+        key = self.keys.authenticate(authorization)
+        if isinstance(key, AuthFailure):
+            await send_error(
+                send, 401, key.value, "authentication_error", [rid, (b"www-authenticate", b"Bearer")]
+            )
+            self.metrics.count_request(route, 401, "none")
+            return
+        status = await self._admitted(
+            scope, receive, send, key, route, request_id, content_type, content_length, t0
+        )
+        self.metrics.count_request(route, status, key.id)
+        self.metrics.route_histograms(route)[0].observe(perf_counter() - t0)
+
+    async def _admitted(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        key: KeyRecord,
+        route: str,
+        request_id: bytes,
+        content_type: bytes,
+        content_length: bytes | None,
+        t0: float,
+    ) -> int:
+        rid = (b"x-request-id", request_id)
+        limit = self.config.max_body_bytes
+        too_large = f"request body larger than {limit} bytes"
+        if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+            # Close: the unread body would otherwise sit in the connection.
+            await send_error(send, 413, too_large, "invalid_request_error", [rid, _CLOSE])
+            return 413
+        try:
+            body = await read_body(receive, limit)
+        except BodyTooLarge:
+            await send_error(send, 413, too_large, "invalid_request_error", [rid, _CLOSE])
+            return 413
+        except ClientGone:
+            return STATUS_CLIENT_GONE
+
+        doc: Any = None
+        if body and b"json" in content_type:
+            try:
+                doc = json.loads(body)
+            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+                await send_error(send, 400, f"malformed JSON body: {exc}", "invalid_request_error", [rid])
+                return 400
+
+        lease = self.limiter.try_acquire(key)
+        if isinstance(lease, LimitExceeded):
+            await send_error(
+                send,
+                429,
+                lease.reason,
+                "rate_limit_error",
+                [rid, (b"retry-after", str(lease.retry_after_s).encode())],
+            )
+            return 429
+        try:
+            return await self._forward(scope, receive, send, route, request_id, body, doc, t0)
+        finally:
+            lease.release()
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: str,
+        request_id: bytes,
+        body: bytes,
+        doc: Any,
+        t0: float,
+    ) -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        state = _RequestState(task)
+        watcher = asyncio.create_task(self._watch(receive, state))
+        rid = (b"x-request-id", request_id)
+        entry = None
+        try:
+            upstream = self.slot.current
+            if upstream is None:
+                queued = self.slot.policy is NoSlotPolicy.QUEUE
+                if queued:
+                    self.metrics.queue_waiting.inc()
+                try:
+                    got = await self.slot.acquire()
+                finally:
+                    if queued:
+                        self.metrics.queue_waiting.dec()
+                if isinstance(got, NoSlot):
+                    await send_error(
+                        send,
+                        503,
+                        got.reason,
+                        "service_unavailable",
+                        [rid, (b"retry-after", str(got.retry_after_s).encode())],
+                    )
+                    return 503
+                upstream = got
+            if isinstance(doc, dict) and upstream.served_model is not None:
+                model = doc.get("model")
+                if isinstance(model, str) and model != upstream.served_model:
+                    # Aliasing: clients may say any model name; the engine knows one served name.
+                    doc["model"] = upstream.served_model
+                    body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+            entry = self.slot.track(upstream, state.abort)
+            self.metrics.in_flight.inc()
+            return await self._exchange(scope, send, route, request_id, body, upstream, state, t0)
+        except asyncio.CancelledError:
+            if state.reason is None:
+                raise  # not ours (server shutdown): let it propagate
+            task.uncancel()
+            if state.reason == "client":
+                return STATUS_CLIENT_GONE
+            # Drain deadline passed. Before the response started we can still say why.
+            if not state.response_started:
+                await send_error(
+                    send,
+                    503,
+                    "request aborted: the engine is being switched",
+                    "service_unavailable",
+                    [rid, (b"retry-after", str(self.slot.retry_after_s).encode())],
+                )
+                return 503
+            return state.status  # the response stays incomplete: uvicorn closes the connection
+        finally:
+            state.finished = True
+            watcher.cancel()
+            if entry is not None:
+                self.slot.untrack(entry)
+                self.metrics.in_flight.dec()
+
+    @staticmethod
+    async def _watch(receive: Receive, state: _RequestState) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        # uvicorn also reports "disconnect" once our response is complete; only a real one counts.
+        if not state.finished and state.reason is None:
+            state.reason = "client"
+            state.task.cancel()
+
+    def _upstream_headers(self, headers: Headers, request_id: bytes) -> CIMultiDict[str]:
+        out: CIMultiDict[str] = CIMultiDict()
+        for name, value in headers:
+            if name not in _DROP_REQUEST:
+                out.add(name.decode("latin-1"), value.decode("latin-1"))
+        out["X-Request-Id"] = request_id.decode("ascii")
+        return out
+
+    async def _exchange(
+        self,
+        scope: Scope,
+        send: Send,
+        route: str,
+        request_id: bytes,
+        body: bytes,
+        upstream: Upstream,
+        state: _RequestState,
+        t0: float,
+    ) -> int:
+        assert self.session is not None, "gateway not started (lifespan did not run)"
+        rid = (b"x-request-id", request_id)
+        target = upstream.url + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        if scope["query_string"]:
+            target += "?" + scope["query_string"].decode("latin-1")
+        url = URL(target, encoded=True)
+        headers = self._upstream_headers(scope["headers"], request_id)
+        errors = self.metrics.upstream_errors
+        resp: aiohttp.ClientResponse | None = None
+        for attempt in (1, 2):
+            try:
+                resp = await self.session.request(
+                    scope["method"], url, data=body or None, headers=headers, allow_redirects=False
+                )
+                break
+            except aiohttp.ServerDisconnectedError:
+                # A pooled connection the upstream closed while idle: it never saw this request,
+                # so one retry on a fresh connection is safe.
+                if attempt == 2:
+                    errors.labels("disconnect").inc()
+                    await send_error(
+                        send,
+                        502,
+                        f"upstream {upstream.url} closed the connection before answering",
+                        "upstream_error",
+                        [rid],
+                    )
+                    return 502
+            except aiohttp.ClientConnectorError as exc:
+                errors.labels("connect").inc()
+                await send_error(
+                    send,
+                    502,
+                    f"cannot connect to upstream {upstream.url}: {exc.os_error}",
+                    "upstream_error",
+                    [rid],
+                )
+                return 502
+            except aiohttp.ConnectionTimeoutError:
+                errors.labels("connect_timeout").inc()
+                await send_error(
+                    send,
+                    502,
+                    f"connecting to upstream {upstream.url} timed out after "
+                    f"{self.config.connect_timeout_s:g} s",
+                    "upstream_error",
+                    [rid],
+                )
+                return 502
+            except aiohttp.ServerTimeoutError:
+                errors.labels("read_timeout").inc()
+                await send_error(
+                    send,
+                    504,
+                    f"upstream {upstream.url} sent nothing for {self.config.idle_timeout_s:g} s",
+                    "upstream_error",
+                    [rid],
+                )
+                return 504
+            except aiohttp.ClientError as exc:
+                errors.labels("disconnect").inc()
+                await send_error(
+                    send, 502, f"upstream {upstream.url} request failed: {exc!r}", "upstream_error", [rid]
+                )
+                return 502
+        assert resp is not None
+        complete = False
+        is_stream = False
+        try:
+            out_headers: Headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
+            out_headers.append(rid)
+            is_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+            await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
+            state.response_started = True
+            state.status = resp.status
+            content = resp.content
+            tee = self.tee
+            if is_stream:
+                self.metrics.in_flight_streams.inc()
+                _, ttft, itl = self.metrics.route_histograms(route)
+                chunk = await content.readany()
+                last = perf_counter()
+                if chunk:
+                    ttft.observe(last - t0)
+                while chunk:
+                    if tee is not None:
+                        tee(request_id, chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    chunk = await content.readany()
+                    now = perf_counter()
+                    if chunk:
+                        itl.observe(now - last)
+                    last = now
+            else:
+                while chunk := await content.readany():
+                    if tee is not None:
+                        tee(request_id, chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            complete = True
+            state.finished = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return resp.status
+        except aiohttp.ServerTimeoutError:
+            errors.labels("read_timeout").inc()
+            log.warning(
+                "request %s: upstream idle for %g s mid-response, closing",
+                request_id.decode(),
+                self.config.idle_timeout_s,
+            )
+            return resp.status
+        except aiohttp.ClientError as exc:
+            errors.labels("broken_stream").inc()
+            log.warning("request %s: upstream response broke off: %r", request_id.decode(), exc)
+            return resp.status
+        finally:
+            if is_stream:
+                self.metrics.in_flight_streams.dec()
+            if complete:
+                resp.release()
+            else:
+                # Never pool a half-read connection; closing it is what tells vLLM to abort.
+                resp.close()

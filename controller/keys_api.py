@@ -1,0 +1,73 @@
+"""Key management routes for the controller's admin API.
+
+The controller's app includes ``keys_router(require_admin)``, passing its own admin-auth
+dependency; the gateway process sees the change within about a second (key store version row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.gateway.keystore import KeyNotFound, KeyRecord, KeyStore, KeyStoreError
+from controller.settings import paths
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    rpm_limit: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+
+
+class KeyOut(BaseModel):
+    id: str
+    name: str
+    created: float
+    revoked: float | None
+    rpm_limit: int | None
+    max_concurrent: int | None
+
+    @classmethod
+    def of(cls, record: KeyRecord) -> KeyOut:
+        return cls(**record.as_dict())
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The key itself. Shown only in this response; only its hash is stored.")
+
+
+def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None) -> APIRouter:
+    """``POST /keys``, ``GET /keys``, ``DELETE /keys/{id}``, all behind ``require_admin``.
+    ``store`` defaults to the appliance's key file (``paths().keys_db``), resolved per request so a
+    test or an operator can change APPLIANCE_HOME without rebuilding the app."""
+    router = APIRouter(prefix="/keys", tags=["keys"], dependencies=[Depends(require_admin)])
+
+    def _store() -> KeyStore:
+        return store if store is not None else KeyStore(paths().keys_db)
+
+    # Plain `def` handlers: FastAPI runs them in its thread pool, so SQLite never blocks the loop.
+    @router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
+    def create_key(body: KeyCreate) -> KeyCreated:
+        try:
+            record, key = _store().create(body.name, body.rpm_limit, body.max_concurrent)
+        except KeyStoreError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+        return KeyCreated(**record.as_dict(), key=key)
+
+    @router.get("", response_model=list[KeyOut])
+    def list_keys(include_revoked: bool = True) -> list[KeyOut]:
+        return [KeyOut.of(r) for r in _store().list(include_revoked=include_revoked)]
+
+    @router.delete("/{key_id}", response_model=KeyOut)
+    def revoke_key(key_id: str) -> KeyOut:
+        try:
+            return KeyOut.of(_store().revoke(key_id))
+        except KeyNotFound as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+
+    return router
