@@ -142,7 +142,8 @@ def _installed_dists(site_root: Path) -> set[str]:
     for lib in site_root.glob("lib/python*/site-packages"):
         for info in lib.glob("*.dist-info"):
             # "<name>-<version>.dist-info"; names are normalized with "_" in folder names.
-            names.add(info.name.rsplit("-", 1)[0].lower().replace("_", "-"))
+            stem = info.name.removesuffix(".dist-info")
+            names.add(stem.rsplit("-", 1)[0].lower().replace("_", "-"))
     return names
 
 
