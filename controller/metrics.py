@@ -1,0 +1,336 @@
+"""Every Prometheus metric of the controller, in one module and one registry (prefix `appliance_`).
+
+The dashboards (`monitoring/grafana/dashboards/`) and alert rules (`monitoring/prometheus/rules/`)
+query exactly these names; the gateway has its own (`appliance_gateway_*`,
+`controller/gateway/metrics.py`); the engine exports vLLM's own `vllm:*`.
+
+The supervisor and the watchers call these functions (nothing else touches the metric objects):
+
+- `set_engine_state(state)` → `appliance_engine_state{state}`: 1 for the current state, 0 for the
+  others (states: stopped, starting, running, backoff, stopping, exited, fatal; others are added).
+- `begin_launch(recipe, cache, *, ready_budget_s, min_mem_available_bytes, started_at)` → counts
+  `appliance_engine_launches_total{recipe,cache}` (cache "cold"/"warm"), sets
+  `appliance_engine_launch_start_timestamp_seconds{recipe}` (wall clock),
+  `appliance_engine_ready_budget_seconds{recipe}`, `appliance_launch_memory_available_target_bytes{recipe}`,
+  `appliance_engine_ready{recipe}` = 0, and drops the previous launch's per-launch series.
+- `set_engine_phase(recipe, phase, since_start_s)` → `appliance_engine_phase{phase}` (1 for the
+  latest, 0 for earlier ones) and `appliance_engine_phase_reached_seconds{recipe,phase}`.
+- `record_ready(recipe, cache, seconds)` → histogram `appliance_engine_ready_seconds{recipe,cache}`,
+  `appliance_engine_last_ready_seconds{recipe,cache}`, `appliance_engine_ready{recipe}` = 1.
+- `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
+  (start: cold/warm; result: hit/miss/unknown, as `appliance.log_phases.CacheOutcome`).
+- `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
+- `record_oom_event(event)` → kills only (not reaper lines): `appliance_oom_kills_total{constraint}`,
+  `appliance_oom_victim_kills_total{constraint,victim}`,
+  `appliance_oom_last_kill_timestamp_seconds{constraint}`.
+- `record_cgroup_oom_kills(n)` → `appliance_cgroup_oom_kills_total` (memory.events/oom_control witness).
+- `record_kmsg_gap(gap)` → `appliance_kmsg_lost_records_total`.
+- `observe_host(sample)` → `appliance_host_memory_total_bytes`, `appliance_host_memory_available_bytes`,
+  `appliance_host_swap_total_bytes`, `appliance_host_swap_used_bytes`, `appliance_host_swappiness`,
+  `appliance_host_memory_pressure_ratio{kind,window}` (kind some/full, window 10s/60s/300s),
+  `appliance_engine_process_{anon,rss,swap}_bytes{pid,comm}`, `appliance_engine_anon_bytes`.
+- `observe_watermarks(recipe, marks)` → `appliance_launch_memory_available_min_bytes{recipe}`,
+  `appliance_launch_swap_used_peak_bytes{recipe}`, `appliance_launch_engine_anon_peak_bytes{recipe}`,
+  `appliance_launch_memory_pressure_peak_ratio{recipe,kind}`.
+- `render()` → `(body, content_type)` for the admin API's `GET /metrics`.
+
+Why two OOM counters: a counter series that is born at 1 (a new `victim` label value) has no
+earlier sample, so `increase()` cannot see its first kill; `appliance_oom_kills_total{constraint}`
+exists at 0 from start-up for every constraint and is what alerts use, the victim-labelled one is
+for dashboards. Label values are bounded: constraint ∈ {global, cgroup, cpuset, mempolicy,
+unknown}, victim = the kernel's 15-character comm.
+
+Units are Prometheus base units: bytes, seconds, ratios 0..1 (PSI percentages / 100).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from appliance.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
+from appliance.procfs import ProcessMemory
+from controller.watch.sampler import HostSample, Watermarks
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# The supervisor's states (ARCHITECTURE "explicit state machine"); unknown states are added on use.
+ENGINE_STATES = ("stopped", "starting", "running", "backoff", "stopping", "exited", "fatal")
+CACHE_KINDS = ("cold", "warm")
+# Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
+READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)
+
+# --- engine lifecycle -----------------------------------------------------------------------------
+
+engine_state = Gauge(
+    "appliance_engine_state", "Supervisor state of the engine slot: 1 for the current state.", ["state"],
+    registry=REGISTRY,
+)
+engine_phase = Gauge(
+    "appliance_engine_phase", "Start-up phase from the engine log: 1 for the latest phase reached.",
+    ["phase"], registry=REGISTRY,
+)
+engine_phase_reached_seconds = Gauge(
+    "appliance_engine_phase_reached_seconds",
+    "Seconds after launch at which the current launch reached each phase.", ["recipe", "phase"],
+    registry=REGISTRY,
+)
+engine_launches_total = Counter(
+    "appliance_engine_launches", "Engine launches by recipe and compile cache state (cold/warm).",
+    ["recipe", "cache"], registry=REGISTRY,
+)
+engine_restarts_total = Counter(
+    "appliance_engine_restarts", "Engine restarts by the supervisor, by reason.", ["recipe", "reason"],
+    registry=REGISTRY,
+)
+engine_launch_start = Gauge(
+    "appliance_engine_launch_start_timestamp_seconds", "Wall-clock start of the current launch.", ["recipe"],
+    registry=REGISTRY,
+)
+engine_ready_budget = Gauge(
+    "appliance_engine_ready_budget_seconds", "How long the current launch may take to become ready.",
+    ["recipe"], registry=REGISTRY,
+)
+engine_ready = Gauge(
+    "appliance_engine_ready", "1 once the current launch answered health and a real completion.", ["recipe"],
+    registry=REGISTRY,
+)
+engine_ready_seconds = Histogram(
+    "appliance_engine_ready_seconds", "Launch to ready, by recipe and cache state.", ["recipe", "cache"],
+    buckets=READY_BUCKETS, registry=REGISTRY,
+)
+engine_last_ready_seconds = Gauge(
+    "appliance_engine_last_ready_seconds", "Launch to ready of the latest launch per recipe and cache state.",
+    ["recipe", "cache"], registry=REGISTRY,
+)
+engine_compile_cache_total = Counter(
+    "appliance_engine_compile_cache",
+    "Compile cache outcome per start from the engine log (start: cold/warm; result: hit/miss/unknown).",
+    ["recipe", "start", "result"], registry=REGISTRY,
+)
+
+# --- OOM ------------------------------------------------------------------------------------------
+
+oom_kills_total = Counter(
+    "appliance_oom_kills", "Kernel OOM kills seen in /dev/kmsg, by constraint (global, cgroup, ...).",
+    ["constraint"], registry=REGISTRY,
+)
+oom_victim_kills_total = Counter(
+    "appliance_oom_victim_kills", "Kernel OOM kills by constraint and victim task name.",
+    ["constraint", "victim"], registry=REGISTRY,
+)
+oom_last_kill = Gauge(
+    "appliance_oom_last_kill_timestamp_seconds",
+    "Wall-clock time the latest OOM kill was seen, by constraint.", ["constraint"], registry=REGISTRY,
+)
+cgroup_oom_kills_total = Counter(
+    "appliance_cgroup_oom_kills", "OOM kills counted by the engine container's cgroup (memory.events).",
+    registry=REGISTRY,
+)
+kmsg_lost_records_total = Counter(
+    "appliance_kmsg_lost_records", "Kernel log records overwritten before the watcher read them.",
+    registry=REGISTRY,
+)
+
+# --- host memory ------------------------------------------------------------------------------------
+
+host_mem_total = Gauge("appliance_host_memory_total_bytes", "MemTotal.", registry=REGISTRY)
+host_mem_available = Gauge("appliance_host_memory_available_bytes", "MemAvailable.", registry=REGISTRY)
+host_swap_total = Gauge("appliance_host_swap_total_bytes", "Swap areas' total size.", registry=REGISTRY)
+host_swap_used = Gauge("appliance_host_swap_used_bytes", "Swap in use.", registry=REGISTRY)
+host_swappiness = Gauge("appliance_host_swappiness", "vm.swappiness (0..200).", registry=REGISTRY)
+host_pressure = Gauge(
+    "appliance_host_memory_pressure_ratio",
+    "Memory PSI: share of time some/all tasks stalled on memory, averaged over 10/60/300 s.",
+    ["kind", "window"], registry=REGISTRY,
+)
+launch_mem_available_min = Gauge(
+    "appliance_launch_memory_available_min_bytes", "Lowest MemAvailable seen during the current launch.",
+    ["recipe"], registry=REGISTRY,
+)
+launch_mem_available_target = Gauge(
+    "appliance_launch_memory_available_target_bytes",
+    "The recipe's floor for MemAvailable (expectations.min_mem_available_gib).", ["recipe"],
+    registry=REGISTRY,
+)
+launch_swap_peak = Gauge(
+    "appliance_launch_swap_used_peak_bytes", "Highest swap use seen during the current launch.", ["recipe"],
+    registry=REGISTRY,
+)
+launch_engine_anon_peak = Gauge(
+    "appliance_launch_engine_anon_peak_bytes",
+    "Highest summed RssAnon of the engine's processes during the current launch.", ["recipe"],
+    registry=REGISTRY,
+)
+launch_pressure_peak = Gauge(
+    "appliance_launch_memory_pressure_peak_ratio", "Highest memory PSI avg10 during the current launch.",
+    ["recipe", "kind"], registry=REGISTRY,
+)
+
+
+class _EngineProcessCollector(Collector):
+    """Per-process memory of the engine from the latest sample. A snapshot collector, not gauges
+    with labels: exited pids must vanish at once instead of lingering as stale series."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: tuple[ProcessMemory, ...] = ()
+        self._sampled = False
+
+    def set(self, procs: Iterable[ProcessMemory]) -> None:
+        with self._lock:
+            self._procs = tuple(procs)
+            self._sampled = True
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            procs, sampled = self._procs, self._sampled
+        families = {
+            "anon": GaugeMetricFamily("appliance_engine_process_anon_bytes",
+                                      "RssAnon of each engine process (smaps_rollup Anonymous).",
+                                      labels=["pid", "comm"]),
+            "rss": GaugeMetricFamily("appliance_engine_process_rss_bytes", "RSS of each engine process.",
+                                     labels=["pid", "comm"]),
+            "swap": GaugeMetricFamily("appliance_engine_process_swap_bytes",
+                                      "Swapped-out memory of each engine process.", labels=["pid", "comm"]),
+        }
+        for p in procs:
+            labels = [str(p.pid), p.comm or "?"]
+            families["anon"].add_metric(labels, p.anon_bytes)
+            families["rss"].add_metric(labels, p.rss_bytes)
+            families["swap"].add_metric(labels, p.swap_bytes)
+        yield from families.values()
+        total = GaugeMetricFamily("appliance_engine_anon_bytes", "Summed RssAnon of the engine's processes.")
+        if sampled:
+            total.add_metric([], sum(p.anon_bytes for p in procs))
+        yield total
+
+
+_engine_processes = _EngineProcessCollector()
+REGISTRY.register(_engine_processes)
+
+_lock = threading.Lock()
+_states_seen: set[str] = set(ENGINE_STATES)
+_phases_seen: set[str] = set()
+
+for _s in ENGINE_STATES:
+    engine_state.labels(_s).set(0)
+for _scope in OomScope:
+    oom_kills_total.labels(_scope.value)
+    oom_last_kill.labels(_scope.value).set(0)
+
+
+# --- functions the supervisor and the watchers call ------------------------------------------------
+
+
+def set_engine_state(state: str) -> None:
+    state = state.lower()
+    with _lock:
+        _states_seen.add(state)
+        for s in _states_seen:
+            engine_state.labels(s).set(1 if s == state else 0)
+
+
+def begin_launch(
+    recipe: str,
+    cache: str,
+    *,
+    ready_budget_s: float,
+    min_mem_available_bytes: int | None,
+    started_at: float,
+) -> None:
+    """A new launch of `recipe` starts (cache: "cold" or "warm"). Per-launch series of the previous
+    launch are dropped, so alerts compare against the current recipe only."""
+    with _lock:
+        for g in (engine_launch_start, engine_ready_budget, engine_ready, launch_mem_available_target,
+                  launch_mem_available_min, launch_swap_peak, launch_engine_anon_peak, launch_pressure_peak,
+                  engine_phase_reached_seconds, engine_phase):
+            g.clear()
+        _phases_seen.clear()
+    engine_launches_total.labels(recipe, cache).inc()
+    engine_launch_start.labels(recipe).set(started_at)
+    engine_ready_budget.labels(recipe).set(ready_budget_s)
+    engine_ready.labels(recipe).set(0)
+    if min_mem_available_bytes is not None:
+        launch_mem_available_target.labels(recipe).set(min_mem_available_bytes)
+
+
+def set_engine_phase(recipe: str, phase: str, since_start_s: float) -> None:
+    with _lock:
+        _phases_seen.add(phase)
+        for p in _phases_seen:
+            engine_phase.labels(p).set(1 if p == phase else 0)
+    engine_phase_reached_seconds.labels(recipe, phase).set(since_start_s)
+
+
+def record_ready(recipe: str, cache: str, seconds: float) -> None:
+    engine_ready_seconds.labels(recipe, cache).observe(seconds)
+    engine_last_ready_seconds.labels(recipe, cache).set(seconds)
+    engine_ready.labels(recipe).set(1)
+
+
+def record_compile_cache(recipe: str, start: str, result: str) -> None:
+    """One start's compile cache outcome from the log (DOMAIN §4: a warm start must say `Directly
+    load AOT compilation`; `Source code has changed … Recompiling` is a miss)."""
+    engine_compile_cache_total.labels(recipe, start, result).inc()
+
+
+def record_restart(recipe: str, reason: str) -> None:
+    engine_restarts_total.labels(recipe, reason).inc()
+
+
+def record_oom_event(event: OomEvent, *, now: float | None = None) -> None:
+    """Count a kill (reaper confirmations are not kills and are ignored)."""
+    if event.kind is not OomEventKind.KILL:
+        return
+    constraint = event.scope.value
+    oom_kills_total.labels(constraint).inc()
+    oom_victim_kills_total.labels(constraint, event.task or "?").inc()
+    oom_last_kill.labels(constraint).set(time.time() if now is None else now)
+
+
+def record_cgroup_oom_kills(n: int) -> None:
+    if n > 0:
+        cgroup_oom_kills_total.inc(n)
+
+
+def record_kmsg_gap(gap: SeqGap) -> None:
+    kmsg_lost_records_total.inc(gap.lost)
+
+
+def observe_host(sample: HostSample) -> None:
+    host_mem_total.set(sample.meminfo.mem_total_bytes)
+    host_mem_available.set(sample.mem_available_bytes)
+    host_swap_total.set(sample.swap_total_bytes)
+    host_swap_used.set(sample.swap_used_bytes)
+    if sample.swappiness is not None:
+        host_swappiness.set(sample.swappiness)
+    if sample.pressure is not None:
+        lines = [("some", sample.pressure.some), ("full", sample.pressure.full)]
+        for kind, line in lines:
+            if line is None:
+                continue
+            host_pressure.labels(kind, "10s").set(line.avg10)
+            host_pressure.labels(kind, "60s").set(line.avg60)
+            host_pressure.labels(kind, "300s").set(line.avg300)
+    _engine_processes.set(sample.processes)
+
+
+def observe_watermarks(recipe: str, marks: Watermarks) -> None:
+    if marks.mem_available_min_bytes is not None:
+        launch_mem_available_min.labels(recipe).set(marks.mem_available_min_bytes)
+    launch_swap_peak.labels(recipe).set(marks.swap_used_peak_bytes)
+    launch_engine_anon_peak.labels(recipe).set(marks.engine_anon_peak_bytes)
+    launch_pressure_peak.labels(recipe, "some").set(marks.pressure_some_avg10_peak)
+    launch_pressure_peak.labels(recipe, "full").set(marks.pressure_full_avg10_peak)
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition body and its content type, for `GET /metrics`."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
