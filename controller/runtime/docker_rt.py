@@ -1,0 +1,371 @@
+"""DockerRuntime: the engine in a container, created with exactly the LaunchSpec's options.
+
+What matters here is what the container is *created* with, because some of it cannot be fixed later:
+
+- **No memory limit** (DOMAIN §3): a cgroup limit counts page cache, so 29 GB of mmapped weights plus
+  four TP workers hit it; and `docker update --memory=0` means "unchanged", not "unlimited". The
+  create call never passes `mem_limit`/`memswap_limit` (HostConfig.Memory = MemorySwap = 0).
+- **`memlock` ulimit** (DOMAIN §3, S11f §10.1): pinned host buffers need `--ulimit memlock=-1`; the
+  hard limit cannot be raised inside the container. -1 is passed through as -1 (= unlimited).
+- **Restart policy `no`**: the controller owns restarts (backoff, diagnosis); a daemon restarting the
+  engine behind its back would hide OOM loops.
+- Published ports bind to 127.0.0.1 unless configured: clients come in through the gateway.
+- The entrypoint is set explicitly to the spec's command (argv[0] as entrypoint, the rest as cmd), so
+  an image ENTRYPOINT can never silently wrap what `appliance recipes render` shows.
+- The environment is exactly the spec's — plus whatever ENV the image itself declares (the daemon
+  merges image ENV under the container's; the spec's values win).
+
+The daemon is reached lazily, so a controller whose recipes all use the process runtime starts even
+when no daemon runs; every daemon failure surfaces as RuntimeError_ with an operator-readable message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import docker
+import docker.errors
+import psutil
+import requests
+from docker.models.containers import Container
+from docker.types import Ulimit
+
+from appliance.launch_spec import LaunchSpec
+from controller.runtime.base import (
+    LABEL_LAUNCH_ID,
+    LABEL_MANAGED,
+    LABEL_RECIPE,
+    LABEL_SPEC_HASH,
+    EngineHandle,
+    ExitInfo,
+    RuntimeError_,
+)
+from controller.runtime.log_offsets import slice_log
+
+log = logging.getLogger(__name__)
+
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+CONTAINER_PREFIX = "appliance-"
+# Hints for start failures the daemon reports in its own words (matched on its explanation text).
+_START_HINTS: tuple[tuple[str, str], ...] = (
+    (
+        "rlimit type 8",
+        "the daemon may not raise RLIMIT_MEMLOCK (memlock): dockerd lacks CAP_SYS_RESOURCE or its own "
+        "hard memlock limit is lower (systemd LimitMEMLOCK=infinity on the docker unit); DOMAIN §3 needs "
+        "memlock=-1 for pinned host memory — or lower --max-model-len",
+    ),
+    ("error gathering device information", "a device in the spec does not exist on this host"),
+    ("Unable to find group", "group_add names need an /etc/group entry in the image; use numeric GIDs"),
+    ("port is already allocated", "another process already publishes that host port (the previous engine?)"),
+)
+
+
+def container_name(launch_id: str) -> str:
+    name = CONTAINER_PREFIX + launch_id
+    if not _NAME_OK.match(name):
+        raise RuntimeError_(f"launch id {launch_id!r} cannot be part of a container name ([A-Za-z0-9_.-])")
+    return name
+
+
+def engine_labels(spec: LaunchSpec, launch_id: str) -> dict[str, str]:
+    """The spec's labels plus the appliance's own (by which `adopt()` finds the engine again)."""
+    return {
+        **spec.labels,
+        LABEL_MANAGED: "true",
+        LABEL_LAUNCH_ID: launch_id,
+        LABEL_RECIPE: spec.recipe,
+        LABEL_SPEC_HASH: spec.spec_hash,
+    }
+
+
+def _bind(mount_source: str, target: str, read_only: bool) -> str:
+    return f"{mount_source}:{target}:{'ro' if read_only else 'rw'}"
+
+
+def container_create_kwargs(
+    spec: LaunchSpec, launch_id: str, publish_address: str = "127.0.0.1"
+) -> dict[str, Any]:
+    """Keyword arguments for `client.containers.create` — pure; tested by dict equality."""
+    if spec.image is None:
+        raise RuntimeError_(f"recipe {spec.recipe!r} has no image: the docker runtime needs one")
+    command = spec.command()
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "name": container_name(launch_id),
+        "entrypoint": [command[0]],
+        "command": list(command[1:]),
+        "environment": dict(spec.env),
+        "labels": engine_labels(spec, launch_id),
+        "volumes": [_bind(m.source, m.target, m.read_only) for m in spec.mounts],
+        "devices": list(spec.devices),
+        "group_add": list(spec.group_add),
+        "security_opt": list(spec.security_opt),
+        "ulimits": [Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in spec.ulimits],
+        "restart_policy": {"Name": spec.restart_policy},
+        "detach": True,
+        # Deliberately absent: mem_limit / memswap_limit (DOMAIN §3, see the module docstring).
+    }
+    if spec.workdir is not None:
+        kwargs["working_dir"] = spec.workdir
+    if spec.ipc_mode is not None:
+        kwargs["ipc_mode"] = spec.ipc_mode
+    if spec.shm_size is not None:
+        kwargs["shm_size"] = spec.shm_size
+    if spec.network_mode is not None:
+        kwargs["network_mode"] = spec.network_mode
+    # With host (or no) networking there is nothing to publish: the engine's port is the host's.
+    if spec.published_ports and spec.network_mode not in ("host", "none"):
+        kwargs["ports"] = {
+            f"{container_port}/tcp": (publish_address, host_port)
+            for container_port, host_port in sorted(spec.published_ports.items())
+        }
+    return kwargs
+
+
+def _parse_docker_time(value: str) -> float:
+    """Docker's RFC 3339 timestamps carry nanoseconds, which `fromisoformat` rejects: cut to micro."""
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", value)
+    if not match:
+        raise ValueError(f"unexpected docker timestamp {value!r}")
+    frac = (match.group(2) or ".0")[:7]
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    return datetime.fromisoformat(match.group(1) + frac + zone).timestamp()
+
+
+def exit_info(state: dict[str, Any]) -> ExitInfo:
+    """`State` of `docker inspect` → ExitInfo (pure)."""
+    oom = bool(state.get("OOMKilled", False))
+    if state.get("Running") or state.get("Restarting"):
+        # OOMKilled can already be true while PID 1 lives: a worker was killed by the cgroup OOM killer.
+        return ExitInfo(running=True, oom_killed=oom)
+    if state.get("Status") == "created":
+        return ExitInfo(running=False, oom_killed=oom)  # never started: there is no exit code
+    code = int(state.get("ExitCode", 0))
+    # Docker reports "killed by signal N" as 128+N (base.ExitInfo); above 128+64 it is a plain code.
+    sig = code - 128 if 128 < code <= 128 + 64 else None
+    return ExitInfo(running=False, exit_code=code, signal=sig, oom_killed=oom)
+
+
+def _hint(explanation: str) -> str:
+    for needle, hint in _START_HINTS:
+        if needle in explanation:
+            return f" — {hint}"
+    return ""
+
+
+class DockerRuntime:
+    """Runs LaunchSpecs with `runtime: docker` through the docker SDK (never the CLI)."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        *,
+        publish_address: str = "127.0.0.1",
+        kill_wait_s: float = 30.0,
+    ) -> None:
+        """`publish_address`: host address published ports bind to. `kill_wait_s`: how long to wait
+        for the container to end after the KILL that follows an unsuccessful `docker stop`."""
+        self._client = client
+        self.publish_address = publish_address
+        self._kill_wait_s = kill_wait_s
+
+    @contextmanager
+    def _daemon(self, action: str) -> Iterator[None]:
+        """Translate docker SDK failures into RuntimeError_ naming what we were doing.
+        NotFound passes through: "the container is gone" is a state the callers handle."""
+        try:
+            yield
+        except docker.errors.NotFound:
+            raise
+        except docker.errors.APIError as exc:
+            explanation = str(exc.explanation or exc)
+            raise RuntimeError_(f"docker: {action} failed: {explanation}{_hint(explanation)}") from exc
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise RuntimeError_(
+                f"docker: cannot {action}: the Docker daemon is not reachable ({exc}); "
+                "start it (bash scripts/start-dockerd.sh) or check DOCKER_HOST"
+            ) from exc
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            with self._daemon("connect to the daemon"):
+                self._client = docker.from_env()
+        return self._client
+
+    def _container(self, handle: EngineHandle) -> Container | None:
+        with self._daemon(f"inspect container {handle.ref[:12]}"):
+            try:
+                return self.client.containers.get(handle.ref)
+            except docker.errors.NotFound:
+                return None
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def create(self, spec: LaunchSpec, launch_id: str) -> Container:
+        """Create (not start) the engine container. Separate from start() so that tests and
+        `plan`-like tooling can `docker inspect` exactly what would run."""
+        if spec.runtime != "docker":
+            raise RuntimeError_(
+                f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'docker'"
+            )
+        kwargs = container_create_kwargs(spec, launch_id, self.publish_address)
+        with self._daemon(f"look up image {spec.image}"):
+            try:
+                self.client.images.get(kwargs["image"])
+            except docker.errors.ImageNotFound:
+                raise RuntimeError_(
+                    f"image {spec.image!r} is not present on this host and the appliance never pulls "
+                    "(no registry is assumed): build or `docker load` it first — see images/README.md"
+                ) from None
+        with self._daemon(f"create container {kwargs['name']}"):
+            return self.client.containers.create(**kwargs)
+
+    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+        container = self.create(spec, launch_id)
+        try:
+            with self._daemon(f"start container {container.name}"):
+                container.start()
+                container.reload()
+        except RuntimeError_:
+            # It never ran: remove it (by id) so that the error is the record, not a dead container
+            # holding the name.
+            with self._daemon(f"remove container {container.name} that failed to start"):
+                container.remove(force=True)
+            raise
+        started = container.attrs["State"].get("StartedAt", "")
+        log.info("started %s (launch %s) as container %s", spec.recipe, launch_id, container.short_id)
+        return EngineHandle(
+            launch_id=launch_id,
+            runtime=self.name,
+            ref=str(container.id),
+            recipe=spec.recipe,
+            spec_hash=spec.spec_hash,
+            log_path=None,
+            started_at=_parse_docker_time(started) if started else time.time(),
+        )
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def inspect(self, handle: EngineHandle) -> ExitInfo:
+        container = self._container(handle)
+        if container is None:
+            return ExitInfo(running=False)  # removed behind our back: how it ended is unknowable
+        return exit_info(container.attrs["State"])
+
+    def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        # Polling inspect rather than the blocking /wait endpoint: a socket timeout there is
+        # indistinguishable from a daemon that stopped answering.
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            info = self.inspect(handle)
+            if not info.running or time.monotonic() >= deadline:
+                return info
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 0.5)
+
+    def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
+        """`docker stop` (TERM to PID 1, `grace_s`, then KILL — by the daemon), then our own KILL if
+        the container is somehow still running."""
+        container = self._container(handle)
+        if container is None:
+            return ExitInfo(running=False)
+        try:
+            with self._daemon(f"stop container {container.name}"):
+                container.stop(timeout=math.ceil(grace_s))
+        except docker.errors.NotFound:
+            return ExitInfo(running=False)
+        info = self.wait(handle, 1.0)
+        if info.running:
+            log.warning("container %s still running after docker stop: KILL", container.short_id)
+            try:
+                with self._daemon(f"kill container {container.name}"):
+                    container.kill()
+            except docker.errors.NotFound:
+                return ExitInfo(running=False)
+            info = self.wait(handle, self._kill_wait_s)
+        return info
+
+    # -- logs, adoption, accounting ------------------------------------------------------------
+
+    def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:
+        """The container's stdout+stderr after byte `offset`. The daemon only serves whole logs, so
+        each poll fetches all of it (an engine start logs well under a megabyte)."""
+        container = self._container(handle)
+        if container is None:
+            return "", offset
+        with self._daemon(f"read logs of {container.name}"):
+            try:
+                blob = container.logs(stdout=True, stderr=True, timestamps=False)
+            except docker.errors.NotFound:
+                return "", offset
+        return slice_log(blob, offset)
+
+    def adopt(self) -> list[EngineHandle]:
+        """Running containers carrying the managed label."""
+        with self._daemon("list managed containers"):
+            containers = self.client.containers.list(
+                filters={"label": f"{LABEL_MANAGED}=true", "status": "running"}
+            )
+        handles: list[EngineHandle] = []
+        for container in containers:
+            labels: dict[str, str] = container.labels
+            if LABEL_LAUNCH_ID not in labels:
+                log.warning(
+                    "container %s has %s but no %s: not adopted",
+                    container.short_id,
+                    LABEL_MANAGED,
+                    LABEL_LAUNCH_ID,
+                )
+                continue
+            started = container.attrs["State"].get("StartedAt", "")
+            handles.append(
+                EngineHandle(
+                    launch_id=labels[LABEL_LAUNCH_ID],
+                    runtime=self.name,
+                    ref=str(container.id),
+                    recipe=labels.get(LABEL_RECIPE, ""),
+                    spec_hash=labels.get(LABEL_SPEC_HASH, ""),
+                    log_path=None,
+                    started_at=_parse_docker_time(started) if started else 0.0,
+                )
+            )
+        return sorted(handles, key=lambda h: h.started_at)
+
+    def _processes(self, handle: EngineHandle) -> list[psutil.Process]:
+        container = self._container(handle)
+        if container is None:
+            return []
+        pid = int(container.attrs["State"].get("Pid") or 0)
+        if pid <= 0:
+            return []  # not running
+        try:
+            root = psutil.Process(pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def engine_pids(self, handle: EngineHandle) -> list[int]:
+        """Host PIDs: the container's PID 1 (State.Pid) and its descendants."""
+        return sorted(p.pid for p in self._processes(handle))
+
+    def cpu_seconds(self, handle: EngineHandle) -> float:
+        """CPU time via psutil over the host PIDs (much cheaper than a `docker stats` round trip)."""
+        total = 0.0
+        for proc in self._processes(handle):
+            try:
+                t = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total

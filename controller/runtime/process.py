@@ -1,0 +1,390 @@
+"""ProcessRuntime: the engine as a detached host process (the embedded CPU engine's runtime).
+
+Layout of one launch, `runs_dir/<launch_id>/`:
+
+- `engine.log`       stdout+stderr of the engine (and two `[appliance-shim]` lines: start, end)
+- `engine.pid`       the PID we recorded: the shim's (see process_shim.py), which is also the PGID
+- `process.json`     that PID's identity: create time and cmdline (guards against PID reuse)
+- `handle.json`      the EngineHandle, so that `adopt()` finds the engine after a controller restart
+- `exit_status.json` written by the shim when the engine ends: exit code and terminating signal
+
+The engine is started in its own session (`start_new_session=True`), with stdin from /dev/null and
+its output going to a file, so it has no pipe to the controller and no controlling terminal: it
+survives the controller's death, and a restarted controller adopts it instead of launching a second
+engine on a host that can hold only one (DOMAIN §3).
+
+Exit codes follow the shell/docker convention: killed by signal N → `exit_code=128+N, signal=N`, so
+one set of diagnosis rules ("exit 134" = SIGABRT, DOMAIN §5) covers both runtimes. Thanks to the shim
+the status is known even for an adopted engine; it is unknown (`exit_code=None`) only if the shim
+itself was SIGKILLed, or the run directory lost its status file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from appliance.launch_spec import LaunchSpec
+from controller.runtime.base import (
+    LABEL_LAUNCH_ID,
+    LABEL_MANAGED,
+    LABEL_RECIPE,
+    LABEL_SPEC_HASH,
+    EngineHandle,
+    ExitInfo,
+    RuntimeError_,
+)
+from controller.runtime.log_offsets import read_log_file
+from controller.runtime.process_shim import exit_code_of, group_members
+
+log = logging.getLogger(__name__)
+
+SHIM = Path(__file__).resolve().with_name("process_shim.py")
+LOG_FILE = "engine.log"
+PID_FILE = "engine.pid"
+PROCESS_FILE = "process.json"
+HANDLE_FILE = "handle.json"
+STATUS_FILE = "exit_status.json"
+
+# Used only when neither the spec nor the controller's own environment has them.
+FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# psutil's create_time has clock-tick (10 ms) resolution and is derived from the boot time, so the
+# same process always reads the same value; a reused PID would differ by far more than this.
+CREATE_TIME_TOLERANCE_S = 0.05
+_LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ProcessIdentity(BaseModel):
+    """What makes a PID *ours*: alive alone is not enough, PIDs are reused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pid: int
+    create_time: float
+    cmdline: tuple[str, ...]
+    labels: dict[str, str] = {}
+
+
+def engine_env(spec_env: dict[str, str], parent_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Exactly the spec's environment, plus PATH and HOME when the spec lacks them.
+
+    Why those two: the sourcing wrapper (`bash -c '. env.sh && exec "$@"'`) and every tool the engine
+    runs (torch inductor calls the C++ compiler on the CPU build) are found through PATH; and torch,
+    Triton and Hugging Face place their default caches under $HOME — without it they fail or write
+    to `/`. Nothing else leaks in from the controller: a stray variable changes the engine (DOMAIN §2
+    "missing one causes trouble", and an extra one does too — e.g. DEBUG logging changes the AOT key).
+    """
+    parent = os.environ if parent_env is None else parent_env
+    env = dict(spec_env)
+    if "PATH" not in env:
+        env["PATH"] = parent.get("PATH") or FALLBACK_PATH
+    if "HOME" not in env:
+        env["HOME"] = parent.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    return env
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+class ProcessRuntime:
+    """Runs LaunchSpecs with `runtime: process` as detached, adoptable host processes."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        runs_dir: Path,
+        *,
+        orphan_grace_s: float = 10.0,
+        kill_wait_s: float = 10.0,
+        python: str = sys.executable,
+    ) -> None:
+        """`orphan_grace_s`: how long processes left behind by an ended engine get after TERM (shim).
+        `kill_wait_s`: how long to wait for the shim to record the status after the engine got KILL.
+        `python`: the interpreter that runs the shim (the controller's own; it needs only psutil)."""
+        self.runs_dir = runs_dir
+        self._orphan_grace_s = orphan_grace_s
+        self._kill_wait_s = kill_wait_s
+        self._python = python
+        self._children: dict[str, subprocess.Popen[bytes]] = {}  # launch_id → shim we spawned
+        self._identities: dict[str, ProcessIdentity] = {}
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+        if spec.runtime != "process":
+            raise RuntimeError_(
+                f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'process'"
+            )
+        if not _LAUNCH_ID.match(launch_id):
+            raise RuntimeError_(f"launch id {launch_id!r} is not a safe directory name ([A-Za-z0-9._-])")
+        env = engine_env(spec.env)
+        command = spec.command()
+        if shutil.which(command[0], path=env["PATH"]) is None:
+            raise RuntimeError_(
+                f"cannot start {spec.recipe!r}: {command[0]!r} is not an executable file "
+                f"(for the embedded CPU engine, run `appliance engine setup` first)"
+            )
+        if spec.workdir is not None and not Path(spec.workdir).is_dir():
+            raise RuntimeError_(f"cannot start {spec.recipe!r}: workdir {spec.workdir} is not a directory")
+        run_dir = self.runs_dir / launch_id
+        try:
+            run_dir.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise RuntimeError_(f"launch id {launch_id!r} was already used: {run_dir} exists") from None
+        log_path = run_dir / LOG_FILE
+        shim_cmd = (
+            self._python,
+            "-I",  # isolated: the engine's PYTHONPATH/PYTHONHOME must not change the shim
+            str(SHIM),
+            "--status",
+            str(run_dir / STATUS_FILE),
+            "--orphan-grace",
+            str(self._orphan_grace_s),
+            "--",
+            *command,
+        )
+        with log_path.open("ab") as log_file:
+            try:
+                child = subprocess.Popen(
+                    shim_cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=spec.workdir or run_dir,
+                    start_new_session=True,  # own session + process group (PGID = PID); no terminal
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise RuntimeError_(f"cannot start the engine shim with {self._python}: {exc}") from exc
+        try:
+            create_time = psutil.Process(child.pid).create_time()
+        except psutil.NoSuchProcess:
+            # Died before we looked (not even reaped yet would still answer): it cannot be adopted
+            # anyway, but the start itself happened; inspect() reports how it ended.
+            create_time = time.time()
+        labels = {
+            **spec.labels,
+            LABEL_MANAGED: "true",
+            LABEL_LAUNCH_ID: launch_id,
+            LABEL_RECIPE: spec.recipe,
+            LABEL_SPEC_HASH: spec.spec_hash,
+        }
+        identity = ProcessIdentity(pid=child.pid, create_time=create_time, cmdline=shim_cmd, labels=labels)
+        handle = EngineHandle(
+            launch_id=launch_id,
+            runtime=self.name,
+            ref=str(child.pid),
+            recipe=spec.recipe,
+            spec_hash=spec.spec_hash,
+            log_path=str(log_path),
+            started_at=create_time,
+        )
+        _write_atomic(run_dir / PROCESS_FILE, identity.model_dump_json(indent=2) + "\n")
+        _write_atomic(run_dir / PID_FILE, f"{child.pid}\n")
+        _write_atomic(run_dir / HANDLE_FILE, handle.model_dump_json(indent=2) + "\n")
+        self._children[launch_id] = child
+        self._identities[launch_id] = identity
+        log.info("started %s (launch %s) as pid %d, log %s", spec.recipe, launch_id, child.pid, log_path)
+        return handle
+
+    # -- identity ------------------------------------------------------------------------------
+
+    def _run_dir(self, handle: EngineHandle) -> Path:
+        return self.runs_dir / handle.launch_id
+
+    def _identity(self, handle: EngineHandle) -> ProcessIdentity | None:
+        cached = self._identities.get(handle.launch_id)
+        if cached is not None:
+            return cached
+        path = self._run_dir(handle) / PROCESS_FILE
+        try:
+            identity = ProcessIdentity.model_validate_json(path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValidationError as exc:
+            raise RuntimeError_(
+                f"{path} is unreadable, cannot tell whether pid {handle.ref} is ours: {exc}"
+            ) from exc
+        if str(identity.pid) != handle.ref:
+            raise RuntimeError_(f"{path} records pid {identity.pid} but the handle says {handle.ref}")
+        self._identities[handle.launch_id] = identity
+        return identity
+
+    @staticmethod
+    def _live_process(identity: ProcessIdentity) -> psutil.Process | None:
+        """The recorded process if it is still running AND is the same process (not a reused PID)."""
+        try:
+            proc = psutil.Process(identity.pid)
+            if abs(proc.create_time() - identity.create_time) > CREATE_TIME_TOLERANCE_S:
+                return None  # PID reused by another process
+            if tuple(proc.cmdline()) != identity.cmdline:
+                return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None  # ended; its parent (init after a controller restart) has not reaped it yet
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return None
+        return proc
+
+    def _shim(self, handle: EngineHandle) -> psutil.Process | None:
+        identity = self._identity(handle)
+        return None if identity is None else self._live_process(identity)
+
+    @staticmethod
+    def _engine_processes(shim: psutil.Process) -> list[psutil.Process]:
+        """The engine's processes: the shim's descendants plus anything else still in its group
+        (a worker whose parent died is re-parented to init but stays in the group). Not the shim."""
+        found: dict[int, psutil.Process] = {}
+        try:
+            for proc in shim.children(recursive=True):
+                found[proc.pid] = proc
+        except psutil.NoSuchProcess:
+            pass  # the shim just ended; its group members below are still worth listing
+        for proc in group_members(shim.pid, exclude=shim.pid):
+            found.setdefault(proc.pid, proc)
+        return [found[pid] for pid in sorted(found)]
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
+        status_path = self._run_dir(handle) / STATUS_FILE
+        try:
+            status = json.loads(status_path.read_text())
+        except FileNotFoundError:
+            status = None
+        except json.JSONDecodeError as exc:
+            raise RuntimeError_(f"{status_path} is corrupt: {exc}") from exc
+        if status is not None:
+            return ExitInfo(running=False, exit_code=status.get("exit_code"), signal=status.get("signal"))
+        if shim_returncode is not None:
+            # The shim died without writing (it was SIGKILLed itself): its own status is all we have.
+            code, sig = exit_code_of(shim_returncode)
+            return ExitInfo(running=False, exit_code=code, signal=sig)
+        # Not our child and no status file: the exit status of a non-child is unknowable.
+        return ExitInfo(running=False)
+
+    def inspect(self, handle: EngineHandle) -> ExitInfo:
+        child = self._children.get(handle.launch_id)
+        if child is not None:
+            returncode = child.poll()  # also reaps it
+            return ExitInfo(running=True) if returncode is None else self._ended(handle, returncode)
+        if self._shim(handle) is not None:
+            return ExitInfo(running=True)
+        return self._ended(handle, None)
+
+    def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        child = self._children.get(handle.launch_id)
+        if child is not None:
+            try:
+                child.wait(timeout=max(timeout_s, 0.0))
+            except subprocess.TimeoutExpired:
+                return ExitInfo(running=True)
+            return self.inspect(handle)
+        # Not our child: poll (psutil's wait would count a not-yet-reaped zombie as alive).
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while self._shim(handle) is not None:
+            if time.monotonic() >= deadline:
+                return ExitInfo(running=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+        return self._ended(handle, None)
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
+        """TERM via the shim (which relays it once to every process of the group), wait `grace_s`,
+        then KILL the engine's processes by PID, then the shim if it has not recorded the status."""
+        shim = self._shim(handle)  # identity-checked: a reused PID is never signalled
+        if shim is None:
+            return self.inspect(handle)
+        try:
+            shim.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            return self.wait(handle, self._kill_wait_s)
+        info = self.wait(handle, grace_s)
+        if not info.running:
+            return info
+        log.warning("launch %s did not stop within %.0f s of TERM: KILL", handle.launch_id, grace_s)
+        # KILL the engine but not the shim, so that the shim reaps it and records "signal 9".
+        for proc in self._engine_processes(shim):
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        info = self.wait(handle, self._kill_wait_s)
+        if not info.running:
+            return info
+        log.warning(
+            "launch %s: shim %d still alive after KILL of the engine: KILL its group",
+            handle.launch_id,
+            shim.pid,
+        )
+        with contextlib.suppress(ProcessLookupError):  # everything ended in between
+            os.killpg(shim.pid, signal.SIGKILL)  # the shim leads its own group: PGID == its PID
+        return self.wait(handle, self._kill_wait_s)
+
+    # -- logs, adoption, accounting ------------------------------------------------------------
+
+    def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:
+        path = Path(handle.log_path) if handle.log_path else self._run_dir(handle) / LOG_FILE
+        return read_log_file(path, offset)
+
+    def adopt(self) -> list[EngineHandle]:
+        """Running engines recorded under runs_dir: PID alive, same create time, same cmdline."""
+        handles: list[EngineHandle] = []
+        if not self.runs_dir.is_dir():
+            return handles
+        for handle_path in sorted(self.runs_dir.glob(f"*/{HANDLE_FILE}")):
+            try:
+                handle = EngineHandle.model_validate_json(handle_path.read_text())
+            except (OSError, ValidationError) as exc:
+                log.warning("skipping %s: unreadable handle (%s)", handle_path, exc)
+                continue
+            if handle.runtime != self.name or handle_path.parent.name != handle.launch_id:
+                continue
+            try:
+                alive = self._shim(handle) is not None
+            except RuntimeError_ as exc:
+                log.warning("skipping %s: %s", handle_path, exc)
+                continue
+            if alive:
+                handles.append(handle)
+        return sorted(handles, key=lambda h: h.started_at)
+
+    def engine_pids(self, handle: EngineHandle) -> list[int]:
+        shim = self._shim(handle)
+        return [] if shim is None else [p.pid for p in self._engine_processes(shim)]
+
+    def cpu_seconds(self, handle: EngineHandle) -> float:
+        """User+system CPU of the engine's processes, including children they already reaped (so the
+        total does not drop when a worker exits)."""
+        shim = self._shim(handle)
+        if shim is None:
+            return 0.0
+        total = 0.0
+        for proc in self._engine_processes(shim):
+            try:
+                t = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total

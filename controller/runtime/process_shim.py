@@ -1,0 +1,187 @@
+"""The engine shim: the small parent the process runtime puts between itself and the engine.
+
+Run as a script (`python -I process_shim.py --status FILE [--orphan-grace S] -- CMD...`), never
+imported by the controller. It exists for three reasons:
+
+1. **Exit status of an adopted engine.** After a controller restart the engine is no longer the
+   controller's child, and the exit status of a non-child is unknowable on Linux (waitpid only works
+   for children). The shim *is* the engine's parent, so it always sees the status and writes it to
+   `--status` as JSON (`exit_code` in the shell/docker convention — 128+N when killed by signal N —
+   and `signal`). The shim's PID is the one recorded in the PID file, so "the PID is alive" means
+   "the engine has not ended yet".
+2. **One TERM per process, to the whole engine.** A TERM (or INT/HUP/QUIT/USR1/USR2) sent to the
+   shim is relayed to its whole process group, like Ctrl-C in a terminal: vLLM's API server, engine
+   core and TP workers each get the signal exactly once (the shim ignores its own copy while it
+   relays). `kill <pid from engine.pid>` by an operator therefore stops the engine the same way the
+   controller does.
+3. **No orphans.** When the engine's main process ends, any process left in the group (a stuck TP
+   worker still holding host memory or VRAM) gets TERM, a grace period, then KILL — DOMAIN §7:
+   "TERM, wait for VRAM release, then KILL", by PID, never by pattern. On a host that can hold only
+   one engine (DOMAIN §3), a leftover worker would make the next launch OOM.
+
+The shim runs with `-I` (isolated mode), so the engine's PYTHONPATH/PYTHONHOME in its environment do
+not affect it; it passes its environment to the engine unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+RELAYED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+EXEC_FAILED = 127  # the shell's code for "command not found / not executable"
+SHIM_TAG = "[appliance-shim]"
+
+
+def _say(msg: str) -> None:
+    # Goes to the engine log (the shim's stdout is the log file): the log alone tells how it ended.
+    print(f"{SHIM_TAG} {msg}", flush=True)
+
+
+def write_status(path: Path, exit_code: int | None, sig: int | None, error: str | None = None) -> None:
+    """Atomically write the engine's exit status (tmp + rename: a reader never sees half a file)."""
+    payload = {"exit_code": exit_code, "signal": sig, "ended_at": time.time(), "error": error}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload) + "\n")
+    os.replace(tmp, path)
+
+
+def group_members(pgid: int, exclude: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group `pgid`, except `exclude`."""
+    members: list[psutil.Process] = []
+    for proc in psutil.process_iter():
+        if proc.pid == exclude:
+            continue
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue  # exited while we looked: not a member any more
+    return members
+
+
+def _wait_gone(pgid: int, me: int, timeout_s: float) -> list[psutil.Process]:
+    # Polls instead of psutil.wait_procs: a dead orphan stays a zombie until init reaps it (which can
+    # take seconds here), and wait_procs would count that zombie as alive.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = group_members(pgid, me)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
+def reap_orphans(pgid: int, me: int, grace_s: float) -> None:
+    """TERM what is left of the engine's process group, wait `grace_s`, then KILL (by PID)."""
+    left = group_members(pgid, me)
+    if not left:
+        return
+    _say(
+        f"engine main process ended; {len(left)} process(es) left in its group: "
+        f"TERM, then KILL after {grace_s:g} s"
+    )
+    for proc in left:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            continue
+    left = _wait_gone(pgid, me, grace_s)
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+    left = _wait_gone(pgid, me, 5.0)
+    if left:
+        _say(f"processes still alive after KILL: {[p.pid for p in left]}")
+
+
+def exit_code_of(returncode: int) -> tuple[int, int | None]:
+    """Popen returncode → (exit code in the shell/docker convention, terminating signal or None)."""
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    return returncode, None
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # real-time signals have no name
+        return f"SIG{sig}"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="process_shim", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--status", type=Path, required=True, help="where to write the exit status JSON")
+    parser.add_argument(
+        "--orphan-grace", type=float, default=10.0, help="seconds leftover processes get after TERM"
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the engine command")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no engine command given (expected `-- CMD...`)")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    me = os.getpid()
+    pgid = os.getpgrp()
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def relay(signum: int, _frame: FrameType | None) -> None:
+        if child is None:
+            pending.append(signum)  # arrived before the engine exists; relayed right after the spawn
+            return
+        # Ignore our own copy while signalling the group, so that the shim survives to record the
+        # status and every other member gets the signal exactly once.
+        previous = signal.signal(signum, signal.SIG_IGN)
+        try:
+            os.killpg(pgid, signum)
+        finally:
+            signal.signal(signum, previous)
+
+    for relayed in RELAYED_SIGNALS:
+        signal.signal(relayed, relay)
+
+    try:
+        child = subprocess.Popen(args.command, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        _say(f"could not start the engine: {exc}")
+        write_status(args.status, EXEC_FAILED, None, error=str(exc))
+        return EXEC_FAILED
+    for signum in pending:
+        relay(signum, None)
+
+    returncode = child.wait()  # PEP 475: retried after each relayed signal
+    code, sig = exit_code_of(returncode)
+    how = f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}"
+    _say(f"engine (pid {child.pid}) ended: {how}")
+    reap_orphans(pgid, me, args.orphan_grace)
+    write_status(args.status, code, sig)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
