@@ -1,0 +1,459 @@
+"""The launch store: every launch, its phases and its events, in SQLite (WAL), kept across restarts.
+
+One record per engine start: what ran (recipe, spec hash, argv and environment with secrets
+redacted, image id/digest or interpreter and package versions), how the start went (each phase
+with its time, ready seconds, compile-cache hit or miss), how it ended (exit code, signal, OOM
+flag, diagnosis, log tail) and what the host went through (MemAvailable low-water mark, swap
+peak — filled by the host watch). DOMAIN §7: "record … each generated text"; here: record every
+launch so that a cold/warm comparison or an OOM at minute 27 can be read back later.
+
+Schema changes are numbered migrations applied in order and tracked by `PRAGMA user_version`;
+a database written by an older version is upgraded in place on open.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from appliance.launch_spec import LaunchSpec
+from controller.runtime.base import EngineHandle, ExitInfo
+
+REDACTED = "<redacted>"
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Values of variables whose names look secret are replaced (HF_TOKEN, OPENAI_API_KEY, ...)."""
+    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """`--api-key X` and `--api-key=X` (any flag whose name looks secret) lose their value."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("-") and is_secret_name(arg.lstrip("-").split("=", 1)[0].replace("-", "_")):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def redact_spec(spec: LaunchSpec) -> LaunchSpec:
+    return spec.model_copy(update={"env": redact_env(spec.env), "argv": tuple(redact_argv(spec.argv))})
+
+
+# --------------------------------------------------------------------------------------------
+# Schema
+
+
+# Each migration is a list of statements run in one transaction (executescript would commit
+# half-way, so statements are executed one by one between BEGIN and COMMIT).
+_V1 = (
+    """CREATE TABLE launches (
+        id TEXT PRIMARY KEY,
+        recipe TEXT NOT NULL,
+        spec_hash TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        runtime TEXT NOT NULL,
+        status TEXT NOT NULL,
+        argv_json TEXT NOT NULL,
+        env_json TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        image TEXT,
+        image_id TEXT,
+        image_digest TEXT,
+        interpreter TEXT,
+        packages_json TEXT,
+        handle_json TEXT,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        ready_at REAL,
+        ready_s REAL,
+        cache TEXT,
+        ended_at REAL,
+        exit_code INTEGER,
+        exit_signal INTEGER,
+        oom_killed INTEGER,
+        diagnosis_code TEXT,
+        diagnosis_json TEXT,
+        log_tail TEXT
+    )""",
+    "CREATE INDEX launches_recipe ON launches(recipe, created_at)",
+    """CREATE TABLE phases (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        launch_id TEXT NOT NULL REFERENCES launches(id),
+        name TEXT NOT NULL,
+        at REAL NOT NULL,
+        elapsed_s REAL NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX phases_launch ON phases(launch_id, id)",
+    """CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        launch_id TEXT,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        data_json TEXT NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX events_launch ON events(launch_id, id)",
+)
+
+# The host watch (DOMAIN §3 "what to watch"): min MemAvailable over the run and the swap peak
+# decide whether a recipe met its memory bar (recipe C: 2.35 GiB min, 5.40 GiB swap peak); OOM
+# kills attributed to the launch are kept with it.
+_V2 = (
+    "ALTER TABLE launches ADD COLUMN mem_available_min_bytes INTEGER",
+    "ALTER TABLE launches ADD COLUMN swap_peak_bytes INTEGER",
+    "ALTER TABLE launches ADD COLUMN oom_json TEXT",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
+    """Apply the migrations the database has not seen yet, each in its own transaction.
+
+    `db` must be in autocommit mode (isolation_level=None): transactions are explicit here.
+    """
+    current = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if current > SCHEMA_VERSION:
+        raise StoreError(f"database schema {current} is newer than this code ({SCHEMA_VERSION})")
+    for version in range(current + 1, upto + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version - 1]:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {version}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    return max(current, upto)
+
+
+class StoreError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Records (also the API's response models)
+
+
+class PhaseRecord(BaseModel):
+    name: str
+    at: float
+    elapsed_s: float
+    detail: str
+
+
+class EventRecord(BaseModel):
+    id: int
+    launch_id: str | None
+    at: float
+    kind: str
+    message: str
+    data: dict[str, Any]
+
+
+class LaunchSummary(BaseModel):
+    id: str
+    recipe: str
+    spec_hash: str
+    kind: str
+    runtime: str
+    status: str
+    created_at: float
+    ready_s: float | None
+    cache: str | None
+    exit_code: int | None
+    exit_signal: int | None
+    oom_killed: bool | None
+    diagnosis_code: str | None
+    mem_available_min_bytes: int | None
+    swap_peak_bytes: int | None
+
+
+class LaunchRecord(LaunchSummary):
+    argv: list[str]
+    env: dict[str, str]
+    image: str | None
+    image_id: str | None
+    image_digest: str | None
+    interpreter: str | None
+    packages: dict[str, str]
+    handle: dict[str, Any] | None
+    started_at: float | None
+    ready_at: float | None
+    ended_at: float | None
+    diagnosis: dict[str, Any] | None
+    log_tail: str | None
+    oom: list[dict[str, Any]]
+    phases: list[PhaseRecord]
+    events: list[EventRecord]
+
+
+class Provenance(BaseModel):
+    """Where the engine came from: an image (docker) or an interpreter and its packages (process)."""
+
+    image: str | None = None
+    image_id: str | None = None
+    image_digest: str | None = None
+    interpreter: str | None = None
+    packages: dict[str, str] = {}
+
+
+_SUMMARY_COLUMNS = (
+    "id, recipe, spec_hash, kind, runtime, status, created_at, ready_s, cache, exit_code, exit_signal, "
+    "oom_killed, diagnosis_code, mem_available_min_bytes, swap_peak_bytes"
+)
+
+
+def _summary(row: sqlite3.Row) -> dict[str, Any]:
+    d = {k: row[k] for k in _SUMMARY_COLUMNS.split(", ")}
+    d["oom_killed"] = None if row["oom_killed"] is None else bool(row["oom_killed"])
+    return d
+
+
+class Store:
+    """Thread-safe (one connection behind a lock): the driver writes, API handlers read."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            migrate(self._db)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    # ---- writes
+
+    def create_launch(
+        self, launch_id: str, spec: LaunchSpec, kind: str, provenance: Provenance, now: float
+    ) -> None:
+        safe = redact_spec(spec)
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO launches (id, recipe, spec_hash, kind, runtime, status, argv_json, env_json, "
+                "spec_json, image, image_id, image_digest, interpreter, packages_json, created_at) "
+                "VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    launch_id, spec.recipe, spec.spec_hash, kind, spec.runtime,
+                    json.dumps(list(safe.command())), json.dumps(safe.env, sort_keys=True),
+                    safe.model_dump_json(), provenance.image or spec.image, provenance.image_id,
+                    provenance.image_digest, provenance.interpreter or spec.python,
+                    json.dumps(provenance.packages, sort_keys=True), now,
+                ),
+            )
+
+    def set_handle(self, launch_id: str, handle: EngineHandle, started_at: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE launches SET handle_json = ?, started_at = ? WHERE id = ?",
+                (handle.model_dump_json(), started_at, launch_id),
+            )
+
+    def add_phase(self, launch_id: str, name: str, at: float, elapsed_s: float, detail: str = "") -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO phases (launch_id, name, at, elapsed_s, detail) VALUES (?, ?, ?, ?, ?)",
+                (launch_id, name, at, round(elapsed_s, 3), detail),
+            )
+
+    def set_cache(self, launch_id: str, outcome: str) -> None:
+        """`hit` or `miss` of the compile cache, as the engine log said (DOMAIN §4 markers)."""
+        if outcome not in ("hit", "miss"):
+            raise ValueError(f"cache outcome must be hit or miss, not {outcome!r}")
+        with self._tx() as db:
+            # A miss anywhere in the start makes the start a miss (one recompiled piece is a cold start).
+            db.execute(
+                "UPDATE launches SET cache = CASE WHEN cache = 'miss' THEN 'miss' ELSE ? END WHERE id = ?",
+                (outcome, launch_id),
+            )
+
+    def mark_ready(self, launch_id: str, at: float, ready_s: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE launches SET status = 'ready', ready_at = ?, ready_s = ? WHERE id = ?",
+                (at, ready_s, launch_id),
+            )
+
+    def mark_ended(
+        self,
+        launch_id: str,
+        at: float,
+        status: str,
+        exit: ExitInfo | None = None,
+        diagnosis: Mapping[str, Any] | None = None,
+        log_tail: str | None = None,
+    ) -> None:
+        oom = None if exit is None or exit.oom_killed is None else int(exit.oom_killed)
+        with self._tx() as db:
+            db.execute(
+                "UPDATE launches SET status = ?, ended_at = COALESCE(ended_at, ?), "
+                "exit_code = COALESCE(?, exit_code), exit_signal = COALESCE(?, exit_signal), "
+                "oom_killed = COALESCE(?, oom_killed), diagnosis_code = COALESCE(?, diagnosis_code), "
+                "diagnosis_json = COALESCE(?, diagnosis_json), log_tail = COALESCE(?, log_tail) WHERE id = ?",
+                (
+                    status, at, exit.exit_code if exit else None, exit.signal if exit else None, oom,
+                    diagnosis.get("code") if diagnosis else None,
+                    json.dumps(dict(diagnosis)) if diagnosis else None, log_tail, launch_id,
+                ),
+            )
+
+    def record_memory(
+        self, launch_id: str, mem_available_min_bytes: int | None = None, swap_peak_bytes: int | None = None
+    ) -> None:
+        """Host watch: keep the lowest MemAvailable and the highest swap use seen during the launch."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE launches SET "
+                "mem_available_min_bytes = CASE WHEN ? IS NULL THEN mem_available_min_bytes "
+                "  WHEN mem_available_min_bytes IS NULL OR ? < mem_available_min_bytes THEN ? "
+                "  ELSE mem_available_min_bytes END, "
+                "swap_peak_bytes = CASE WHEN ? IS NULL THEN swap_peak_bytes "
+                "  WHEN swap_peak_bytes IS NULL OR ? > swap_peak_bytes THEN ? ELSE swap_peak_bytes END "
+                "WHERE id = ?",
+                (mem_available_min_bytes,) * 3 + (swap_peak_bytes,) * 3 + (launch_id,),
+            )
+
+    def record_oom(self, launch_id: str, event: Mapping[str, Any]) -> None:
+        """An OOM kill attributed to this launch by the host watch (appended; a start can see several)."""
+        with self._tx() as db:
+            row = db.execute("SELECT oom_json FROM launches WHERE id = ?", (launch_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no launch {launch_id}")
+            events = json.loads(row["oom_json"] or "[]")
+            events.append(dict(event))
+            db.execute("UPDATE launches SET oom_json = ? WHERE id = ?", (json.dumps(events), launch_id))
+
+    def add_event(
+        self, kind: str, message: str, at: float, launch_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> EventRecord:
+        payload = json.dumps(dict(data or {}), default=str)
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO events (launch_id, at, kind, message, data_json) VALUES (?, ?, ?, ?, ?)",
+                (launch_id, at, kind, message, payload),
+            )
+            event_id = int(cur.lastrowid or 0)
+        return EventRecord(id=event_id, launch_id=launch_id, at=at, kind=kind, message=message,
+                           data=json.loads(payload))
+
+    # ---- reads
+
+    def list_launches(self, limit: int = 50, recipe: str | None = None) -> list[LaunchSummary]:
+        where, args = ("WHERE recipe = ?", (recipe,)) if recipe else ("", ())
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_SUMMARY_COLUMNS} FROM launches {where} "
+                "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [LaunchSummary(**_summary(r)) for r in rows]
+
+    def get_launch(self, launch_id: str) -> LaunchRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM launches WHERE id = ?", (launch_id,)).fetchone()
+            if row is None:
+                return None
+            phases = self._db.execute(
+                "SELECT name, at, elapsed_s, detail FROM phases WHERE launch_id = ? ORDER BY id", (launch_id,)
+            ).fetchall()
+            events = self._db.execute(
+                "SELECT * FROM events WHERE launch_id = ? ORDER BY id", (launch_id,)
+            ).fetchall()
+        return LaunchRecord(
+            **_summary(row),
+            argv=json.loads(row["argv_json"]),
+            env=json.loads(row["env_json"]),
+            image=row["image"],
+            image_id=row["image_id"],
+            image_digest=row["image_digest"],
+            interpreter=row["interpreter"],
+            packages=json.loads(row["packages_json"] or "{}"),
+            handle=json.loads(row["handle_json"]) if row["handle_json"] else None,
+            started_at=row["started_at"],
+            ready_at=row["ready_at"],
+            ended_at=row["ended_at"],
+            diagnosis=json.loads(row["diagnosis_json"]) if row["diagnosis_json"] else None,
+            log_tail=row["log_tail"],
+            oom=json.loads(row["oom_json"] or "[]"),
+            phases=[PhaseRecord(**dict(p)) for p in phases],
+            events=[_event(e) for e in events],
+        )
+
+    def get_spec(self, launch_id: str) -> LaunchSpec | None:
+        """The (redacted) spec of a launch: enough to probe and follow an adopted engine."""
+        with self._lock:
+            row = self._db.execute("SELECT spec_json FROM launches WHERE id = ?", (launch_id,)).fetchone()
+        return None if row is None else LaunchSpec.model_validate_json(row["spec_json"])
+
+    def unfinished(self) -> list[str]:
+        """Launches with no end recorded (candidates for adoption after a controller restart)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM launches WHERE ended_at IS NULL ORDER BY created_at"
+            ).fetchall()
+        return [r["id"] for r in rows]
+
+    def events(self, after_id: int = 0, limit: int = 200) -> list[EventRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)
+            ).fetchall()
+        return [_event(r) for r in rows]
+
+
+def _event(row: sqlite3.Row) -> EventRecord:
+    return EventRecord(
+        id=row["id"], launch_id=row["launch_id"], at=row["at"], kind=row["kind"], message=row["message"],
+        data=json.loads(row["data_json"]),
+    )
