@@ -14,6 +14,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
+# Defined here because render writes them and `appliance` may not import `controller`;
+# controller/runtime/base.py must keep the same strings.
+LABEL_MANAGED = "appliance.managed"
+LABEL_LAUNCH_ID = "appliance.launch_id"
+LABEL_RECIPE = "appliance.recipe"
+LABEL_SPEC_HASH = "appliance.spec_hash"
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -54,6 +62,10 @@ class LaunchSpec(Frozen):
     env: dict[str, str]
     mounts: tuple[Mount, ...] = ()
     devices: tuple[str, ...] = ()
+    gpus: str | None = Field(
+        default=None,
+        description="NVIDIA device request (`--gpus all`); which cards is CUDA_VISIBLE_DEVICES in env.",
+    )
     group_add: tuple[str, ...] = ()
     ipc_mode: str | None = None
     shm_size: str | None = None

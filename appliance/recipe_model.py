@@ -88,6 +88,18 @@ class EngineArgs(Strict):
     host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=1, le=65535)
     extra_args: tuple[str, ...] = ()
+    why: dict[str, str] = Field(
+        default_factory=dict,
+        description="Field name → the fact behind its value (shown by `recipes show`; not a cache input).",
+    )
+
+    @field_validator("why")
+    @classmethod
+    def _why_names_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(cls.model_fields) - {"why"})
+        if unknown:
+            raise ValueError(f"'why' names unknown engine fields {unknown}; use the field names of `engine`")
+        return value
 
     @model_validator(mode="after")
     def _graph_options_need_graph_mode(self) -> EngineArgs:
@@ -120,7 +132,8 @@ class Environment(Strict):
     )
     torch_first_wrapper: bool = Field(
         default=False,
-        description="Start via `python -c 'import torch; ...main()'` (importing vllm first → std::bad_alloc, DOMAIN §5).",
+        description="Start via `python -c 'import torch; ...main()'` "
+        "(importing vllm first → std::bad_alloc, DOMAIN §5).",
     )
 
     @field_validator("vars", mode="before")
@@ -153,7 +166,9 @@ class Reproducibility(StrEnum):
 
 class Expectations(Strict):
     ready_budget_s: int = Field(ge=10, description="How long a start may take before it is a failure.")
-    stall_window_s: int = Field(default=600, ge=10, description="No progress and no CPU for this long = stalled.")
+    stall_window_s: int = Field(
+        default=600, ge=10, description="No progress and no CPU for this long = stalled."
+    )
     decode_ms_per_token: float | None = Field(default=None, gt=0)
     reproducibility: Reproducibility = Reproducibility.VARIES
     min_mem_available_gib: float | None = Field(default=None, ge=0)
@@ -175,6 +190,12 @@ class MemoryModel(Strict):
 
     worker_anon_gib_eager: float = Field(ge=0)
     worker_anon_gib_graph: float = Field(ge=0)
+    worker_file_gib_eager: float = Field(
+        default=0.0, ge=0, description="Per-worker file-backed resident memory (RssFile) in eager mode."
+    )
+    worker_file_gib_graph: float = Field(
+        default=0.0, ge=0, description="Per-worker RssFile in graph mode (S14: 0.19 eager / 1.27 GiB graph)."
+    )
     overhead_gib: float = Field(ge=0, description="EngineCore + API server anonymous memory.")
     startup_transient_gib: float = Field(
         default=0.0, ge=0, description="Peak above steady state during warm-up (cold start)."
@@ -186,7 +207,9 @@ class MemoryModel(Strict):
         default=0.6, ge=0, description="Page cache the host keeps even when squeezed (S14: ~600 MB)."
     )
     pinned_bytes_per_worker: int | None = Field(
-        default=None, ge=0, description="Pinned host bytes per worker; None = max_num_seqs × max_model_len × 4."
+        default=None,
+        ge=0,
+        description="Pinned host bytes per worker; None = max_num_seqs × max_model_len × 4 B.",
     )
 
 
@@ -199,7 +222,7 @@ class Recipe(Strict):
     runtime: Runtime
     model: ModelSpec
     devices: tuple[int, ...] | None = Field(
-        default=None, description="GPU indices, rendered to HIP_/CUDA_VISIBLE_DEVICES (always explicit on GPUs)."
+        default=None, description="GPU indices → HIP_/CUDA_VISIBLE_DEVICES (always explicit on GPUs)."
     )
     engine: EngineArgs = Field(default_factory=EngineArgs)
     env: Environment = Field(default_factory=Environment)
