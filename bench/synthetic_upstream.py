@@ -81,7 +81,9 @@ class _Conn(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             assert self.transport is not None
-            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -119,8 +121,13 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode()
         keep_alive = self.parser.should_keep_alive()
-        req = RecordedRequest(method=method, path=self.url.decode("latin-1"), headers=self.headers,
-                              body=bytes(self.body), started=time.monotonic())
+        req = RecordedRequest(
+            method=method,
+            path=self.url.decode("latin-1"),
+            headers=self.headers,
+            body=bytes(self.body),
+            started=time.monotonic(),
+        )
         self.server.requests.append(req)
         self.current = req
         self.task = asyncio.get_running_loop().create_task(self._respond(req, keep_alive))
@@ -147,8 +154,12 @@ class _Conn(asyncio.Protocol):
     async def _dispatch(self, req: RecordedRequest) -> None:
         path = req.path.split("?", 1)[0]
         if req.method == "GET" and path == "/v1/models":
-            body = json.dumps({"object": "list", "data": [{"id": self.server.model, "object": "model",
-                                                           "owned_by": "synthetic"}]}).encode()
+            body = json.dumps(
+                {
+                    "object": "list",
+                    "data": [{"id": self.server.model, "object": "model", "owned_by": "synthetic"}],
+                }
+            ).encode()
             self._send_full(req, 200, body)
             return
         if req.method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
@@ -169,8 +180,11 @@ class _Conn(asyncio.Protocol):
             await asyncio.sleep(shape.interval_s * max(0, shape.chunks - 1))
             self._send_full(req, 200, _full_body(self.server.model, chat, "".join(words)))
             return
-        self._write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                    b"transfer-encoding: chunked\r\n\r\n", req)
+        self._write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n",
+            req,
+        )
         rid = f"chatcmpl-{len(self.server.requests)}"
         created = int(time.time())
         for i, word in enumerate(words):
@@ -189,7 +203,10 @@ class _Conn(asyncio.Protocol):
     def _send_full(self, req: RecordedRequest, status: int, body: bytes) -> None:
         reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}[status]
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (
-            status, reason, len(body))
+            status,
+            reason,
+            len(body),
+        )
         self._write(head + body, req, body)
 
 
@@ -198,7 +215,12 @@ _WORDS = ["the", "capital", "of", "France", "is", "Paris", "a", "token", "stream
 
 def _event(rid: str, created: int, model: str, chat: bool, text: str, finish: str | None) -> bytes:
     if chat:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
         obj = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -209,19 +231,30 @@ def _event(rid: str, created: int, model: str, chat: bool, text: str, finish: st
 
 def _full_body(model: str, chat: bool, text: str) -> bytes:
     if chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": "length"}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "length",
+        }
     else:
         choice = {"index": 0, "text": text, "finish_reason": "length"}
-    return json.dumps({"id": "cmpl-synthetic", "object": "chat.completion" if chat else "text_completion",
-                       "created": int(time.time()), "model": model, "choices": [choice]}).encode()
+    return json.dumps(
+        {
+            "id": "cmpl-synthetic",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+        }
+    ).encode()
 
 
 class SyntheticUpstream:
     """Start with ``await start()`` inside a running loop; ``port`` is then bound."""
 
-    def __init__(self, shape: Shape | None = None, model: str = "synthetic", host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self, shape: Shape | None = None, model: str = "synthetic", host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.shape = shape or Shape()
         self.model = model
         self.host = host
@@ -240,8 +273,10 @@ class SyntheticUpstream:
         shape = self.shape
         if not isinstance(doc, dict):
             return shape
-        over = doc.get("synthetic") if isinstance(doc.get("synthetic"), dict) else {}
-        chunks = doc.get("max_tokens") if isinstance(doc.get("max_tokens"), int) else shape.chunks
+        raw_over = doc.get("synthetic")
+        over: dict[str, Any] = raw_over if isinstance(raw_over, dict) else {}
+        raw_chunks = doc.get("max_tokens")
+        chunks: int = raw_chunks if isinstance(raw_chunks, int) else shape.chunks
         return Shape(
             ttft_s=float(over.get("ttft_ms", shape.ttft_s * 1000)) / 1000,
             chunks=max(1, chunks),
@@ -265,8 +300,12 @@ class SyntheticUpstream:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    upstream = SyntheticUpstream(Shape(args.ttft_ms / 1000, args.chunks, args.interval_ms / 1000, args.pad),
-                                 model=args.served_model, host=args.host, port=args.port)
+    upstream = SyntheticUpstream(
+        Shape(args.ttft_ms / 1000, args.chunks, args.interval_ms / 1000, args.pad),
+        model=args.served_model,
+        host=args.host,
+        port=args.port,
+    )
     await upstream.start()
     print(f"synthetic upstream on {upstream.url}", flush=True)
     stop = asyncio.Event()

@@ -1,0 +1,189 @@
+"""The ASGI app driven directly (no sockets): every answer the gateway gives before it forwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.gateway.app import GatewayApp
+from controller.gateway.auth import hash_admin_token
+from controller.gateway.config import GatewayConfig
+from controller.gateway.keystore import KeyStore
+
+ADMIN = "admin-token-for-tests"
+
+
+class Reply:
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.body = b""
+        self.done = asyncio.Event()
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def call(
+    app: GatewayApp,
+    method: str,
+    path: str,
+    body: bytes | list[bytes] = b"",
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    reply = Reply()
+    parts = body if isinstance(body, list) else [body]
+    pending = list(parts)
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            part = pending.pop(0)
+            return {"type": "http.request", "body": part, "more_body": bool(pending)}
+        await reply.done.wait()  # like uvicorn: "disconnect" only once the response is complete
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            reply.status = message["status"]
+            reply.headers = dict(message["headers"])
+        else:
+            reply.body += message.get("body", b"")
+            if not message.get("more_body", False):
+                reply.done.set()
+
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+    }
+    await asyncio.wait_for(app(scope, receive, send), timeout=5)
+    return reply
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> KeyStore:
+    return KeyStore(tmp_path / "keys.db")
+
+
+def make_app(store: KeyStore, **kw: Any) -> GatewayApp:
+    app = GatewayApp(GatewayConfig(keys_db=store.path, admin_token_sha256=hash_admin_token(ADMIN), **kw))
+    app.keys.load()
+    return app
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}", "content-type": "application/json"}
+
+
+async def test_missing_and_invalid_keys_get_401_with_request_id(store: KeyStore) -> None:
+    app = make_app(store, upstream_url="http://127.0.0.1:9")
+    r = await call(app, "POST", "/v1/chat/completions", b"{}")
+    assert r.status == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert len(r.headers[b"x-request-id"]) == 24
+    r = await call(
+        app,
+        "POST",
+        "/v1/chat/completions",
+        b"{}",
+        {"authorization": "Bearer sk-app-0123456789ab-" + "a" * 43, "x-request-id": "abc-1"},
+    )
+    assert r.status == 401 and r.headers[b"x-request-id"] == b"abc-1"
+
+
+async def test_revoked_key_gets_401(store: KeyStore) -> None:
+    record, key = store.create("a")
+    store.revoke(record.id)
+    app = make_app(store, upstream_url="http://127.0.0.1:9")
+    r = await call(app, "GET", "/v1/models", headers=auth(key))
+    assert r.status == 401 and "revoked" in r.json()["error"]["message"]
+
+
+async def test_body_limit_413_by_header_and_by_bytes(store: KeyStore) -> None:
+    _, key = store.create("a")
+    app = make_app(store, upstream_url="http://127.0.0.1:9", max_body_bytes=100)
+    r = await call(app, "POST", "/v1/completions", b"x" * 10, {**auth(key), "content-length": "101"})
+    assert r.status == 413 and r.headers[b"connection"] == b"close"
+    # No Content-Length (chunked upload): counted as it arrives.
+    r = await call(app, "POST", "/v1/completions", [b"{" + b" " * 60, b" " * 60 + b"}"], auth(key))
+    assert r.status == 413
+
+
+async def test_malformed_json_400(store: KeyStore) -> None:
+    _, key = store.create("a")
+    app = make_app(store, upstream_url="http://127.0.0.1:9")
+    r = await call(app, "POST", "/v1/chat/completions", b'{"model": "x",', auth(key))
+    assert r.status == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = await call(app, "POST", "/v1/chat/completions", b"\xff\xfe", auth(key))
+    assert r.status == 400
+
+
+async def test_no_slot_503_with_retry_after(store: KeyStore) -> None:
+    _, key = store.create("a")
+    app = make_app(store, retry_after_s=11)
+    r = await call(app, "POST", "/v1/chat/completions", b"{}", auth(key))
+    assert r.status == 503 and r.headers[b"retry-after"] == b"11"
+    assert r.json()["error"]["type"] == "service_unavailable"
+
+
+async def test_rate_limit_429_with_retry_after(store: KeyStore) -> None:
+    _, key = store.create("a", rpm_limit=2)
+    app = make_app(store)  # no slot: admitted requests end in 503, which still spends the rate
+    statuses = [(await call(app, "POST", "/v1/completions", b"{}", auth(key))) for _ in range(3)]
+    assert [r.status for r in statuses] == [503, 503, 429]
+    assert int(statuses[2].headers[b"retry-after"]) >= 1
+
+
+async def test_health_metrics_and_404(store: KeyStore) -> None:
+    app = make_app(store, upstream_url="http://127.0.0.1:9", served_model="m")
+    r = await call(app, "GET", "/healthz")
+    assert r.status == 200 and r.json()["upstream"]["url"] == "http://127.0.0.1:9"
+    await call(app, "GET", "/v1/models")  # a 401, counted
+    r = await call(app, "GET", "/metrics")
+    text = r.body.decode()
+    assert r.status == 200
+    assert 'appliance_gateway_requests_total{key_id="none",route="/v1/models",status="401"} 1.0' in text
+    assert "appliance_gateway_upstream_ready 1.0" in text
+    assert (await call(app, "GET", "/nope")).status == 404
+
+
+async def test_admin_closed_without_hash(store: KeyStore) -> None:
+    app = GatewayApp(GatewayConfig(keys_db=store.path))
+    r = await call(app, "GET", "/admin/upstream", headers={"authorization": f"Bearer {ADMIN}"})
+    assert r.status == 403
+
+
+async def test_admin_upstream_and_drain(store: KeyStore) -> None:
+    app = make_app(store)
+    assert (
+        await call(app, "GET", "/admin/upstream", headers={"authorization": "Bearer wrong"})
+    ).status == 401
+    h = {"authorization": f"Bearer {ADMIN}"}
+    r = await call(app, "PUT", "/admin/upstream", json.dumps({"url": "ftp://x"}).encode(), h)
+    assert r.status == 422
+    r = await call(app, "PUT", "/admin/upstream", b"{not json", h)
+    assert r.status == 400
+    r = await call(
+        app,
+        "PUT",
+        "/admin/upstream",
+        json.dumps(
+            {"url": "http://127.0.0.1:8000/", "served_model": "smollm2", "drain_deadline_s": 1}
+        ).encode(),
+        h,
+    )
+    assert r.status == 200 and r.json()["upstream"]["url"] == "http://127.0.0.1:8000" and r.json()["drained"]
+    got = (await call(app, "GET", "/admin/upstream", headers=h)).json()
+    assert got["upstream"]["served_model"] == "smollm2"
+    r = await call(app, "POST", "/admin/drain", json.dumps({"deadline_s": 0.1}).encode(), h)
+    assert r.status == 200 and r.json()["drained"] is True
+    r = await call(app, "PUT", "/admin/upstream", json.dumps({"url": None, "retry_after_s": 9}).encode(), h)
+    assert r.status == 200 and r.json()["upstream"] is None
+    assert app.slot.retry_after_s == 9

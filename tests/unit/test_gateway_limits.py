@@ -1,0 +1,75 @@
+"""Per-key limits with a hand-driven clock."""
+
+from __future__ import annotations
+
+from controller.gateway.keystore import KeyRecord
+from controller.gateway.limits import KeyLimiter, Lease, LimitExceeded
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def key(rpm: int | None = None, conc: int | None = None, kid: str = "0123456789ab") -> KeyRecord:
+    return KeyRecord(id=kid, name="k", created=0.0, revoked=None, rpm_limit=rpm, max_concurrent=conc)
+
+
+def test_no_limits_admits_everything() -> None:
+    limiter = KeyLimiter(Clock())
+    leases = [limiter.try_acquire(key()) for _ in range(1000)]
+    assert all(isinstance(x, Lease) for x in leases)
+    assert limiter.in_flight("0123456789ab") == 1000
+
+
+def test_rpm_allows_a_minute_then_refills() -> None:
+    clock = Clock()
+    limiter = KeyLimiter(clock)
+    k = key(rpm=6)
+    for _ in range(6):
+        lease = limiter.try_acquire(k)
+        assert isinstance(lease, Lease)
+        lease.release()
+    refused = limiter.try_acquire(k)
+    assert isinstance(refused, LimitExceeded)
+    assert refused.retry_after_s == 10  # 6 per minute: one every 10 s
+    assert "6 requests per minute" in refused.reason
+    clock.t += 9.0
+    assert isinstance(limiter.try_acquire(k), LimitExceeded)
+    clock.t += 1.0
+    assert isinstance(limiter.try_acquire(k), Lease)
+
+
+def test_concurrency_counts_in_flight_and_release_is_idempotent() -> None:
+    limiter = KeyLimiter(Clock())
+    k = key(conc=2)
+    a, b = limiter.try_acquire(k), limiter.try_acquire(k)
+    assert isinstance(a, Lease) and isinstance(b, Lease)
+    third = limiter.try_acquire(k)
+    assert isinstance(third, LimitExceeded) and third.retry_after_s >= 1
+    a.release()
+    a.release()
+    assert limiter.in_flight(k.id) == 1
+    assert isinstance(limiter.try_acquire(k), Lease)
+
+
+def test_concurrency_refusal_does_not_spend_rate() -> None:
+    limiter = KeyLimiter(Clock())
+    k = key(rpm=2, conc=1)
+    held = limiter.try_acquire(k)
+    assert isinstance(held, Lease)
+    for _ in range(5):
+        assert isinstance(limiter.try_acquire(k), LimitExceeded)
+    held.release()
+    assert isinstance(limiter.try_acquire(k), Lease)  # the second token is still there
+
+
+def test_keys_are_independent() -> None:
+    limiter = KeyLimiter(Clock())
+    a, b = key(conc=1, kid="aaaaaaaaaaaa"), key(conc=1, kid="bbbbbbbbbbbb")
+    assert isinstance(limiter.try_acquire(a), Lease)
+    assert isinstance(limiter.try_acquire(b), Lease)
+    assert isinstance(limiter.try_acquire(a), LimitExceeded)
