@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from host_setup.model import HostSetupError
 from host_setup.root import HostRoot
@@ -81,3 +81,4 @@ class HostContext:
 
     root: HostRoot
     commands: Commands
+    pci_via: Literal["sysfs", "setpci"] = "sysfs"  # how PCI config words are read and written

@@ -18,14 +18,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.procfs import SwapArea, parse_swaps
 from host_setup.commands import CommandError, HostContext
 from host_setup.files import atomic_write
 from host_setup.model import Area, Change, Finding, HostSetupError, Severity, SwapfileAction, SwapfileUndo
-from host_setup.procfs import SwapArea, mount_of, parse_mounts, parse_swaps
+from host_setup.procfs import mount_of, parse_mounts
 from host_setup.root import HostRoot, read_text
 
 GIB = 1024**3
 MIB = 1024**2
+# mkswap keeps one page for its header and /proc/swaps reports the size without it; counting it
+# back makes the 4 GiB /swap.img count as the 4 GiB the operator allocated.
+SWAP_HEADER_BYTES = 4096
 TOLERANCE = MIB  # sizes within a MiB of the target count as met (header pages, rounding)
 KEEP_FREE = GIB  # never fill the filesystem: a full root fs breaks logging, dpkg and the journal
 CHANGE_ID = "swap.swapfile"
@@ -70,15 +74,15 @@ class SwapState:
 
     @property
     def ours_active(self) -> SwapArea | None:
-        return next((a for a in self.areas if a.host_path == self.ours_host_path), None)
+        return next((a for a in self.areas if a.filename == self.ours_host_path), None)
 
     @property
     def others_bytes(self) -> int:
-        return sum(a.size_bytes for a in self.areas if a.host_path != self.ours_host_path)
+        return sum(_size(a) for a in self.areas if a.filename != self.ours_host_path)
 
     @property
     def total_bytes(self) -> int:
-        return sum(a.size_bytes for a in self.areas)
+        return sum(_size(a) for a in self.areas)
 
 
 def fstab_line(host_path: str) -> str:
@@ -93,7 +97,7 @@ def read_swap_state(root: HostRoot, ours_recorded: bool) -> SwapState:
     fstab = read_text(root.etc / "fstab") or ""
     size = real.stat().st_size if real.exists() else None
     return SwapState(
-        areas=parse_swaps(read_text(root.proc / "swaps")),
+        areas=tuple(parse_swaps(read_text(root.proc / "swaps") or "")),
         ours_host_path=host_path,
         ours_size=size,
         ours_recorded=ours_recorded,
@@ -260,7 +264,7 @@ def _ensure_fstab(root: HostRoot, line: str) -> None:
 
 
 def _is_active(root: HostRoot, host_path: str) -> bool:
-    return any(a.host_path == host_path for a in parse_swaps(read_text(root.proc / "swaps")))
+    return any(a.filename == host_path for a in parse_swaps(read_text(root.proc / "swaps") or ""))
 
 
 def _has_swap_signature(real: Path) -> bool:
@@ -340,8 +344,12 @@ def _above_target(state: SwapState, target: int) -> Finding:
 def _describe(state: SwapState) -> str:
     if not state.areas:
         return "0 GiB (no swap active)"
-    parts = ", ".join(f"{a.host_path} {_gib(a.size_bytes)}" for a in state.areas)
+    parts = ", ".join(f"{a.filename} {_gib(_size(a))}" for a in state.areas)
     return f"{_gib(state.total_bytes)} ({parts})"
+
+
+def _size(area: SwapArea) -> int:
+    return area.size_bytes + SWAP_HEADER_BYTES
 
 
 def _gib(n: int) -> str:
