@@ -195,7 +195,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("available_kv_memory", Phase.KV_CACHE,
           re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"), lambda m: {"gib": _f(m, 1)}),
     _Rule("kv_cache_tokens", Phase.KV_CACHE,
-          re.compile(r"(GPU|CPU) KV cache size: ([\d,_]+) tokens"),
+          re.compile(r"(GPU|CPU) KV cache size: (\d[\d,_]*) tokens"),
           lambda m: {"tokens": _tokens(m.group(2)), "detail": m.group(1)}),
     _Rule("graph_capture_finished", Phase.GRAPH_CAPTURE_DONE,
           re.compile(rf"Graph capturing finished in {_NUM} secs?(?:, took {_NUM} ?GiB)?"),
@@ -308,8 +308,11 @@ class PhaseTracker:
                     continue
                 self._fired.add(rule.marker)
             fields: dict[str, object] = {"phase": rule.phase, "at": now, "marker": rule.marker, "line": short}
-            fields.update(rule.build(m))
-            out.append(PhaseEvent.model_validate(fields))
+            try:
+                fields.update(rule.build(m))
+                out.append(PhaseEvent.model_validate(fields))
+            except ValueError:  # a number the pattern admitted but Python/pydantic refuses: not our line
+                continue
         return out
 
     def _capture_event(self, m: re.Match[str], now: float, short: str) -> PhaseEvent | None:
