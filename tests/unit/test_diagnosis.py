@@ -1,0 +1,268 @@
+"""diagnose() and scan_text() over one saved text per DOMAIN §5 signature, and over the facts the
+supervisor has (exit code, signal, OOMKilled, kernel OOM events, stall, budget)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from appliance.diagnosis import (
+    EXPECTED_ON_Z100,
+    DiagnosisCode,
+    FailureFacts,
+    Severity,
+    diagnose,
+    kernel_message,
+    oom_events_in_text,
+    scan_text,
+)
+from appliance.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.log_phases import Phase, track_text
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+DOCTOR = FIXTURES / "doctor"
+C = DiagnosisCode
+
+
+def read(name: str) -> str:
+    return (DOCTOR / name).read_bytes().decode()
+
+
+def facts_from_text(text: str, **extra: object) -> FailureFacts:
+    lines = text.split("\n")
+    tracker = track_text(text)
+    fields: dict[str, object] = {
+        "log_tail": tuple(lines),
+        "oom_events": tuple(oom_events_in_text(lines)),
+        "phase_reached": tracker.furthest,
+    }
+    fields.update(extra)
+    return FailureFacts(**fields)  # type: ignore[arg-type]
+
+
+# file → (THE diagnosis, every code scan_text must report, retryable)
+SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = {
+    "global_oom_tp4_graph.dmesg": (C.GLOBAL_OOM, {C.GLOBAL_OOM}, False),
+    "cgroup_oom_docker_memory_limit.dmesg": (C.CGROUP_OOM, {C.CGROUP_OOM}, False),
+    "worker_died_during_capture_round2.log": (C.WORKER_DIED, {C.WORKER_DIED, C.ENGINE_START_FAILED}, True),
+    "pinned_memory_oom_uva_buffer.log": (
+        C.PINNED_MEMORY_OOM, {C.PINNED_MEMORY_OOM, C.ENGINE_START_FAILED}, True,
+    ),
+    "custom_allreduce_hipextmalloc.log": (
+        C.CUSTOM_ALLREDUCE_UNSUPPORTED, {C.CUSTOM_ALLREDUCE_UNSUPPORTED, C.ENGINE_START_FAILED}, False,
+    ),
+    "graph_pad_for_cudagraph_full_capture.log": (
+        C.GRAPH_PAD_FOR_CUDAGRAPH_BUG, {C.GRAPH_PAD_FOR_CUDAGRAPH_BUG, C.ENGINE_START_FAILED}, False,
+    ),
+    "compile_constraint_violation_sdot4.log": (
+        C.COMPILE_CONSTRAINT_VIOLATION, {C.COMPILE_CONSTRAINT_VIOLATION, C.ENGINE_START_FAILED}, False,
+    ),
+    "import_order_bad_alloc.log": (C.IMPORT_ORDER_BAD_ALLOC, {C.IMPORT_ORDER_BAD_ALLOC}, False),
+    "cuda_reinit_forked_subprocess.log": (
+        C.CUDA_REINIT_FORKED, {C.CUDA_REINIT_FORKED, C.ENGINE_START_FAILED}, False,
+    ),
+    "aot_cache_miss_source_changed.log": (C.AOT_CACHE_MISS, {C.AOT_CACHE_MISS}, True),
+    "aot_cache_miss_load_failure_cpu.log": (C.AOT_CACHE_MISS, {C.AOT_CACHE_MISS}, True),
+    "packed_silu_nan_lock_output.log": (C.PACKED_SILU_NAN, {C.PACKED_SILU_NAN}, False),
+    "bind_localhost_in_bridge.txt": (
+        C.BIND_LOCALHOST_IN_BRIDGE, {C.BIND_LOCALHOST_IN_BRIDGE, C.LOOPBACK_BIND}, False,
+    ),
+    "hydcu_module_missing.txt": (C.HYDCU_MODULE_MISSING, {C.HYDCU_MODULE_MISSING}, False),
+}
+
+BENIGN_FIXTURES = {
+    "benign_w8a8_block_fp8_default_config.log": C.W8A8_BLOCK_FP8_DEFAULT_CONFIG,
+    "benign_rocblaslt_no_paths.log": C.ROCBLASLT_NO_PATHS,
+}
+
+
+def test_every_fixture_is_covered() -> None:
+    on_disk = {p.name for p in DOCTOR.iterdir() if p.suffix != ".md"}
+    assert on_disk == set(SIGNATURE_FIXTURES) | set(BENIGN_FIXTURES) | {"gpu_default_graph_tp4_aot_hit.log"}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURE_FIXTURES))
+def test_signature_fixture_diagnosed(name: str) -> None:
+    want, codes, retryable = SIGNATURE_FIXTURES[name]
+    text = read(name)
+    assert {f.code for f in scan_text(text)} == codes
+    diagnosis = diagnose(facts_from_text(text))
+    assert diagnosis.code is want
+    assert diagnosis.retryable is retryable
+    assert diagnosis.evidence, "a diagnosis must show the lines it rests on"
+    assert diagnosis.hint and diagnosis.fact
+
+
+@pytest.mark.parametrize("name", sorted(BENIGN_FIXTURES))
+def test_benign_lines_are_flagged_expected_and_ignored(name: str) -> None:
+    findings = scan_text(read(name))
+    assert [(f.code, f.benign, f.severity, f.hint) for f in findings] == [
+        (BENIGN_FIXTURES[name], True, Severity.INFO, EXPECTED_ON_Z100),
+    ]
+    diagnosis = diagnose(facts_from_text(read(name)))
+    assert diagnosis.code is C.UNKNOWN
+    assert diagnosis.severity is Severity.INFO
+
+
+def test_healthy_gpu_start_has_no_failure() -> None:
+    text = read("gpu_default_graph_tp4_aot_hit.log")
+    assert [f.code for f in scan_text(text)] == [C.ROCBLASLT_NO_PATHS]
+    assert diagnose(facts_from_text(text)).code is C.UNKNOWN
+
+
+# --- regressions named after what operators got wrong ---------------------------------------------
+
+
+def test_pinned_memory_oom_is_not_a_vram_problem() -> None:
+    """S11f §10.1: hipErrorOutOfMemory from UvaBuffer/pin_memory is the memlock ulimit, retry often works."""
+    text = read("pinned_memory_oom_uva_buffer.log")
+    codes = {f.code for f in scan_text(text)}
+    assert C.DEVICE_OOM not in codes
+    # The same error without the pinned-memory frames is a VRAM problem.
+    pinned_frames = ("buffer_utils", "UvaBuffer", "pin_memory", "StagedWrite")
+    bare = "\n".join(line for line in text.split("\n") if not any(k in line for k in pinned_frames))
+    assert diagnose(facts_from_text(bare)).code is C.DEVICE_OOM
+
+
+def test_global_oom_is_not_called_a_cgroup_oom() -> None:
+    """DOMAIN §3: the TP=4 graph OOMs were global; the first 'cgroup OOM' diagnosis was wrong."""
+    text = read("global_oom_tp4_graph.dmesg")
+    diagnosis = diagnose(facts_from_text(text, phase_reached=Phase.GRAPH_CAPTURE))
+    assert diagnosis.code is C.GLOBAL_OOM
+    assert diagnosis.summary.startswith("global OOM during graph capture: ")
+    assert "VLLM::Worker_TP (pid 412879), anon-rss 6.76 GiB" in diagnosis.summary
+    assert "swappiness=200" in diagnosis.hint
+
+
+def test_docker_oomkilled_without_kernel_record_is_not_attributed() -> None:
+    """memory.events oom_kill / OOMKilled alone once misled operators into 'cgroup OOM' (DOMAIN §3)."""
+    diagnosis = diagnose(FailureFacts(exit_code=137, oom_killed=True))
+    assert diagnosis.code is C.OOM_KILLED_UNATTRIBUTED
+    assert diagnosis.retryable is False
+    assert "dmesg" in diagnosis.hint
+
+
+def test_engine_log_worker_died_plus_dmesg_is_a_global_oom() -> None:
+    text = read("worker_died_during_capture_round2.log") + "\n" + read("global_oom_tp4_graph.dmesg")
+    assert diagnose(facts_from_text(text)).code is C.GLOBAL_OOM
+
+
+# --- facts from the supervisor ---------------------------------------------------------------------
+
+
+def oom(scope: OomScope, pid: int = 412879, anon_kib: int = 7088373) -> OomEvent:
+    return OomEvent(kind=OomEventKind.KILL, scope=scope, pid=pid, task="VLLM::Worker_TP",
+                    anon_rss_bytes=anon_kib * 1024, lines=(f"Killed process {pid} (VLLM::Worker_TP)",))
+
+
+def test_kernel_oom_events_decide_over_log_text() -> None:
+    facts = FailureFacts(exit_code=1, log_tail=("RuntimeError: Engine core initialization failed.",),
+                         oom_events=(oom(OomScope.CGROUP, 1), oom(OomScope.GLOBAL, 2)))
+    diagnosis = diagnose(facts)
+    assert diagnosis.code is C.GLOBAL_OOM  # the host ran out; that the cgroup did too is secondary
+    assert "(+1 more kill)" in diagnosis.summary
+    assert diagnose(FailureFacts(oom_events=(oom(OomScope.CGROUP),))).code is C.CGROUP_OOM
+    assert diagnose(FailureFacts(oom_events=(oom(OomScope.CPUSET),))).code is C.NODE_CONSTRAINED_OOM
+    reaped = OomEvent(kind=OomEventKind.REAPED, scope=OomScope.GLOBAL, pid=2)
+    assert diagnose(FailureFacts(exit_code=0, oom_events=(reaped,))).code is C.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "signal", "expected_signal"),
+    [(137, None, 9), (-9, None, 9), (None, 15, 15), (143, None, 15)],
+)
+def test_killed_by_signal(exit_code: int | None, signal: int | None, expected_signal: int) -> None:
+    diagnosis = diagnose(FailureFacts(exit_code=exit_code, signal=signal))
+    assert diagnosis.code is C.KILLED_BY_SIGNAL
+    assert f"signal {expected_signal}" in diagnosis.evidence[0]
+    assert diagnosis.retryable is True
+
+
+def test_exit_nonzero_shows_the_last_exception() -> None:
+    diagnosis = diagnose(FailureFacts(exit_code=1, log_tail=(
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "ValueError: max_model_len 262144 is larger than the model's 32768",
+        "",
+    )))
+    assert diagnosis.code is C.EXIT_NONZERO
+    assert diagnosis.evidence == (
+        "exit code 1", "ValueError: max_model_len 262144 is larger than the model's 32768",
+    )
+
+
+def test_stalled_and_over_budget() -> None:
+    stalled = diagnose(FailureFacts(stalled=True, phase_reached=Phase.COMPILE_STARTED, exit_code=137))
+    assert (stalled.code, stalled.retryable) == (C.STALLED, True)
+    assert "(furthest phase: torch.compile)" in stalled.summary
+    over = diagnose(FailureFacts(
+        over_budget=True, elapsed_s=1500.0, budget_s=1500.0,
+        progress="capturing graphs round 2: 38/51 · compile cache miss",
+        log_tail=("WARNING Source code has changed since the last compilation. Recompiling the model.",),
+    ))
+    assert (over.code, over.retryable) == (C.READY_BUDGET_EXCEEDED, False)
+    assert over.summary == (
+        "the engine was still starting when its ready budget ran out (1500 s of a 1500 s budget) "
+        "(at: capturing graphs round 2: 38/51 · compile cache miss); the compile cache missed, so this "
+        "start was cold"
+    )
+    assert "2700 s" in over.hint
+
+
+def test_probe_reset_with_loopback_bind_is_the_bridge_problem() -> None:
+    tail = ("INFO [api_server.py:1885] Starting vLLM API server 0 on http://127.0.0.1:8000",)
+    assert diagnose(FailureFacts(over_budget=True, log_tail=tail,
+                                 probe_error="ConnectionResetError: [Errno 104] Connection reset by peer"),
+                    ).code is C.BIND_LOCALHOST_IN_BRIDGE
+    # The process runtime listens on loopback on purpose: that alone is not a failure.
+    assert diagnose(FailureFacts(log_tail=tail)).code is C.UNKNOWN
+
+
+def test_engine_start_failed_names_a_killed_core() -> None:
+    diagnosis = diagnose(FailureFacts(exit_code=1, log_tail=(
+        "(EngineCore_DP0 pid=3) ERROR [core.py:708] EngineCore failed to start.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+        "{'EngineCore_DP0': -9}",
+    )))
+    assert diagnosis.code is C.ENGINE_START_FAILED
+    assert "SIGKILL" in diagnosis.summary and "dmesg" in diagnosis.summary
+
+
+def test_bad_alloc_exit_134_from_the_runtime() -> None:
+    diagnosis = diagnose(FailureFacts(exit_code=134, log_tail=("terminate called after throwing an instance "
+                                                               "of 'std::bad_alloc'",)))
+    assert diagnosis.code is C.IMPORT_ORDER_BAD_ALLOC
+    assert diagnose(FailureFacts(exit_code=134)).code is C.KILLED_BY_SIGNAL  # SIGABRT, no signature
+
+
+# --- kernel text ---------------------------------------------------------------------------------
+
+
+def test_kernel_message_prefixes() -> None:
+    msg = "Out of memory: Killed process 1 (x)"
+    assert kernel_message(f"3,48231,1878391322,-;{msg}") == msg
+    assert kernel_message(f"[ 1878.391322] {msg}") == msg
+    assert kernel_message(f"[Sun Nov 29 06:52:41 2026] {msg}") == msg
+    assert kernel_message(f"Nov 29 06:52:41 z100 kernel: {msg}") == msg
+    assert kernel_message(msg) == msg
+
+
+def test_oom_events_from_the_real_kmsg_capture() -> None:
+    """MEASURED.md: a real memcg OOM of a 32 MiB docker container, as read from /dev/kmsg."""
+    lines = (FIXTURES / "kmsg" / "memcg_v1_kernel_6.18_docker.txt").read_text().split("\n")
+    events = oom_events_in_text(lines)
+    assert [(e.scope, e.task, e.pid, e.anon_rss_bytes) for e in events] == [
+        (OomScope.CGROUP, "tail", 5582, 32384 * 1024),
+    ]
+    assert diagnose(FailureFacts(log_tail=tuple(lines), oom_events=tuple(events))).code is C.CGROUP_OOM
+
+
+def test_garbage_never_raises() -> None:
+    rng = random.Random(7)
+    alphabet = "oom-kil:constraint=CONSTRAINT_NONE,Killed process ()hipErrorOutOfMemory\n\r\x00█[]"
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 400)))
+        scan_text(text)
+        diagnose(facts_from_text(text, exit_code=rng.choice([None, 0, 1, 137, -11])))
