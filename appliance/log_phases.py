@@ -130,6 +130,7 @@ def budget_used(started_at: float, now: float, budget_s: float) -> float:
 
 _NUM = r"(\d+(?:\.\d+)?)"
 _MAX_LINE = 400  # what an event keeps of a line
+_MAX_EVIDENCE = 32  # cache-marker lines kept per kind
 
 
 @dataclass(frozen=True)
@@ -294,9 +295,10 @@ class PhaseTracker:
             m = rule.pattern.search(text)
             if m is None:
                 continue
-            if rule.phase is Phase.COMPILE_CACHE_HIT:
+            # Kept bounded: a TP=4 start prints each marker once per rank, never thousands.
+            if rule.phase is Phase.COMPILE_CACHE_HIT and len(self._hit_lines) < _MAX_EVIDENCE:
                 self._hit_lines.append(short)
-            elif rule.phase is Phase.COMPILE_CACHE_MISS:
+            elif rule.phase is Phase.COMPILE_CACHE_MISS and len(self._miss_lines) < _MAX_EVIDENCE:
                 self._miss_lines.append(short)
             if rule.marker == "loading_shards":
                 n = int(m.group(1))
