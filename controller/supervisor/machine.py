@@ -389,7 +389,7 @@ def _health_lost(m: Machine, obs: HealthLost) -> tuple[Machine, list[Action]]:
     if m.state is not State.READY or launch is None or launch.launch_id != obs.launch_id:
         return m, []
     # ready + health lost → stopping (no drain: it does not answer), then backoff.
-    failure = Failure("health-lost", f"the ready engine stopped answering: {obs.detail}",
+    failure = Failure("health_lost", f"the ready engine stopped answering: {obs.detail}",
                       "see the log tail; the engine is restarted", retryable=True)
     m2 = replace(m, state=State.STOPPING, stop_failure=failure, after_stop=AfterStop.IDLE)
     return m2, [
@@ -473,7 +473,7 @@ def _tick(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         if now >= launch.deadline:
             # starting + budget spent → stopping, then failed (retrying cannot make it faster).
             failure = Failure(
-                "ready-budget-exceeded",
+                "ready_budget_exceeded",
                 f"not ready after {launch.spec.ready_budget_s} s (last phase: {launch.phase or 'none'})",
                 "if the phases were still advancing, raise expect.ready_budget_s (default graph needs "
                 "≥ 2700 s, DOMAIN §4); otherwise read the log tail",

@@ -122,7 +122,7 @@ def test_budget_exceeded_stops_the_engine_and_fails_without_retry() -> None:
     assert [a for a in out if isinstance(a, StopEngine)]
     r.feed(Stopped(lid, ExitInfo(running=False, signal=15)), 2710)
     assert r.m.state is State.FAILED
-    assert r.m.last_failure is not None and r.m.last_failure.code == "ready-budget-exceeded"
+    assert r.m.last_failure is not None and r.m.last_failure.code == "ready_budget_exceeded"
     assert any(isinstance(a, MarkEnded) and a.status == "failed" for a in r.actions)
 
 
@@ -335,7 +335,7 @@ def test_health_lost_on_a_ready_engine_restarts_it_with_backoff() -> None:
     assert isinstance(r.actions[-3], ClearUpstream)
     r.feed(Stopped(lid, ExitInfo(running=False, signal=9)), 70)
     assert r.m.state is State.BACKOFF and r.m.last_failure is not None
-    assert r.m.last_failure.code == "health-lost"
+    assert r.m.last_failure.code == "health_lost"
 
 
 def test_preflight_refusal_keeps_the_old_engine_serving() -> None:

@@ -1,0 +1,621 @@
+"""The supervisor's async driver: turns the world into observations and executes the actions.
+
+Everything with a side effect goes through an injected seam — the Runtime (engines), the Prober
+(readiness), the GatewayLink, the Store, the preflight, and the Clock — so the unit tests run a
+40-minute start with fakes in milliseconds, and the integration tests run the same code against
+a real vLLM engine.
+
+One loop iteration (`step`): read new log text (phases → PhaseSeen), sample CPU time (CpuSample),
+see whether the engine is still running (exit → diagnosis → Exited), probe readiness while
+starting (ReadyProbed) or health while ready (HealthLost), then Tick. Slow work (runtime calls,
+probes, preflight, gateway calls) runs in tasks that answer with observations; `submit` itself
+never awaits, so two concurrent API requests see one consistent machine (the second apply of a
+pair gets its 409 from the transition function, not from a race).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from appliance.diagnosis import Diagnosis, FailureFacts, diagnose
+from appliance.kmsg import OomEvent
+from appliance.launch_spec import LaunchSpec
+from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
+from controller import metrics
+from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
+from controller.store import Provenance, Store
+from controller.supervisor.follow import LogFollower
+from controller.supervisor.gateway_link import GatewayError, GatewayLink
+from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
+from controller.supervisor.probes import Prober, reachable_url
+from controller.supervisor.signals import (
+    Action,
+    Adopted,
+    ClearUpstream,
+    CpuSample,
+    Drained,
+    DrainGateway,
+    Exited,
+    Failure,
+    HealthLost,
+    Launched,
+    LaunchFailed,
+    MarkEnded,
+    MarkReady,
+    Notify,
+    Observation,
+    PhaseSeen,
+    PreflightFailed,
+    PreflightOk,
+    ReadyProbed,
+    Reject,
+    RunPreflight,
+    SetUpstream,
+    StartEngine,
+    StartKind,
+    StopEngine,
+    Stopped,
+    Tick,
+)
+
+log = logging.getLogger(__name__)
+
+PreflightFn = Callable[[int, str, bool], Awaitable[PreflightOk | PreflightFailed]]
+ProvenanceFn = Callable[[LaunchSpec], Provenance]
+SpecForRecipe = Callable[[str], LaunchSpec | None]
+OomSource = Callable[[str], Sequence[OomEvent]]
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """Wall-clock seconds: launch records and adopted engines' start times are wall clock too."""
+
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    poll_interval_s: float = 1.0
+    probe_interval_s: float = 2.0  # readiness probes while starting
+    health_interval_s: float = 10.0  # liveness probes while ready
+    health_failures: int = 3  # consecutive failed health probes → HealthLost
+    # The kernel's OOM record can trail the process's death a little; wait this long for the kmsg
+    # watch before classifying an exit (its detection latency goal is < 1 s, issue 4).
+    oom_settle_s: float = 1.0
+    stop_retries: int = 3
+
+
+def failure_of(d: Diagnosis) -> Failure:
+    return Failure(code=d.code.value, summary=d.summary, hint=d.hint, retryable=d.retryable)
+
+
+class Driver:
+    def __init__(
+        self,
+        *,
+        runtimes: Mapping[str, Runtime],
+        store: Store,
+        preflight: PreflightFn,
+        prober: Prober,
+        gateway: GatewayLink,
+        clock: Clock | None = None,
+        policy: Policy | None = None,
+        config: DriverConfig | None = None,
+        provenance: ProvenanceFn | None = None,
+        spec_for_recipe: SpecForRecipe | None = None,
+        oom_events: OomSource | None = None,
+    ) -> None:
+        self.runtimes = dict(runtimes)
+        self.store = store
+        self.preflight = preflight
+        self.prober = prober
+        self.gateway = gateway
+        self.clock = clock or SystemClock()
+        self.config = config or DriverConfig()
+        self.provenance = provenance
+        self.spec_for_recipe = spec_for_recipe
+        self.oom_events = oom_events
+        self.m = Machine(policy=policy or Policy())
+        self.last_diagnosis: dict[str, Any] | None = None
+        self._followers: dict[str, LogFollower] = {}
+        self._exits: dict[str, ExitInfo] = {}
+        self._diagnoses: dict[str, Diagnosis] = {}
+        self._cache_empty: dict[str, bool] = {}
+        self._probe_error: dict[str, str] = {}
+        self._exiting: set[str] = set()
+        self._probing = False
+        self._next_probe = 0.0
+        self._health_failures = 0
+        self._cache_seen: dict[str, CacheOutcome] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._gateway_lock = asyncio.Lock()
+        metrics.set_engine_state(self.m.state.value)
+
+    # ------------------------------------------------------------------------------------------
+    # The machine
+
+    def submit(self, obs: Observation) -> Reject | None:
+        """Run one transition and start its actions. Never awaits: atomic within the event loop."""
+        before = self.m
+        self.m, actions = transition(before, obs, self.clock.now())
+        if self.m.state is not before.state:
+            self._state_changed()
+        rejected: Reject | None = None
+        for action in actions:
+            if isinstance(action, Reject):
+                rejected = action
+            else:
+                self._execute(action)
+        return rejected
+
+    def _state_changed(self) -> None:
+        m = self.m
+        metrics.set_engine_state(m.state.value)
+        self._publish({
+            "type": "state",
+            "state": m.state.value,
+            "recipe": m.recipe,
+            "launch_id": m.launch.launch_id if m.launch else None,
+            "failures": m.failures,
+        })
+
+    # ------------------------------------------------------------------------------------------
+    # The loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.adopt()
+        while not stop.is_set():
+            await self.step()
+            await self.clock.sleep(self.config.poll_interval_s)
+
+    async def step(self) -> None:
+        """One look at the world, then Tick."""
+        launch = self.m.launch
+        if launch is not None and launch.handle is not None:
+            await self._follow(launch)
+            await self._watch_exit(launch)
+            self._watch_readiness(launch)
+        self.submit(Tick())
+
+    async def settle(self) -> None:
+        """Wait for every action task (tests; shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        """Controller exit: cancel our tasks. The engine keeps running, to be adopted next time."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=what)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            # A bug in an action must be seen, not swallowed: logged with its traceback and put in
+            # the event stream. The machine stays consistent (the answer just never comes).
+            log.error("supervisor task %s failed", task.get_name(), exc_info=exc)
+            self._note("internal-error", f"{task.get_name()}: {exc!r}")
+
+    # ------------------------------------------------------------------------------------------
+    # Watching the current engine
+
+    def _runtime(self, handle_or_spec: EngineHandle | LaunchSpec) -> Runtime:
+        kind = handle_or_spec.runtime
+        rt = self.runtimes.get(kind)
+        if rt is None:
+            raise RuntimeError_(f"no {kind!r} runtime is configured in this controller")
+        return rt
+
+    async def _follow(self, launch: Launch, replay: bool = False) -> None:
+        handle = launch.handle
+        follower = self._followers.get(launch.launch_id)
+        if handle is None or follower is None:
+            return
+        rt = self._runtime(handle)
+        text, offset = await asyncio.to_thread(rt.read_logs, handle, follower.offset)
+        now = self.clock.now()
+        events = follower.feed(text, offset, now)
+        if not replay:
+            for event in events:
+                self._phase(launch, follower, event, now)
+        self._record_cache(launch, follower)
+        if self.m.state is State.STARTING:
+            cpu = await asyncio.to_thread(rt.cpu_seconds, handle)
+            self.submit(CpuSample(launch.launch_id, cpu))
+
+    def _phase(self, launch: Launch, follower: LogFollower, event: PhaseEvent, now: float) -> None:
+        elapsed = now - follower.started_at
+        detail = event.detail or ""
+        self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
+        metrics.set_engine_phase(launch.spec.recipe, event.phase.value, elapsed)
+        label = follower.tracker.describe()
+        self.submit(PhaseSeen(launch.launch_id, event.phase.value, label))
+        self._publish({
+            "type": "phase", "launch_id": launch.launch_id, "phase": event.phase.value,
+            "label": PHASE_LABELS[event.phase], "describe": label, "detail": detail,
+            "elapsed_s": round(elapsed, 1), "progress": progress(self.m, now),
+        })
+
+    def _record_cache(self, launch: Launch, follower: LogFollower) -> None:
+        outcome = follower.tracker.cache_outcome
+        if outcome is CacheOutcome.UNKNOWN or self._cache_seen.get(launch.launch_id) is outcome:
+            return
+        self._cache_seen[launch.launch_id] = outcome
+        self.store.set_cache(launch.launch_id, outcome.value)
+
+    async def _watch_exit(self, launch: Launch) -> None:
+        handle = launch.handle
+        if handle is None or self.m.state is State.STOPPING or launch.launch_id in self._exiting:
+            return
+        info = await asyncio.to_thread(self._runtime(handle).inspect, handle)
+        if info.running:
+            return
+        self._exiting.add(launch.launch_id)
+        self._spawn(self._classify_exit(launch, info), f"classify-exit {launch.launch_id}")
+
+    async def _classify_exit(self, launch: Launch, info: ExitInfo) -> None:
+        await self.clock.sleep(self.config.oom_settle_s)
+        await self._follow(launch)
+        diagnosis = self._diagnose(launch, info, self._followers.get(launch.launch_id))
+        self._exits[launch.launch_id] = info
+        self._diagnoses[launch.launch_id] = diagnosis
+        self.submit(Exited(launch.launch_id, info, failure_of(diagnosis)))
+
+    def _diagnose(
+        self, launch: Launch, info: ExitInfo | None, follower: LogFollower | None, *,
+        stalled: bool = False, over_budget: bool = False,
+    ) -> Diagnosis:
+        tracker = follower.tracker if follower else None
+        now = self.clock.now()
+        facts = FailureFacts(
+            exit_code=info.exit_code if info else None,
+            signal=info.signal if info else None,
+            oom_killed=info.oom_killed if info else None,
+            log_tail=follower.tail_lines() if follower else (),
+            oom_events=tuple(self.oom_events(launch.launch_id)) if self.oom_events else (),
+            phase_reached=tracker.furthest if tracker else None,
+            progress=tracker.describe() if tracker and tracker.current else None,
+            stalled=stalled,
+            over_budget=over_budget,
+            elapsed_s=now - launch.started_at,
+            budget_s=float(launch.spec.ready_budget_s),
+            probe_error=self._probe_error.get(launch.launch_id),
+        )
+        return diagnose(facts)
+
+    def _watch_readiness(self, launch: Launch) -> None:
+        now = self.clock.now()
+        if self._probing or now < self._next_probe:
+            return
+        if self.m.state is State.STARTING:
+            self._probing = True
+            self._next_probe = now + self.config.probe_interval_s
+            self._spawn(self._probe_ready(launch), f"probe {launch.launch_id}")
+        elif self.m.state is State.READY:
+            self._probing = True
+            self._next_probe = now + self.config.health_interval_s
+            self._spawn(self._probe_health(launch), f"health {launch.launch_id}")
+
+    async def _probe_ready(self, launch: Launch) -> None:
+        try:
+            error = await self.prober.health(launch.spec)
+            if error is None:
+                error = await self.prober.completion(launch.spec)
+        finally:
+            self._probing = False
+        if error is None:
+            self._probe_error.pop(launch.launch_id, None)
+            await self._follow(launch)  # the phases up to "API up" belong to the start
+            self.submit(ReadyProbed(launch.launch_id))
+        else:
+            self._probe_error[launch.launch_id] = error
+
+    async def _probe_health(self, launch: Launch) -> None:
+        try:
+            error = await self.prober.health(launch.spec)
+        finally:
+            self._probing = False
+        if error is None:
+            self._health_failures = 0
+            return
+        self._health_failures += 1
+        self._probe_error[launch.launch_id] = error
+        if self._health_failures >= self.config.health_failures:
+            self._health_failures = 0
+            detail = f"{self.config.health_failures} health probes failed: {error}"
+            self.submit(HealthLost(launch.launch_id, detail))
+
+    # ------------------------------------------------------------------------------------------
+    # Adoption
+
+    async def adopt(self) -> None:
+        """A controller restart never kills a healthy engine: find ours and supervise it again."""
+        found: list[EngineHandle] = []
+        for rt in self.runtimes.values():
+            try:
+                found.extend(await asyncio.to_thread(rt.adopt))
+            except RuntimeError_ as exc:
+                self._note("adopt-error", f"{rt.name} runtime: {exc}")
+        if not found:
+            return
+        found.sort(key=lambda h: h.started_at)
+        handle = found[-1]
+        for extra in found[:-1]:
+            # The host holds one engine at a time (DOMAIN §3); an older leftover is stopped.
+            self._note("adopt-extra", f"stopping older engine {extra.ref} ({extra.recipe})", extra.launch_id)
+            info = await asyncio.to_thread(self._runtime(extra).stop, extra, self.m.policy.stop_grace_s)
+            self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
+        spec = self.store.get_spec(handle.launch_id)
+        if spec is None and self.spec_for_recipe is not None:
+            spec = await asyncio.to_thread(self.spec_for_recipe, handle.recipe)
+            if spec is not None:
+                self.store.create_launch(handle.launch_id, spec, StartKind.ADOPTED.value, Provenance(),
+                                         handle.started_at)
+                self.store.set_handle(handle.launch_id, handle, handle.started_at)
+        if spec is None:
+            self._note("adopt-skipped", f"engine {handle.ref} ({handle.recipe}) is running but its launch "
+                       "spec is unknown: left alone, not supervised", handle.launch_id)
+            return
+        self._followers[handle.launch_id] = LogFollower(handle.launch_id, started_at=handle.started_at)
+        self.submit(Adopted(handle, spec))
+        launch = self.m.launch
+        if launch is not None and launch.launch_id == handle.launch_id:
+            await self._follow(launch, replay=True)  # rebuild the phase picture without re-recording it
+
+    # ------------------------------------------------------------------------------------------
+    # Actions
+
+    def _execute(self, action: Action) -> None:
+        match action:
+            case RunPreflight():
+                self._spawn(self._preflight(action), f"preflight {action.recipe}")
+            case StartEngine():
+                self._spawn(self._start(action), f"start {action.launch_id}")
+            case StopEngine():
+                self._spawn(self._stop(action), f"stop {action.launch_id}")
+            case DrainGateway():
+                self._spawn(self._drain(action), f"drain {action.launch_id}")
+            case SetUpstream():
+                self._spawn(self._gateway_call("point_to", action.launch_id), "gateway point")
+            case ClearUpstream():
+                self._spawn(self._gateway_clear(action), "gateway clear")
+            case MarkReady():
+                self._mark_ready(action)
+            case MarkEnded():
+                self._mark_ended(action)
+            case Notify():
+                self._note(action.kind, action.message, action.launch_id, action.data)
+            case Reject():
+                pass
+
+    async def _preflight(self, action: RunPreflight) -> None:
+        answer = await self.preflight(action.token, action.recipe, action.fresh_cache)
+        if isinstance(answer, PreflightOk):
+            self._cache_empty[answer.launch_id] = answer.cache_empty
+        self.submit(answer)
+
+    async def _start(self, action: StartEngine) -> None:
+        now = self.clock.now()
+        spec = action.spec
+        self._followers[action.launch_id] = LogFollower(action.launch_id, started_at=now)
+        prov = Provenance()
+        if self.provenance is not None:
+            try:
+                prov = await asyncio.to_thread(self.provenance, spec)
+            except (RuntimeError, OSError, ValueError) as exc:
+                self._note("provenance-error", f"could not record versions: {exc}", action.launch_id)
+        self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now)
+        cold = action.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
+        metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
+                             min_mem_available_bytes=None, started_at=now)
+        if self.m.failures > 0 and self.m.last_failure is not None:
+            metrics.record_restart(spec.recipe, self.m.last_failure.code)
+        try:
+            rt = self._runtime(spec)
+            handle = await asyncio.to_thread(rt.start, spec, action.launch_id)
+        except RuntimeError_ as exc:
+            self.submit(LaunchFailed(action.launch_id, Failure(
+                "launch_failed", f"the {spec.runtime} runtime could not start the engine: {exc}",
+                "see the message: a missing interpreter, image or device is an installation problem",
+                retryable=False)))
+            return
+        except OSError as exc:
+            self.submit(LaunchFailed(action.launch_id, Failure(
+                "launch_failed", f"could not start the engine: {exc}", "", retryable=True)))
+            return
+        self.store.set_handle(action.launch_id, handle, self.clock.now())
+        self._followers[action.launch_id].started_at = self.clock.now()
+        self.submit(Launched(action.launch_id, handle))
+
+    async def _stop(self, action: StopEngine) -> None:
+        rt = self._runtime(action.handle)
+        info: ExitInfo | None = None
+        for attempt in range(1, self.config.stop_retries + 1):
+            try:
+                info = await asyncio.to_thread(rt.stop, action.handle, action.grace_s)
+                break
+            except RuntimeError_ as exc:
+                self._note("stop-error", f"stop attempt {attempt}: {exc}", action.launch_id)
+                info = await asyncio.to_thread(rt.inspect, action.handle)
+                if not info.running:
+                    break
+        if info is None or info.running:
+            # Never report a running engine as stopped: the host cannot hold two.
+            self._note("stop-failed", "the engine did not stop; it stays under supervision", action.launch_id)
+            return
+        launch = self.m.launch
+        if launch is not None and launch.launch_id == action.launch_id:
+            await self._follow(launch)
+        self._exits[action.launch_id] = info
+        self.submit(Stopped(action.launch_id, info))
+
+    async def _drain(self, action: DrainGateway) -> None:
+        async with self._gateway_lock:
+            try:
+                await self.gateway.drain(action.deadline_s, self.m.policy.retry_after_s)
+            except GatewayError as exc:
+                self._note("gateway-error", f"drain: {exc}", action.launch_id)
+        self.submit(Drained(action.launch_id))
+
+    async def _gateway_call(self, what: str, launch_id: str) -> None:
+        async with self._gateway_lock:
+            launch = self.m.launch
+            if launch is None or launch.launch_id != launch_id or self.m.state is not State.READY:
+                return  # it stopped being ready before we got here
+            try:
+                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name)
+            except GatewayError as exc:
+                self._note("gateway-error", f"{what}: {exc}", launch_id)
+
+    async def _gateway_clear(self, action: ClearUpstream) -> None:
+        async with self._gateway_lock:
+            try:
+                await self.gateway.clear(action.retry_after_s)
+            except GatewayError as exc:
+                self._note("gateway-error", f"clear ({action.reason}): {exc}")
+
+    def _mark_ready(self, action: MarkReady) -> None:
+        now = self.clock.now()
+        self.store.mark_ready(action.launch_id, now, action.ready_s)
+        launch = self.m.launch
+        follower = self._followers.get(action.launch_id)
+        if launch is None or launch.launch_id != action.launch_id:
+            return
+        cold = launch.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
+        start = "cold" if cold else "warm"
+        metrics.record_ready(launch.spec.recipe, start, action.ready_s)
+        outcome = follower.tracker.cache_outcome if follower else CacheOutcome.UNKNOWN
+        metrics.record_compile_cache(launch.spec.recipe, start, outcome.value)
+        if launch.kind is StartKind.WARM and outcome is not CacheOutcome.HIT:
+            # ARCHITECTURE "Warm-cache restart": verify the hit from the log; a miss is reported.
+            evidence = list(follower.tracker.cache_evidence) if follower else []
+            message = f"the warm start did not prove a compile-cache hit ({outcome.value})"
+            self._note("warm-restart-miss", message, action.launch_id, {"evidence": evidence})
+
+    def _mark_ended(self, action: MarkEnded) -> None:
+        now = self.clock.now()
+        info = self._exits.pop(action.launch_id, None)
+        diagnosis = self._diagnoses.pop(action.launch_id, None)
+        follower = self._followers.pop(action.launch_id, None)
+        failure = action.failure
+        if failure is not None and diagnosis is None and failure.code in _MACHINE_DIAGNOSED:
+            # The machine decided (stall, budget): classify with the same rules over the same evidence
+            # (an OOM record or a known signature in the tail outranks "stalled").
+            spec = self.store.get_spec(action.launch_id)
+            if spec is not None:
+                started = follower.started_at if follower else now
+                launch = Launch(action.launch_id, spec, StartKind.NORMAL, started_at=started)
+                diagnosis = self._diagnose(launch, info, follower, stalled=failure.code == "stalled",
+                                           over_budget=failure.code == "ready_budget_exceeded")
+        diag_dict: dict[str, Any] | None = None
+        if diagnosis is not None:
+            diag_dict = diagnosis.model_dump(mode="json", exclude={"findings"})
+        elif failure is not None:
+            diag_dict = _failure_dict(failure)
+        if diag_dict is not None:
+            diag_dict["launch_id"] = action.launch_id
+            self.last_diagnosis = diag_dict
+        self.store.mark_ended(action.launch_id, now, action.status, info, diag_dict,
+                              follower.tail_text() if follower else None)
+        for table in (self._probe_error, self._cache_seen, self._cache_empty):
+            table.pop(action.launch_id, None)
+        self._exiting.discard(action.launch_id)
+
+    # ------------------------------------------------------------------------------------------
+    # Events and status
+
+    def _note(self, kind: str, message: str, launch_id: str | None = None,
+              data: Mapping[str, object] | None = None) -> None:
+        record = self.store.add_event(kind, message, self.clock.now(), launch_id, data)
+        self._publish({"type": "event", **record.model_dump()})
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        for queue in list(self._subscribers):
+            if queue.full():
+                continue  # a stuck client loses events, never blocks the supervisor
+            queue.put_nowait(event)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, maxsize: int = 1000) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=maxsize)
+        self._subscribers.add(queue)
+        try:
+            yield queue
+        finally:
+            self._subscribers.discard(queue)
+
+    def _last_diagnosis(self) -> dict[str, Any] | None:
+        if self.last_diagnosis is not None:
+            return self.last_diagnosis
+        return _failure_dict(self.m.last_failure) if self.m.last_failure else None
+
+    def status(self) -> dict[str, Any]:
+        m = self.m
+        now = self.clock.now()
+        launch = m.launch
+        out: dict[str, Any] = {
+            "state": m.state.value,
+            "recipe": m.recipe,
+            "failures": m.failures,
+            "max_failures": m.policy.max_failures,
+            "backoff_remaining_s": round(m.backoff_until - now, 1) if m.backoff_until is not None else None,
+            "last_diagnosis": self._last_diagnosis(),
+            "launch": None,
+        }
+        if launch is not None:
+            follower = self._followers.get(launch.launch_id)
+            tracker = follower.tracker if follower else None
+            started = launch.handle is not None
+            out["launch"] = {
+                "id": launch.launch_id,
+                "kind": launch.kind.value,
+                "runtime": launch.spec.runtime,
+                "ref": launch.handle.ref if launch.handle else None,
+                "engine_url": reachable_url(launch.spec),
+                "served_model_name": launch.spec.served_model_name,
+                "started_at": launch.started_at if started else None,
+                "elapsed_s": round(now - launch.started_at, 1) if started else None,
+                "ready_budget_s": launch.spec.ready_budget_s,
+                "ready_at": launch.ready_at,
+                "ready_s": round(launch.ready_at - launch.started_at, 1) if launch.ready_at else None,
+                "phase": tracker.current.value if tracker and tracker.current else None,
+                "describe": tracker.describe() if tracker else None,
+                "phases": [
+                    {"phase": p.value, "label": PHASE_LABELS[p], "at": at} for p, at in tracker.phase_list()
+                ] if tracker else [],
+                "cache": tracker.cache_outcome.value if tracker else None,
+                "probe_error": self._probe_error.get(launch.launch_id),
+            }
+        out["progress"] = progress(m, now)
+        return out
+
+
+_MACHINE_DIAGNOSED = frozenset({"stalled", "ready_budget_exceeded"})
+
+
+def _failure_dict(f: Failure) -> dict[str, Any]:
+    return {"code": f.code, "summary": f.summary, "hint": f.hint, "retryable": f.retryable}

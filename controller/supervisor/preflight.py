@@ -1,0 +1,125 @@
+"""Preflight: load → lint → host facts → admission → render, before anything is stopped or started.
+
+ARCHITECTURE "Apply a recipe": the current engine keeps serving while the new recipe is checked;
+only a recipe that passes replaces it. The answer is an observation for the state machine
+(PreflightOk with the rendered LaunchSpec, or PreflightFailed with a Failure an operator can act
+on). File reads and the host-facts scan run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from appliance.host_facts import HostFacts
+from appliance.launch_spec import LaunchSpec
+from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_model import Recipe
+from appliance.render import RenderError, render
+from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
+from host_setup.facts import HostFactsError, gather_facts
+
+# A check returns None (pass) or the failure that refuses the launch (lint errors, admission).
+Check = Callable[[Recipe, HostFacts], Failure | None]
+
+
+class UnknownRecipe(LookupError):
+    pass
+
+
+def new_launch_id(recipe: str, now: float) -> str:
+    """Sortable, readable and unique: `20261129T101500-cpu-smollm2-3fa2c1`."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{stamp}-{recipe}-{secrets.token_hex(3)}"
+
+
+def cache_is_empty(root: Path) -> bool:
+    """No file anywhere under the cache root (a fresh root, or one that was emptied)."""
+    if not root.is_dir():
+        return True
+    return not any(p.is_file() for p in root.rglob("*"))
+
+
+def empty_cache_root(root: Path, allowed_under: Sequence[Path]) -> None:
+    """Remove a recipe's cache root (apply with fresh_cache). Only under a known cache directory:
+    a recipe typo must never turn this into `rm -rf` of something else."""
+    resolved = root.resolve()
+    bases = [b.resolve() for b in allowed_under]
+    if not any(resolved.is_relative_to(base) and resolved != base for base in bases):
+        raise PermissionError(
+            f"refusing to empty {root}: it is not inside {', '.join(str(b) for b in allowed_under)}"
+        )
+    if resolved.exists():
+        shutil.rmtree(resolved)
+
+
+@dataclass
+class Preflight:
+    recipes_dir: Path
+    appliance_home: Path
+    checks: Sequence[Check] = ()
+    facts_root: Path = Path("/")
+    # Where `fresh_cache` may delete: the appliance's cache dir, plus roots recipes declare.
+    cache_bases: Sequence[Path] = field(default_factory=tuple)
+    clock: Callable[[], float] = time.time
+
+    def recipe(self, name: str) -> Recipe:
+        """The launchable recipe called `name` (raises UnknownRecipe or RecipeError)."""
+        recipes = load_recipes(self.recipes_dir)
+        found = recipes.get(name)
+        if found is None or found.abstract:
+            raise UnknownRecipe(name)
+        return found
+
+    def facts(self) -> HostFacts:
+        return gather_facts(self.facts_root, appliance_home=self.appliance_home)
+
+    def plan(self, name: str) -> tuple[Recipe, HostFacts, LaunchSpec]:
+        """Blocking: the recipe, the host facts, and its rendering (raises on any refusal)."""
+        recipe = self.recipe(name)
+        facts = self.facts()
+        return recipe, facts, render(recipe, facts)
+
+    async def __call__(self, token: int, name: str, fresh_cache: bool) -> PreflightOk | PreflightFailed:
+        return await asyncio.to_thread(self._run, token, name, fresh_cache)
+
+    def _run(self, token: int, name: str, fresh_cache: bool) -> PreflightOk | PreflightFailed:
+        def failed(code: str, summary: str, hint: str = "", retryable: bool = False) -> PreflightFailed:
+            return PreflightFailed(token, Failure(code, summary, hint, retryable))
+
+        try:
+            recipe = self.recipe(name)
+        except UnknownRecipe:
+            return failed("unknown_recipe", f"no launchable recipe named {name!r} in {self.recipes_dir}")
+        except RecipeError as exc:
+            return failed("recipe_invalid", str(exc), "fix the recipe file; `appliance recipes lint`")
+        try:
+            facts = self.facts()
+        except (HostFactsError, OSError) as exc:
+            return failed("host_facts_unreadable", str(exc), retryable=True)
+        for check in self.checks:
+            refusal = check(recipe, facts)
+            if refusal is not None:
+                return PreflightFailed(token, refusal)
+        try:
+            spec = render(recipe, facts)
+        except RenderError as exc:
+            return failed("render_failed", str(exc), f"fix field '{exc.field}' of the recipe")
+        root = Path(spec.cache_root)
+        if fresh_cache:
+            try:
+                empty_cache_root(root, [*self.cache_bases, self.appliance_home / "cache"])
+            except (PermissionError, OSError) as exc:
+                return failed("cache_not_emptied", str(exc))
+        return PreflightOk(
+            token=token,
+            launch_id=new_launch_id(recipe.name, self.clock()),
+            spec=spec,
+            warm_restart=recipe.expect.warm_restart,
+            cache_empty=cache_is_empty(root),
+        )
