@@ -1,9 +1,227 @@
-"""Placeholder: this command group is being written."""
+"""`appliance recipes …` and `appliance plan`: read, check and render recipes before anything runs.
+
+Every command takes `--json`. Exit codes: 0 fine (warnings allowed), 1 the recipe or host has an
+error (lint error, admission refused), 2 bad input (a recipe that does not load, an unknown name or
+format, a host root that is not a host). Bad input is one paragraph naming file, field and rule —
+never a traceback.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+import yaml
+
+from appliance.admission import Admission, admit
+from appliance.cache_key import cache_key, cache_key_inputs
+from appliance.formats import FORMATS, FormatError, format_spec
+from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
+from appliance.lint import Finding, has_errors, lint
+from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_model import Recipe
+from appliance.render import RenderError, render
+from controller.settings import paths, recipes_dir
+from host_setup.facts import HostFactsError, gather_facts
+
+recipes_app = typer.Typer(
+    name="recipes", help="List, show, render, lint and diff recipes.", no_args_is_help=True
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+HostRootOpt = Annotated[Path, typer.Option("--host-root", help="Read host facts under this root "
+                                           "(a copied or fixture tree) instead of /.")]
+EXIT_FINDINGS = 1
+EXIT_BAD_INPUT = 2
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `appliance` app."""
+    app.add_typer(recipes_app)
+    app.command("plan")(plan_cmd)
+
+
+@contextmanager
+def _bad_input() -> Iterator[None]:
+    """Turn input errors into one paragraph on stderr and exit 2."""
+    try:
+        yield
+    except (RecipeError, RenderError, FormatError, HostFactsError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def _recipes() -> dict[str, Recipe]:
+    return load_recipes(recipes_dir())
+
+
+def _get(name: str) -> Recipe:
+    recipes = _recipes()
+    if name not in recipes:
+        raise RecipeError(f"no recipe named '{name}' in {recipes_dir()}; known: {', '.join(sorted(recipes))}",
+                          rule="unknown-recipe")
+    return recipes[name]
+
+
+def _facts(host_root: Path) -> HostFacts:
+    return gather_facts(host_root, appliance_home=paths().home)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+@recipes_app.command("list")
+def list_cmd(as_json: JsonOpt = False) -> None:
+    """Every recipe with its platform, runtime, TP and mode (abstract bases marked)."""
+    with _bad_input():
+        recipes = _recipes()
+    rows = [{"name": r.name, "platform": r.platform.value, "runtime": r.runtime.kind, "tp": r.workers,
+             "mode": r.engine.mode.value, "abstract": r.abstract, "extends": r.extends,
+             "description": r.description} for r in recipes.values()]
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        tag = " (abstract)" if row["abstract"] else ""
+        typer.echo(f"{row['name']:<34} {row['platform']:<7} {row['runtime']:<8} TP={row['tp']:<2} "
+                   f"{row['mode']:<6}{tag}")
+
+
+@recipes_app.command("show")
+def show_cmd(name: str, as_json: JsonOpt = False) -> None:
+    """The merged recipe (after `extends`) and its compile-cache key."""
+    with _bad_input():
+        recipe = _get(name)
+    data = recipe.model_dump(mode="json")
+    data["cache_key"] = cache_key(recipe)
+    if as_json:
+        _print_json(data)
+    else:
+        typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110), nl=False)
+
+
+@recipes_app.command("render")
+def render_cmd(
+    name: str,
+    fmt: Annotated[str, typer.Option("--format", "-f", help=f"One of: {', '.join(FORMATS)}.")] = "docker",
+    host_root: HostRootOpt = Path("/"),
+    as_json: JsonOpt = False,
+) -> None:
+    """The exact launch, as a docker command, docker SDK kwargs, compose, shell, vLLM config or JSON."""
+    with _bad_input():
+        spec = render(_get(name), _facts(host_root))
+        typer.echo(format_spec(spec, "json" if as_json else fmt), nl=False)
+
+
+@recipes_app.command("lint")
+def lint_cmd(
+    names: Annotated[list[str] | None, typer.Argument(help="Recipes (default: all launchable).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check recipes against the domain's known failure modes; exit 1 when any has an error."""
+    with _bad_input():
+        recipes = _recipes()
+        chosen = [_get(n) for n in names] if names else [r for r in recipes.values() if not r.abstract]
+    results = {r.name: lint(r) for r in chosen}
+    if as_json:
+        _print_json({n: [f.model_dump() for f in fs] for n, fs in results.items()})
+    else:
+        for n, findings in results.items():
+            errors = sum(f.severity == "error" for f in findings)
+            typer.echo(f"{n}: {errors} error(s), {len(findings) - errors} other finding(s)")
+            for f in findings:
+                typer.echo(_finding_line(f))
+    if any(has_errors(fs) for fs in results.values()):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _finding_line(f: Finding) -> str:
+    return f"  {f.severity:<7} {f.rule} [{f.field}]: {f.message}\n          fact: {f.fact}"
+
+
+@recipes_app.command("diff")
+def diff_cmd(a: str, b: str, as_json: JsonOpt = False) -> None:
+    """Field-by-field difference of two merged recipes, and whether they share a compile cache."""
+    with _bad_input():
+        ra, rb = _get(a), _get(b)
+    fa, fb = _flatten(ra.model_dump(mode="json")), _flatten(rb.model_dump(mode="json"))
+    changes = [{"field": k, a: fa.get(k), b: fb.get(k)}
+               for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    same_cache = cache_key_inputs(ra) == cache_key_inputs(rb)
+    if as_json:
+        _print_json({"changes": changes, "same_compile_inputs": same_cache})
+        return
+    for change in changes:
+        typer.echo(f"{change['field']}:\n  - {a}: {change[a]!r}\n  + {b}: {change[b]!r}")
+    typer.echo(f"compile inputs: {'identical' if same_cache else 'different'} "
+               f"(cache keys {cache_key(ra)} / {cache_key(rb)})")
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def plan_cmd(
+    name: str,
+    host_root: HostRootOpt = Path("/"),
+    fmt: Annotated[str, typer.Option("--format", "-f", help=f"Launch shown as: {', '.join(FORMATS)}.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Facts, lint, admission and the rendered launch for one recipe; exit 1 on an error or a refusal."""
+    with _bad_input():
+        recipe = _get(name)
+        facts = _facts(host_root)
+        spec = render(recipe, facts)
+        shown_fmt = fmt or ("docker" if spec.runtime == "docker" else "shell")
+        launch_text = format_spec(spec, shown_fmt)
+    findings = lint(recipe)
+    admission = admit(recipe, facts)
+    failed = has_errors(findings) or admission.verdict == "refuse"
+    if as_json:
+        _print_json({
+            "recipe": recipe.name, "host_root": str(host_root), "facts": facts.model_dump(mode="json"),
+            "lint": [f.model_dump() for f in findings], "admission": admission.model_dump(mode="json"),
+            "launch": spec.model_dump(mode="json"), "ok": not failed,
+        })
+    else:
+        typer.echo(_plan_text(recipe, host_root, facts, findings, admission, shown_fmt, launch_text))
+    if failed:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _plan_text(recipe: Recipe, root: Path, facts: HostFacts, findings: list[Finding], admission: Admission,
+               fmt: str, launch: str) -> str:
+    memlock = "unknown" if facts.memlock_soft_bytes is None else (
+        "unlimited" if facts.memlock_soft_bytes == UNLIMITED else f"{facts.memlock_soft_bytes / MIB:.0f} MiB")
+    gpus = ", ".join(sorted({f"{g.vendor}/{g.driver or 'no driver'}" for g in facts.gpus})) or "none"
+    lines = [
+        f"recipe {recipe.name}: {recipe.description}",
+        "",
+        f"host ({root}): MemTotal {facts.mem_total_gib:.2f} GiB, "
+        f"MemAvailable {facts.mem_available_gib:.2f} GiB, "
+        f"swap {facts.swap_total_gib:.2f} GiB, swappiness {facts.swappiness}, memlock {memlock}, "
+        f"GPUs {len(facts.gpus)} ({gpus}), cgroup v{facts.cgroup_version}, kernel {facts.kernel_release}",
+        "",
+        f"lint: {sum(f.severity == 'error' for f in findings)} error(s), {len(findings)} finding(s)",
+        *(_finding_line(f) for f in findings),
+        "",
+        f"admission: {admission.verdict.upper()}",
+    ]
+    for c in admission.checks:
+        lines.append(f"  {c.verdict:<6} {c.name}: {c.message}")
+        if c.verdict != "admit":
+            lines.append(f"         fact: {c.fact}")
+    lines += ["", f"launch ({fmt}):", launch.rstrip("\n")]
+    if facts.mem_total_bytes < 1 * GIB:
+        lines.append("note: MemTotal under 1 GiB — is --host-root a real host tree?")
+    return "\n".join(lines)
