@@ -63,6 +63,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 # The supervisor's states (ARCHITECTURE "explicit state machine"); unknown states are added on use.
 ENGINE_STATES = ("stopped", "starting", "running", "backoff", "stopping", "exited", "fatal")
 CACHE_KINDS = ("cold", "warm")
+COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.log_phases.CacheOutcome values
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
 READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)
 
@@ -254,6 +255,11 @@ def begin_launch(
             g.clear()
         _phases_seen.clear()
     engine_launches_total.labels(recipe, cache).inc()
+    # Create the outcome series at 0 before the log says anything: a counter born at 1 is invisible
+    # to increase() (the warm-miss alert).
+    for start in CACHE_KINDS:
+        for result in COMPILE_RESULTS:
+            engine_compile_cache_total.labels(recipe, start, result)
     engine_launch_start.labels(recipe).set(started_at)
     engine_ready_budget.labels(recipe).set(ready_budget_s)
     engine_ready.labels(recipe).set(0)

@@ -1,0 +1,164 @@
+"""monitoring/: Prometheus config and alert rules checked by the real promtool, and every metric name
+the rules and dashboards use checked against the registries that export them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from controller import metrics
+from controller.gateway.metrics import GatewayMetrics
+
+MON = Path(__file__).resolve().parents[2] / "monitoring"
+PROM = MON / "prometheus"
+RULES = PROM / "rules" / "appliance.rules.yml"
+RULE_TESTS = PROM / "tests" / "appliance.rules.test.yml"
+DASHBOARDS = sorted((MON / "grafana" / "dashboards").glob("*.json"))
+PROMTOOL = shutil.which("promtool")
+
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package `prometheus`; scripts/setup-system.sh)"
+)
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+@needs_promtool
+def test_promtool_check_config() -> None:
+    res = promtool("check", "config", str(PROM / "prometheus.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 rule files found" in res.stdout
+
+
+@needs_promtool
+def test_promtool_check_rules() -> None:
+    res = promtool("check", "rules", str(RULES))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@needs_promtool
+def test_promtool_test_rules() -> None:
+    res = promtool("test", "rules", str(RULE_TESTS))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+@needs_promtool
+def test_promtool_test_rules_can_fail(tmp_path: Path) -> None:
+    # The same tests against rules with the swap threshold moved must fail: the tests pin behaviour.
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "rules" / RULES.name).write_text(RULES.read_text().replace("> 0.9", "> 0.95"))
+    (tmp_path / "tests" / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    res = promtool("test", "rules", str(tmp_path / "tests" / RULE_TESTS.name))
+    assert res.returncode != 0
+    assert "ApplianceSwapAlmostFull" in res.stdout + res.stderr
+
+
+def _rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def test_every_alert_has_runbook_text_and_severity() -> None:
+    alerts = [r for r in _rules() if "alert" in r]
+    assert {a["alert"] for a in alerts} >= {
+        "ApplianceMemAvailableBelowRecipeTarget", "ApplianceGlobalOomKill", "ApplianceCgroupOomKill",
+        "ApplianceEngineNotReadyPastBudget", "ApplianceSwapAlmostFull",
+        "ApplianceWarmRestartMissedCompileCache", "ApplianceGatewayErrorRatioHigh",
+    }
+    for a in alerts:
+        assert a["labels"]["severity"] in ("warning", "critical"), a["alert"]
+        for key in ("summary", "description", "runbook"):
+            assert len(a["annotations"].get(key, "")) > 20, (a["alert"], key)
+
+
+def test_every_alert_has_firing_and_quiet_cases() -> None:
+    doc = yaml.safe_load(RULE_TESTS.read_text())
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    for case in doc["tests"]:
+        for t in case.get("alert_rule_test", []):
+            (firing if t.get("exp_alerts") else quiet).add(t["alertname"])
+    names = {r["alert"] for r in _rules() if "alert" in r}
+    assert names <= firing, names - firing
+    assert names <= quiet, names - quiet
+
+
+# --- metric names ---------------------------------------------------------------------------------
+
+
+def _exported_names(registry: CollectorRegistry) -> set[str]:
+    names: set[str] = set()
+    for family in registry.collect():
+        if family.type == "counter":
+            names |= {family.name + "_total", family.name + "_created"}
+        elif family.type == "histogram":
+            names |= {family.name + s for s in ("_bucket", "_sum", "_count", "_created")}
+        else:
+            names.add(family.name)
+        names |= {s.name for s in family.samples}
+    return names
+
+
+def _appliance_names(expr: str) -> Iterator[str]:
+    # Metric names, not label names: an identifier followed by `=`/`!=`/`=~` inside braces is a label.
+    for m in re.finditer(r"\b(appliance_[a-z0-9_]+)\b(?!\s*(?:=|!=|=~|!~))", expr):
+        yield m.group(1)
+
+
+def _dashboard_exprs() -> Iterator[tuple[str, str]]:
+    for path in DASHBOARDS:
+        doc = json.loads(path.read_text())
+        for panel in doc["panels"]:
+            for target in panel.get("targets", []):
+                yield f"{path.name}:{panel['title']}", target["expr"]
+        for ann in doc["annotations"]["list"]:
+            if "expr" in ann:
+                yield f"{path.name}:annotation {ann['name']}", ann["expr"]
+
+
+def test_rules_and_dashboards_use_only_exported_appliance_metrics() -> None:
+    exported = _exported_names(metrics.REGISTRY) | _exported_names(GatewayMetrics().registry)
+    used: list[tuple[str, str]] = [(r.get("alert", r.get("record", "?")), r["expr"]) for r in _rules()]
+    used += list(_dashboard_exprs())
+    unknown = {
+        (where, name) for where, expr in used for name in _appliance_names(expr) if name not in exported
+    }
+    assert not unknown, sorted(unknown)
+
+
+def test_dashboards_are_well_formed() -> None:
+    assert {p.name for p in DASHBOARDS} == {
+        "host-memory.json", "engine-startup.json", "engine-serving.json", "gateway.json"}
+    uids = set()
+    for path in DASHBOARDS:
+        doc = json.loads(path.read_text())
+        assert doc["uid"] not in uids
+        uids.add(doc["uid"])
+        ids = [p["id"] for p in doc["panels"]]
+        assert len(ids) == len(set(ids)), path.name
+        for panel in doc["panels"]:
+            assert panel["targets"], (path.name, panel["title"])
+            assert panel["datasource"]["uid"] == "${datasource}"
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24, (path.name, panel["title"])
+
+
+def test_host_memory_dashboard_has_oom_annotations_for_both_constraints() -> None:
+    doc = json.loads((MON / "grafana" / "dashboards" / "host-memory.json").read_text())
+    exprs = [a.get("expr", "") for a in doc["annotations"]["list"]]
+    assert any('constraint="global"' in e for e in exprs)
+    assert any('constraint="cgroup"' in e for e in exprs)
