@@ -91,7 +91,9 @@ class FixtureCommands:
         host = self.root.host_path(real)
         if not real.exists():
             return 255, "", f"swapon: cannot open {args[-1]}: No such file or directory"
-        if real.read_bytes()[_PAGE - 10 : _PAGE] != b"SWAPSPACE2":
+        with real.open("rb") as f:
+            header = f.read(_PAGE)
+        if header[_PAGE - 10 :] != b"SWAPSPACE2":
             return 255, "", f"swapon: {args[-1]}: read swap header failed"
         lines = self._swap_lines()
         if any(line.split()[0] == host for line in lines):

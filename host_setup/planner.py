@@ -35,7 +35,8 @@ def plan_host(
 ) -> HostPlan:
     root = ctx.root
     req = recipe.host
-    runtime: Literal["docker", "process"] = "docker" if isinstance(recipe.runtime, DockerRuntime) else "process"
+    docker = isinstance(recipe.runtime, DockerRuntime)
+    runtime: Literal["docker", "process"] = "docker" if docker else "process"
     facts = _facts(ctx, appliance_home)
     changes: list[Change] = []
     findings: list[Finding] = []
@@ -67,7 +68,8 @@ def plan_host(
     module = req.kernel_module or boot.default_driver(recipe.platform, read_text(root.proc / "cpuinfo"))
     findings.extend(boot.plan_boot(boot.read_boot_state(root, module), req.boot_params))
 
-    if docker_info is None and runtime == "docker":
+    if docker_info is None and runtime == "docker" and root.is_real:
+        # Only the running host has a daemon to ask; a copied tree is judged from its files.
         docker_info = container_runtime.docker_info_via(ctx.commands)
     own_limit = facts.cgroup_memory_limit_bytes if facts else None
     rt = container_runtime.read_runtime_state(root, runtime, docker_info, own_limit)
