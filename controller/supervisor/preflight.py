@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.admission import Admission, admit
 from appliance.host_facts import HostFacts
 from appliance.launch_spec import LaunchSpec
+from appliance.lint import Finding, lint
 from appliance.recipe_loader import RecipeError, load_recipes
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
@@ -30,6 +32,36 @@ Check = Callable[[Recipe, HostFacts], Failure | None]
 
 class UnknownRecipe(LookupError):
     pass
+
+
+def lint_check(recipe: Recipe, facts: HostFacts) -> Failure | None:
+    """Lint errors refuse the launch (each rule is a measured incident, appliance/lint.py)."""
+    errors = [f for f in lint(recipe) if f.severity == "error"]
+    if not errors:
+        return None
+    return Failure(
+        "recipe_lint_errors",
+        "; ".join(f"{f.field}: {f.message}" for f in errors[:3]) + (" …" if len(errors) > 3 else ""),
+        f"fix the recipe (`appliance recipes lint {recipe.name}`); {errors[0].fact}",
+        retryable=False,
+    )
+
+
+def admission_check(recipe: Recipe, facts: HostFacts) -> Failure | None:
+    """Host admission (DOMAIN §3): a predicted OOM or a missing hard requirement refuses the launch."""
+    result = admit(recipe, facts)
+    refused = [c for c in result.checks if c.verdict == "refuse"]
+    if not refused:
+        return None
+    return Failure(
+        "admission_refused",
+        "; ".join(c.message for c in refused),
+        f"`appliance plan {recipe.name}` shows the numbers; {refused[0].fact}",
+        retryable=False,
+    )
+
+
+DEFAULT_CHECKS: tuple[Check, ...] = (lint_check, admission_check)
 
 
 def new_launch_id(recipe: str, now: float) -> str:
@@ -58,11 +90,27 @@ def empty_cache_root(root: Path, allowed_under: Sequence[Path]) -> None:
         shutil.rmtree(resolved)
 
 
+@dataclass(frozen=True)
+class PlanReport:
+    recipe: Recipe
+    facts: HostFacts
+    findings: list[Finding]
+    admission: Admission
+    spec: LaunchSpec | None
+    render_error: str | None
+    refusals: list[Failure]
+    cache_empty: bool | None
+
+    @property
+    def launchable(self) -> bool:
+        return self.spec is not None and not self.refusals
+
+
 @dataclass
 class Preflight:
     recipes_dir: Path
     appliance_home: Path
-    checks: Sequence[Check] = ()
+    checks: Sequence[Check] = DEFAULT_CHECKS
     facts_root: Path = Path("/")
     # Where `fresh_cache` may delete: the appliance's cache dir, plus roots recipes declare.
     cache_bases: Sequence[Path] = field(default_factory=tuple)
@@ -84,6 +132,25 @@ class Preflight:
         recipe = self.recipe(name)
         facts = self.facts()
         return recipe, facts, render(recipe, facts)
+
+    def report(self, name: str) -> PlanReport:
+        """Blocking: everything `POST /recipes/{name}/plan` shows, nothing started or stopped."""
+        recipe = self.recipe(name)
+        facts = self.facts()
+        findings = lint(recipe)
+        admission = admit(recipe, facts)
+        spec: LaunchSpec | None = None
+        render_error: str | None = None
+        try:
+            spec = render(recipe, facts)
+        except RenderError as exc:
+            render_error = str(exc)
+        refusals = [c for c in (check(recipe, facts) for check in self.checks) if c is not None]
+        return PlanReport(
+            recipe=recipe, facts=facts, findings=findings, admission=admission, spec=spec,
+            render_error=render_error, refusals=refusals,
+            cache_empty=cache_is_empty(Path(spec.cache_root)) if spec else None,
+        )
 
     async def __call__(self, token: int, name: str, fresh_cache: bool) -> PreflightOk | PreflightFailed:
         return await asyncio.to_thread(self._run, token, name, fresh_cache)

@@ -1,9 +1,14 @@
-"""Shared values for the supervisor tests: a LaunchSpec and a handle, no I/O."""
+"""Shared values and fakes for the supervisor and API tests: fakes only at the declared seams
+(Runtime, Clock, Prober, GatewayLink, preflight)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle
+from controller.runtime.base import EngineHandle, ExitInfo
+from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
 
 
 def make_spec(
@@ -32,3 +37,127 @@ def make_handle(
         launch_id=launch_id, runtime="process", ref=ref, recipe=recipe, spec_hash="0123456789abcdef",
         log_path=None, started_at=started_at,
     )
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class FakeEngine:
+    handle: EngineHandle
+    log: str = ""
+    cpu: float = 0.0
+    running: bool = True
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_killed: bool | None = None
+    healthy: bool = False
+
+    def die(self, signal: int | None = None, exit_code: int | None = None) -> None:
+        self.running = False
+        self.signal = signal
+        self.exit_code = exit_code if exit_code is not None else (128 + signal if signal else None)
+
+
+@dataclass
+class FakeRuntime:
+    clock: FakeClock
+    name: str = "process"
+    engines: dict[str, FakeEngine] = field(default_factory=dict)
+    started: list[tuple[str, float]] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    on_start: Callable[[FakeEngine], None] | None = None
+
+    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+        handle = EngineHandle(launch_id=launch_id, runtime="process", ref=str(1000 + len(self.started)),
+                              recipe=spec.recipe, spec_hash=spec.spec_hash, started_at=self.clock.now())
+        engine = FakeEngine(handle)
+        self.engines[launch_id] = engine
+        self.started.append((launch_id, self.clock.now()))
+        if self.on_start is not None:
+            self.on_start(engine)
+        return handle
+
+    def _exit(self, e: FakeEngine) -> ExitInfo:
+        return ExitInfo(running=e.running, exit_code=e.exit_code, signal=e.signal, oom_killed=e.oom_killed)
+
+    def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
+        e = self.engines[handle.launch_id]
+        if e.running:
+            e.die(signal=15)
+        self.stopped.append(handle.launch_id)
+        return self._exit(e)
+
+    def inspect(self, handle: EngineHandle) -> ExitInfo:
+        return self._exit(self.engines[handle.launch_id])
+
+    def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        return self.inspect(handle)
+
+    def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:
+        data = self.engines[handle.launch_id].log.encode()
+        return data[offset:].decode(), len(data)
+
+    def adopt(self) -> list[EngineHandle]:
+        return [e.handle for e in self.engines.values() if e.running]
+
+    def engine_pids(self, handle: EngineHandle) -> list[int]:
+        return [int(handle.ref)]
+
+    def cpu_seconds(self, handle: EngineHandle) -> float:
+        return self.engines[handle.launch_id].cpu
+
+    def current(self) -> FakeEngine:
+        return self.engines[self.started[-1][0]]
+
+
+class FakeProber:
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self.rt = runtime
+
+    def _engine(self) -> FakeEngine | None:
+        running = [e for e in self.rt.engines.values() if e.running]
+        return running[-1] if running else None
+
+    async def health(self, spec: LaunchSpec) -> str | None:
+        e = self._engine()
+        return None if e is not None and e.healthy else "GET /health: connection refused"
+
+    async def completion(self, spec: LaunchSpec) -> str | None:
+        return await self.health(spec)
+
+
+class FakePreflight:
+    def __init__(self, spec: LaunchSpec, warm_restart: bool = False) -> None:
+        self.spec = spec
+        self.warm_restart = warm_restart
+        self.calls = 0
+        self.refuse: str | None = None
+
+    async def __call__(self, token: int, name: str, fresh: bool) -> PreflightOk | PreflightFailed:
+        self.calls += 1
+        if self.refuse:
+            return PreflightFailed(token, Failure("admission_refused", self.refuse, retryable=False))
+        return PreflightOk(token, f"L{self.calls}", self.spec, self.warm_restart, cache_empty=self.calls == 1)
+
+
+class RecordingGateway:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    async def point_to(self, url: str, served_model: str) -> None:
+        self.calls.append(("point_to", url))
+
+    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
+        self.calls.append(("drain", deadline_s))
+
+    async def clear(self, retry_after_s: float) -> None:
+        self.calls.append(("clear", retry_after_s))

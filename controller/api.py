@@ -1,0 +1,256 @@
+"""The controller's admin API (FastAPI). Listens on 127.0.0.1:8090 unless configured otherwise.
+
+Reads are open (the port is loopback by default); every mutating endpoint needs the bearer admin
+token: 401 when it is missing, 403 when it is wrong (or when no token is configured at all).
+Errors map to policy: 404 unknown recipe or launch, 409 a start already in progress (the state
+machine's own refusal, so two concurrent applies get one 202 and one 409), 422 a bad body (with
+the offending field in `detail[].loc`).
+
+    GET  /healthz                  the controller answers
+    GET  /metrics                  Prometheus (controller/metrics.py)
+    GET  /recipes                  what can be applied
+    GET  /recipes/{name}           one recipe and its rendering on this host
+    POST /recipes/{name}/plan      lint + admission + rendering, nothing started
+    POST /apply                    {"recipe": name, "fresh_cache": false}
+    POST /restart | /stop
+    GET  /status                   state, phase, progress (fraction of the ready budget), diagnosis
+    GET  /launches[?recipe=&limit=], /launches/{id}
+    GET  /events                   server-sent events: state, phase and supervisor events
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.recipe_loader import RecipeError
+from controller import admin_token, metrics
+from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
+from controller.supervisor.driver import Driver
+from controller.supervisor.preflight import Preflight, UnknownRecipe
+from controller.supervisor.signals import Apply, Restart, Stop
+
+SSE_HEARTBEAT_S = 15.0
+
+
+class ApplyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    fresh_cache: bool = Field(
+        default=False,
+        description="Empty the recipe's compile-cache root first: the next start is cold "
+        "(and, for warm_restart recipes, runs the warm-up-then-restart flow).",
+    )
+
+
+class Accepted(BaseModel):
+    accepted: bool = True
+    state: str
+    recipe: str | None
+
+
+class RecipeSummary(BaseModel):
+    name: str
+    description: str
+    platform: str
+    runtime: str
+    ready_budget_s: int
+    warm_restart: bool
+    default: bool
+
+
+@dataclass
+class ApiContext:
+    driver: Driver
+    store: Store
+    preflight: Preflight
+    home: Path  # where the admin token's hash file lives
+    default_recipe: str | None = None
+    extra_routers: tuple[Any, ...] = ()  # e.g. keys_router(require_admin)
+
+
+_BEARER = HTTPBearer(auto_error=False, description="The admin token (its sha256 is configured).")
+
+
+class AdminGuard:
+    """The dependency on every mutating endpoint (also handed to keys_router)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def __call__(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, "missing bearer admin token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        try:
+            expected = admin_token.configured_hash(self.home)
+        except ValueError as exc:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"admin token misconfigured: {exc}") from exc
+        if expected is None:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"no admin token configured (set {admin_token.HASH_ENV} or run `appliance up`)",
+            )
+        if not admin_token.matches(creds.credentials, expected):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong admin token")
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    app = FastAPI(
+        title="appliance controller",
+        version="0.1.0",
+        description="Supervises one engine per host: recipes, launches, phases, diagnosis.",
+    )
+    Admin = Depends(AdminGuard(ctx.home))
+    driver, store, preflight = ctx.driver, ctx.store, ctx.preflight
+
+    async def known_recipe(name: str) -> None:
+        try:
+            await asyncio.to_thread(preflight.recipe, name)
+        except UnknownRecipe as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launchable recipe named {name!r}") from exc
+        except RecipeError as exc:
+            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"recipes do not load: {exc}") from exc
+
+    @app.get("/healthz", tags=["meta"])
+    async def healthz() -> dict[str, Any]:
+        return {"ok": True, "state": driver.m.state.value}
+
+    @app.get("/metrics", tags=["meta"], response_class=Response)
+    async def get_metrics() -> Response:
+        body, content_type = metrics.render()
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/recipes", tags=["recipes"], response_model=list[RecipeSummary])
+    async def list_recipes() -> list[RecipeSummary]:
+        from appliance.recipe_loader import load_recipes
+
+        try:
+            recipes = await asyncio.to_thread(load_recipes, preflight.recipes_dir)
+        except RecipeError as exc:
+            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"recipes do not load: {exc}") from exc
+        return [
+            RecipeSummary(
+                name=r.name, description=r.description.strip(), platform=r.platform.value,
+                runtime=r.runtime.kind, ready_budget_s=r.expect.ready_budget_s,
+                warm_restart=r.expect.warm_restart, default=r.name == ctx.default_recipe,
+            )
+            for r in recipes.values() if not r.abstract
+        ]
+
+    @app.get("/recipes/{name}", tags=["recipes"])
+    async def show_recipe(name: str) -> dict[str, Any]:
+        await known_recipe(name)
+        report = await asyncio.to_thread(preflight.report, name)
+        return {
+            "recipe": report.recipe.model_dump(mode="json"),
+            "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
+            "render_error": report.render_error,
+        }
+
+    @app.post("/recipes/{name}/plan", tags=["recipes"], dependencies=[Admin])
+    async def plan(name: str) -> dict[str, Any]:
+        await known_recipe(name)
+        report = await asyncio.to_thread(preflight.report, name)
+        current = driver.m.launch
+        return {
+            "recipe": name,
+            "launchable": report.launchable,
+            "refusals": [vars(f) for f in report.refusals],
+            "lint": [f.model_dump(mode="json") for f in report.findings],
+            "admission": report.admission.model_dump(mode="json"),
+            "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
+            "render_error": report.render_error,
+            "cache_root": report.spec.cache_root if report.spec else None,
+            "cache_empty": report.cache_empty,
+            "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
+            "would_replace": current.spec.recipe if current else None,
+            "state": driver.m.state.value,
+        }
+
+    @app.post("/apply", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
+              response_model=Accepted, responses={404: {}, 409: {}, 422: {}})
+    async def apply(body: ApplyBody) -> Accepted:
+        await known_recipe(body.recipe)
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache))
+        if rejected is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
+        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe)
+
+    @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
+              response_model=Accepted, responses={409: {}})
+    async def restart() -> Accepted:
+        rejected = driver.submit(Restart())
+        if rejected is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
+        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe)
+
+    @app.post("/stop", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
+              response_model=Accepted)
+    async def stop() -> Accepted:
+        driver.submit(Stop())
+        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe)
+
+    @app.get("/status", tags=["status"])
+    async def get_status() -> dict[str, Any]:
+        return driver.status()
+
+    @app.get("/launches", tags=["launches"], response_model=list[LaunchSummary])
+    async def launches(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50, recipe: str | None = None
+    ) -> list[LaunchSummary]:
+        return await asyncio.to_thread(store.list_launches, limit, recipe)
+
+    @app.get("/launches/{launch_id}", tags=["launches"], response_model=LaunchRecord)
+    async def launch(launch_id: str) -> LaunchRecord:
+        record = await asyncio.to_thread(store.get_launch, launch_id)
+        if record is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
+        return record
+
+    @app.get("/events", tags=["status"], response_class=StreamingResponse)
+    async def events(
+        request: Request,
+        after: Annotated[int | None, Query(ge=0, description="Replay stored events with a larger id first.")]
+        = None,
+    ) -> StreamingResponse:
+        async def stream() -> AsyncIterator[bytes]:
+            async with driver.subscribe() as queue:
+                yield _sse("status", driver.status())
+                if after is not None:
+                    for record in await asyncio.to_thread(store.events, after, 1000):
+                        yield _sse("event", {"type": "event", **record.model_dump()}, record.id)
+                while not await request.is_disconnected():
+                    try:
+                        event = await asyncio.wait_for(queue.get(), timeout=SSE_HEARTBEAT_S)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    event_id = event.get("id") if event.get("type") == "event" else None
+                    yield _sse(str(event.get("type", "event")), event, event_id)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    for router in ctx.extra_routers:
+        app.include_router(router)
+    return app
+
+
+def _sse(kind: str, data: dict[str, Any], event_id: object = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data, default=str)}\n\n".encode()
