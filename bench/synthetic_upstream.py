@@ -27,7 +27,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -70,8 +70,7 @@ class _Conn(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.server.open_connections += 1
         self.server.total_connections += 1
         self.server.conns.add(self)

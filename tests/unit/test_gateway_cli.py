@@ -1,0 +1,64 @@
+"""`appliance keys` and `appliance gateway` argument handling (the CLI works on the key file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from controller.cli import gateway_cmd, keys_cmd
+from controller.gateway.keystore import KeyStore, hash_key
+
+
+def app() -> typer.Typer:
+    a = typer.Typer()
+    keys_cmd.register(a)
+    gateway_cmd.register(a)
+    return a
+
+
+def test_keys_create_list_revoke(tmp_path: Path) -> None:
+    db = tmp_path / "keys.db"
+    runner = CliRunner()
+    r = runner.invoke(app(), ["keys", "create", "--name", "svc", "--rpm", "30", "--keys", str(db)])
+    assert r.exit_code == 0, r.output
+    key = r.stdout.strip().splitlines()[0]
+    assert key.startswith("sk-app-")
+    _, stored = KeyStore(db).snapshot()
+    (entry,) = stored.values()
+    assert entry.digest.hex() == hash_key(key) and entry.record.rpm_limit == 30
+    listed = runner.invoke(app(), ["keys", "list", "--keys", str(db), "--json"])
+    rows = json.loads(listed.stdout)
+    assert [row["name"] for row in rows] == ["svc"]
+    assert key not in listed.stdout  # printed once, at creation, never again
+    r = runner.invoke(app(), ["keys", "revoke", rows[0]["id"], "--keys", str(db)])
+    assert r.exit_code == 0
+    assert json.loads(runner.invoke(app(), ["keys", "list", "--keys", str(db), "--json"]).stdout) == []
+    assert (
+        len(json.loads(runner.invoke(app(), ["keys", "list", "--all", "--keys", str(db), "--json"]).stdout))
+        == 1
+    )
+    r = runner.invoke(app(), ["keys", "revoke", "0123456789ab", "--keys", str(db)])
+    assert r.exit_code == 1
+
+
+def test_keys_api_mode_needs_the_admin_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
+    r = CliRunner().invoke(app(), ["keys", "list", "--api", "http://127.0.0.1:9"])
+    assert r.exit_code != 0 and "APPLIANCE_ADMIN_TOKEN" in r.output
+
+
+@pytest.mark.parametrize(
+    ("listen", "expected"),
+    [("127.0.0.1:8080", ("127.0.0.1", 8080)), (":9000", ("0.0.0.0", 9000)), ("[::1]:81", ("::1", 81))],
+)
+def test_listen_parsing(listen: str, expected: tuple[str, int]) -> None:
+    assert gateway_cmd._split_listen(listen) == expected
+
+
+def test_listen_rejects_garbage() -> None:
+    with pytest.raises(typer.BadParameter):
+        gateway_cmd._split_listen("localhost")
