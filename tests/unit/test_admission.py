@@ -1,0 +1,160 @@
+"""Admission on fixture host trees reproduces the records (DOMAIN §3, S14c):
+on the reference host (31.26 GiB, 4 GiB swap, swappiness 60) C′ is refused, C is refused until swap
+is 8 GiB and swappiness 200 and then admitted with its margin shown, B is admitted."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from appliance.admission import Admission, admit, swap_efficiency
+from appliance.host_facts import GIB, HostFacts
+from host_setup.facts import gather_facts
+from tests.unit.recipe_helpers import C_PRIME, HOSTS, B, C, host, shipped, with_changes
+
+
+def verdicts(a: Admission) -> dict[str, str]:
+    return {c.name: c.verdict for c in a.checks}
+
+
+def variant(tmp_path: Path, *, swap_kb: int | None = None, swappiness: int | None = None,
+            modules: str | None = None) -> HostFacts:
+    """The reference host with some files changed (a copied tree, read through gather_facts)."""
+    root = tmp_path / "host"
+    shutil.copytree(HOSTS / "reference", root, symlinks=True)
+    if swap_kb is not None:
+        text = (root / "proc/meminfo").read_text()
+        text = text.replace("SwapTotal:      4194300 kB", f"SwapTotal:      {swap_kb} kB")
+        text = text.replace("SwapFree:       4194300 kB", f"SwapFree:       {swap_kb} kB")
+        (root / "proc/meminfo").write_text(text)
+    if swappiness is not None:
+        (root / "proc/sys/vm/swappiness").write_text(f"{swappiness}\n")
+    if modules is not None:
+        (root / "proc/modules").write_text(modules)
+    return gather_facts(root, appliance_home=Path("/var/lib/appliance"))
+
+
+def test_reference_host_refuses_c_prime() -> None:
+    a = admit(shipped()[C_PRIME], host("reference"))
+    assert a.verdict == "refuse"
+    assert {k: v for k, v in verdicts(a).items() if v != "admit"} == {
+        "memory-peak-cold": "refuse", "swap-total": "refuse", "swappiness": "refuse"}
+
+
+def test_reference_host_refuses_c() -> None:
+    a = admit(shipped()[C], host("reference"))
+    assert a.verdict == "refuse"
+    assert {k: v for k, v in verdicts(a).items() if v != "admit"} == {
+        "memory-peak-cold": "refuse", "memory-peak-warm": "warn", "swap-total": "refuse",
+        "swappiness": "refuse"}
+    cold = next(c for c in a.checks if c.name == "memory-peak-cold")
+    assert (cold.numbers["demand_gib"], cold.numbers["capacity_gib"], cold.numbers["margin_gib"]) == (
+        35.04, 33.692, -1.348)
+    assert "global OOM" in cold.message
+
+
+def test_reference_host_admits_b() -> None:
+    a = admit(shipped()[B], host("reference"))
+    assert a.verdict == "admit"
+    cold = next(c for c in a.checks if c.name == "memory-peak-cold")
+    # 4 × (4.52 + 0.19) + 1.49 + 1.43 = 21.76 against 31.26 − 0.6 + 4 × 0.758
+    assert (cold.numbers["demand_gib"], cold.numbers["margin_gib"]) == (21.76, 11.932)
+
+
+def test_c_is_admitted_with_8_gib_swap_and_swappiness_200_and_shows_its_margin() -> None:
+    a = admit(shipped()[C], host("reference-swap8-swappiness200"))
+    assert a.verdict == "admit"
+    memory = {c.name: c for c in a.checks if c.name.startswith("memory")}
+    assert memory["memory-peak-cold"].numbers == {
+        "workers": 4, "mode": "graph", "per_worker_gib": 8.03, "overhead_gib": 1.49, "transient_gib": 1.43,
+        "demand_gib": 35.04, "mem_total_gib": 31.26, "page_cache_floor_gib": 0.6, "swap_total_gib": 8.0,
+        "swappiness": 200, "swap_efficiency": 1.0, "capacity_gib": 38.66, "margin_gib": 3.62,
+        "min_mem_available_gib": 1.0,
+    }
+    assert memory["memory-peak-warm"].numbers["margin_gib"] == 5.05
+    assert "margin 3.62 GiB" in memory["memory-peak-cold"].message
+
+
+def test_c_with_8_gib_swap_but_swappiness_60_is_refused(tmp_path: Path) -> None:
+    a = admit(shipped()[C], variant(tmp_path, swap_kb=8388600))
+    assert a.verdict == "refuse"
+    assert verdicts(a)["swappiness"] == "refuse"
+    assert verdicts(a)["swap-total"] == "admit"  # 8388600 kB is "8 GiB" for a pair of swapfiles
+
+
+def test_c_with_swappiness_200_but_4_gib_swap_is_refused(tmp_path: Path) -> None:
+    a = admit(shipped()[C], variant(tmp_path, swappiness=200))
+    assert a.verdict == "refuse"
+    assert verdicts(a)["swap-total"] == "refuse"
+    assert verdicts(a)["memory-peak-cold"] == "refuse"
+
+
+def test_c_prime_with_16_gib_swap_runs_but_only_with_a_warning() -> None:
+    a = admit(shipped()[C_PRIME], host("reference-swap16-swappiness200"))
+    assert a.verdict == "warn"
+    cold = next(c for c in a.checks if c.name == "memory-peak-cold")
+    assert (cold.verdict, cold.numbers["margin_gib"]) == ("warn", 0.15)
+
+
+def test_c_prime_is_refused_even_with_c_host_changes() -> None:
+    a = admit(shipped()[C_PRIME], host("reference-swap8-swappiness200"))
+    assert a.verdict == "refuse"
+    assert verdicts(a)["memory-peak-cold"] == "refuse"
+
+
+def test_kernel_without_hydcu_is_refused(tmp_path: Path) -> None:
+    a = admit(shipped()[B], variant(tmp_path, modules="overlay 151552 2 - Live 0x0\n"))
+    assert a.verdict == "refuse"
+    check = next(c for c in a.checks if c.name == "kernel-module")
+    assert "NOT loaded" in check.message
+
+
+def test_missing_gpus_are_refused() -> None:
+    facts = host("reference").model_copy(update={"gpus": host("reference").gpus[:2]})
+    a = admit(shipped()[B], facts)
+    assert verdicts(a)["gpus"] == "refuse"
+    assert verdicts(admit(shipped()["gfx906-a-tp2-graph"], facts))["gpus"] == "admit"
+
+
+def test_missing_boot_params_only_warn() -> None:
+    facts = host("reference").model_copy(update={"cmdline": "ro quiet"})
+    a = admit(shipped()[B], facts)
+    assert a.verdict == "warn"
+    assert {k: v for k, v in verdicts(a).items() if v != "admit"} == {
+        "pcie-acs": "warn", "boot-param iommu=pt": "warn", "boot-param pci=disable_acs_redir=": "warn"}
+
+
+def test_pinned_memory_against_memlock() -> None:
+    facts = host("reference")
+    # Docker: the container gets --ulimit memlock=-1 from render.
+    assert verdicts(admit(shipped()[B], facts))["pinned-memlock"] == "admit"
+    no_ulimit = with_changes(shipped()[B], host__memlock_unlimited=False)
+    check = next(c for c in admit(no_ulimit, facts).checks if c.name == "pinned-memlock")
+    assert check.verdict == "refuse"
+    assert check.numbers == {"pinned_bytes_per_worker": 256 * 262144 * 4, "memlock_bytes": 64 * 1024**2}
+
+
+def test_process_runtime_checks_the_hosts_own_limits() -> None:
+    cpu = shipped()["cpu-smollm2"]
+    facts = host("reference")
+    assert admit(cpu, facts).verdict == "admit"
+    limited = facts.model_copy(update={"cgroup_memory_limit_bytes": 32 * GIB})
+    assert verdicts(admit(cpu, limited))["cgroup-memory-limit"] == "refuse"
+    wants_memlock = with_changes(cpu, host__memlock_unlimited=True)
+    assert verdicts(admit(wants_memlock, facts))["memlock-unlimited"] == "refuse"
+    unlimited = facts.model_copy(update={"memlock_hard_bytes": -1})
+    assert verdicts(admit(wants_memlock, unlimited))["memlock-unlimited"] == "admit"
+
+
+def test_recipe_without_memory_model_warns() -> None:
+    a = admit(shipped()["cuda-generic"], host("reference"))
+    assert verdicts(a)["memory-peak"] == "warn"
+
+
+@pytest.mark.parametrize(("swappiness", "efficiency"), [(200, 1.0), (60, 0.758), (130, 0.879), (0, 0.654),
+                                                         (None, 0.758)])
+def test_swap_efficiency_is_calibrated_on_s14c(swappiness: int | None, efficiency: float) -> None:
+    # S14c: same 10 GiB swap, margin 0.29 → 2.71 GiB from swappiness 60 → 200: 2.42 GiB = 24.2%.
+    assert swap_efficiency(swappiness) == efficiency

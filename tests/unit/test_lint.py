@@ -1,0 +1,143 @@
+"""Each lint rule fires on the mistake it names and stays quiet on the shipped recipe it starts from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from appliance.lint import RULE_IDS, Finding, has_errors, lint
+from appliance.recipe_model import Recipe
+from tests.unit.recipe_helpers import C_PRIME, SHIPPED, B, C, shipped, with_changes
+
+
+def set_env(recipe: Recipe, **values: str | None) -> Recipe:
+    """Set (or with None remove) env vars."""
+    env = recipe.model_dump()["env"]["vars"]
+    for name, value in values.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = {"value": value}
+    return with_changes(recipe, env__vars=env)
+
+
+def rules(recipe: Recipe) -> dict[str, Finding]:
+    return {f.rule: f for f in lint(recipe)}
+
+
+Case = tuple[str, str, Callable[[Recipe], Recipe], str]
+# (rule, start recipe, mistake, expected severity)
+FIRES: list[Case] = [
+    ("dtype-auto", C, lambda r: with_changes(r, engine__dtype="auto"), "error"),
+    ("dtype-auto", "cuda-generic", lambda r: with_changes(r, engine__dtype="auto"), "warning"),
+    ("dtype-auto", C, lambda r: with_changes(r, engine__extra_args=("--dtype", "auto")), "error"),
+    ("debug-logging", C, lambda r: set_env(r, VLLM_LOGGING_LEVEL="DEBUG"), "error"),
+    ("debug-logging", "cpu-smollm2", lambda r: set_env(r, VLLM_LOGGING_LEVEL="debug"), "error"),
+    ("gpu-devices-unpinned", C, lambda r: with_changes(r, devices=None), "error"),
+    ("gpu-devices-unpinned", "cuda-generic", lambda r: with_changes(r, devices=()), "error"),
+    ("devices-fewer-than-tp", C, lambda r: with_changes(r, devices=(0, 1)), "error"),
+    ("devices-in-env", C, lambda r: set_env(r, HIP_VISIBLE_DEVICES="0"), "warning"),
+    ("cache-root-missing", C, lambda r: with_changes(r, cache__root=" "), "error"),
+    ("cache-root-unstable", C, lambda r: with_changes(r, cache__root="/tmp/vllm"), "error"),
+    ("cache-root-unstable", C, lambda r: with_changes(r, cache__root="cache"), "error"),
+    ("cache-root-unstable", C, lambda r: with_changes(r, cache__root="${HOME}/cache"), "error"),
+    ("cache-root-unstable", "cpu-smollm2", lambda r: set_env(r, VLLM_CACHE_ROOT="/var/cache/v"), "error"),
+    ("cache-root-unstable", "cpu-smollm2", lambda r: set_env(r, TORCHINDUCTOR_CACHE_DIR="/x"), "error"),
+    ("forbidden-env", C, lambda r: set_env(r, ROCBLAS_TENSILE_LIBPATH="/opt/dtk/lib/library"), "error"),
+    ("forbidden-env", C, lambda r: set_env(r, NCCL_SHM_DISABLE="1"), "error"),
+    ("forbidden-env", C, lambda r: set_env(r, VLLM_GFX906_TRITON_CAUSAL_CONV1D="1"), "error"),
+    ("forbidden-env", C, lambda r: set_env(r, FLASH_ATTENTION_TRITON_AMD_ENABLE="True"), "error"),
+    ("attention-backend-gfx906", C, lambda r: with_changes(r, engine__attention_backend="ROCM_ATTN"),
+     "error"),
+    ("attention-backend-gfx906", C,
+     lambda r: with_changes(r, engine__extra_args=("--attention-backend=TRITON_ATTN",)), "error"),
+    ("attention-backend-gfx906", C, lambda r: set_env(r, VLLM_ATTENTION_BACKEND="ROCM_ATTN"), "error"),
+    ("custom-all-reduce-gfx906", C, lambda r: with_changes(r, engine__disable_custom_all_reduce=False),
+     "warning"),
+    ("loopback-bind-bridge", C, lambda r: with_changes(r, engine__host="127.0.0.1"), "error"),
+    ("loopback-bind-bridge", "cuda-generic", lambda r: with_changes(r, engine__host="localhost"), "error"),
+    ("default-full-graph-gfx906", C,
+     lambda r: with_changes(r, engine__cudagraph_mode=None, engine__cudagraph_capture_sizes=None), "warning"),
+    ("default-full-graph-gfx906", C,
+     lambda r: with_changes(r, engine__cudagraph_mode="FULL_AND_PIECEWISE",
+                            engine__cudagraph_capture_sizes=None, expect__ready_budget_s=3000), "warning"),
+    ("ready-budget-default-graph", C_PRIME, lambda r: with_changes(r, expect__ready_budget_s=1500), "error"),
+    ("pinned-memory-memlock", C, lambda r: with_changes(r, host__memlock_unlimited=False), "error"),
+    ("pinned-memory-memlock", "cuda-generic", lambda r: with_changes(r, host__memlock_unlimited=False,
+                                                                      engine__max_model_len=131072), "error"),
+    ("no-torch-first-wrapper", C, lambda r: with_changes(r, env__torch_first_wrapper=False), "error"),
+    ("gfx906-env", C, lambda r: set_env(r, PYTHONPATH=None), "error"),
+    ("gfx906-env", C, lambda r: set_env(r, VLLM_WORKER_MULTIPROC_METHOD="fork"), "error"),
+    ("gfx906-env", C, lambda r: set_env(r, VLLM_ROCM_USE_SKINNY_GEMM="1"), "error"),
+    ("gfx906-env", C, lambda r: with_changes(r, env__source_files=("/opt/dtk/env.sh",)), "error"),
+    ("graph-claims-bitwise", C, lambda r: with_changes(r, expect__reproducibility="bitwise"), "error"),
+    ("eval-batch-not-fixed", C, lambda r: with_changes(r, engine__mode="eager", engine__cudagraph_mode=None,
+                                                       engine__cudagraph_capture_sizes=None,
+                                                       expect__reproducibility="bitwise"), "info"),
+    ("cgroup-memory-limit-allowed", C, lambda r: with_changes(r, host__no_cgroup_memory_limit=False),
+     "warning"),
+]
+
+
+@pytest.mark.parametrize(("rule", "start", "mistake", "severity"), FIRES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(FIRES)])
+def test_rule_fires_on_its_mistake(rule: str, start: str, mistake: Callable[[Recipe], Recipe],
+                                   severity: str) -> None:
+    base = shipped()[start]
+    assert rule not in rules(base), f"{rule} already fires on {start}"
+    finding = rules(mistake(base)).get(rule)
+    assert finding is not None, f"{rule} did not fire"
+    assert finding.severity == severity
+    assert finding.fact and finding.message and finding.field
+
+
+def test_every_rule_is_exercised() -> None:
+    assert {c[0] for c in FIRES} == set(RULE_IDS)
+
+
+# Near misses: the condition next to the mistake must not fire.
+QUIET: list[Case] = [
+    ("custom-all-reduce-gfx906", C, lambda r: with_changes(r, engine__tensor_parallel_size=1, devices=(0,),
+                                                           engine__disable_custom_all_reduce=False), ""),
+    ("default-full-graph-gfx906", "gfx906-a-tp2-graph", lambda r: r, ""),  # TP=2: the 48 GiB fact is TP=4
+    ("ready-budget-default-graph", C_PRIME, lambda r: r, ""),  # 2700 s is enough
+    ("pinned-memory-memlock", "cpu-smollm2", lambda r: r, ""),  # no pinned UVA buffers on the CPU
+    ("pinned-memory-memlock", C, lambda r: with_changes(r, host__memlock_unlimited=False,
+                                                        engine__max_model_len=8192,
+                                                        engine__max_num_seqs=8), ""),
+    ("forbidden-env", C, lambda r: set_env(r, NCCL_SHM_DISABLE="0"), ""),
+    ("eval-batch-not-fixed", B, lambda r: with_changes(r, engine__max_num_seqs=8), ""),
+    ("graph-claims-bitwise", B, lambda r: r, ""),
+    ("attention-backend-gfx906", "cuda-generic",
+     lambda r: with_changes(r, engine__attention_backend="FLASHINFER"), ""),
+    ("loopback-bind-bridge", "cpu-smollm2", lambda r: with_changes(r, engine__host="127.0.0.1"), ""),
+    ("no-torch-first-wrapper", "cuda-generic", lambda r: r, ""),
+]
+
+
+@pytest.mark.parametrize(("rule", "start", "change", "_"), QUIET,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(QUIET)])
+def test_rule_stays_quiet_on_near_miss(rule: str, start: str, change: Callable[[Recipe], Recipe],
+                                       _: str) -> None:
+    assert rule not in rules(change(shipped()[start]))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_recipes_have_no_lint_errors(name: str) -> None:
+    findings = lint(shipped()[name])
+    assert not has_errors(findings), [f.message for f in findings if f.severity == "error"]
+
+
+def test_shipped_findings_are_the_expected_warnings() -> None:
+    found = {n: sorted(f.rule for f in lint(shipped()[n])) for n in SHIPPED}
+    assert found == {
+        "cpu-smollm2": [], "cuda-generic": [], "gfx906-a-tp2-graph": [],
+        B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
+        "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],
+    }
+
+
+def test_findings_are_sorted_errors_first() -> None:
+    bad = with_changes(shipped()[C], host__no_cgroup_memory_limit=False, engine__dtype="auto")
+    assert [f.severity for f in lint(bad)] == ["error", "warning"]

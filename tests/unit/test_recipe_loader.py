@@ -1,0 +1,157 @@
+"""Recipe loading: extends deep merge, and bad input → one clear error naming file, field, line, rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.recipe_loader import RecipeError, deep_merge, load_recipes, parse_recipes
+from appliance.recipe_model import GraphMode, Recipe
+from tests.unit.recipe_helpers import SHIPPED, shipped
+
+BASE = """\
+name: base
+abstract: true
+description: the base
+platform: gfx906
+runtime: {kind: docker, image: img}
+model: {path: /m, served_name: q}
+devices: [0, 1, 2, 3]
+engine:
+  dtype: float16
+  tensor_parallel_size: 4
+  cudagraph_mode: PIECEWISE
+expect: {ready_budget_s: 900}
+cache: {root: /c}
+env:
+  vars:
+    A: {value: "1", why: base sets A}
+    B: "2"
+"""
+
+
+def parse(**files: str) -> dict[str, Recipe]:
+    return dict(parse_recipes({f"{name.replace('_', '-')}.yaml": text for name, text in files.items()}))
+
+
+def error_of(**files: str) -> RecipeError:
+    with pytest.raises(RecipeError) as info:
+        parse(**files)
+    return info.value
+
+
+def test_shipped_recipes_load_exactly_the_production_set() -> None:
+    recipes = shipped()
+    assert sorted(n for n, r in recipes.items() if not r.abstract) == sorted(SHIPPED)
+    assert [n for n, r in recipes.items() if r.abstract] == ["gfx906-base"]
+    gfx906 = [r for n, r in recipes.items() if n.startswith("gfx906-") and not r.abstract]
+    assert all(r.extends == "gfx906-base" for r in gfx906)
+
+
+def test_extends_merges_mappings_replaces_scalars_and_lists_and_null_deletes() -> None:
+    child = """\
+name: child
+extends: base
+devices: [0, 1]
+engine:
+  tensor_parallel_size: 2
+  cudagraph_mode: null
+env:
+  vars:
+    B: "3"
+    C: "4"
+"""
+    recipes = parse(base=BASE, child=child)
+    r = recipes["child"]
+    assert r.devices == (0, 1)  # list replaced, not appended
+    assert r.engine.tensor_parallel_size == 2
+    assert r.engine.dtype == "float16"  # inherited
+    assert r.engine.cudagraph_mode is None  # null deleted the inherited value → model default
+    assert {k: v.value for k, v in r.env.vars.items()} == {"A": "1", "B": "3", "C": "4"}
+    assert r.env.vars["A"].why == "base sets A"
+    # name, abstract and description are the child's own.
+    assert (r.abstract, r.description, r.extends) == (False, "", "base")
+
+
+def test_deep_merge_is_pure() -> None:
+    base = {"a": {"b": 1, "c": 2}}
+    merged = deep_merge(base, {"a": {"b": 5}})
+    assert merged == {"a": {"b": 5, "c": 2}}
+    assert base == {"a": {"b": 1, "c": 2}}
+
+
+def test_yaml_syntax_error_names_file_and_line() -> None:
+    err = error_of(base=BASE, child="name: child\nextends: base\nengine:\n  dtype: [float16\n")
+    assert err.file == "child.yaml"
+    assert err.line == 5  # the stream ends inside the flow sequence opened on line 4
+    assert err.rule == "yaml-syntax"
+    assert "child.yaml, line 5: YAML syntax error" in str(err)
+
+
+def test_unknown_key_names_file_field_line_and_suggests() -> None:
+    err = error_of(base=BASE, child="name: child\nextends: base\nengine:\n  tensor_paralel_size: 2\n")
+    assert (err.file, err.field, err.line, err.rule) == ("child.yaml", "engine.tensor_paralel_size", 4,
+                                                         "extra_forbidden")
+    assert "did you mean 'tensor_parallel_size'" in str(err)
+
+
+def test_wrong_type_names_field_value_and_rule() -> None:
+    err = error_of(base=BASE, child="name: child\nextends: base\nengine:\n  tensor_parallel_size: four\n")
+    assert (err.file, err.field, err.line, err.rule) == ("child.yaml", "engine.tensor_parallel_size", 4,
+                                                         "int_parsing")
+    assert "'four'" in str(err)
+
+
+def test_error_in_inherited_value_blames_the_base_file() -> None:
+    bad_base = BASE.replace("dtype: float16", "dtype: float8")
+    err = error_of(base=bad_base, child="name: child\nextends: base\n")
+    assert (err.file, err.field, err.line) == ("base.yaml", "engine.dtype", 9)
+
+
+def test_circular_extends_names_the_chain() -> None:
+    err = error_of(a="name: a\nextends: b\n", b="name: b\nextends: a\n")
+    assert err.rule == "extends-cycle"
+    assert err.field == "extends"
+    assert "a -> b -> a" in str(err)
+
+
+def test_missing_base_names_the_chain_and_suggests() -> None:
+    err = error_of(base=BASE, child="name: child\nextends: bsae\n")
+    assert (err.file, err.field, err.line, err.rule) == ("child.yaml", "extends", 2, "extends-missing")
+    assert "child -> bsae" in str(err)
+    assert "did you mean 'base'" in str(err)
+
+
+def test_name_must_match_file_and_be_unique() -> None:
+    err = error_of(child="name: other\n")
+    assert (err.field, err.rule) == ("name", "name-matches-file")
+    with pytest.raises(RecipeError) as info:
+        parse_recipes({"x/base.yaml": BASE, "y/base.yaml": BASE})
+    assert info.value.rule == "duplicate-name"
+
+
+def test_graph_options_in_eager_mode_are_rejected_with_the_reason() -> None:
+    err = error_of(base=BASE, child="name: child\nextends: base\nengine:\n  mode: eager\n")
+    assert err.field == "engine"
+    assert "--enforce-eager disables graphs" in str(err)
+
+
+def test_load_recipes_reads_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "child.yaml").write_text("name: child\nextends: base\nengine: {mode: graph}\n")
+    (tmp_path / "notes.txt").write_text("not a recipe")
+    recipes = load_recipes(tmp_path)
+    assert sorted(recipes) == ["base", "child"]
+    assert recipes["child"].engine.mode is GraphMode.GRAPH
+    with pytest.raises(RecipeError) as info:
+        load_recipes(tmp_path / "missing")
+    assert info.value.rule == "missing-directory"
+
+
+def test_error_file_is_the_path_read(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(BASE.replace("image: img", "image: img, imgae: x"))
+    with pytest.raises(RecipeError) as info:
+        load_recipes(tmp_path)
+    assert info.value.file == str(tmp_path / "base.yaml")
+    assert info.value.field == "runtime.imgae"

@@ -1,0 +1,161 @@
+"""`appliance recipes …` and `appliance plan` through Typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from controller.cli import recipes_cmd
+from tests.unit.recipe_helpers import C_PRIME, HOSTS, RECIPES_DIR, SHIPPED, B, C
+
+REFERENCE = str(HOSTS / "reference")
+SWAP8 = str(HOSTS / "reference-swap8-swappiness200")
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+    recipes_cmd.register(app)
+    return app
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("APPLIANCE_RECIPES", str(RECIPES_DIR))
+    monkeypatch.setenv("APPLIANCE_HOME", "/var/lib/appliance")
+    return CliRunner()
+
+
+def run(runner: CliRunner, app: typer.Typer, *args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_list_json(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "recipes", "list", "--json")
+    rows = json.loads(out)
+    assert code == 0
+    assert sorted(r["name"] for r in rows if not r["abstract"]) == sorted(SHIPPED)
+
+
+def test_show_json_has_merged_values_and_cache_key(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "recipes", "show", C, "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["env"]["torch_first_wrapper"] is True  # inherited from gfx906-base
+    assert data["engine"]["cudagraph_capture_sizes"] == [1, 2, 4, 8]
+    assert len(data["cache_key"]) == 12
+
+
+def test_render_formats(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "recipes", "render", C, "--format", "docker", "--host-root", REFERENCE)
+    assert code == 0 and "docker run -d" in out
+    code, out, _ = run(runner, app, "recipes", "render", "cpu-smollm2", "--json")
+    assert code == 0 and json.loads(out)["host"] == "127.0.0.1"
+
+
+def test_render_refusals_are_one_line_errors(runner: CliRunner, app: typer.Typer) -> None:
+    code, _, err = run(runner, app, "recipes", "render", "gfx906-base")
+    assert code == 2 and "abstract" in err
+    code, _, err = run(runner, app, "recipes", "render", "cpu-smollm2", "--format", "compose")
+    assert code == 2 and "runs as a process" in err
+    code, _, err = run(runner, app, "recipes", "render", "nope")
+    assert code == 2 and "no recipe named 'nope'" in err
+
+
+def test_lint_shipped_exits_zero_and_shows_warnings(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "recipes", "lint")
+    assert code == 0
+    assert "default-full-graph-gfx906" in out
+    code, out, _ = run(runner, app, "recipes", "lint", B, "--json")
+    assert code == 0 and [f["rule"] for f in json.loads(out)[B]] == ["eval-batch-not-fixed"]
+
+
+def copy_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "recipes"
+    shutil.copytree(RECIPES_DIR, d)
+    monkeypatch.setenv("APPLIANCE_RECIPES", str(d))
+    return d
+
+
+def test_lint_error_exits_one(runner: CliRunner, app: typer.Typer, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    d = copy_recipes(tmp_path, monkeypatch)
+    path = d / f"{B}.yaml"
+    path.write_text(path.read_text().replace("  mode: eager\n", "  mode: eager\n  dtype: auto\n"))
+    code, out, _ = run(runner, app, "recipes", "lint", B)
+    assert code == 1
+    assert "error   dtype-auto [engine.dtype]" in out
+
+
+def test_bad_yaml_is_a_paragraph_naming_file_and_line(runner: CliRunner, app: typer.Typer, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    d = copy_recipes(tmp_path, monkeypatch)
+    (d / "broken.yaml").write_text("name: broken\nextends: gfx906-base\nengine: {dtype: float16\n")
+    code, out, err = run(runner, app, "recipes", "lint")
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {d / 'broken.yaml'}, line 4: YAML syntax error")
+    assert err.count("\n") == 1
+
+
+def test_unknown_key_names_file_field_and_rule(runner: CliRunner, app: typer.Typer, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    d = copy_recipes(tmp_path, monkeypatch)
+    (d / "typo.yaml").write_text("name: typo\nextends: gfx906-base\nhost:\n  swapiness: 200\n")
+    code, _, err = run(runner, app, "plan", "typo", "--host-root", REFERENCE)
+    assert code == 2
+    assert f"{d / 'typo.yaml'} line 4, field 'host.swapiness': unknown key 'swapiness'" in err
+    assert "did you mean 'swappiness'" in err and "(rule: extra_forbidden)" in err
+
+
+def test_plan_reference_host_refuses_c(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "plan", C, "--host-root", REFERENCE)
+    assert code == 1
+    assert "admission: REFUSE" in out
+    assert "refuse swap-total" in out and "docker run -d" in out
+
+
+def test_plan_json_after_host_changes_admits_c(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "plan", C, "--host-root", SWAP8, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True
+    assert data["admission"]["verdict"] == "admit"
+    assert data["facts"]["swappiness"] == 200
+    assert data["launch"]["recipe"] == C
+    margins = {c["name"]: c["numbers"]["margin_gib"] for c in data["admission"]["checks"]
+               if c["name"].startswith("memory")}
+    assert margins == {"memory-peak-cold": 3.62, "memory-peak-warm": 5.05}
+
+
+def test_plan_b_and_c_prime_on_reference(runner: CliRunner, app: typer.Typer) -> None:
+    assert run(runner, app, "plan", B, "--host-root", REFERENCE)[0] == 0
+    code, out, _ = run(runner, app, "plan", C_PRIME, "--host-root", REFERENCE, "--json")
+    assert code == 1 and json.loads(out)["admission"]["verdict"] == "refuse"
+
+
+def test_plan_bad_host_root(runner: CliRunner, app: typer.Typer, tmp_path: Path) -> None:
+    code, _, err = run(runner, app, "plan", B, "--host-root", str(tmp_path))
+    assert code == 2 and "proc/meminfo" in err
+
+
+def test_plan_default_recipe_on_this_machine(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "plan", "cpu-smollm2", "--json")
+    data = json.loads(out)
+    assert data["launch"]["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert code == (0 if data["ok"] else 1)
+
+
+def test_diff(runner: CliRunner, app: typer.Typer) -> None:
+    code, out, _ = run(runner, app, "recipes", "diff", B, "gfx906-fp8-tp4-eager", "--json")
+    data = json.loads(out)
+    fields = {c["field"] for c in data["changes"]}
+    assert code == 0
+    assert {"model.path", "env.vars.VLLM_DCU_USE_FP8_EMU.value"} <= fields
+    assert data["same_compile_inputs"] is False
