@@ -22,7 +22,13 @@ from appliance.host_facts import (
     parse_modules,
     parse_pci_kind,
 )
-from appliance.procfs import memory_cgroup_of, parse_meminfo, parse_proc_cgroup, parse_swappiness
+from appliance.procfs import (
+    ProcParseError,
+    memory_cgroup_of,
+    parse_meminfo,
+    parse_proc_cgroup,
+    parse_swappiness,
+)
 
 
 class HostFactsError(RuntimeError):
@@ -42,8 +48,12 @@ def gather_facts(root: Path = Path("/"), appliance_home: Path | None = None) -> 
     meminfo_text = _read(root / "proc/meminfo")
     if meminfo_text is None:
         raise HostFactsError(f"{root / 'proc/meminfo'} not found: is {root} the root of a Linux host tree?")
-    mem = parse_meminfo(meminfo_text)
     swappiness_text = _read(root / "proc/sys/vm/swappiness")
+    try:
+        mem = parse_meminfo(meminfo_text)
+        swappiness = parse_swappiness(swappiness_text) if swappiness_text else None
+    except ProcParseError as exc:
+        raise HostFactsError(f"{root}: {exc}") from None
     soft, hard = parse_memlock(_read(root / "proc/self/limits") or "")
     version = _cgroup_version(root)
     return HostFacts(
@@ -51,7 +61,7 @@ def gather_facts(root: Path = Path("/"), appliance_home: Path | None = None) -> 
         mem_available_bytes=mem.available_bytes,
         swap_total_bytes=mem.swap_total_bytes,
         swap_free_bytes=mem.swap_free_bytes,
-        swappiness=parse_swappiness(swappiness_text) if swappiness_text else None,
+        swappiness=swappiness,
         cmdline=parse_cmdline(_read(root / "proc/cmdline") or ""),
         kernel_release=(_read(root / "proc/sys/kernel/osrelease") or "").strip() or None,
         modules=parse_modules(_read(root / "proc/modules") or ""),

@@ -63,6 +63,10 @@ def test_missing_optional_files_are_unknown_not_errors(tmp_path: Path) -> None:
 def test_not_a_host_tree_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(HostFactsError, match="proc/meminfo"):
         gather_facts(tmp_path)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("garbage\n")
+    with pytest.raises(HostFactsError, match="no MemTotal"):
+        gather_facts(tmp_path)
 
 
 def test_cgroup_v1_limit_of_our_own_cgroup(tmp_path: Path) -> None:
