@@ -88,7 +88,8 @@ class Proc:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            env={**os.environ, **(env or {})},
+            # No DATABASE_URL: LiteLLM would try to use it; every arm runs without a database.
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k != "DATABASE_URL"},
             start_new_session=True,
         )
         self.ps = psutil.Process(self.popen.pid)
@@ -273,7 +274,6 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
             env = {
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 "LITELLM_LOG": "ERROR",
-                "DATABASE_URL": "",
                 "LITELLM_TELEMETRY": "False",
                 "DISABLE_SCHEMA_UPDATE": "True",
                 "NO_DOCS": "True",
