@@ -14,7 +14,7 @@ the offending field in `detail[].loc`).
     POST /apply                    {"recipe": name, "fresh_cache": false}
     POST /restart | /stop
     GET  /status                   state, phase, progress (fraction of the ready budget), diagnosis
-    GET  /launches[?recipe=&limit=], /launches/{id}
+    GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset=
     GET  /events                   server-sent events: state, phase and supervisor events
 """
 
@@ -34,12 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.recipe_loader import RecipeError
 from controller import admin_token, metrics
+from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
 from controller.supervisor.driver import Driver
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.signals import Apply, Restart, Stop
 
 SSE_HEARTBEAT_S = 15.0
+_TEXT = "text/plain; charset=utf-8"
 
 
 class ApplyBody(BaseModel):
@@ -219,6 +221,24 @@ def create_app(ctx: ApiContext) -> FastAPI:
         if record is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
         return record
+
+    @app.get("/launches/{launch_id}/log", tags=["launches"], response_class=Response)
+    async def launch_log(launch_id: str, offset: Annotated[int, Query(ge=0)] = 0) -> Response:
+        """Engine log text from byte `offset` (at most 4 MiB); `X-Next-Offset` says where to go on."""
+        record = await asyncio.to_thread(store.get_launch, launch_id)
+        if record is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
+        if record.handle is None:
+            return Response("", media_type=_TEXT, headers={"X-Next-Offset": str(offset)})
+        handle = EngineHandle.model_validate(record.handle)
+        runtime = driver.runtimes.get(handle.runtime)
+        if runtime is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"this controller has no {handle.runtime} runtime")
+        try:
+            text, next_offset = await asyncio.to_thread(runtime.read_logs, handle, offset)
+        except RuntimeError_ as exc:
+            raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(exc)) from exc
+        return Response(text, media_type=_TEXT, headers={"X-Next-Offset": str(next_offset)})
 
     @app.get("/events", tags=["status"], response_class=StreamingResponse)
     async def events(

@@ -218,7 +218,7 @@ class Driver:
             # A bug in an action must be seen, not swallowed: logged with its traceback and put in
             # the event stream. The machine stays consistent (the answer just never comes).
             log.error("supervisor task %s failed", task.get_name(), exc_info=exc)
-            self._note("internal-error", f"{task.get_name()}: {exc!r}")
+            self.note("internal-error", f"{task.get_name()}: {exc!r}")
 
     # ------------------------------------------------------------------------------------------
     # Watching the current engine
@@ -359,14 +359,14 @@ class Driver:
             try:
                 found.extend(await asyncio.to_thread(rt.adopt))
             except RuntimeError_ as exc:
-                self._note("adopt-error", f"{rt.name} runtime: {exc}")
+                self.note("adopt-error", f"{rt.name} runtime: {exc}")
         if not found:
             return
         found.sort(key=lambda h: h.started_at)
         handle = found[-1]
         for extra in found[:-1]:
             # The host holds one engine at a time (DOMAIN §3); an older leftover is stopped.
-            self._note("adopt-extra", f"stopping older engine {extra.ref} ({extra.recipe})", extra.launch_id)
+            self.note("adopt-extra", f"stopping older engine {extra.ref} ({extra.recipe})", extra.launch_id)
             info = await asyncio.to_thread(self._runtime(extra).stop, extra, self.m.policy.stop_grace_s)
             self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
         spec = self.store.get_spec(handle.launch_id)
@@ -377,7 +377,7 @@ class Driver:
                                          handle.started_at)
                 self.store.set_handle(handle.launch_id, handle, handle.started_at)
         if spec is None:
-            self._note("adopt-skipped", f"engine {handle.ref} ({handle.recipe}) is running but its launch "
+            self.note("adopt-skipped", f"engine {handle.ref} ({handle.recipe}) is running but its launch "
                        "spec is unknown: left alone, not supervised", handle.launch_id)
             return
         self._followers[handle.launch_id] = LogFollower(handle.launch_id, started_at=handle.started_at)
@@ -408,7 +408,7 @@ class Driver:
             case MarkEnded():
                 self._mark_ended(action)
             case Notify():
-                self._note(action.kind, action.message, action.launch_id, action.data)
+                self.note(action.kind, action.message, action.launch_id, action.data)
             case Reject():
                 pass
 
@@ -427,7 +427,7 @@ class Driver:
             try:
                 prov = await asyncio.to_thread(self.provenance, spec)
             except (RuntimeError, OSError, ValueError) as exc:
-                self._note("provenance-error", f"could not record versions: {exc}", action.launch_id)
+                self.note("provenance-error", f"could not record versions: {exc}", action.launch_id)
         self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now)
         cold = action.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
         metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
@@ -459,13 +459,13 @@ class Driver:
                 info = await asyncio.to_thread(rt.stop, action.handle, action.grace_s)
                 break
             except RuntimeError_ as exc:
-                self._note("stop-error", f"stop attempt {attempt}: {exc}", action.launch_id)
+                self.note("stop-error", f"stop attempt {attempt}: {exc}", action.launch_id)
                 info = await asyncio.to_thread(rt.inspect, action.handle)
                 if not info.running:
                     break
         if info is None or info.running:
             # Never report a running engine as stopped: the host cannot hold two.
-            self._note("stop-failed", "the engine did not stop; it stays under supervision", action.launch_id)
+            self.note("stop-failed", "the engine did not stop; it stays under supervision", action.launch_id)
             return
         launch = self.m.launch
         if launch is not None and launch.launch_id == action.launch_id:
@@ -478,7 +478,7 @@ class Driver:
             try:
                 await self.gateway.drain(action.deadline_s, self.m.policy.retry_after_s)
             except GatewayError as exc:
-                self._note("gateway-error", f"drain: {exc}", action.launch_id)
+                self.note("gateway-error", f"drain: {exc}", action.launch_id)
         self.submit(Drained(action.launch_id))
 
     async def _gateway_call(self, what: str, launch_id: str) -> None:
@@ -489,14 +489,14 @@ class Driver:
             try:
                 await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name)
             except GatewayError as exc:
-                self._note("gateway-error", f"{what}: {exc}", launch_id)
+                self.note("gateway-error", f"{what}: {exc}", launch_id)
 
     async def _gateway_clear(self, action: ClearUpstream) -> None:
         async with self._gateway_lock:
             try:
                 await self.gateway.clear(action.retry_after_s)
             except GatewayError as exc:
-                self._note("gateway-error", f"clear ({action.reason}): {exc}")
+                self.note("gateway-error", f"clear ({action.reason}): {exc}")
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()
@@ -514,7 +514,7 @@ class Driver:
             # ARCHITECTURE "Warm-cache restart": verify the hit from the log; a miss is reported.
             evidence = list(follower.tracker.cache_evidence) if follower else []
             message = f"the warm start did not prove a compile-cache hit ({outcome.value})"
-            self._note("warm-restart-miss", message, action.launch_id, {"evidence": evidence})
+            self.note("warm-restart-miss", message, action.launch_id, {"evidence": evidence})
 
     def _mark_ended(self, action: MarkEnded) -> None:
         now = self.clock.now()
@@ -548,7 +548,7 @@ class Driver:
     # ------------------------------------------------------------------------------------------
     # Events and status
 
-    def _note(self, kind: str, message: str, launch_id: str | None = None,
+    def note(self, kind: str, message: str, launch_id: str | None = None,
               data: Mapping[str, object] | None = None) -> None:
         record = self.store.add_event(kind, message, self.clock.now(), launch_id, data)
         self._publish({"type": "event", **record.model_dump()})

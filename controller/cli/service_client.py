@@ -1,0 +1,178 @@
+"""The CLI's side of the controller API: JSON calls, the event stream, and the start-up display.
+
+An engine start takes 90 s here and up to 30 minutes on the reference host; the display says
+where it is (phase, fraction of the ready budget used) on every phase change and at least every
+~15 s (the stream's keep-alive), and ends on ready or failed with the diagnosis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from controller.admin_token import TOKEN_ENV
+from controller.settings import CONTROLLER_PORT
+
+DEFAULT_API = f"http://127.0.0.1:{CONTROLLER_PORT}"
+API_ENV = "APPLIANCE_API"
+
+
+def api_url(explicit: str | None = None) -> str:
+    return (explicit or os.environ.get(API_ENV) or DEFAULT_API).rstrip("/")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int | None, detail: str) -> None:
+        super().__init__(f"{status}: {detail}" if status else detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class Client:
+    base: str
+    token: str | None = field(default_factory=lambda: os.environ.get(TOKEN_ENV))
+    timeout_s: float = 30.0
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                 auth: bool = False) -> tuple[bytes, dict[str, str]]:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            if not self.token:
+                raise ApiError(None, f"needs the admin token in ${TOKEN_ENV} (`appliance up` shows it once)")
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.read(), dict(resp.headers)
+        except urllib.error.HTTPError as exc:
+            raw = exc.read().decode(errors="replace")
+            try:
+                detail = json.loads(raw).get("detail", raw)
+            except (ValueError, AttributeError):
+                detail = raw
+            raise ApiError(exc.code, detail if isinstance(detail, str) else json.dumps(detail)) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ApiError(None, f"cannot reach the controller at {self.base}: {reason}") from exc
+
+    def get(self, path: str) -> Any:
+        return json.loads(self._request("GET", path)[0])
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return json.loads(self._request("POST", path, body, auth=True)[0])
+
+    def text(self, path: str) -> tuple[str, dict[str, str]]:
+        raw, headers = self._request("GET", path)
+        return raw.decode(errors="replace"), headers
+
+    def alive(self) -> bool:
+        try:
+            self.get("/healthz")
+        except ApiError:
+            return False
+        return True
+
+
+# --------------------------------------------------------------------------------------------
+# The start-up display
+
+
+def _bar(fraction: float | None, width: int = 20) -> str:
+    if fraction is None:
+        return " " * (width + 2)
+    filled = max(0, min(width, round(fraction * width)))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+@dataclass
+class StartView:
+    """Turns the event stream into lines; `outcome` is set on ready / failed / idle."""
+
+    echo: Callable[[str], None]
+    started: float = field(default_factory=time.monotonic)
+    outcome: str | None = None
+    seen_busy: bool = False  # a start was under way at some point (so "idle" means it was stopped)
+    last_line: float = 0.0
+
+    def _say(self, text: str, status: dict[str, Any] | None = None) -> None:
+        elapsed = time.monotonic() - self.started
+        launch = (status or {}).get("launch") or {}
+        progress = (status or {}).get("progress")
+        budget = launch.get("ready_budget_s")
+        share = f"{progress * 100:3.0f}% of {budget} s" if progress is not None and budget else ""
+        self.echo(f"[{elapsed:6.1f}s] {_bar(progress)} {share:>14}  {text}")
+        self.last_line = time.monotonic()
+
+    def status(self, s: dict[str, Any], heartbeat: bool = False) -> None:
+        state = s.get("state")
+        launch = s.get("launch") or {}
+        if heartbeat:
+            if state in ("starting", "preflight", "draining", "stopping"):
+                self._say(f"{state}: {launch.get('describe') or 'waiting for the first phase'}", s)
+            elif state == "backoff":
+                retry = s.get("backoff_remaining_s")
+                self._say(f"backoff: retry in {retry} s (failure {s.get('failures')})", s)
+            return
+        self._say(f"controller state {state}" + (f", recipe {s.get('recipe')}" if s.get("recipe") else ""), s)
+        self._check_end(s)
+
+    def _check_end(self, s: dict[str, Any]) -> None:
+        state = s.get("state")
+        if state in ("preflight", "starting", "draining", "stopping", "backoff"):
+            self.seen_busy = True
+        if state == "ready":
+            self.outcome = "ready"
+        elif state == "failed":
+            self.outcome = "failed"
+        elif state == "idle" and self.seen_busy:
+            self.outcome = "idle"
+
+    def event(self, kind: str, data: dict[str, Any], status: dict[str, Any] | None) -> None:
+        if kind == "state":
+            self._say(f"→ {data.get('state')}", status)
+            self._check_end({"state": data.get("state")})
+        elif kind == "phase":
+            self._say(f"{data.get('label')}  ({data.get('describe')})", status)
+        elif kind == "event" and data.get("kind") not in ("phase",):
+            self._say(f"{data.get('kind')}: {data.get('message')}", status)
+
+
+async def follow_start(base: str, view: StartView, fetch_status: Callable[[], dict[str, Any]],
+                       timeout_s: float | None = None) -> str | None:
+    """Follow `/events` until the view has an outcome (or the timeout). Returns the outcome."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
+    async with aiohttp.ClientSession(timeout=client_timeout) as session, \
+            session.get(base + "/events") as resp:
+        if resp.status != 200:
+            raise ApiError(resp.status, await resp.text())
+        kind = "event"
+        async for raw in resp.content:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(":"):
+                view.status(await asyncio.to_thread(fetch_status), heartbeat=True)
+            elif line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                if kind == "status":
+                    view.status(data)
+                else:
+                    status = await asyncio.to_thread(fetch_status) if kind in ("phase", "state") else None
+                    view.event(kind, data, status)
+            if view.outcome is not None:
+                return view.outcome
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+    return view.outcome

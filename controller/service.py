@@ -1,0 +1,155 @@
+"""The controller process (`appliance serve`): admin API + supervisor + host watch, one event loop.
+
+Stopping the controller (SIGTERM/SIGINT) never stops the engine: the engine runs in its own session
+(process runtime) or container, and the next controller adopts it (ARCHITECTURE: a controller
+restart never kills a healthy engine). Stopping the engine is an explicit `POST /stop` or
+`appliance down`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from appliance.launch_spec import LaunchSpec
+from appliance.recipe_loader import RecipeError
+from appliance.render import RenderError
+from controller import admin_token
+from controller.api import AdminGuard, ApiContext, create_app
+from controller.keys_api import keys_router
+from controller.runtime.base import Runtime, RuntimeError_
+from controller.runtime.process import ProcessRuntime
+from controller.settings import CONTROLLER_PORT, Paths
+from controller.store import Store
+from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.gateway_link import ControlGateway, GatewayLink, NoGateway
+from controller.supervisor.machine import Policy, State
+from controller.supervisor.preflight import Preflight, UnknownRecipe
+from controller.supervisor.probes import HttpProber
+from controller.supervisor.provenance import provenance_for
+from controller.supervisor.signals import Apply
+from controller.supervisor.watch_link import HostWatchLink
+from host_setup.facts import HostFactsError
+
+log = logging.getLogger("appliance.controller")
+
+
+@dataclass
+class ServiceConfig:
+    home: Path
+    recipes_dir: Path
+    host: str = "127.0.0.1"
+    port: int = CONTROLLER_PORT
+    gateway_url: str | None = None  # None: no gateway to notify
+    apply_on_start: str | None = None  # applied when nothing was adopted
+    docker: bool = True  # also supervise/adopt docker engines when a daemon answers
+    watch_host: bool = True
+    watch_kmsg: bool = True
+    policy: Policy = field(default_factory=Policy)
+    driver: DriverConfig = field(default_factory=DriverConfig)
+    log_level: str = "info"
+
+
+def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], str | None]:
+    runtimes: dict[str, Runtime] = {"process": ProcessRuntime(paths.runs)}
+    if not docker:
+        return runtimes, None
+    from controller.runtime.docker_rt import DockerRuntime
+
+    rt = DockerRuntime()
+    try:
+        rt.adopt()  # also proves the daemon answers
+    except RuntimeError_ as exc:
+        return runtimes, f"docker runtime unavailable: {exc}"
+    runtimes["docker"] = rt
+    return runtimes, None
+
+
+def make_gateway(cfg: ServiceConfig, paths: Paths) -> tuple[GatewayLink, str | None]:
+    if not cfg.gateway_url:
+        return NoGateway(), None
+    token = admin_token.read_gateway_token(paths.home / "run")
+    if token is None:
+        return NoGateway(), (f"no gateway control token in {paths.home / 'run'}: the gateway at "
+                             f"{cfg.gateway_url} will not be told about engine slots")
+    return ControlGateway(cfg.gateway_url, token), None
+
+
+async def serve(cfg: ServiceConfig) -> None:
+    paths = Paths(cfg.home)
+    store = Store(paths.db)
+    runtimes, docker_note = make_runtimes(paths, cfg.docker)
+    gateway, gateway_note = make_gateway(cfg, paths)
+    preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
+    watch = HostWatchLink(store)
+    prober = HttpProber()
+
+    def spec_for_recipe(name: str) -> LaunchSpec | None:
+        try:
+            return preflight.plan(name)[2]
+        except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError):
+            return None
+
+    driver = Driver(
+        runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway,
+        policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
+        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
+    )
+    watch.driver = driver
+    for note in (docker_note, gateway_note):
+        if note:
+            driver.note("controller", note)
+    guard = AdminGuard(cfg.home)
+    app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
+                                extra_routers=(keys_router(guard),)))
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                                           lifespan="off", access_log=False))
+    # uvicorn turns SIGINT/SIGTERM into should_exit, then re-raises the signal to the handler that
+    # was there before it: make that ours, so the re-raise cannot kill the process before cleanup.
+    # The engine is left running on purpose.
+    def _exit_on_signal(signum: int, frame: object) -> None:
+        server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on_signal)
+
+    stop = asyncio.Event()
+    driver.note("controller", f"controller starting on {cfg.host}:{cfg.port} (pid {os.getpid()})")
+    await driver.adopt()
+    if cfg.apply_on_start and driver.m.state is State.IDLE:
+        driver.submit(Apply(cfg.apply_on_start))
+    tasks = [asyncio.create_task(_supervise(driver, stop), name="supervisor")]
+    if cfg.watch_host:
+        tasks.append(asyncio.create_task(watch.run_sampler(stop), name="host-sampler"))
+    if cfg.watch_kmsg:
+        tasks.append(asyncio.create_task(watch.run_kmsg(stop), name="kmsg"))
+    try:
+        await server.serve()
+    finally:
+        stop.set()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=10)
+        await driver.shutdown()
+        await prober.close()
+        driver.note("controller", "controller stopped; the engine (if any) keeps running for adoption")
+        store.close()
+
+
+async def _supervise(driver: Driver, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await driver.step()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=driver.config.poll_interval_s)
+
+
+def run(cfg: ServiceConfig) -> None:
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(cfg))

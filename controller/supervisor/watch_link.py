@@ -1,0 +1,146 @@
+"""The host watch, tied to the launch it is watching (issue 4's readers, issue 3's records).
+
+- Every second: one host sample (MemAvailable, swap, PSI, the engine's processes' RssAnon) →
+  Prometheus, and the current launch's low-water / high-water marks → the launch record (DOMAIN §3
+  "what to watch": min MemAvailable over the run, swap peak; recipe C met its bar at 2.35 GiB min
+  and a 5.40 GiB swap peak).
+- Every kernel OOM kill from `/dev/kmsg` → Prometheus, attributed to a launch (container id,
+  cgroup, or the pids sampled before the kill: the victim is dead when the record arrives) → the
+  launch record, and kept for the driver's exit diagnosis (a global OOM is not a cgroup OOM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from appliance.kmsg import OomEvent, OomEventKind, SeqGap
+from appliance.oom_attribution import LaunchTarget, attribute_oom
+from controller import metrics
+from controller.store import Store
+from controller.supervisor.driver import Driver
+from controller.watch.kmsg_follower import DevKmsg, KmsgFollower
+from controller.watch.sampler import HostSample, HostSampler, Watermarks
+
+log = logging.getLogger(__name__)
+
+KEEP_ENDED_S = 120.0  # an OOM record for a launch that just ended still finds it
+
+
+class HostWatchLink:
+    def __init__(self, store: Store, sampler: HostSampler | None = None, record_every_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.sampler = sampler or HostSampler()
+        self.record_every_s = record_every_s
+        self.clock = clock
+        self.driver: Driver | None = None  # set once the driver exists (it takes our oom_events)
+        self._marks: Watermarks | None = None
+        self._last_record = 0.0
+        self._targets: dict[str, tuple[LaunchTarget, float]] = {}  # launch id → (target, last seen)
+        self._ooms: dict[str, list[OomEvent]] = {}
+
+    # -- for the driver
+
+    def oom_events(self, launch_id: str) -> list[OomEvent]:
+        return list(self._ooms.get(launch_id, ()))
+
+    # -- sampling
+
+    def _current(self) -> tuple[str, str, list[int], str | None] | None:
+        """(launch id, recipe, engine pids, container id) of the engine being watched (blocking)."""
+        driver = self.driver
+        launch = driver.m.launch if driver else None
+        if driver is None or launch is None or launch.handle is None:
+            return None
+        handle = launch.handle
+        runtime = driver.runtimes.get(handle.runtime)
+        pids = runtime.engine_pids(handle) if runtime else []
+        container = handle.ref if handle.runtime == "docker" else None
+        return launch.launch_id, launch.spec.recipe, pids, container
+
+    async def run_sampler(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
+        while not stop.is_set():
+            current = await asyncio.to_thread(self._current)
+            roots = current[2] if current else []
+            sample = await asyncio.to_thread(self.sampler.sample, roots)
+            self.on_sample(sample, current)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+    def on_sample(self, sample: HostSample, current: tuple[str, str, list[int], str | None] | None) -> None:
+        metrics.observe_host(sample)
+        if current is None:
+            self._flush()
+            self._marks = None
+            return
+        launch_id, recipe, pids, container = current
+        if self._marks is None or self._marks.launch_id != launch_id:
+            self._flush()
+            self._marks = Watermarks(launch_id)
+        driver = self.driver
+        phase = driver.m.launch.phase if driver and driver.m.launch else None
+        self._marks.update(sample, phase)
+        metrics.observe_watermarks(recipe, self._marks)
+        self._targets[launch_id] = (
+            LaunchTarget(launch_id=launch_id, recipe=recipe, container_id=container,
+                         cgroup_paths=(f"/docker/{container}",) if container else (),
+                         pids=frozenset(self._marks.pids_seen | set(pids))),
+            self.clock(),
+        )
+        if self.clock() - self._last_record >= self.record_every_s:
+            self._flush()
+
+    def _flush(self) -> None:
+        marks = self._marks
+        if marks is None or marks.samples == 0:
+            return
+        self._last_record = self.clock()
+        self.store.record_memory(marks.launch_id, marks.mem_available_min_bytes, marks.swap_used_peak_bytes)
+
+    # -- kernel OOM kills
+
+    def on_oom(self, event: OomEvent) -> None:
+        metrics.record_oom_event(event)
+        if event.kind is not OomEventKind.KILL:
+            return
+        now = self.clock()
+        self._targets = {k: v for k, v in self._targets.items() if now - v[1] <= KEEP_ENDED_S}
+        hit = attribute_oom(event, [target for target, _ in self._targets.values()])
+        summary = (f"{event.scope.value} OOM kill: {event.task or '?'} (pid {event.pid}), "
+                   f"anon-rss {event.anon_rss_bytes or 0} B")
+        if hit is None:
+            self._note("oom-kill", summary + " — not one of our engines", None)
+            return
+        launch_id = hit.launch.launch_id
+        self._ooms.setdefault(launch_id, []).append(event)
+        record = {**event.model_dump(mode="json"), "matched_by": hit.matched_by.value}
+        self.store.record_oom(launch_id, record)
+        self._note("oom-kill", summary + f" (matched by {hit.matched_by.value})", launch_id)
+
+    def on_gap(self, gap: SeqGap) -> None:
+        metrics.record_kmsg_gap(gap)
+
+    def _note(self, kind: str, message: str, launch_id: str | None) -> None:
+        if self.driver is not None:
+            self.driver.note(kind, message, launch_id)
+        else:
+            self.store.add_event(kind, message, time.time(), launch_id)
+
+    async def run_kmsg(self, stop: asyncio.Event, path: Path = Path("/dev/kmsg")) -> None:
+        """Follow the kernel log; without permission (not root) the watch runs without it, said once."""
+        try:
+            source = DevKmsg(path)
+        except OSError as exc:
+            self._note("kmsg-unavailable", f"cannot read {path} ({exc.strerror}): OOM kills will be "
+                       "diagnosed from exit codes and logs only", None)
+            return
+        follower = KmsgFollower(source, self.on_oom, on_gap=self.on_gap)
+        try:
+            await follower.run(stop)
+        finally:
+            source.close()
