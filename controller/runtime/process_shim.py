@@ -20,7 +20,7 @@ imported by the controller. It exists for three reasons:
    one engine (DOMAIN §3), a leftover worker would make the next launch OOM.
 
 The shim runs with `-I` (isolated mode), so the engine's PYTHONPATH/PYTHONHOME in its environment do
-not affect it; it passes its environment to the engine unchanged.
+not affect it; it passes the environment it was exec'd with to the engine unchanged.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ RELAYED_SIGNALS = (
 )
 EXEC_FAILED = 127  # the shell's code for "command not found / not executable"
 SHIM_TAG = "[appliance-shim]"
+NATURAL_EXIT_S = 3.0
 
 
 def _say(msg: str) -> None:
@@ -88,8 +89,12 @@ def _wait_gone(pgid: int, me: int, timeout_s: float) -> list[psutil.Process]:
 
 
 def reap_orphans(pgid: int, me: int, grace_s: float) -> None:
-    """TERM what is left of the engine's process group, wait `grace_s`, then KILL (by PID)."""
-    left = group_members(pgid, me)
+    """TERM what is left of the engine's process group, wait `grace_s`, then KILL (by PID).
+
+    Helpers that end by themselves once the main process is gone (multiprocessing's resource
+    tracker, workers watching their parent) get a short moment first, so only real stragglers are
+    signalled and reported."""
+    left = _wait_gone(pgid, me, min(NATURAL_EXIT_S, grace_s))
     if not left:
         return
     _say(
@@ -166,7 +171,11 @@ def main(argv: list[str]) -> int:
         signal.signal(relayed, relay)
 
     try:
-        child = subprocess.Popen(args.command, stdin=subprocess.DEVNULL)
+        # The environment we were exec'd with, not os.environ: under a C locale Python coerces
+        # LC_CTYPE=C.UTF-8 into its own os.environ at start-up (PEP 538), which the engine would
+        # inherit — and its environment must be exactly the spec's.
+        exec_env = psutil.Process().environ()
+        child = subprocess.Popen(args.command, stdin=subprocess.DEVNULL, env=exec_env)
     except OSError as exc:
         _say(f"could not start the engine: {exc}")
         write_status(args.status, EXEC_FAILED, None, error=str(exc))

@@ -1,0 +1,392 @@
+"""ProcessRuntime against real processes: a small Python "engine" (tests/fixtures/engines) and, when
+it is installed, the real vLLM CPU engine.
+
+Waits below are liveness bounds (how long to wait for a line before calling it a failure), never
+speed assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from appliance.launch_spec import LaunchSpec
+from controller.runtime import make_runtime
+from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
+from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, STATUS_FILE, ProcessRuntime
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_ENGINE = REPO / "tests" / "fixtures" / "engines" / "fake_engine.py"
+ENGINE_PYTHON = Path("/var/lib/appliance/engine/venv/bin/python")
+ENGINE_MODEL = Path("/var/lib/appliance/models/smollm2-135m-instruct")
+LIVENESS_S = 60.0
+
+
+def fake_spec(*args: str, env: dict[str, str] | None = None, **extra: object) -> LaunchSpec:
+    fields: dict[str, object] = {
+        "recipe": "fake-engine",
+        "spec_hash": "0123456789abcdef",
+        "platform": "cpu",
+        "runtime": "process",
+        "argv": (sys.executable, str(FAKE_ENGINE), *args),
+        "env": {"FAKE_ENGINE": "1"} if env is None else env,
+        "port": 1,
+        "served_model_name": "fake",
+        "cache_root": "/tmp",
+        "ready_budget_s": 60,
+        "stall_window_s": 60,
+    }
+    fields.update(extra)
+    return LaunchSpec.model_validate(fields)
+
+
+def wait_for_log(rt: Runtime, handle: EngineHandle, pattern: str, timeout_s: float = LIVENESS_S) -> str:
+    """Poll read_logs (the supervisor's way) until `pattern` appears; return all text so far."""
+    text, offset = "", 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        chunk, offset = rt.read_logs(handle, offset)
+        text += chunk
+        if re.search(pattern, text):
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{pattern!r} not in the log after {timeout_s} s; log so far:\n{text}")
+        if not rt.inspect(handle).running and not chunk:
+            raise AssertionError(f"engine ended before {pattern!r} appeared; log:\n{text}")
+        time.sleep(0.05)
+
+
+def ready_pids(text: str) -> tuple[int, list[int]]:
+    match = re.search(r"READY pid=(\d+) workers=\[([\d, ]*)\]", text)
+    assert match, text
+    workers = [int(w) for w in match.group(2).split(",") if w.strip()]
+    return int(match.group(1)), workers
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[Path]:
+    runs_dir = tmp_path / "runs"
+    yield runs_dir
+    # Teardown by recorded PID, through the runtime: stop whatever a test left running.
+    cleanup = ProcessRuntime(runs_dir, orphan_grace_s=1.0, kill_wait_s=5.0)
+    for handle in cleanup.adopt():
+        cleanup.stop(handle, grace_s=1.0)
+
+
+@pytest.fixture
+def rt(runs: Path) -> ProcessRuntime:
+    return ProcessRuntime(runs, orphan_grace_s=1.0, kill_wait_s=5.0)
+
+
+def test_start_records_logs_and_pids(rt: ProcessRuntime, runs: Path) -> None:
+    handle = rt.start(fake_spec("--lines", "3", "--workers", "2", "--text", "héllo wörld ✓"), "launch-1")
+    text = wait_for_log(rt, handle, r"READY")
+    engine_pid, workers = ready_pids(text)
+
+    run_dir = runs / "launch-1"
+    assert (run_dir / PID_FILE).read_text().strip() == handle.ref
+    assert EngineHandle.model_validate_json((run_dir / HANDLE_FILE).read_text()) == handle
+    identity = json.loads((run_dir / PROCESS_FILE).read_text())
+    shim = psutil.Process(int(handle.ref))
+    assert identity["create_time"] == pytest.approx(shim.create_time(), abs=0.05)
+    assert identity["cmdline"] == shim.cmdline()
+    assert os.getpgid(shim.pid) == shim.pid and os.getsid(shim.pid) == shim.pid  # own session + group
+    assert os.getpgid(engine_pid) == shim.pid
+
+    for i in range(3):
+        assert f"fake engine line {i}\n" in text
+    assert "fake engine stderr line\n" in text  # stderr goes to the same log
+    assert "héllo wörld ✓\n" in text
+
+    pids = rt.engine_pids(handle)
+    assert engine_pid in pids and set(workers) <= set(pids)
+    assert shim.pid not in pids
+    assert rt.inspect(handle).running
+
+    # Offsets: reading from the end returns nothing new; from 0 returns the same bytes again.
+    _, end = rt.read_logs(handle, 0)
+    assert rt.read_logs(handle, end) == ("", end)
+    assert end == (run_dir / "engine.log").stat().st_size
+
+
+def test_environment_is_exactly_the_spec_plus_path_and_home(rt: ProcessRuntime, tmp_path: Path) -> None:
+    dump = tmp_path / "env.json"
+    spec = fake_spec("--dump-env", str(dump), env={"FAKE_ENGINE": "1", "VLLM_LOGGING_LEVEL": "INFO"})
+    handle = rt.start(spec, "env-1")
+    wait_for_log(rt, handle, r"READY")
+    expected = {**spec.env, "PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}
+    assert json.loads(dump.read_text()) == expected
+
+    # A spec that sets PATH and HOME itself gets exactly its own values.
+    dump2 = tmp_path / "env2.json"
+    own = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "X": "y"}
+    handle2 = rt.start(fake_spec("--dump-env", str(dump2), env=own), "env-2")
+    wait_for_log(rt, handle2, r"READY")
+    assert json.loads(dump2.read_text()) == own
+
+
+def test_source_files_are_sourced_before_the_engine(rt: ProcessRuntime, tmp_path: Path) -> None:
+    env_sh = tmp_path / "platform env.sh"  # a space: the wrapper must quote it
+    env_sh.write_text("export FROM_SOURCED_FILE=dtk\n")
+    dump = tmp_path / "env.json"
+    handle = rt.start(fake_spec("--dump-env", str(dump), source_files=(str(env_sh),)), "src-1")
+    text = wait_for_log(rt, handle, r"READY")
+    assert json.loads(dump.read_text())["FROM_SOURCED_FILE"] == "dtk"
+    engine_pid, _ = ready_pids(text)
+    assert engine_pid in rt.engine_pids(handle)  # `exec "$@"`: bash became the engine
+
+
+def test_exit_code_is_recorded(rt: ProcessRuntime) -> None:
+    handle = rt.start(fake_spec("--exit", "3"), "exit-3")
+    info = rt.wait(handle, LIVENESS_S)
+    assert (info.running, info.exit_code, info.signal, info.oom_killed) == (False, 3, None, None)
+    assert "[appliance-shim] engine" in wait_for_log(rt, handle, r"ended: exit code 3")
+
+
+def test_death_by_signal_is_recorded_like_docker(rt: ProcessRuntime) -> None:
+    # SIGABRT is what importing vllm before torch produces (DOMAIN §5: std::bad_alloc, exit 134).
+    handle = rt.start(fake_spec("--self-signal", str(int(signal.SIGABRT))), "abrt")
+    info = rt.wait(handle, LIVENESS_S)
+    assert (info.running, info.exit_code, info.signal) == (False, 134, int(signal.SIGABRT))
+
+
+def test_stop_sends_term_once_and_returns_the_engine_exit_code(rt: ProcessRuntime) -> None:
+    handle = rt.start(fake_spec("--term-exit", "7"), "term-7")
+    wait_for_log(rt, handle, r"READY")
+    info = rt.stop(handle, grace_s=LIVENESS_S)
+    assert (info.running, info.exit_code, info.signal) == (False, 7, None)
+    text, _ = rt.read_logs(handle, 0)
+    assert text.count("got signal 15") == 1
+    assert rt.engine_pids(handle) == []
+    assert json.loads((rt.runs_dir / "term-7" / STATUS_FILE).read_text())["exit_code"] == 7
+
+
+def test_stop_escalates_to_kill_when_term_is_ignored(rt: ProcessRuntime) -> None:
+    handle = rt.start(fake_spec("--ignore-term"), "stubborn")
+    engine_pid, _ = ready_pids(wait_for_log(rt, handle, r"READY"))
+    info = rt.stop(handle, grace_s=1.0)
+    assert (info.running, info.exit_code, info.signal) == (False, 137, int(signal.SIGKILL))
+    text, _ = rt.read_logs(handle, 0)
+    assert text.count("got signal 15") == 1  # TERM was delivered (once) and ignored
+    assert "killed by signal 9 (SIGKILL)" in text
+    assert not alive(engine_pid)
+
+
+def test_processes_left_behind_by_the_engine_are_reaped(rt: ProcessRuntime) -> None:
+    # The main process exits on TERM, its two workers ignore TERM: a stuck TP worker holding memory.
+    handle = rt.start(fake_spec("--workers", "2", "--worker-ignores-term"), "orphans")
+    wait_for_log(rt, handle, r"worker \d+ ready[\s\S]*worker \d+ ready")
+    _, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
+    info = rt.stop(handle, grace_s=LIVENESS_S)
+    assert (info.running, info.exit_code) == (False, 0)
+    assert not any(alive(w) for w in workers)
+    text, _ = rt.read_logs(handle, 0)
+    assert "2 process(es) left in its group" in text
+
+
+def test_adopted_by_a_new_runtime_with_known_exit_code(rt: ProcessRuntime, runs: Path) -> None:
+    handle = rt.start(fake_spec("--term-exit", "5", "--workers", "1"), "adopt-me")
+    wait_for_log(rt, handle, r"READY")
+
+    restarted = ProcessRuntime(runs)  # a controller restart: no Popen, only the files
+    assert restarted.adopt() == [handle]
+    assert restarted.inspect(handle).running
+    assert restarted.engine_pids(handle) == rt.engine_pids(handle)
+    text, offset = restarted.read_logs(handle, 0)
+    assert "READY" in text and offset > 0
+
+    info = restarted.stop(handle, grace_s=LIVENESS_S)
+    # Not the new runtime's child, yet the exit code is known: the shim recorded it.
+    assert (info.running, info.exit_code, info.signal) == (False, 5, None)
+    assert restarted.adopt() == []
+    assert rt.inspect(handle).exit_code == 5
+
+
+_CONTROLLER = """
+import sys
+from pathlib import Path
+from appliance.launch_spec import LaunchSpec
+from controller.runtime.process import ProcessRuntime
+spec = LaunchSpec.model_validate_json(sys.argv[2])
+handle = ProcessRuntime(Path(sys.argv[1])).start(spec, "survivor")
+print(handle.model_dump_json(), flush=True)
+sys.stdin.read()  # wait here until the test kills us
+"""
+
+
+def test_engine_survives_the_controller_being_killed(runs: Path) -> None:
+    spec = fake_spec("--term-exit", "9")
+    controller = subprocess.Popen(
+        [sys.executable, "-c", _CONTROLLER, str(runs), spec.model_dump_json()],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert controller.stdout is not None
+        handle = EngineHandle.model_validate_json(controller.stdout.readline())
+        rt = ProcessRuntime(runs)
+        wait_for_log(rt, handle, r"READY")
+    finally:
+        controller.kill()  # SIGKILL: the controller gets no chance to clean up
+        controller.wait()
+    assert rt.adopt() == [handle]
+    assert rt.inspect(handle).running
+    info = rt.stop(handle, grace_s=LIVENESS_S)
+    assert (info.running, info.exit_code) == (False, 9)
+
+
+@pytest.mark.parametrize("field", ["create_time", "cmdline"])
+def test_pid_reuse_is_not_adopted_nor_signalled(rt: ProcessRuntime, runs: Path, field: str) -> None:
+    handle = rt.start(fake_spec(), "reused")
+    wait_for_log(rt, handle, r"READY")
+    identity_path = runs / "reused" / PROCESS_FILE
+    identity = json.loads(identity_path.read_text())
+    # What the files would say if the engine had died and its PID gone to another process.
+    identity[field] = identity[field] - 1000 if field == "create_time" else ["/usr/bin/something-else"]
+    identity_path.write_text(json.dumps(identity))
+
+    restarted = ProcessRuntime(runs)
+    assert restarted.adopt() == []
+    assert not restarted.inspect(handle).running
+    restarted.stop(handle, grace_s=1.0)  # must not signal the (still running) process
+    assert rt.inspect(handle).running
+
+
+def test_cpu_seconds_counts_the_engine_processes(rt: ProcessRuntime) -> None:
+    handle = rt.start(fake_spec("--burn", "0.5"), "burner")
+    wait_for_log(rt, handle, r"READY")
+    first = rt.cpu_seconds(handle)
+    assert first >= 0.45  # the engine burned 0.5 s of CPU before READY (10 ms tick resolution)
+    assert rt.cpu_seconds(handle) >= first
+
+
+def test_start_errors_are_operator_readable(rt: ProcessRuntime, runs: Path) -> None:
+    missing = fake_spec().model_copy(update={"argv": ("/nonexistent/engine/venv/bin/python", "-m", "vllm")})
+    with pytest.raises(RuntimeError_, match="appliance engine setup"):
+        rt.start(missing, "missing")
+    assert not (runs / "missing").exists()
+
+    handle = rt.start(fake_spec("--exit", "0"), "once")
+    rt.wait(handle, LIVENESS_S)
+    with pytest.raises(RuntimeError_, match="already used"):
+        rt.start(fake_spec(), "once")
+
+
+def test_stop_of_an_ended_engine_returns_its_status(rt: ProcessRuntime) -> None:
+    handle = rt.start(fake_spec("--exit", "4"), "ended")
+    rt.wait(handle, LIVENESS_S)
+    assert rt.stop(handle, grace_s=1.0).exit_code == 4
+    assert ProcessRuntime(rt.runs_dir).stop(handle, grace_s=1.0).exit_code == 4
+
+
+def test_make_runtime_process(runs: Path) -> None:
+    rt = make_runtime("process", runs)
+    assert isinstance(rt, ProcessRuntime) and isinstance(rt, Runtime)
+
+
+# -- the real CPU vLLM engine -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_cpu_vllm_engine_starts_answers_is_adopted_and_stops(runs: Path, tmp_path: Path) -> None:
+    if not ENGINE_PYTHON.exists():
+        pytest.skip(f"CPU engine not installed ({ENGINE_PYTHON} missing): run `appliance engine setup`")
+    if not (ENGINE_MODEL / "config.json").exists():
+        pytest.skip(f"model not converted ({ENGINE_MODEL}/config.json missing): run `appliance engine setup`")
+    port = _free_port()
+    spec = LaunchSpec(
+        recipe="cpu-smollm2-test",
+        spec_hash="feedfacecafebeef",
+        platform="cpu",
+        runtime="process",
+        python=str(ENGINE_PYTHON),
+        argv=(
+            str(ENGINE_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(ENGINE_MODEL),
+            "--served-model-name",
+            "smollm2",
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",  # this test is about the runtime, not the compile cache: skip compiling
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ),
+        env={
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+            "VLLM_LOGGING_LEVEL": "INFO",  # DOMAIN §2: never DEBUG
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        },
+        port=port,
+        served_model_name="smollm2",
+        cache_root=str(tmp_path / "vllm-cache"),
+        ready_budget_s=900,
+        stall_window_s=600,
+    )
+    rt = ProcessRuntime(runs, orphan_grace_s=10.0)
+    handle = rt.start(spec, "real-engine")
+    try:
+        wait_for_log(rt, handle, r"Application startup complete", timeout_s=900)
+        with urllib.request.urlopen(f"{spec.base_url}/health", timeout=30) as resp:
+            assert resp.status == 200
+        body = json.dumps(
+            {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 16,
+                "temperature": 0,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"{spec.base_url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            answer = json.load(resp)
+        assert answer["choices"][0]["message"]["content"].strip()
+
+        pids = rt.engine_pids(handle)
+        assert len(pids) >= 2  # API server + engine core
+        assert rt.cpu_seconds(handle) > 0
+        assert ProcessRuntime(runs).adopt() == [handle]
+    finally:
+        info = rt.stop(handle, grace_s=60)
+    assert not info.running
+    assert info.signal in (None, int(signal.SIGTERM)), info  # a clean TERM shutdown, not a KILL
+    assert not any(alive(pid) for pid in pids)
