@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from host_setup.executor import apply_plan, revert_entries
-from host_setup.model import Area, HostPlan, HostSetupError, PlanRefused, Severity
+from host_setup.model import Area, HostPlan, HostSetupError, PlanRefused, Severity, SwapfileAction
 from host_setup.swap import GIB, MIB, SwapState, plan_swap, read_swap_state
-from tests.fixtures.host_setup.tree import Host, make_host, set_text, snapshot
+from tests.fixtures.host_setup.tree import Host, as_plan, make_host, set_text, snapshot
 
 SWAPFILE = "/var/lib/appliance/swap/appliance.swap"
 
@@ -27,8 +27,7 @@ def host(tmp_path: Path) -> Host:
 
 def swap_plan(host: Host, target_gib: float | None) -> HostPlan:
     state = read_swap_state(host.root, ours_recorded=host.journal.get("swap.swapfile") is not None)
-    changes, findings = plan_swap(state, target_gib)
-    return HostPlan(recipe="t", host_root=str(host.root.base), changes=tuple(changes), findings=tuple(findings))
+    return as_plan(host.root, plan_swap(state, target_gib))
 
 
 def swaps(host: Host) -> list[str]:
@@ -179,6 +178,7 @@ def test_a_rising_target_grows_our_own_swapfile(host: Host) -> None:
     apply_plan(swap_plan(host, 8), host.ctx, host.journal)
     plan = swap_plan(host, 10)
     (change,) = plan.changes
+    assert isinstance(change.action, SwapfileAction)
     assert "grow" in change.what and change.action.size_bytes == 6 * GIB
     host.commands.calls.clear()
     apply_plan(plan, host.ctx, host.journal)
@@ -210,4 +210,5 @@ def test_a_half_made_swapfile_is_journaled_and_revert_cleans_it_up(tmp_path: Pat
 
 def test_plan_counts_in_whole_mib() -> None:
     (change,), _ = plan_swap(state(), 0.001)
+    assert isinstance(change.action, SwapfileAction)
     assert change.action.size_bytes == 2 * MIB  # 1.07 MB rounded up to whole MiB
