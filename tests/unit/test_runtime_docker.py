@@ -1,0 +1,297 @@
+"""DockerRuntime without a daemon: the create arguments (dict equality, docker-py style), the State →
+ExitInfo mapping, and error translation through the injected client (the declared seam)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+import requests
+
+from appliance.launch_spec import LaunchSpec, Mount, Ulimit
+from controller.runtime import make_runtime
+from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
+from controller.runtime.docker_rt import (
+    DockerRuntime,
+    _parse_docker_time,
+    container_create_kwargs,
+    exit_info,
+)
+
+GFX906_IMAGE = "registry.local/vllm-gfx906:0.18-dtk26.04"
+
+
+def gfx906_spec(**extra: Any) -> LaunchSpec:
+    """Shaped like recipe C (DOMAIN §2): sourced env files, TP=4 devices, memlock unlimited."""
+    fields: dict[str, Any] = {
+        "recipe": "qwen27b-tp4-graph",
+        "spec_hash": "abcdef0123456789",
+        "platform": "gfx906",
+        "runtime": "docker",
+        "image": GFX906_IMAGE,
+        "argv": (
+            "python",
+            "-c",
+            "import torch; from vllm.entrypoints.cli.main import main; main()",
+            "serve",
+            "/m",
+        ),
+        "source_files": ("/opt/dtk/env.sh", "/src/tools/dcu/env.sh"),
+        "env": {"HIP_VISIBLE_DEVICES": "0,1,2,3", "VLLM_LOGGING_LEVEL": "INFO"},
+        "mounts": (
+            Mount(source="/data/models/q27", target="/m", read_only=True),
+            Mount(source="/c", target="/c"),
+        ),
+        "devices": ("/dev/kfd", "/dev/dri"),
+        "group_add": ("video", "render"),
+        "ipc_mode": "host",
+        "shm_size": "16g",
+        "network_mode": "bridge",
+        "security_opt": ("seccomp=unconfined",),
+        "ulimits": (
+            Ulimit(name="memlock", soft=-1, hard=-1),
+            Ulimit(name="stack", soft=67108864, hard=67108864),
+        ),
+        "published_ports": {8000: 8000},
+        "labels": {"team": "serving"},
+        "port": 8000,
+        "served_model_name": "qwen3.8-27b",
+        "cache_root": "/c/vllm",
+        "ready_budget_s": 2700,
+        "stall_window_s": 600,
+    }
+    fields.update(extra)
+    return LaunchSpec.model_validate(fields)
+
+
+def test_create_kwargs_are_exactly_the_spec() -> None:
+    kwargs = container_create_kwargs(gfx906_spec(), "L1")
+    assert kwargs == {
+        "image": GFX906_IMAGE,
+        "name": "appliance-L1",
+        "entrypoint": ["bash"],
+        "command": [
+            "-c",
+            '. /opt/dtk/env.sh && . /src/tools/dcu/env.sh && exec "$@"',
+            "engine",
+            "python",
+            "-c",
+            "import torch; from vllm.entrypoints.cli.main import main; main()",
+            "serve",
+            "/m",
+        ],
+        "environment": {"HIP_VISIBLE_DEVICES": "0,1,2,3", "VLLM_LOGGING_LEVEL": "INFO"},
+        "labels": {
+            "team": "serving",
+            "appliance.managed": "true",
+            "appliance.launch_id": "L1",
+            "appliance.recipe": "qwen27b-tp4-graph",
+            "appliance.spec_hash": "abcdef0123456789",
+        },
+        "volumes": ["/data/models/q27:/m:ro", "/c:/c:rw"],
+        "devices": ["/dev/kfd", "/dev/dri"],
+        "group_add": ["video", "render"],
+        "security_opt": ["seccomp=unconfined"],
+        "ulimits": [
+            {"Name": "memlock", "Soft": -1, "Hard": -1},
+            {"Name": "stack", "Soft": 67108864, "Hard": 67108864},
+        ],
+        "restart_policy": {"Name": "no"},
+        "detach": True,
+        "ipc_mode": "host",
+        "shm_size": "16g",
+        "network_mode": "bridge",
+        "ports": {"8000/tcp": ("127.0.0.1", 8000)},
+    }
+
+
+def test_never_a_memory_limit() -> None:
+    # DOMAIN §3: a cgroup limit counts page cache and killed TP=4; `--memory=0` later means "unchanged".
+    kwargs = container_create_kwargs(gfx906_spec(), "L1")
+    assert not {"mem_limit", "memswap_limit", "mem_reservation", "kernel_memory"} & kwargs.keys()
+
+
+def test_ports_publish_address_is_configurable_and_host_network_publishes_nothing() -> None:
+    assert container_create_kwargs(gfx906_spec(), "L1", "0.0.0.0")["ports"] == {"8000/tcp": ("0.0.0.0", 8000)}
+    assert "ports" not in container_create_kwargs(gfx906_spec(network_mode="host"), "L1")
+
+
+def test_minimal_spec_leaves_daemon_defaults_alone() -> None:
+    spec = gfx906_spec(
+        source_files=(),
+        mounts=(),
+        devices=(),
+        group_add=(),
+        ipc_mode=None,
+        shm_size=None,
+        network_mode=None,
+        security_opt=(),
+        ulimits=(),
+        published_ports={},
+        labels={},
+        workdir="/work",
+    )
+    kwargs = container_create_kwargs(spec, "L2")
+    assert kwargs["entrypoint"] == ["python"]
+    assert kwargs["command"] == [
+        "-c",
+        "import torch; from vllm.entrypoints.cli.main import main; main()",
+        "serve",
+        "/m",
+    ]
+    assert kwargs["working_dir"] == "/work"
+    assert not {"ipc_mode", "shm_size", "network_mode", "ports"} & kwargs.keys()
+
+
+def test_spec_without_image_or_bad_launch_id_is_rejected() -> None:
+    with pytest.raises(RuntimeError_, match="no image"):
+        container_create_kwargs(gfx906_spec(image=None), "L1")
+    with pytest.raises(RuntimeError_, match="container name"):
+        container_create_kwargs(gfx906_spec(), "a/b")
+
+
+def state(status: str, oom: bool = False, code: int = 0) -> dict[str, Any]:
+    return {"Status": status, "Running": status == "running", "OOMKilled": oom, "ExitCode": code}
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (state("running"), ExitInfo(running=True, oom_killed=False)),
+        # A TP worker killed by the cgroup OOM killer while PID 1 lives: already visible.
+        (state("running", oom=True), ExitInfo(running=True, oom_killed=True)),
+        (state("exited"), ExitInfo(running=False, exit_code=0, oom_killed=False)),
+        (state("exited", code=3), ExitInfo(running=False, exit_code=3, oom_killed=False)),
+        (state("exited", code=134), ExitInfo(running=False, exit_code=134, signal=6, oom_killed=False)),
+        (
+            state("exited", oom=True, code=137),
+            ExitInfo(running=False, exit_code=137, signal=9, oom_killed=True),
+        ),
+        (state("exited", code=255), ExitInfo(running=False, exit_code=255, oom_killed=False)),
+        (state("created"), ExitInfo(running=False, oom_killed=False)),  # never started: no exit code
+    ],
+)
+def test_exit_info_from_state(state: dict[str, Any], expected: ExitInfo) -> None:
+    assert exit_info(state) == expected
+
+
+def test_docker_timestamps_with_nanoseconds() -> None:
+    assert _parse_docker_time("2026-11-29T07:21:40.84406198Z") == pytest.approx(
+        1795936900.844061, abs=1e-6
+    )  # truncated to µs
+    assert _parse_docker_time("2026-11-29T07:21:40Z") == 1795936900.0
+    with pytest.raises(ValueError):
+        _parse_docker_time("yesterday")
+
+
+# -- error translation through a fake client -------------------------------------------------------
+
+
+class FakeContainer:
+    def __init__(self, start_error: Exception | None) -> None:
+        self.start_error = start_error
+        self.removed = False
+        self.name = "appliance-L1"
+        self.id = "c0ffee"
+        self.short_id = "c0ffee"
+        self.attrs: dict[str, Any] = {"State": {"StartedAt": "2026-11-29T07:21:40.5Z"}}
+
+    def start(self) -> None:
+        if self.start_error is not None:
+            raise self.start_error
+
+    def reload(self) -> None:
+        pass
+
+    def remove(self, force: bool = False) -> None:
+        self.removed = force
+
+
+class FakeImages:
+    def __init__(self, present: bool) -> None:
+        self.present = present
+
+    def get(self, name: str) -> object:
+        if not self.present:
+            raise docker.errors.ImageNotFound(f"No such image: {name}")
+        return object()
+
+
+class FakeContainers:
+    def __init__(self, start_error: Exception | None) -> None:
+        self.made: list[FakeContainer] = []
+        self.start_error = start_error
+
+    def create(self, **kwargs: Any) -> FakeContainer:
+        assert "mem_limit" not in kwargs
+        self.made.append(FakeContainer(self.start_error))
+        return self.made[-1]
+
+    def get(self, ref: str) -> FakeContainer:
+        raise requests.exceptions.ConnectionError("daemon went away")
+
+
+class FakeClient:
+    def __init__(self, image_present: bool = True, start_error: Exception | None = None) -> None:
+        self.images = FakeImages(image_present)
+        self.containers = FakeContainers(start_error)
+
+
+def runtime(client: FakeClient) -> DockerRuntime:
+    return DockerRuntime(client)  # type: ignore[arg-type]  # a fake at the declared seam
+
+
+def test_missing_image_says_build_it_never_pull() -> None:
+    client = FakeClient(image_present=False)
+    with pytest.raises(RuntimeError_, match=r"not present on this host.*never pulls.*images/README.md"):
+        runtime(client).start(gfx906_spec(), "L1")
+    assert client.containers.made == []
+
+
+def test_start_failure_removes_the_container_and_explains() -> None:
+    error = docker.errors.APIError(
+        "500 Server Error", explanation="error setting rlimits for ready process: error setting rlimit type 8"
+    )
+    client = FakeClient(start_error=error)
+    with pytest.raises(RuntimeError_, match=r"rlimit type 8.*memlock.*CAP_SYS_RESOURCE"):
+        runtime(client).start(gfx906_spec(), "L1")
+    assert client.containers.made[0].removed
+
+
+def test_successful_start_returns_the_handle() -> None:
+    handle = runtime(FakeClient()).start(gfx906_spec(), "L1")
+    assert handle == EngineHandle(
+        launch_id="L1",
+        runtime="docker",
+        ref="c0ffee",
+        recipe="qwen27b-tp4-graph",
+        spec_hash="abcdef0123456789",
+        started_at=_parse_docker_time("2026-11-29T07:21:40.5Z"),
+    )
+
+
+def test_daemon_gone_is_an_operator_error() -> None:
+    handle = EngineHandle(
+        launch_id="L1", runtime="docker", ref="c0ffee", recipe="r", spec_hash="h", started_at=0
+    )
+    with pytest.raises(RuntimeError_, match=r"daemon is not reachable.*start-dockerd"):
+        runtime(FakeClient()).inspect(handle)
+
+
+def test_no_daemon_at_all_is_an_operator_error(tmp_path: Any) -> None:
+    # A real client on a socket nobody listens on (version pinned so that construction does not connect).
+    client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-daemon.sock", version="1.41")
+    with pytest.raises(RuntimeError_, match=r"daemon is not reachable"):
+        DockerRuntime(client).adopt()
+
+
+def test_wrong_runtime_kind_is_rejected() -> None:
+    with pytest.raises(RuntimeError_, match="'process' runtime, not 'docker'"):
+        runtime(FakeClient()).start(gfx906_spec(runtime="process"), "L1")
+
+
+def test_make_runtime_rejects_unknown_kinds(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="unknown runtime kind 'podman'"):
+        make_runtime("podman", tmp_path)
