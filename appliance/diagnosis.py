@@ -339,6 +339,15 @@ def oom_events_in_text(lines: Iterable[str]) -> list[OomEvent]:
     return [e for e in events if e.kind is OomEventKind.KILL]
 
 
+def clip(text: str, limit: int = 320) -> str:
+    """Shorten a long line in the middle: the head says who logged it, the tail holds the reason
+    (``… load failure from <a 150-character path>, reason: 'function' object has no attribute …``)."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 5
+    return f"{text[:head]} … {text[-(limit - head - 3):]}"
+
+
 # --- scanning text --------------------------------------------------------------------------------
 
 
@@ -371,7 +380,7 @@ def scan_lines(lines: Sequence[str]) -> list[Finding]:
         findings.append(Finding(
             code=sig.code, severity=sig.severity, benign=sig.benign, count=len(where),
             first_line_no=where[0] + 1,
-            evidence=tuple(f"{i + 1}: {clean[i].strip()[:300]}" for i in where[:3]),
+            evidence=tuple(f"{i + 1}: {clip(clean[i].strip())}" for i in where[:3]),
             summary=sig.summary, hint=sig.hint, fact=sig.fact, retryable=sig.retryable,
         ))
     return findings
@@ -470,7 +479,7 @@ def _from_signature(
 def _last_exception(lines: Sequence[str]) -> tuple[str, ...]:
     for line in reversed(lines):
         if _EXCEPTION_LINE.search(line) and "Traceback" not in line:
-            return (line.strip()[:300],)
+            return (clip(line.strip()),)
     return ()
 
 
@@ -624,7 +633,7 @@ def _from_oom(kills: Sequence[OomEvent], facts: FailureFacts, findings: tuple[Fi
 
 
 def _stall_evidence(facts: FailureFacts, tail: Sequence[str]) -> tuple[str, ...]:
-    last = tuple(line.strip()[:300] for line in tail[-3:] if line.strip())
+    last = tuple(clip(line.strip()) for line in tail[-3:] if line.strip())
     where = (f"at: {facts.progress}",) if facts.progress else ()
     return where + last
 

@@ -26,6 +26,7 @@ from appliance.diagnosis import (
     FailureFacts,
     Finding,
     Severity,
+    clip,
     diagnose,
     oom_events_in_text,
     scan_lines,
@@ -131,7 +132,7 @@ def _print_report(report: FileReport) -> None:
         typer.echo(f"   [{tag}] {f.code.value}{times} (line {f.first_line_no}): {f.summary}")
         typer.echo(f"             → {f.hint}")
         if not f.benign:
-            typer.echo(f"             {f.evidence[0][:200]}")
+            typer.echo(f"             {clip(f.evidence[0], 220)}")
 
 
 def _print_diagnosis(d: Diagnosis) -> None:
@@ -142,7 +143,7 @@ def _print_diagnosis(d: Diagnosis) -> None:
     typer.echo(f"   action: {d.hint}")
     typer.echo(f"   fact:   {d.fact}")
     for line in d.evidence[:5]:
-        typer.echo(f"   > {line[:200]}")
+        typer.echo(f"   > {clip(line, 220)}")
 
 
 def doctor(

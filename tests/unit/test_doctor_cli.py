@@ -175,3 +175,12 @@ def test_real_cpu_engine_log_is_clean(run: CliRunner) -> None:
     assert "start-up reached: API up · compile cache miss" in out
     assert "[info   ] loopback_bind (line " in out
     assert "no failure signature found" in out
+
+
+def test_real_cpu_warm_restart_miss_is_reported_with_its_reason(run: CliRunner) -> None:
+    log = DOCTOR.parent / "engine_logs" / "cpu_aot_miss.log"
+    code, out, _ = invoke(run, str(log))
+    assert code == 1, out
+    assert "DIAGNOSIS aot_cache_miss (warning, retryable)" in out
+    # The reason sits at the end of a long line: it must survive the shortening.
+    assert "reason: 'function' object has no attribute 'finalize_loading'" in out

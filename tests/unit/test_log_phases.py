@@ -189,6 +189,20 @@ def test_real_cpu_cold_start_log() -> None:
     assert tracker.events[0].detail is None and tracker.events[1].detail == "0.32.0"
 
 
+def test_real_cpu_warm_restart_that_missed() -> None:
+    """MEASURED.md, now as a saved log: the 'warm' restart on the same cache root recompiled."""
+    tracker = track_text((CPU_LOGS / "cpu_aot_miss.log").read_bytes().decode())
+    assert tracker.cache_outcome is CacheOutcome.MISS
+    misses = [e for e in tracker.events if e.phase is Phase.COMPILE_CACHE_MISS]
+    assert [(e.marker, e.detail) for e in misses] == [
+        ("load_failure_recompile", "'function' object has no attribute 'finalize_loading'"),
+        ("aot_saved", misses[1].detail),
+    ]
+    assert misses[1].detail is not None and misses[1].detail.endswith("/rank_0_0/model")
+    assert not any(e.phase is Phase.COMPILE_CACHE_HIT for e in tracker.events)
+    assert tracker.summary().init_engine_seconds == 146.68
+
+
 @pytest.mark.parametrize("path", sorted(CPU_LOGS.glob("cpu_*.log")), ids=lambda p: p.name)
 def test_every_saved_cpu_engine_log_reaches_api_up(path: Path) -> None:
     tracker = track_text(path.read_bytes().decode(errors="replace"))
