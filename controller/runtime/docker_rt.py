@@ -12,6 +12,8 @@ What matters here is what the container is *created* with, because some of it ca
 - Published ports bind to 127.0.0.1 unless configured: clients come in through the gateway.
 - The entrypoint is set explicitly to the spec's command (argv[0] as entrypoint, the rest as cmd), so
   an image ENTRYPOINT can never silently wrap what `appliance recipes render` shows.
+- NVIDIA cards (`spec.gpus`, docker's `--gpus` syntax) become a DeviceRequest; gfx906 cards are
+  plain device nodes (`/dev/kfd`, `/dev/dri`) in `spec.devices`.
 - The environment is exactly the spec's — plus whatever ENV the image itself declares (the daemon
   merges image ENV under the container's; the spec's values win).
 
@@ -35,7 +37,7 @@ import docker.errors
 import psutil
 import requests
 from docker.models.containers import Container
-from docker.types import Ulimit
+from docker.types import DeviceRequest, Ulimit
 
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import (
@@ -120,6 +122,8 @@ def container_create_kwargs(
         kwargs["shm_size"] = spec.shm_size
     if spec.network_mode is not None:
         kwargs["network_mode"] = spec.network_mode
+    if spec.gpus is not None:
+        kwargs["device_requests"] = [gpu_request(spec.gpus)]
     # With host (or no) networking there is nothing to publish: the engine's port is the host's.
     if spec.published_ports and spec.network_mode not in ("host", "none"):
         kwargs["ports"] = {
@@ -127,6 +131,17 @@ def container_create_kwargs(
             for container_port, host_port in sorted(spec.published_ports.items())
         }
     return kwargs
+
+
+def gpu_request(gpus: str) -> DeviceRequest:
+    """`--gpus` syntax → the SDK's DeviceRequest: `all`, a count (`2`), or `device=0,2`."""
+    if gpus == "all":
+        return DeviceRequest(count=-1, capabilities=[["gpu"]])
+    if gpus.isdigit():
+        return DeviceRequest(count=int(gpus), capabilities=[["gpu"]])
+    if gpus.startswith("device="):
+        return DeviceRequest(device_ids=gpus.removeprefix("device=").split(","), capabilities=[["gpu"]])
+    raise RuntimeError_(f"gpus={gpus!r} is not `all`, a count, or `device=ID,...` (docker --gpus syntax)")
 
 
 def _parse_docker_time(value: str) -> float:

@@ -145,6 +145,25 @@ def test_minimal_spec_leaves_daemon_defaults_alone() -> None:
     assert not {"ipc_mode", "shm_size", "network_mode", "ports"} & kwargs.keys()
 
 
+@pytest.mark.parametrize(
+    ("gpus", "request_"),
+    [
+        ("all", {"Driver": "", "Count": -1, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}),
+        ("2", {"Driver": "", "Count": 2, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}),
+        (
+            "device=0,3",
+            {"Driver": "", "Count": 0, "DeviceIDs": ["0", "3"], "Capabilities": [["gpu"]], "Options": {}},
+        ),
+    ],
+)
+def test_nvidia_gpus_become_a_device_request(gpus: str, request_: dict[str, Any]) -> None:
+    kwargs = container_create_kwargs(gfx906_spec(platform="cuda", gpus=gpus), "L1")
+    assert kwargs["device_requests"] == [request_]
+    assert "device_requests" not in container_create_kwargs(gfx906_spec(), "L1")
+    with pytest.raises(RuntimeError_, match="--gpus syntax"):
+        container_create_kwargs(gfx906_spec(gpus="many"), "L1")
+
+
 def test_spec_without_image_or_bad_launch_id_is_rejected() -> None:
     with pytest.raises(RuntimeError_, match="no image"):
         container_create_kwargs(gfx906_spec(image=None), "L1")
