@@ -371,7 +371,8 @@ class DockerRuntime:
             return []
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:
-        """Host PIDs: the container's PID 1 (State.Pid) and its descendants."""
+        """Host PIDs: the container's PID 1 (State.Pid) and its descendants. State.Pid is in the
+        daemon's PID namespace, so this is right when the controller runs on the host (as it does)."""
         return sorted(p.pid for p in self._processes(handle))
 
     def cpu_seconds(self, handle: EngineHandle) -> float:

@@ -92,8 +92,15 @@ def engine_env(spec_env: dict[str, str], parent_env: dict[str, str] | None = Non
     if "PATH" not in env:
         env["PATH"] = parent.get("PATH") or FALLBACK_PATH
     if "HOME" not in env:
-        env["HOME"] = parent.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+        env["HOME"] = parent.get("HOME") or _home_of_current_user()
     return env
+
+
+def _home_of_current_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # a UID with no passwd entry (some containers): "/" rather than no HOME at all
+        return "/"
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
