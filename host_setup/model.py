@@ -203,6 +203,10 @@ class HostPlan(Frozen):
         )
 
 
+class BadInput(HostSetupError):
+    """The operator asked for something that cannot be meant (an unknown area, a malformed option)."""
+
+
 class PlanRefused(HostSetupError):
     """Apply refused before touching anything because the plan contains bad input."""
 
@@ -225,5 +229,5 @@ def parse_areas(text: str | None) -> tuple[Area, ...] | None:
             out.append(Area(name))
         except ValueError:
             valid = ", ".join(a.value for a in Area)
-            raise HostSetupError(f"unknown area {name!r} in --only (valid: {valid})") from None
+            raise BadInput(f"unknown area {name!r} in --only (valid: {valid})") from None
     return tuple(out)

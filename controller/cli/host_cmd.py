@@ -37,7 +37,7 @@ from host_setup.executor import apply_plan, revert_entries
 from host_setup.facts import HostFactsError, gather_facts
 from host_setup.fixture_commands import FixtureCommands
 from host_setup.journal import Journal, JournalEntry
-from host_setup.model import Area, Change, Finding, HostPlan, HostSetupError, Severity, parse_areas
+from host_setup.model import Area, BadInput, Change, Finding, HostPlan, HostSetupError, Severity, parse_areas
 from host_setup.pci_config import describe_control
 from host_setup.planner import plan_acs_only, plan_host
 from host_setup.root import DEFAULT_SWAP_DIR, HostRoot
@@ -113,7 +113,7 @@ def _errors() -> Iterator[None]:
     """Operator-facing errors become one paragraph on stderr and an exit code — never a traceback."""
     try:
         yield
-    except (RecipeError, HostFactsError) as exc:
+    except (RecipeError, HostFactsError, BadInput) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None
     except HostSetupError as exc:
@@ -123,16 +123,16 @@ def _errors() -> Iterator[None]:
 
 def _root(host_root: Path, swap_dir: str) -> HostRoot:
     if not host_root.is_dir():
-        raise HostSetupError(f"--host-root {host_root} is not a directory")
+        raise BadInput(f"--host-root {host_root} is not a directory")
     try:
         return HostRoot.at(host_root, swap_dir=swap_dir)
     except ValueError as exc:
-        raise HostSetupError(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 def _context(root: HostRoot, pci_via: str = "sysfs") -> HostContext:
     if pci_via not in ("sysfs", "setpci"):
-        raise HostSetupError(f"--pci-via must be sysfs or setpci, not {pci_via!r}")
+        raise BadInput(f"--pci-via must be sysfs or setpci, not {pci_via!r}")
     via: Literal["sysfs", "setpci"] = "setpci" if pci_via == "setpci" else "sysfs"
     commands: Commands = SubprocessCommands() if root.is_real else FixtureCommands(root)
     return HostContext(root=root, commands=commands, pci_via=via)
@@ -170,7 +170,7 @@ def _sysctl_args(values: list[str] | None) -> dict[str, str]:
     for item in values or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise HostSetupError(f"--sysctl expects NAME=VALUE, got {item!r}")
+            raise BadInput(f"--sysctl expects NAME=VALUE, got {item!r}")
         out[name.strip()] = value.strip()
     return out
 
@@ -180,7 +180,7 @@ def _mode(clear: str) -> acs_mod.Mode:
         return "redirect"
     if clear == "all":
         return "all"
-    raise HostSetupError(f"--clear must be redirect or all, not {clear!r}")
+    raise BadInput(f"--clear must be redirect or all, not {clear!r}")
 
 
 def _areas(only: str | None) -> tuple[Area, ...] | None:
