@@ -48,6 +48,12 @@ class GatewayApp:
     async def startup(self) -> None:
         # Blocking read on purpose: the gateway must not accept requests before it knows the keys.
         self.keys.load()
+        if self.keys.size == 0:
+            log.warning(
+                "key store %s has no keys: every /v1 request gets 401 until one is created "
+                "(`appliance keys create --name NAME`)",
+                self.config.keys_db,
+            )
         self.metrics.keys_loaded.set_function(lambda: self.keys.size)
         await self.proxy.start()
         self._refresher = asyncio.create_task(self.keys.run_refresher())

@@ -74,7 +74,7 @@ class KeyCache:
             await asyncio.sleep(self.refresh_s)
             try:
                 changed = await asyncio.to_thread(self.refresh_if_changed)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 log.warning(
                     "key store %s unreadable, keeping %d cached keys: %s",
                     self.store.path,
