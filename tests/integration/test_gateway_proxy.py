@@ -322,3 +322,21 @@ async def test_limits_and_revoke_without_restart(store: KeyStore, upstream: Synt
             text = await r.text()
         assert f'key_id="{record.id}",route="/v1/chat/completions",status="429"' in text
         assert key not in text
+
+
+async def test_control_client_drain_and_errors(
+    store: KeyStore, key: str, upstream: SyntheticUpstream
+) -> None:
+    async with serve_in_loop(config(store, upstream)) as gw, aiohttp.ClientSession() as s:
+        body = {"stream": True, "max_tokens": 20, "synthetic": {"interval_ms": 10}}
+        r = await s.post(f"{gw.url}/v1/chat/completions", json=body, headers=h(key))
+        reading = asyncio.create_task(r.read())
+        result = await control.drain(gw.url, ADMIN, deadline_s=10, session=s)
+        assert result.drained and result.remaining == 0 and result.aborted == 0
+        assert (await reading).endswith(b"data: [DONE]\n\n")  # drain waited for the stream, did not cut it
+        with pytest.raises(control.GatewayControlError) as err:
+            await control.drain(gw.url, "wrong-token", deadline_s=1, session=s)
+        assert err.value.status == 401
+    with pytest.raises(control.GatewayControlError) as err:
+        await control.get_upstream(gw.url, ADMIN)  # the gateway is gone
+    assert err.value.status is None
