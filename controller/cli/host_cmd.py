@@ -467,6 +467,9 @@ def acs_show(
         _echo_json({**_topology_json(topo), "plan": _plan_json(plan)})
         return
     typer.echo(f"GPUs: {', '.join(topo.gpus) or 'none found'}")
+    for finding in plan.findings:
+        if finding.severity in (Severity.WARN, Severity.ERROR):
+            _echo_finding(finding)
     for b in topo.bridges:
         if b.has_acs and b.control is not None:
             state = f"{describe_control(b.control)}  redirect {'ON' if b.redirect_on else 'off'}"
