@@ -1,0 +1,87 @@
+"""The pieces of `appliance up/down`: the start display, PID-file daemons, the admin token."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from controller import admin_token
+from controller.cli import service_cmd
+from controller.cli.service_client import StartView
+from controller.daemons import Daemon
+
+
+def test_the_start_view_ends_on_ready_failed_or_a_stop() -> None:
+    lines: list[str] = []
+    view = StartView(lines.append)
+    view.status({"state": "idle"})
+    assert view.outcome is None  # idle before anything started is not the end
+    view.event("state", {"state": "preflight"}, None)
+    status = {"state": "starting", "progress": 0.25, "launch": {"ready_budget_s": 600, "describe": "x"}}
+    view.event("phase", {"label": "weights loaded", "describe": "weights loaded · cache unknown"}, status)
+    assert "25% of 600 s" in lines[-1] and "weights loaded" in lines[-1]
+    view.event("state", {"state": "backoff"}, None)
+    assert view.outcome is None
+    view.event("state", {"state": "ready"}, None)
+    assert view.outcome == "ready"
+    failed = StartView(lines.append)
+    failed.status({"state": "failed"})
+    assert failed.outcome == "failed"
+    stopped = StartView(lines.append)
+    stopped.event("state", {"state": "starting"}, None)
+    stopped.event("state", {"state": "idle"}, None)
+    assert stopped.outcome == "idle"
+
+
+def test_a_daemon_is_started_found_again_and_stopped_by_pid(tmp_path: Path) -> None:
+    d = Daemon("sleeper", tmp_path / "run", tmp_path / "logs")
+    assert d.process() is None
+    proc = d.start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], {})
+    again = Daemon("sleeper", tmp_path / "run", tmp_path / "logs").process()
+    assert again is not None and again.pid == proc.pid
+    assert d.stop(grace_s=10)
+    assert not proc.is_running() or proc.status() == "zombie"
+    assert d.process() is None and not d.pid_file.exists()
+    assert d.stop() is False
+
+
+def test_a_pid_file_pointing_at_someone_elses_process_is_not_ours(tmp_path: Path) -> None:
+    import json
+    import os
+
+    d = Daemon("controller", tmp_path / "run", tmp_path / "logs")
+    d.run_dir.mkdir(parents=True)
+    # Our own PID, but with another command line and start time: a reused PID.
+    fake = {"pid": os.getpid(), "create_time": 1.0, "argv": ["appliance", "serve"]}
+    d.pid_file.write_text(json.dumps(fake))
+    assert d.process() is None
+    assert d.stop() is False  # and nothing was signalled
+
+
+def test_up_creates_a_token_once_and_stores_only_its_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
+    monkeypatch.delenv(admin_token.TOKEN_ENV, raising=False)
+    token = service_cmd._ensure_token(tmp_path)
+    assert token is not None
+    out = capsys.readouterr().out
+    assert token in out
+    stored = admin_token.hash_file(tmp_path).read_text()
+    assert token not in stored and admin_token.matches(token, stored.strip())
+    assert oct(admin_token.hash_file(tmp_path).stat().st_mode & 0o777) == "0o600"
+    # Second run: not shown again; known only if the operator exported it.
+    assert service_cmd._ensure_token(tmp_path) is None
+    assert token not in capsys.readouterr().out
+    monkeypatch.setenv(admin_token.TOKEN_ENV, token)
+    assert service_cmd._ensure_token(tmp_path) == token
+    monkeypatch.setenv(admin_token.TOKEN_ENV, "wrong")
+    assert service_cmd._ensure_token(tmp_path) is None
+
+
+def test_a_malformed_configured_hash_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(admin_token.HASH_ENV, "not-a-hash")
+    with pytest.raises(typer.Exit):
+        service_cmd._ensure_token(tmp_path)
