@@ -197,11 +197,6 @@ class HostPlan(Frozen):
     def blockers(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.severity is Severity.ERROR)
 
-    def __add__(self, other: HostPlan) -> HostPlan:
-        return self.model_copy(
-            update={"changes": self.changes + other.changes, "findings": self.findings + other.findings}
-        )
-
 
 class BadInput(HostSetupError):
     """The operator asked for something that cannot be meant (an unknown area, a malformed option)."""

@@ -45,7 +45,7 @@ def plan_host(
         changes.extend(part[0])
         findings.extend(part[1])
 
-    swap_state = swap.read_swap_state(root, ours_recorded=journal.get(swap.CHANGE_ID) is not None)
+    swap_state = swap.read_swap_state(root, swap.recorded_path(journal))
     add(swap.plan_swap(swap_state, req.swap_total_gib))
 
     wanted, bad = _sysctls(req.swappiness, extra_sysctls or {})

@@ -21,6 +21,7 @@ from pathlib import Path
 from appliance.procfs import SwapArea, parse_swaps
 from host_setup.commands import CommandError, HostContext
 from host_setup.files import atomic_write
+from host_setup.journal import Journal
 from host_setup.model import Area, Change, Finding, HostSetupError, Severity, SwapfileAction, SwapfileUndo
 from host_setup.procfs import mount_of, parse_mounts
 from host_setup.root import HostRoot, read_text
@@ -64,13 +65,17 @@ class SwapState:
     areas: tuple[SwapArea, ...]  # active swap, from /proc/swaps
     ours_host_path: str
     ours_size: int | None  # our file's size on disk, None when absent
-    ours_recorded: bool  # the journal says the appliance created it
+    recorded_path: str | None  # the swapfile the journal says the appliance created, if any
     ours_formatted: bool
     fstab_has_ours: bool
     fs_type: str | None
     mount_point: str | None
     dir_nocow: bool | None  # btrfs only: new files in the swap dir are NOCOW
     free_bytes: int
+
+    @property
+    def ours_recorded(self) -> bool:
+        return self.recorded_path == self.ours_host_path
 
     @property
     def ours_active(self) -> SwapArea | None:
@@ -89,7 +94,13 @@ def fstab_line(host_path: str) -> str:
     return f"{host_path} none swap sw 0 0"
 
 
-def read_swap_state(root: HostRoot, ours_recorded: bool) -> SwapState:
+def recorded_path(journal: Journal) -> str | None:
+    entry = journal.get(CHANGE_ID)
+    return entry.undo.host_path if entry is not None and isinstance(entry.undo, SwapfileUndo) else None
+
+
+def read_swap_state(root: HostRoot, recorded: str | None) -> SwapState:
+    """`recorded`: the swapfile path the journal records (see `recorded_path`)."""
     host_path = root.swapfile_host_path
     real = root.path(host_path)
     mounts = parse_mounts(read_text(root.proc / "mounts"))
@@ -100,7 +111,7 @@ def read_swap_state(root: HostRoot, ours_recorded: bool) -> SwapState:
         areas=tuple(parse_swaps(read_text(root.proc / "swaps") or "")),
         ours_host_path=host_path,
         ours_size=size,
-        ours_recorded=ours_recorded,
+        recorded_path=recorded,
         ours_formatted=size is not None and _has_swap_signature(real),
         fstab_has_ours=fstab_line(host_path) in (line.strip() for line in fstab.splitlines()),
         fs_type=mount.fs_type if mount else None,
@@ -116,6 +127,19 @@ def plan_swap(state: SwapState, target_gib: float | None) -> tuple[list[Change],
     """Pure: what it takes to bring total swap to `target_gib`."""
     if target_gib is None:
         return [], []
+    if state.recorded_path is not None and not state.ours_recorded:
+        # One swapfile per host: a second one elsewhere would be lost to revert (the journal keys it once).
+        return [], [
+            Finding(
+                area=Area.SWAP,
+                severity=Severity.ERROR,
+                message=(
+                    f"the appliance's swapfile is {state.recorded_path}, "
+                    f"not {state.ours_host_path} (the --swap-dir given)"
+                ),
+                fix="use that --swap-dir, or `appliance host revert --only swap --yes` first",
+            )
+        ]
     target = int(target_gib * GIB)
     needed = target - state.others_bytes
     have = _describe(state)

@@ -162,6 +162,8 @@ def _recipe(name: str) -> Recipe:
             f"no recipe named '{name}' in {recipes_dir()}; known: {', '.join(sorted(recipes))}",
             rule="unknown-recipe",
         )
+    if recipes[name].abstract:
+        raise BadInput(f"'{name}' is an abstract base recipe (abstract: true); use a recipe that extends it")
     return recipes[name]
 
 

@@ -22,7 +22,7 @@ from host_setup.executor import apply_plan, revert_entries
 from host_setup.model import HostPlan
 from host_setup.pci_config import AcsUnreadable, SysfsConfigAccess
 from host_setup.root import HostRoot
-from host_setup.swap import MIB, plan_swap, read_swap_state
+from host_setup.swap import MIB, plan_swap, read_swap_state, recorded_path
 from tests.fixtures.host_setup.tree import BRIDGES, Host, acs_control, as_plan, make_host, snapshot
 
 SWAPFILE = "/var/lib/appliance/swap/appliance.swap"
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(shutil.which("mkswap") is None, reason="util-lin
 
 
 def swap_plan(host: Host) -> HostPlan:
-    state = read_swap_state(host.root, ours_recorded=host.journal.get("swap.swapfile") is not None)
+    state = read_swap_state(host.root, recorded_path(host.journal))
     return as_plan(host.root, plan_swap(state, TARGET_GIB))
 
 

@@ -109,6 +109,8 @@ def test_bad_input_exits_with_a_clear_message_and_changes_nothing(host: Host) ->
     )
     unknown_recipe = run(host, "plan", "no-such-recipe")
     assert unknown_recipe.exit_code == 2 and "no recipe named 'no-such-recipe'" in unknown_recipe.stderr
+    abstract = run(host, "plan", "gfx906-base")
+    assert abstract.exit_code == 2 and "abstract base recipe" in abstract.stderr
     malformed = run(host, "plan", RECIPE_C, "--sysctl", "vm.swappiness")
     assert malformed.exit_code == 2 and "--sysctl expects NAME=VALUE" in malformed.stderr
     unknown_sysctl = run(host, "apply", RECIPE_C, "--sysctl", "vm.no_such_knob=1", "--yes")

@@ -14,7 +14,7 @@ import pytest
 
 from host_setup.executor import apply_plan, revert_entries
 from host_setup.model import Area, HostPlan, HostSetupError, PlanRefused, Severity, SwapfileAction
-from host_setup.swap import GIB, MIB, SwapState, plan_swap, read_swap_state
+from host_setup.swap import GIB, MIB, SwapState, plan_swap, read_swap_state, recorded_path
 from tests.fixtures.host_setup.tree import Host, as_plan, make_host, set_text, snapshot
 
 SWAPFILE = "/var/lib/appliance/swap/appliance.swap"
@@ -26,7 +26,7 @@ def host(tmp_path: Path) -> Host:
 
 
 def swap_plan(host: Host, target_gib: float | None) -> HostPlan:
-    state = read_swap_state(host.root, ours_recorded=host.journal.get("swap.swapfile") is not None)
+    state = read_swap_state(host.root, recorded_path(host.journal))
     return as_plan(host.root, plan_swap(state, target_gib))
 
 
@@ -39,7 +39,7 @@ def state(**overrides: object) -> SwapState:
         areas=(),
         ours_host_path=SWAPFILE,
         ours_size=None,
-        ours_recorded=False,
+        recorded_path=None,
         ours_formatted=False,
         fstab_has_ours=False,
         fs_type="ext4",
@@ -158,7 +158,7 @@ def test_btrfs_with_a_nocow_directory_is_accepted() -> None:
 
 
 def test_a_file_at_our_path_that_the_appliance_did_not_create_is_refused() -> None:
-    changes, findings = plan_swap(state(ours_size=GIB, ours_recorded=False), 8)
+    changes, findings = plan_swap(state(ours_size=GIB, recorded_path=None), 8)
     assert changes == []
     assert findings[0].severity is Severity.ERROR
     assert "did not create it" in findings[0].message
@@ -212,3 +212,10 @@ def test_plan_counts_in_whole_mib() -> None:
     (change,), _ = plan_swap(state(), 0.001)
     assert isinstance(change.action, SwapfileAction)
     assert change.action.size_bytes == 2 * MIB  # 1.07 MB rounded up to whole MiB
+
+
+def test_a_second_swapfile_in_another_dir_is_refused_while_the_first_is_recorded() -> None:
+    changes, findings = plan_swap(state(recorded_path="/srv/swap/appliance.swap"), 8)
+    assert changes == []
+    assert "the appliance's swapfile is /srv/swap/appliance.swap" in findings[0].message
+    assert findings[0].severity is Severity.ERROR and "revert --only swap" in findings[0].fix
