@@ -182,3 +182,28 @@ def test_cgroup_counter_witnesses_a_kill_inside_a_surviving_container(
     assert seen == 1
     c.reload()
     assert c.attrs["State"]["Running"]  # sh survived; only the hog was killed
+
+
+def test_follower_starts_at_the_end_unless_asked_for_old_records(client: docker.DockerClient) -> None:
+    # A probe record written to /dev/kmsg (root may write) marks "now".
+    probe = f"appliance-test seek probe {os.getpid()}-{time.monotonic_ns()}"
+    at_end = DevKmsg()
+    from_start = DevKmsg(from_start=True)
+    try:
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+        try:
+            os.write(fd, f"<6>{probe}\n".encode())
+        finally:
+            os.close(fd)
+        seen_end: list[str] = []
+        seen_start: list[str] = []
+        KmsgFollower(at_end, lambda e: None, on_record=lambda r: seen_end.append(r.message)).drain()
+        KmsgFollower(from_start, lambda e: None, on_record=lambda r: seen_start.append(r.message)).drain()
+    finally:
+        at_end.close()
+        from_start.close()
+    # The end reader sees the probe and only what was logged after opening (other tests may log);
+    # the start reader also sees everything still in the ring buffer before it.
+    assert probe in seen_end and probe in seen_start
+    assert seen_start.index(probe) > seen_end.index(probe)
+    assert len(seen_start) > len(seen_end)
