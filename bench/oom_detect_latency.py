@@ -96,7 +96,12 @@ def scrape_cgroup_kills(url: str) -> float:
 async def one_run(client: docker.DockerClient, image: str, metrics_url: str) -> Run:
     offset, uncertainty = clock_offset_s()
     c: Container = await asyncio.to_thread(
-        client.containers.run, image, ["sh", "-c", HOG], detach=True, mem_limit="32m", memswap_limit="32m",
+        client.containers.run,
+        image,
+        ["sh", "-c", HOG],
+        detach=True,
+        mem_limit="32m",
+        memswap_limit="32m",
         labels={"appliance.bench": "oom_detect_latency"},
     )
     try:
@@ -153,8 +158,10 @@ async def one_run(client: docker.DockerClient, image: str, metrics_url: str) -> 
 def summarize(name: str, values: list[float]) -> str:
     values = sorted(values)
     p90 = values[min(len(values) - 1, round(0.9 * (len(values) - 1)))]
-    return (f"{name:<22} median {statistics.median(values):8.2f} ms   p90 {p90:8.2f} ms   "
-            f"min {values[0]:8.2f} ms   max {values[-1]:8.2f} ms")
+    return (
+        f"{name:<22} median {statistics.median(values):8.2f} ms   p90 {p90:8.2f} ms   "
+        f"min {values[0]:8.2f} ms   max {values[-1]:8.2f} ms"
+    )
 
 
 async def main_async(runs: int, json_out: Path | None) -> int:
@@ -171,10 +178,12 @@ async def main_async(runs: int, json_out: Path | None) -> int:
         for i in range(runs):
             r = await one_run(client, image, url)
             results.append(r)
-            print(f"run {i + 1:2d}: kill→event {r.kill_to_event_ms:7.2f} ms, "
-                  f"kill→metric {r.kill_to_metric_ms:7.2f} ms "
-                  f"(kernel report {r.invoked_to_kill_ms or float('nan'):.2f} ms, probe ±"
-                  f"{r.clock_probe_uncertainty_ms:.3f} ms, victim {r.victim} pid {r.pid})")
+            print(
+                f"run {i + 1:2d}: kill→event {r.kill_to_event_ms:7.2f} ms, "
+                f"kill→metric {r.kill_to_metric_ms:7.2f} ms "
+                f"(kernel report {r.invoked_to_kill_ms or float('nan'):.2f} ms, probe ±"
+                f"{r.clock_probe_uncertainty_ms:.3f} ms, victim {r.victim} pid {r.pid})"
+            )
     finally:
         server.shutdown()
         thread.join(5)
