@@ -146,7 +146,9 @@ def _shell(spec: LaunchSpec) -> str:
             # S11f §10.1: pinned StagedWriteTensor buffers fail with hipErrorOutOfMemory under 64 MB.
             lines.append("ulimit -l " + ("unlimited" if u.soft < 0 else str(u.soft // 1024)))
     lines += [f"export {k}={shlex.quote(v)}" for k, v in spec.env.items()]
-    cache_dirs = sorted({spec.cache_root, spec.env.get("TRITON_CACHE_DIR", spec.cache_root)})
+    # tempfile silently falls back to /tmp when TMPDIR does not exist: create every pinned dir.
+    pinned = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
+    cache_dirs = sorted({spec.env[k] for k in pinned if k in spec.env})
     lines.append("mkdir -p " + " ".join(shlex.quote(d) for d in cache_dirs))
     if spec.workdir:
         lines.append(f"cd {shlex.quote(spec.workdir)}")

@@ -6,8 +6,9 @@ nothing else. Decisions made here, each from a measured incident:
   SIGABRT 134, DOMAIN §5);
 - every compile cache pinned inside the variant's root: VLLM_CACHE_ROOT (S8 §5.4: unset, every start
   is a new vintage), TORCHINDUCTOR_CACHE_DIR (MEASURED.md: with AOT off the compiled artifacts live
-  in inductor's cache, /tmp by default — 12 KB vs 153 MB) and TRITON_CACHE_DIR unless the recipe
-  fixes Triton's own volume (DOMAIN §2);
+  in inductor's cache, /tmp by default — 12 KB vs 153 MB), TRITON_CACHE_DIR unless the recipe
+  fixes Triton's own volume (DOMAIN §2), and on the CPU TMPDIR (inductor's C++ headers); the
+  runtime creates <root>/{vllm,inductor,triton,tmp} before start (tempfile ignores a missing TMPDIR);
 - HIP_/CUDA_VISIBLE_DEVICES always explicit on GPUs (unset = grab all 4 cards, DOMAIN §2);
 - no memory limit, ever (DOMAIN §3: cgroup v2 counts page cache; 29 GB of mmapped weights + 4
   workers hit a 32 GiB limit), restart policy `no` (the controller owns restarts);
@@ -180,6 +181,13 @@ def render_env(recipe: Recipe, facts: HostFacts, root: str) -> dict[str, str]:
     if recipe.cache.triton_cache_dir is not None:
         env["TRITON_CACHE_DIR"] = facts.expand(recipe.cache.triton_cache_dir)
     env.setdefault("TRITON_CACHE_DIR", f"{root}/triton")
+    if recipe.platform is Platform.CPU and "TMPDIR" not in env:
+        # Inductor's C++ backend keeps its precompiled headers (~150 MB) under
+        # tempfile.gettempdir(), ignoring TORCHINDUCTOR_CACHE_DIR (docs/engine-cpu.md): pin TMPDIR too.
+        # vLLM's ZMQ IPC sockets also live in gettempdir(); a socket path is limited to 107 bytes, so
+        # they stay in /tmp (they are not a cache).
+        env["TMPDIR"] = f"{root}/tmp"
+        env.setdefault("VLLM_RPC_BASE_PATH", "/tmp")
     if recipe.platform in DEVICES_ENV and recipe.devices:
         env[DEVICES_ENV[recipe.platform]] = ",".join(str(d) for d in recipe.devices)
     return dict(sorted(env.items()))

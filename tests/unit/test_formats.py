@@ -60,6 +60,9 @@ def test_shell_script_exports_everything_then_execs(cpu: LaunchSpec) -> None:
     lines = format_spec(cpu, "shell").splitlines()
     exports = {line.split("=", 1)[0][len("export "):] for line in lines if line.startswith("export ")}
     assert exports == set(cpu.env)
+    root = cpu.cache_root
+    dirs = [f"{root}/{d}" for d in ("inductor", "tmp", "triton", "vllm")]
+    assert shlex.split(lines[-2]) == ["mkdir", "-p", *dirs]
     assert shlex.split(lines[-1]) == ["exec", *cpu.argv]
 
 

@@ -58,7 +58,10 @@ def test_caches_are_pinned_inside_the_variant_root() -> None:
     assert spec.env["VLLM_CACHE_ROOT"] == f"{root}/vllm"
     assert spec.env["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/inductor"
     assert spec.env["TRITON_CACHE_DIR"] == f"{root}/triton"
+    assert spec.env["TMPDIR"] == f"{root}/tmp"  # inductor's C++ precompiled headers (CPU)
+    assert spec.env["VLLM_RPC_BASE_PATH"] == "/tmp"  # IPC sockets: 107-byte path limit
     assert list(spec.env) == sorted(spec.env)
+    assert "TMPDIR" not in render(shipped()[C], fixed_facts()).env
 
 
 def test_a_recipe_fixed_triton_cache_is_kept_and_mounted() -> None:
