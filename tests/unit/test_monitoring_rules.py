@@ -162,3 +162,19 @@ def test_host_memory_dashboard_has_oom_annotations_for_both_constraints() -> Non
     exprs = [a.get("expr", "") for a in doc["annotations"]["list"]]
     assert any('constraint="global"' in e for e in exprs)
     assert any('constraint="cgroup"' in e for e in exprs)
+
+
+VLLM_METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs" / "vllm_metrics.txt"
+
+
+def test_dashboard_vllm_names_exist_in_the_real_engines_metrics_text() -> None:
+    # The engine's /metrics saved from the real CPU engine (vLLM 0.32); the integration test
+    # tests/integration/test_dashboards.py checks the same names against a running engine.
+    if not VLLM_METRICS.exists():
+        pytest.skip(f"{VLLM_METRICS} not saved yet")
+    exported = {line.split("{")[0].split(" ")[0] for line in VLLM_METRICS.read_text().splitlines()
+                if line.startswith("vllm:")}
+    used = {m.group(1) for _, expr in _dashboard_exprs()
+            for m in re.finditer(r"\b(vllm:[a-z0-9_:]+)\b", expr)}
+    assert used, "no vllm metrics in the dashboards?"
+    assert used <= exported, sorted(used - exported)
