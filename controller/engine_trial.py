@@ -95,6 +95,7 @@ def stop_by_pid(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
 def run_trial(
     cache: Path, log: Path, port: int, extra_env: dict[str, str], metrics_out: Path | None, budget: float
 ) -> dict[str, object]:
+    engine_cpu.prepare_cache_dirs(cache)
     env = {**os.environ, **engine_cpu.engine_env(cache), **extra_env}
     argv = engine_cpu.serve_argv(engine_setup.engine_python(), engine_setup.default_model_dir(), port=port)
     log.parent.mkdir(parents=True, exist_ok=True)
