@@ -106,7 +106,15 @@ def test_parse_memlock() -> None:
 
 def test_parse_pci_kind_and_modules_and_cgroup_limits() -> None:
     assert [parse_pci_kind(c) for c in ("0x030000", "0x038000", "0x120000", "0x060400", "")] == [
-        "display", "display", "accelerator", None, None]
+        "display",
+        "display",
+        "accelerator",
+        None,
+        None,
+    ]
     assert parse_modules("b 1 0 - Live 0x0\na 2 1 b, Live 0x0\n\n") == ("a", "b")
     assert [parse_cgroup_limit(t) for t in ("max\n", "9223372036854771712\n", "1073741824\n")] == [
-        None, None, GIB]
+        None,
+        None,
+        GIB,
+    ]
