@@ -119,9 +119,14 @@ class EnvVar(Strict):
 def _coerce_env(value: object) -> object:
     """Allow `NAME: "value"` as shorthand for `NAME: {value: "value"}` in YAML."""
     if isinstance(value, dict):
-        return {
-            k: ({"value": str(v)} if isinstance(v, str | int | float | bool) else v) for k, v in value.items()
-        }
+        out: dict[object, object] = {}
+        for k, v in value.items():
+            if isinstance(v, bool):
+                # YAML turns `X: false` into a bool; str() would give "False", which no engine reads
+                # as intended. Make the operator say exactly what the process will see.
+                raise ValueError(f"env var {k}: write the value as a quoted string (e.g. \"0\" or \"false\")")
+            out[k] = {"value": str(v)} if isinstance(v, str | int | float) else v
+        return out
     return value
 
 
