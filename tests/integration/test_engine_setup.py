@@ -137,7 +137,9 @@ def test_install_does_not_retry_other_failures(monkeypatch: pytest.MonkeyPatch, 
 
     def fake_run(step: str, argv: list[str], progress: object, echo: tuple[str, ...] = ()) -> str:
         calls.append(list(argv))
-        raise engine_setup.EngineSetupError(step, "OSError: [Errno 28] No space left on device", tmp_path / "log")
+        raise engine_setup.EngineSetupError(
+            step, "OSError: [Errno 28] No space left on device", tmp_path / "log"
+        )
 
     monkeypatch.setattr(engine_setup, "_run_logged", fake_run)
     with pytest.raises(engine_setup.EngineSetupError, match="No space left"):
