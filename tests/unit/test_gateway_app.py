@@ -187,3 +187,23 @@ async def test_admin_upstream_and_drain(store: KeyStore) -> None:
     r = await call(app, "PUT", "/admin/upstream", json.dumps({"url": None, "retry_after_s": 9}).encode(), h)
     assert r.status == 200 and r.json()["upstream"] is None
     assert app.slot.retry_after_s == 9
+
+
+def test_loop_histogram_exposes_like_client_python() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from controller.gateway.metrics import LoopHistogram
+
+    buckets = (0.001, 0.01, 0.1, 1, 10)
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours = LoopHistogram("x_seconds", "help text", buckets)
+    ours_registry.register(ours)
+    theirs = Histogram("x_seconds", "help text", ["route"], buckets=buckets, registry=theirs_registry)
+    for route, value in [("a", 0.0005), ("a", 0.001), ("a", 0.05), ("b", 3.0), ("a", 99.0), ("b", 10.0)]:
+        ours.labels(route).observe(value)
+        theirs.labels(route).observe(value)
+
+    def lines(registry: CollectorRegistry) -> set[str]:
+        return {line for line in generate_latest(registry).decode().splitlines() if "_created" not in line}
+
+    assert lines(ours_registry) == lines(theirs_registry)
