@@ -384,7 +384,8 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
                    f"(failure {s['failures']}/{s['max_failures']})")
     diag = s.get("last_diagnosis")
     if diag:
-        typer.echo(f"diagnosis:  [{diag.get('code')}] {diag.get('summary')}")
+        which = f" (launch {diag['launch_id']})" if diag.get("launch_id") else ""
+        typer.echo(f"last failure{which}: [{diag.get('code')}] {diag.get('summary')}")
         if diag.get("hint"):
             typer.echo(f"  hint:     {diag['hint']}")
 

@@ -142,6 +142,7 @@ class Driver:
         self._next_probe = 0.0
         self._health_failures = 0
         self._cache_seen: dict[str, CacheOutcome] = {}
+        self._recorded_ready_s: dict[str, float] = {}  # adopted engines: their start as recorded
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self._gateway_lock = asyncio.Lock()
@@ -381,6 +382,9 @@ class Driver:
                        "spec is unknown: left alone, not supervised", handle.launch_id)
             return
         self._followers[handle.launch_id] = LogFollower(handle.launch_id, started_at=handle.started_at)
+        record = self.store.get_launch(handle.launch_id)
+        if record is not None and record.ready_s is not None:
+            self._recorded_ready_s[handle.launch_id] = record.ready_s
         self.submit(Adopted(handle, spec))
         launch = self.m.launch
         if launch is not None and launch.launch_id == handle.launch_id:
@@ -541,7 +545,7 @@ class Driver:
             self.last_diagnosis = diag_dict
         self.store.mark_ended(action.launch_id, now, action.status, info, diag_dict,
                               follower.tail_text() if follower else None)
-        for table in (self._probe_error, self._cache_seen, self._cache_empty):
+        for table in (self._probe_error, self._cache_seen, self._cache_empty, self._recorded_ready_s):
             table.pop(action.launch_id, None)
         self._exiting.discard(action.launch_id)
 
@@ -567,6 +571,12 @@ class Driver:
             yield queue
         finally:
             self._subscribers.discard(queue)
+
+    def _ready_s(self, launch: Launch) -> float | None:
+        if launch.ready_at is None:
+            return None
+        recorded = self._recorded_ready_s.get(launch.launch_id)
+        return recorded if recorded is not None else round(launch.ready_at - launch.started_at, 1)
 
     def _last_diagnosis(self) -> dict[str, Any] | None:
         if self.last_diagnosis is not None:
@@ -601,7 +611,7 @@ class Driver:
                 "elapsed_s": round(now - launch.started_at, 1) if started else None,
                 "ready_budget_s": launch.spec.ready_budget_s,
                 "ready_at": launch.ready_at,
-                "ready_s": round(launch.ready_at - launch.started_at, 1) if launch.ready_at else None,
+                "ready_s": self._ready_s(launch),
                 "phase": tracker.current.value if tracker and tracker.current else None,
                 "describe": tracker.describe() if tracker else None,
                 "phases": [

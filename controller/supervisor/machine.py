@@ -374,10 +374,11 @@ def _ready(m: Machine, obs: ReadyProbed, now: float) -> tuple[Machine, list[Acti
             launch.launch_id, {"ready_s": ready_s},
         )
         return m2, [marked, note, *_stop_engine(m2, launch)]
-    # starting + ready → ready: the gateway gets the slot.
+    # starting + ready → ready: the gateway gets the slot. An adopted engine's start was recorded
+    # by the controller that launched it; its ready time is not re-measured here.
     m2 = replace(m, state=State.READY, launch=replace(launch, ready_at=now), last_failure=None)
     return m2, [
-        marked,
+        *([marked] if launch.kind is not StartKind.ADOPTED else []),
         Notify("ready", f"{launch.spec.recipe} ready in {ready_s} s", launch.launch_id,
                {"ready_s": ready_s, "kind": str(launch.kind)}),
         SetUpstream(launch.launch_id, launch.spec.base_url, launch.spec.served_model_name),

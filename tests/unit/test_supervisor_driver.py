@@ -187,6 +187,7 @@ async def test_a_restarted_controller_adopts_the_running_engine_not_restarts_it(
                                                  healthy=True)
     rig.store.create_launch("Lrunning", spec, "normal", Provenance(), rig.clock.t - 3600)
     rig.store.set_handle("Lrunning", handle, rig.clock.t - 3600)
+    rig.store.mark_ready("Lrunning", rig.clock.t - 3500, 100.0)
 
     await rig.driver.adopt()
     assert rig.driver.m.state is State.STARTING
@@ -199,6 +200,8 @@ async def test_a_restarted_controller_adopts_the_running_engine_not_restarts_it(
     assert rec is not None and any(e.kind == "adopted" for e in rec.events)
     # The replayed log rebuilt the phase picture without recording the phases twice.
     assert rig.driver.status()["launch"]["phase"] == "api_up" and rec.phases == []
+    # Its ready time is the one recorded at its real start, not "now minus its start".
+    assert rig.driver.status()["launch"]["ready_s"] == 100.0 and rec.ready_s == 100.0
 
 
 async def test_a_kernel_oom_kill_is_the_diagnosis_and_stops_the_retries(tmp_path: Path) -> None:

@@ -218,6 +218,7 @@ def test_adoption_probes_and_never_stops_a_healthy_engine() -> None:
     assert r.m.state is State.READY
     assert r.of(StopEngine) == [] and r.of(StartEngine) == []
     assert SetUpstream("Lold", "http://127.0.0.1:18000", "smollm2") in r.actions
+    assert r.of(MarkReady) == []  # its start was recorded by the controller that launched it
 
 
 def test_apply_during_a_start_is_rejected_and_changes_nothing() -> None:
