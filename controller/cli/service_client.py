@@ -104,6 +104,7 @@ class StartView:
     outcome: str | None = None
     seen_busy: bool = False  # a start was under way at some point (so "idle" means it was stopped)
     last_line: float = 0.0
+    last_phase: str | None = None
 
     def _say(self, text: str, status: dict[str, Any] | None = None) -> None:
         elapsed = time.monotonic() - self.started
@@ -143,7 +144,11 @@ class StartView:
             self._say(f"→ {data.get('state')}", status)
             self._check_end({"state": data.get("state")})
         elif kind == "phase":
-            self._say(f"{data.get('label')}  ({data.get('describe')})", status)
+            label = str(data.get("label"))
+            if label != self.last_phase:  # two markers of one phase (e.g. both API server lines)
+                self.last_phase = label
+                detail = f"  ({data['detail']})" if data.get("detail") else ""
+                self._say(f"{label}{detail}", status)
         elif kind == "event" and data.get("kind") not in ("phase",):
             self._say(f"{data.get('kind')}: {data.get('message')}", status)
 

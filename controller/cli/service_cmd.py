@@ -264,12 +264,19 @@ def _gateway_completion(gateway_url: str, key: str, body: str) -> str:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     req = urllib.request.Request(gateway_url + "/v1/chat/completions", data=body.encode(), method="POST",
                                  headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            data = json.loads(resp.read())
-        return repr(data["choices"][0]["message"]["content"])
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-        return f"no answer ({exc})"
+    for attempt in range(5):
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                data = json.loads(resp.read())
+            return repr(data["choices"][0]["message"]["content"])
+        except urllib.error.HTTPError as exc:
+            # A key created a moment ago reaches the gateway within its ~1 s key refresh.
+            if exc.code != 401 or attempt == 4:
+                return f"no answer (HTTP {exc.code}: {exc.read().decode(errors='replace')[:200]})"
+            time.sleep(1.0)
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            return f"no answer ({exc})"
+    return "no answer"
 
 
 def down(
@@ -280,7 +287,7 @@ def down(
     """Stop what `up` started — controller, engine, gateway — by PID (TERM, wait, KILL)."""
     home = default_home()
     controller_d, gateway_d = _daemons(home)
-    client = Client(f"http://127.0.0.1:{CONTROLLER_PORT}")
+    client = Client(f"http://127.0.0.1:{_port_of(controller_d)}")
     stopped_cleanly = False
     if not keep_engine and client.token and client.alive():
         try:
@@ -295,6 +302,17 @@ def down(
         typer.echo("gateway: stopped")
     else:
         typer.echo("gateway: was not running")
+
+
+def _port_of(controller_d: Daemon) -> int:
+    """The API port the running controller was started with (`up --port`), else the default."""
+    proc = controller_d.process()
+    argv = proc.cmdline() if proc is not None else []
+    if "--port" in argv[:-1]:
+        value = argv[argv.index("--port") + 1]
+        if value.isdigit():
+            return int(value)
+    return CONTROLLER_PORT
 
 
 def _stop_engines_by_pid(home: Path, grace: float) -> None:
