@@ -1,0 +1,79 @@
+"""`appliance up` and `appliance down` for real: gateway + controller in the background, the CPU
+engine started and followed to ready, a completion answered through the gateway with the key `up`
+created, then everything stopped by PID.
+
+Free ports and a temporary APPLIANCE_HOME keep it off the ports an operator's appliance uses; the
+engine and its warm compile cache are the installed ones (see test_controller_engine.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from controller.daemons import Daemon
+from tests.integration.test_controller_engine import ENGINE, ENGINE_HOME, REPO, _free_port
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def test_up_starts_everything_and_down_stops_it_by_pid(tmp_path: Path) -> None:
+    from controller import engine_setup
+
+    if not (ENGINE.engine_python.exists()
+            and engine_setup.model_files_present(ENGINE.models / engine_setup.MODEL_DIR_NAME)):
+        pytest.skip(f"the CPU engine is not installed under {ENGINE_HOME}")
+    home, recipes = tmp_path / "home", tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "cpu-smollm2.yaml").write_text((REPO / "recipes" / "cpu-smollm2.yaml").read_text())
+    (recipes / "up-smollm2.yaml").write_text(
+        "name: up-smollm2\nextends: cpu-smollm2\n"
+        f"runtime:\n  kind: process\n  python: {ENGINE.engine_python}\n"
+        f"model:\n  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n  served_name: smollm2\n"
+        f"engine:\n  port: {_free_port()}\n"
+        f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
+        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_ADMIN_TOKEN")}
+    env.update(APPLIANCE_HOME=str(home), APPLIANCE_RECIPES=str(recipes))
+    appliance = [sys.executable, "-m", "controller.cli.main"]
+    port, gateway_port = _free_port(), _free_port()
+    try:
+        up = subprocess.run(
+            [*appliance, "up", "--recipe", "up-smollm2", "--port", str(port),
+             "--gateway-port", str(gateway_port)],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False,
+        )
+        out = up.stdout
+        assert up.returncode == 0, out + up.stderr
+        assert re.search(r"export APPLIANCE_ADMIN_TOKEN=adm_\S+", out)  # shown once
+        assert "ready: up-smollm2 at http://127.0.0.1:" in out
+        assert re.search(r"\[ *\d+\.\d+s\] .*weights loaded", out)  # the start was shown phase by phase
+        answer = re.search(r"test +through the gateway: '(.+)'", out)
+        assert answer and answer.group(1).strip(), out
+        assert f"curl -s http://127.0.0.1:{gateway_port}/v1/chat/completions" in out
+        controller_d, gateway_d = Daemon("controller", home / "run", home / "logs"), \
+            Daemon("gateway", home / "run", home / "logs")
+        controller, gateway = controller_d.process(), gateway_d.process()
+        assert controller is not None and gateway is not None
+        engines = [json_pid(p) for p in (home / "runs").glob("*/process.json")]
+        assert engines and all(psutil.pid_exists(pid) for pid in engines)
+    finally:
+        down = subprocess.run([*appliance, "down"], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=300, check=False)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "controller: stopped" in down.stdout and "gateway: stopped" in down.stdout
+    assert not controller.is_running() and not gateway.is_running()
+    assert not any(psutil.pid_exists(pid) for pid in engines)
+
+
+def json_pid(path: Path) -> int:
+    import json
+
+    return int(json.loads(path.read_text())["pid"])

@@ -1,0 +1,81 @@
+"""Preflight over the shipped recipes and the reference host's fixture trees (no host changes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.supervisor.preflight import Preflight, cache_is_empty, empty_cache_root
+from controller.supervisor.signals import PreflightFailed, PreflightOk
+
+REPO = Path(__file__).resolve().parents[2]
+HOSTS = REPO / "tests" / "fixtures" / "hosts"
+
+
+def _preflight(home: Path, host: str = "reference") -> Preflight:
+    return Preflight(recipes_dir=REPO / "recipes", appliance_home=home, facts_root=HOSTS / host)
+
+
+async def test_the_default_recipe_passes_and_renders_under_the_appliance_home(tmp_path: Path) -> None:
+    answer = await _preflight(tmp_path)(7, "cpu-smollm2", False)
+    assert isinstance(answer, PreflightOk), answer
+    assert answer.token == 7 and answer.spec.recipe == "cpu-smollm2"
+    assert answer.spec.cache_root.startswith(str(tmp_path / "cache"))
+    assert answer.cache_empty is True and answer.warm_restart is False
+    assert "cpu-smollm2" in answer.launch_id
+
+
+async def test_unknown_and_abstract_recipes_are_refused(tmp_path: Path) -> None:
+    for name in ("no-such-recipe", "gfx906-base"):
+        answer = await _preflight(tmp_path)(1, name, False)
+        assert isinstance(answer, PreflightFailed) and answer.failure.code == "unknown_recipe"
+        assert not answer.failure.retryable
+
+
+async def test_admission_refuses_default_graph_tp4_on_the_stock_reference_host(tmp_path: Path) -> None:
+    # DOMAIN §2/§3: C′ (default FULL_AND_PIECEWISE, TP=4) needed 16 GiB swap and still reached a
+    # 66 MiB MemAvailable; the stock host has 4 GiB swap.
+    answer = await _preflight(tmp_path)(1, "gfx906-c-prime-tp4-graph-default", False)
+    assert isinstance(answer, PreflightFailed)
+    assert answer.failure.code == "admission_refused" and "global OOM" in answer.failure.summary
+    assert not answer.failure.retryable
+    # The same recipe on the prepared host (16 GiB swap, swappiness 200) passes.
+    prepared_host = _preflight(tmp_path, "reference-swap16-swappiness200")
+    prepared = await prepared_host(2, "gfx906-c-prime-tp4-graph-default", False)
+    assert isinstance(prepared, PreflightOk), prepared
+
+
+def test_the_plan_report_shows_everything_without_starting(tmp_path: Path) -> None:
+    report = _preflight(tmp_path).report("cpu-smollm2")
+    assert report.launchable and report.spec is not None and report.refusals == []
+    assert report.admission.verdict in ("admit", "warn")
+
+
+def test_fresh_cache_only_ever_empties_a_root_inside_the_cache_directory(tmp_path: Path) -> None:
+    base = tmp_path / "cache"
+    root = base / "cpu-smollm2-abc"
+    (root / "inductor").mkdir(parents=True)
+    (root / "inductor" / "artifact.bin").write_bytes(b"x")
+    assert not cache_is_empty(root)
+    empty_cache_root(root, [base])
+    assert cache_is_empty(root)
+    with pytest.raises(PermissionError):
+        empty_cache_root(tmp_path / "elsewhere", [base])
+    with pytest.raises(PermissionError):
+        empty_cache_root(base, [base])  # the base itself is not a recipe's root
+    with pytest.raises(PermissionError):
+        empty_cache_root(base / ".." / "outside", [base])
+
+
+async def test_fresh_cache_makes_the_next_start_cold(tmp_path: Path) -> None:
+    pre = _preflight(tmp_path)
+    first = await pre(1, "cpu-smollm2", False)
+    assert isinstance(first, PreflightOk)
+    root = Path(first.spec.cache_root)
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "x").write_text("compiled")
+    warm = await pre(2, "cpu-smollm2", False)
+    assert isinstance(warm, PreflightOk) and warm.cache_empty is False
+    cold = await pre(3, "cpu-smollm2", True)
+    assert isinstance(cold, PreflightOk) and cold.cache_empty is True and not root.exists()
