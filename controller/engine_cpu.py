@@ -66,6 +66,10 @@ def cache_env(cache_root: Path) -> dict[str, str]:
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
         "TRITON_CACHE_DIR": str(cache_root / "triton"),
         "TMPDIR": str(cache_root / "tmp"),
+        # vLLM puts its ZMQ IPC sockets in VLLM_RPC_BASE_PATH (default: TMPDIR) and leaves ~8 stale
+        # socket files per start; keep them out of the cache root and clear of the 107-byte limit on
+        # unix socket paths. Not part of vLLM's compile-cache key (envs.compile_factors ignores it).
+        "VLLM_RPC_BASE_PATH": "/tmp",
     }
 
 
