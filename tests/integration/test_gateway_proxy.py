@@ -340,3 +340,34 @@ async def test_control_client_drain_and_errors(
     with pytest.raises(control.GatewayControlError) as err:
         await control.get_upstream(gw.url, ADMIN)  # the gateway is gone
     assert err.value.status is None
+
+
+async def test_body_limit_and_malformed_json_over_a_real_socket(
+    store: KeyStore, key: str, upstream: SyntheticUpstream
+) -> None:
+    async with (
+        serve_in_loop(config(store, upstream, max_body_bytes=1000)) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        n_before = len(upstream.requests)
+        big = b'{"prompt": "' + b"x" * 5000 + b'"}'
+        r = await s.post(
+            f"{gw.url}/v1/completions", data=big, headers=h(key, **{"Content-Type": "application/json"})
+        )
+        assert r.status == 413 and "X-Request-Id" in r.headers
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it streams in
+            for _ in range(10):
+                yield b" " * 500
+
+        r = await s.post(f"{gw.url}/v1/completions", data=chunked(), headers=h(key))
+        assert r.status == 413
+        r = await s.post(
+            f"{gw.url}/v1/chat/completions",
+            data=b'{"model": ',
+            headers=h(key, **{"Content-Type": "application/json"}),
+        )
+        assert r.status == 400 and "malformed JSON" in (await r.json())["error"]["message"]
+        assert len(upstream.requests) == n_before  # none of them reached the engine
+        async with s.get(f"{gw.url}/v1/models", headers=h(key)) as ok:  # the gateway is still fine
+            assert ok.status == 200
