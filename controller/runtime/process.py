@@ -61,9 +61,10 @@ STATUS_FILE = "exit_status.json"
 
 # Used only when neither the spec nor the controller's own environment has them.
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# psutil's create_time has clock-tick (10 ms) resolution and is derived from the boot time, so the
-# same process always reads the same value; a reused PID would differ by far more than this.
-CREATE_TIME_TOLERANCE_S = 0.05
+# Start times are compared relative to boot (clock ticks since boot, 10 ms resolution): the epoch
+# value psutil returns is "boot time + ticks", and the boot time moves whenever the wall clock is
+# stepped (NTP, VM resume) — an engine must not become "not ours" because the clock was set.
+START_TOLERANCE_S = 0.05
 _LAUNCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -73,9 +74,15 @@ class ProcessIdentity(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     pid: int
-    create_time: float
+    create_time: float  # seconds since the epoch (for people; compared only as a fallback)
+    started_after_boot: float | None = None  # seconds after boot: what identifies the process
     cmdline: tuple[str, ...]
     labels: dict[str, str] = {}
+
+
+def started_after_boot(proc: psutil.Process) -> float:
+    """Seconds between boot and the process's creation: immune to wall-clock steps."""
+    return proc.create_time() - psutil.boot_time()
 
 
 def engine_env(spec_env: dict[str, str], parent_env: dict[str, str] | None = None) -> dict[str, str]:
@@ -183,11 +190,12 @@ class ProcessRuntime:
             except OSError as exc:
                 raise RuntimeError_(f"cannot start the engine shim with {self._python}: {exc}") from exc
         try:
-            create_time = psutil.Process(child.pid).create_time()
+            shim_proc = psutil.Process(child.pid)
+            create_time, after_boot = shim_proc.create_time(), started_after_boot(shim_proc)
         except psutil.NoSuchProcess:
-            # Died before we looked (not even reaped yet would still answer): it cannot be adopted
-            # anyway, but the start itself happened; inspect() reports how it ended.
-            create_time = time.time()
+            # Unreachable while unreaped (a zombie still answers); kept so that a start never fails
+            # after the engine was launched. inspect() reports how it ended.
+            create_time, after_boot = time.time(), None
         labels = {
             **spec.labels,
             LABEL_MANAGED: "true",
@@ -195,7 +203,13 @@ class ProcessRuntime:
             LABEL_RECIPE: spec.recipe,
             LABEL_SPEC_HASH: spec.spec_hash,
         }
-        identity = ProcessIdentity(pid=child.pid, create_time=create_time, cmdline=shim_cmd, labels=labels)
+        identity = ProcessIdentity(
+            pid=child.pid,
+            create_time=create_time,
+            started_after_boot=after_boot,
+            cmdline=shim_cmd,
+            labels=labels,
+        )
         handle = EngineHandle(
             launch_id=launch_id,
             runtime=self.name,
@@ -238,15 +252,23 @@ class ProcessRuntime:
 
     @staticmethod
     def _live_process(identity: ProcessIdentity) -> psutil.Process | None:
-        """The recorded process if it is still running AND is the same process (not a reused PID)."""
+        """The recorded process if it is still running AND is the same process (not a reused PID):
+        same start time (relative to boot) and same cmdline."""
         try:
             proc = psutil.Process(identity.pid)
-            if abs(proc.create_time() - identity.create_time) > CREATE_TIME_TOLERANCE_S:
+            if identity.started_after_boot is not None:
+                same_start = abs(started_after_boot(proc) - identity.started_after_boot) <= START_TOLERANCE_S
+            else:  # recorded by an older version: the epoch value is all there is
+                same_start = abs(proc.create_time() - identity.create_time) <= START_TOLERANCE_S
+            if not same_start:
                 return None  # PID reused by another process
-            if tuple(proc.cmdline()) != identity.cmdline:
-                return None
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None  # ended; its parent (init after a controller restart) has not reaped it yet
+            cmdline = proc.cmdline()
+            # Empty while the process is exiting (its memory is already gone): with the same start
+            # time it is still ours, just not quite ended — as its parent's waitpid would also say.
+            if cmdline and tuple(cmdline) != identity.cmdline:
+                return None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return None
         return proc

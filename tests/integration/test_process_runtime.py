@@ -63,8 +63,10 @@ def wait_for_log(rt: Runtime, handle: EngineHandle, pattern: str, timeout_s: flo
             return text
         if time.monotonic() > deadline:
             raise AssertionError(f"{pattern!r} not in the log after {timeout_s} s; log so far:\n{text}")
-        if not rt.inspect(handle).running and not chunk:
-            raise AssertionError(f"engine ended before {pattern!r} appeared; log:\n{text}")
+        info = rt.inspect(handle)
+        if not info.running and not chunk:
+            files = sorted(p.name for p in Path(handle.log_path or ".").parent.iterdir())
+            raise AssertionError(f"engine ended ({info}; run dir {files}) before {pattern!r}; log:\n{text}")
         time.sleep(0.05)
 
 
@@ -108,6 +110,7 @@ def test_start_records_logs_and_pids(rt: ProcessRuntime, runs: Path) -> None:
     identity = json.loads((run_dir / PROCESS_FILE).read_text())
     shim = psutil.Process(int(handle.ref))
     assert identity["create_time"] == pytest.approx(shim.create_time(), abs=0.05)
+    assert identity["started_after_boot"] == pytest.approx(shim.create_time() - psutil.boot_time(), abs=0.05)
     assert identity["cmdline"] == shim.cmdline()
     assert os.getpgid(shim.pid) == shim.pid and os.getsid(shim.pid) == shim.pid  # own session + group
     assert os.getpgid(engine_pid) == shim.pid
@@ -256,21 +259,26 @@ def test_engine_survives_the_controller_being_killed(runs: Path) -> None:
     assert (info.running, info.exit_code) == (False, 9)
 
 
-@pytest.mark.parametrize("field", ["create_time", "cmdline"])
+@pytest.mark.parametrize("field", ["started_after_boot", "cmdline"])
 def test_pid_reuse_is_not_adopted_nor_signalled(rt: ProcessRuntime, runs: Path, field: str) -> None:
     handle = rt.start(fake_spec(), "reused")
     wait_for_log(rt, handle, r"READY")
     identity_path = runs / "reused" / PROCESS_FILE
     identity = json.loads(identity_path.read_text())
     # What the files would say if the engine had died and its PID gone to another process.
-    identity[field] = identity[field] - 1000 if field == "create_time" else ["/usr/bin/something-else"]
+    identity[field] = identity[field] - 1000 if field == "started_after_boot" else ["/usr/bin/something-else"]
     identity_path.write_text(json.dumps(identity))
 
-    restarted = ProcessRuntime(runs)
-    assert restarted.adopt() == []
-    assert not restarted.inspect(handle).running
-    restarted.stop(handle, grace_s=1.0)  # must not signal the (still running) process
-    assert rt.inspect(handle).running
+    try:
+        restarted = ProcessRuntime(runs)
+        assert restarted.adopt() == []
+        assert not restarted.inspect(handle).running
+        restarted.stop(handle, grace_s=1.0)  # must not signal the (still running) process
+        assert rt.inspect(handle).running
+    finally:
+        # The files no longer identify it, so the fixture's adopt() cannot: stop it through `rt`,
+        # which still holds the real identity (and the Popen).
+        assert not rt.stop(handle, grace_s=5.0).running
 
 
 def test_cpu_seconds_counts_the_engine_processes(rt: ProcessRuntime) -> None:

@@ -21,6 +21,7 @@ from controller.runtime.process import (
     ProcessIdentity,
     ProcessRuntime,
     engine_env,
+    started_after_boot,
 )
 from controller.runtime.process_shim import exit_code_of, parse_args
 
@@ -119,14 +120,34 @@ def test_shim_args() -> None:
 
 def _me() -> ProcessIdentity:
     proc = psutil.Process()
-    return ProcessIdentity(pid=proc.pid, create_time=proc.create_time(), cmdline=tuple(proc.cmdline()))
+    return ProcessIdentity(
+        pid=proc.pid,
+        create_time=proc.create_time(),
+        started_after_boot=started_after_boot(proc),
+        cmdline=tuple(proc.cmdline()),
+    )
 
 
-def test_live_process_requires_same_create_time_and_cmdline() -> None:
+def test_live_process_requires_same_start_and_cmdline() -> None:
     me = _me()
     assert ProcessRuntime._live_process(me) is not None
-    assert ProcessRuntime._live_process(me.model_copy(update={"create_time": me.create_time - 5})) is None
+    reused = me.model_copy(update={"started_after_boot": (me.started_after_boot or 0) - 5})
+    assert ProcessRuntime._live_process(reused) is None
     assert ProcessRuntime._live_process(me.model_copy(update={"cmdline": ("python", "other")})) is None
+
+
+def test_a_wall_clock_step_does_not_disown_the_engine() -> None:
+    # The epoch create time moves with the clock (boot time = now - uptime); the start after boot does not.
+    me = _me()
+    assert (
+        ProcessRuntime._live_process(me.model_copy(update={"create_time": me.create_time + 3600})) is not None
+    )
+
+
+def test_identity_recorded_without_boot_relative_start_falls_back_to_epoch() -> None:
+    me = _me().model_copy(update={"started_after_boot": None})
+    assert ProcessRuntime._live_process(me) is not None
+    assert ProcessRuntime._live_process(me.model_copy(update={"create_time": me.create_time - 5})) is None
 
 
 def _record(runs: Path, launch_id: str, identity: ProcessIdentity) -> EngineHandle:
@@ -149,7 +170,9 @@ def _record(runs: Path, launch_id: str, identity: ProcessIdentity) -> EngineHand
 def test_adopt_finds_the_recorded_live_process_only(tmp_path: Path) -> None:
     me = _me()
     live = _record(tmp_path, "live", me)
-    _record(tmp_path, "reused", me.model_copy(update={"create_time": me.create_time - 5}))
+    _record(
+        tmp_path, "reused", me.model_copy(update={"started_after_boot": (me.started_after_boot or 0) - 5})
+    )
     (tmp_path / "garbage").mkdir()
     (tmp_path / "garbage" / HANDLE_FILE).write_text("{not json")
     assert ProcessRuntime(tmp_path).adopt() == [live]
@@ -157,7 +180,9 @@ def test_adopt_finds_the_recorded_live_process_only(tmp_path: Path) -> None:
 
 def test_ended_engine_status_comes_from_the_shim_file(tmp_path: Path) -> None:
     me = _me()
-    handle = _record(tmp_path, "ended", me.model_copy(update={"create_time": me.create_time - 5}))
+    handle = _record(
+        tmp_path, "ended", me.model_copy(update={"started_after_boot": (me.started_after_boot or 0) - 5})
+    )
     rt = ProcessRuntime(tmp_path)
     assert rt.inspect(handle) == ExitInfo(running=False)  # no status file: unknowable for a non-child
     (tmp_path / "ended" / STATUS_FILE).write_text(json.dumps({"exit_code": 137, "signal": 9}))
