@@ -168,6 +168,12 @@ def exit_info(state: dict[str, Any]) -> ExitInfo:
     return ExitInfo(running=False, exit_code=code, signal=sig, oom_killed=oom)
 
 
+def api_failure(action: str, exc: docker.errors.APIError) -> RuntimeError_:
+    """The daemon's own explanation of a failed call, plus a hint where we know one."""
+    explanation = str(exc.explanation or exc)
+    return RuntimeError_(f"docker: {action} failed: {explanation}{_hint(explanation)}")
+
+
 def _hint(explanation: str) -> str:
     for needle, hint in _START_HINTS:
         if needle in explanation:
@@ -194,16 +200,18 @@ class DockerRuntime:
         self._kill_wait_s = kill_wait_s
 
     @contextmanager
-    def _daemon(self, action: str) -> Iterator[None]:
+    def _daemon(self, action: str, *, pass_not_found: bool = True) -> Iterator[None]:
         """Translate docker SDK failures into RuntimeError_ naming what we were doing.
-        NotFound passes through: "the container is gone" is a state the callers handle."""
+        NotFound passes through unless told otherwise: "the container is gone" is a state the
+        callers handle; "no such network" while creating is an error."""
         try:
             yield
-        except docker.errors.NotFound:
-            raise
+        except docker.errors.NotFound as exc:
+            if pass_not_found:
+                raise
+            raise api_failure(action, exc) from exc
         except docker.errors.APIError as exc:
-            explanation = str(exc.explanation or exc)
-            raise RuntimeError_(f"docker: {action} failed: {explanation}{_hint(explanation)}") from exc
+            raise api_failure(action, exc) from exc
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise RuntimeError_(
                 f"docker: cannot {action}: the Docker daemon is not reachable ({exc}); "
@@ -242,7 +250,7 @@ class DockerRuntime:
                     f"image {spec.image!r} is not present on this host and the appliance never pulls "
                     "(no registry is assumed): build or `docker load` it first — see images/README.md"
                 ) from None
-        with self._daemon(f"create container {kwargs['name']}"):
+        with self._daemon(f"create container {kwargs['name']}", pass_not_found=False):
             return self.client.containers.create(**kwargs)
 
     def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:

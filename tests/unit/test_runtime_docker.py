@@ -306,6 +306,28 @@ def test_no_daemon_at_all_is_an_operator_error(tmp_path: Any) -> None:
         DockerRuntime(client).adopt()
 
 
+def test_daemon_down_at_first_use_is_an_operator_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # No client injected: the runtime connects lazily (from the environment) on first use.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    with pytest.raises(RuntimeError_, match=r"cannot connect to the daemon.*not reachable.*DOCKER_HOST"):
+        DockerRuntime().adopt()
+
+
+def test_unknown_network_at_create_is_an_operator_error() -> None:
+    client = FakeClient()
+
+    def create(**kwargs: Any) -> FakeContainer:
+        raise docker.errors.NotFound("404", explanation="network appliance-net not found")
+
+    client.containers.create = create  # type: ignore[method-assign]
+    with pytest.raises(
+        RuntimeError_, match="create container appliance-L1 failed: network appliance-net not found"
+    ):
+        runtime(client).start(gfx906_spec(network_mode="appliance-net"), "L1")
+
+
 def test_wrong_runtime_kind_is_rejected() -> None:
     with pytest.raises(RuntimeError_, match="'process' runtime, not 'docker'"):
         runtime(FakeClient()).start(gfx906_spec(runtime="process"), "L1")
