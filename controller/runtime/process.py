@@ -265,8 +265,9 @@ class ProcessRuntime:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None  # ended; its parent (init after a controller restart) has not reaped it yet
             cmdline = proc.cmdline()
-            # Empty while the process is exiting (its memory is already gone): with the same start
-            # time it is still ours, just not quite ended — as its parent's waitpid would also say.
+            # Empty in two short windows: while exec is still setting up the new image (Popen has
+            # returned, the argument area is not mapped yet) and while the process exits (its memory
+            # is gone, it is not a zombie yet). With the same start time it is ours in both.
             if cmdline and tuple(cmdline) != identity.cmdline:
                 return None
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
