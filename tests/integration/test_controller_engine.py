@@ -204,6 +204,7 @@ def _chat(c: Controller) -> str:
     return content
 
 
+@pytest.mark.timeout(3600)  # the first run on a machine is a cold start; shared machines are slow
 def test_the_controller_starts_the_cpu_engine_to_ready_and_it_answers(controller: Controller) -> None:
     status = controller.wait_ready()
     launch = status["launch"]
@@ -218,6 +219,7 @@ def test_the_controller_starts_the_cpu_engine_to_ready_and_it_answers(controller
     assert record["env"]["VLLM_USE_AOT_COMPILE"] == "0"
 
 
+@pytest.mark.timeout(3600)
 def test_an_engine_killed_with_sigkill_is_diagnosed_and_relaunched(controller: Controller) -> None:
     first = controller.wait_ready()["launch"]["id"]
     _engine_process(controller).send_signal(signal.SIGKILL)

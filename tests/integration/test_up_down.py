@@ -18,11 +18,12 @@ import psutil
 import pytest
 
 from controller.daemons import Daemon
-from tests.integration.test_controller_engine import ENGINE, ENGINE_HOME, REPO, _free_port
+from tests.integration.test_controller_engine import ENGINE, ENGINE_HOME, RECIPE, REPO, _free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
+@pytest.mark.timeout(3600)  # a cold start on a busy shared 2-core machine can take many minutes
 def test_up_starts_everything_and_down_stops_it_by_pid(tmp_path: Path) -> None:
     from controller import engine_setup
 
@@ -32,8 +33,9 @@ def test_up_starts_everything_and_down_stops_it_by_pid(tmp_path: Path) -> None:
     home, recipes = tmp_path / "home", tmp_path / "recipes"
     recipes.mkdir()
     (recipes / "cpu-smollm2.yaml").write_text((REPO / "recipes" / "cpu-smollm2.yaml").read_text())
-    (recipes / "up-smollm2.yaml").write_text(
-        "name: up-smollm2\nextends: cpu-smollm2\n"
+    # The same recipe name and cache inputs as test_controller_engine.py: one warm cache variant.
+    (recipes / f"{RECIPE}.yaml").write_text(
+        f"name: {RECIPE}\nextends: cpu-smollm2\n"
         f"runtime:\n  kind: process\n  python: {ENGINE.engine_python}\n"
         f"model:\n  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n  served_name: smollm2\n"
         f"engine:\n  port: {_free_port()}\n"
@@ -46,14 +48,14 @@ def test_up_starts_everything_and_down_stops_it_by_pid(tmp_path: Path) -> None:
     port, gateway_port = _free_port(), _free_port()
     try:
         up = subprocess.run(
-            [*appliance, "up", "--recipe", "up-smollm2", "--port", str(port),
+            [*appliance, "up", "--recipe", RECIPE, "--port", str(port),
              "--gateway-port", str(gateway_port)],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False,
         )
         out = up.stdout
         assert up.returncode == 0, out + up.stderr
         assert re.search(r"export APPLIANCE_ADMIN_TOKEN=adm_\S+", out)  # shown once
-        assert "ready: up-smollm2 at http://127.0.0.1:" in out
+        assert f"ready: {RECIPE} at http://127.0.0.1:" in out
         assert re.search(r"\[ *\d+\.\d+s\] .*weights loaded", out)  # the start was shown phase by phase
         answer = re.search(r"test +through the gateway: '(.+)'", out)
         assert answer and answer.group(1).strip(), out
