@@ -32,7 +32,7 @@ from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.recipe_loader import RecipeError
+from appliance.recipe_loader import RecipeError, load_recipes
 from controller import admin_token, metrics
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
@@ -137,8 +137,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/recipes", tags=["recipes"], response_model=list[RecipeSummary])
     async def list_recipes() -> list[RecipeSummary]:
-        from appliance.recipe_loader import load_recipes
-
         try:
             recipes = await asyncio.to_thread(load_recipes, preflight.recipes_dir)
         except RecipeError as exc:

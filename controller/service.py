@@ -125,7 +125,7 @@ async def serve(cfg: ServiceConfig) -> None:
     await driver.adopt()
     if cfg.apply_on_start and driver.m.state is State.IDLE:
         driver.submit(Apply(cfg.apply_on_start))
-    tasks = [asyncio.create_task(_supervise(driver, stop), name="supervisor")]
+    tasks = [asyncio.create_task(driver.run(stop), name="supervisor")]
     if cfg.watch_host:
         tasks.append(asyncio.create_task(watch.run_sampler(stop), name="host-sampler"))
     if cfg.watch_kmsg:
@@ -141,13 +141,6 @@ async def serve(cfg: ServiceConfig) -> None:
         await prober.close()
         driver.note("controller", "controller stopped; the engine (if any) keeps running for adoption")
         store.close()
-
-
-async def _supervise(driver: Driver, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        await driver.step()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=driver.config.poll_interval_s)
 
 
 def run(cfg: ServiceConfig) -> None:

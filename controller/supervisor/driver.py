@@ -180,10 +180,11 @@ class Driver:
     # The loop
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.adopt()
+        """Step every poll interval until `stop` (the service adopts first, then runs this)."""
         while not stop.is_set():
             await self.step()
-            await self.clock.sleep(self.config.poll_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.config.poll_interval_s)
 
     async def step(self) -> None:
         """One look at the world, then Tick."""
