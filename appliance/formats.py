@@ -147,9 +147,7 @@ def _shell(spec: LaunchSpec) -> str:
             lines.append("ulimit -l " + ("unlimited" if u.soft < 0 else str(u.soft // 1024)))
     lines += [f"export {k}={shlex.quote(v)}" for k, v in spec.env.items()]
     # tempfile silently falls back to /tmp when TMPDIR does not exist: create every pinned dir.
-    pinned = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
-    cache_dirs = sorted({spec.env[k] for k in pinned if k in spec.env})
-    lines.append("mkdir -p " + " ".join(shlex.quote(d) for d in cache_dirs))
+    lines.append("mkdir -p " + " ".join(shlex.quote(d) for d in spec.cache_dirs()))
     if spec.workdir:
         lines.append(f"cd {shlex.quote(spec.workdir)}")
     lines.append("exec " + shlex.join(spec.argv))

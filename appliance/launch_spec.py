@@ -21,6 +21,9 @@ LABEL_MANAGED = "appliance.managed"
 LABEL_LAUNCH_ID = "appliance.launch_id"
 LABEL_RECIPE = "appliance.recipe"
 LABEL_SPEC_HASH = "appliance.spec_hash"
+# Environment variables render pins to directories (appliance/render.py): compile caches and, on the
+# CPU, TMPDIR (inductor's C++ precompiled headers).
+CACHE_DIR_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
 
 
 class Frozen(BaseModel):
@@ -92,6 +95,14 @@ class LaunchSpec(Frozen):
             return self.argv
         sources = " && ".join(f". {shlex.quote(f)}" for f in self.source_files)
         return ("bash", "-c", f'{sources} && exec "$@"', "engine", *self.argv)
+
+    def cache_dirs(self) -> tuple[str, ...]:
+        """The directories the env pins the compile caches to, sorted: they must exist before start.
+
+        tempfile silently falls back to /tmp when TMPDIR does not exist (docs/engine-cpu.md), and a
+        missing cache directory is created by each tool on its own terms, or not at all.
+        """
+        return tuple(sorted({self.env[k] for k in CACHE_DIR_ENV if k in self.env}))
 
     @property
     def base_url(self) -> str:

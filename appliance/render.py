@@ -7,8 +7,8 @@ nothing else. Decisions made here, each from a measured incident:
 - every compile cache pinned inside the variant's root: VLLM_CACHE_ROOT (S8 §5.4: unset, every start
   is a new vintage), TORCHINDUCTOR_CACHE_DIR (MEASURED.md: with AOT off the compiled artifacts live
   in inductor's cache, /tmp by default — 12 KB vs 153 MB), TRITON_CACHE_DIR unless the recipe
-  fixes Triton's own volume (DOMAIN §2), and on the CPU TMPDIR (inductor's C++ headers); the
-  runtime creates <root>/{vllm,inductor,triton,tmp} before start (tempfile ignores a missing TMPDIR);
+  fixes Triton's own volume (DOMAIN §2), and on the CPU TMPDIR (inductor's C++ headers); whoever
+  starts the engine must create `LaunchSpec.cache_dirs()` first (tempfile ignores a missing TMPDIR);
 - HIP_/CUDA_VISIBLE_DEVICES always explicit on GPUs (unset = grab all 4 cards, DOMAIN §2);
 - no memory limit, ever (DOMAIN §3: cgroup v2 counts page cache; 29 GB of mmapped weights + 4
   workers hit a 32 GiB limit), restart policy `no` (the controller owns restarts);
@@ -53,14 +53,19 @@ class RenderError(ValueError):
         super().__init__(f"recipe '{recipe}', field '{field}': {message}")
 
 
-def render(recipe: Recipe, facts: HostFacts) -> LaunchSpec:
+def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -> LaunchSpec:
+    """The launch of `recipe` on a host with `facts`.
+
+    `cache_root` replaces the variant's root (`variant_cache_root`) for a harness that measures
+    cold vs warm on a root of its own (controller.engine_trial); everything else is unchanged.
+    """
     if recipe.abstract:
         raise RenderError(recipe.name, "abstract", "is an abstract base (abstract: true) and cannot be "
                           "launched; launch a recipe that extends it")
     if recipe.platform in DEVICES_ENV and not recipe.devices:
         raise RenderError(recipe.name, "devices", f"a {recipe.platform.value} recipe must list its GPUs: "
                           f"{DEVICES_ENV[recipe.platform]} unset means every card (DOMAIN §2)")
-    root = variant_cache_root(recipe, facts)
+    root = cache_root.rstrip("/") if cache_root else variant_cache_root(recipe, facts)
     docker = recipe.runtime if isinstance(recipe.runtime, DockerRuntime) else None
     listen = recipe.engine.host if docker is not None else LOOPBACK
     fields: dict[str, Any] = {

@@ -2,7 +2,10 @@
 
 Used to produce the facts in docs/engine-cpu.md (cold vs warm start on one cache root) and the
 fixture logs under tests/fixtures/engine_logs/. It is deliberately standalone (stdlib HTTP, no
-supervisor) so that the measurement does not depend on the code being measured.
+supervisor) so that the measurement does not depend on the code being measured — but what it starts
+is the default recipe rendered (`controller.engine_cpu.launch_spec`: argv and env exactly as the
+supervisor would launch them, only the cache root and the port replaced), so the measurement is of
+the shipped launch, not of a copy of it.
 
     python -m controller.engine_trial --cache /tmp/trial-x --log /tmp/trial-x/cold.log \
         [--env VLLM_USE_AOT_COMPILE=0 ...] [--metrics out.txt] [--port 18431]
@@ -24,7 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from controller import engine_cpu, engine_setup
+from controller import engine_cpu
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -95,13 +98,14 @@ def stop_by_pid(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
 def run_trial(
     cache: Path, log: Path, port: int, extra_env: dict[str, str], metrics_out: Path | None, budget: float
 ) -> dict[str, object]:
-    engine_cpu.prepare_cache_dirs(cache)
-    env = {**os.environ, **engine_cpu.engine_env(cache), **extra_env}
-    argv = engine_cpu.serve_argv(engine_setup.engine_python(), engine_setup.default_model_dir(), port=port)
+    spec = engine_cpu.launch_spec(cache, port=port)
+    engine_cpu.prepare_cache_dirs(spec)
+    env = {**os.environ, **spec.env, **extra_env}
+    argv = list(spec.command())
     log.parent.mkdir(parents=True, exist_ok=True)
     pidfile = log.with_suffix(".pid")
     result: dict[str, object] = {"cache": str(cache), "log": str(log), "env": extra_env, "argv": argv}
-    base = f"http://127.0.0.1:{port}"
+    base = spec.base_url
     with log.open("wb") as fh:
         started = time.monotonic()
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
@@ -133,7 +137,7 @@ def run_trial(
                 code, body = _post_json(
                     f"{base}/v1/chat/completions",
                     {
-                        "model": engine_setup.SERVED_MODEL_NAME,
+                        "model": spec.served_model_name,
                         "messages": [{"role": "user", "content": "What is the capital of France?"}],
                         "temperature": 0,
                         "max_tokens": 20,

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from appliance.kmsg import SeqGap, oom_events, parse_stream
 from controller import metrics
-from controller.engine_cpu import engine_env, serve_argv
+from controller.engine_cpu import launch_spec, prepare_cache_dirs
 from controller.gateway.metrics import GatewayMetrics
 from controller.settings import paths
 from controller.watch.procreader import ProcReader
@@ -308,13 +308,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not (MODEL_DIR / "config.json").exists():
         pytest.skip(f"model absent ({MODEL_DIR}); run `appliance engine setup`")
     port = _free_port()
-    # A cache root of its own, kept between runs so the next run starts warm.
-    env = {**os.environ, **engine_env(paths().cache / "tests" / "dashboards")}
+    # The default recipe as rendered, on a cache root of its own kept between runs (the next run
+    # starts warm); the directories exist before the start (a missing TMPDIR falls back to /tmp).
+    spec = launch_spec(paths().cache / "tests" / "dashboards", port=port)
+    assert spec.served_model_name == SERVED
+    prepare_cache_dirs(spec)
+    env = {**os.environ, **spec.env}
     log_path = tmp_path_factory.mktemp("engine") / "engine.log"
     log = log_path.open("wb")
     proc = subprocess.Popen(
-        serve_argv(python, MODEL_DIR, port=port, served_model_name=SERVED),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        spec.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -160,8 +160,9 @@ def _free_port() -> int:
 @pytest.mark.timeout(2400)  # two real starts; a cold one took 327 s on a loaded 2-core machine
 def test_restart_on_the_same_cache_root_is_warm_by_the_log(installed: str, tmp_path: Path) -> None:
     """Regression for MEASURED.md's "warm restart was only partly warm" (AOT load failure on every
-    start): with controller.engine_cpu.engine_env the second start must log torch cache HITS for the
-    very keys the first start missed, and no AOT-reload failure (docs/engine-cpu.md)."""
+    start): with the default recipe as rendered (controller.engine_cpu.launch_spec, TORCH_LOGS from
+    recipes/cpu-smollm2.yaml) the second start must log torch cache HITS for the very keys the first
+    start missed, and no AOT-reload failure (docs/engine-cpu.md)."""
     import re
 
     from controller import engine_trial

