@@ -179,8 +179,12 @@ class Preflight:
             return failed("render_failed", str(exc), f"fix field '{exc.field}' of the recipe")
         root = Path(spec.cache_root)
         if fresh_cache:
+            # The variant root lives under the recipe's own cache.root (render: <root>/<name>-<key>);
+            # only that one directory is removed, never the base itself.
+            bases = dict.fromkeys([*self.cache_bases, self.appliance_home / "cache",
+                                   Path(facts.expand(recipe.cache.root))])
             try:
-                empty_cache_root(root, [*self.cache_bases, self.appliance_home / "cache"])
+                empty_cache_root(root, list(bases))
             except (PermissionError, OSError) as exc:
                 return failed("cache_not_emptied", str(exc))
         return PreflightOk(

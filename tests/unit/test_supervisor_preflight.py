@@ -79,3 +79,26 @@ async def test_fresh_cache_makes_the_next_start_cold(tmp_path: Path) -> None:
     assert isinstance(warm, PreflightOk) and warm.cache_empty is False
     cold = await pre(3, "cpu-smollm2", True)
     assert isinstance(cold, PreflightOk) and cold.cache_empty is True and not root.exists()
+
+
+async def test_fresh_cache_empties_a_variant_root_under_the_recipes_own_cache_volume(tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "cpu-smollm2.yaml").write_text((REPO / "recipes" / "cpu-smollm2.yaml").read_text())
+    volume = tmp_path / "volume" / "compile-cache"
+    (recipes / "vol-smollm2.yaml").write_text(
+        f"name: vol-smollm2\nextends: cpu-smollm2\ncache:\n  root: {volume}\n"
+    )
+    # Lint would refuse a root under /tmp (a moving root); this test is about the deletion guard.
+    pre = Preflight(recipes_dir=recipes, appliance_home=tmp_path / "home", facts_root=HOSTS / "reference",
+                    checks=())
+    first = await pre(1, "vol-smollm2", False)
+    assert isinstance(first, PreflightOk)
+    root = Path(first.spec.cache_root)
+    assert root.parent == volume
+    (root / "inductor").mkdir(parents=True)
+    (root / "inductor" / "graph").write_text("compiled")
+    (volume / "other-recipe-variant").mkdir()
+    again = await pre(2, "vol-smollm2", True)
+    assert isinstance(again, PreflightOk) and again.cache_empty is True
+    assert not root.exists() and (volume / "other-recipe-variant").is_dir()
