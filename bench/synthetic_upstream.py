@@ -2,7 +2,8 @@
 
     python bench/synthetic_upstream.py --port 18000 --ttft-ms 50 --chunks 32 --interval-ms 10
 
-``POST /v1/chat/completions`` / ``/v1/completions``: waits ``ttft``, then (``"stream": true``) sends
+``POST /v1/chat/completions`` / ``/v1/completions``: with ``"stream": true`` sends the headers at
+once (as vLLM does), waits ``ttft``, then sends
 ``chunks`` events ``data: {...}\\n\\n`` one HTTP chunk each, ``interval`` apart, then
 ``data: [DONE]\\n\\n`` — the framing vLLM's server uses; without streaming, one JSON body after
 the whole generation time. A request body may override the shape per request: ``max_tokens`` sets
@@ -174,16 +175,18 @@ class _Conn(asyncio.Protocol):
         chat = path.endswith("chat/completions")
         rng = random.Random(len(self.server.requests))
         words = [rng.choice(_WORDS) + " " + ("x" * shape.pad) for _ in range(shape.chunks)]
-        await asyncio.sleep(shape.ttft_s)
         if not req.stream:
-            await asyncio.sleep(shape.interval_s * max(0, shape.chunks - 1))
+            await asyncio.sleep(shape.ttft_s + shape.interval_s * max(0, shape.chunks - 1))
             self._send_full(req, 200, _full_body(self.server.model, chat, "".join(words)))
             return
+        # Like vLLM (Starlette's StreamingResponse): the headers go out at once, the first token
+        # after the prefill.
         self._write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
             b"transfer-encoding: chunked\r\n\r\n",
             req,
         )
+        await asyncio.sleep(shape.ttft_s)
         rid = f"chatcmpl-{len(self.server.requests)}"
         created = int(time.time())
         for i, word in enumerate(words):

@@ -24,6 +24,8 @@ def uvicorn_config(app: GatewayApp, config: GatewayConfig) -> uvicorn.Config:
         # The upstream's Server/Date headers pass through; do not add a second pair.
         server_header=False,
         date_header=False,
+        # No X-Forwarded-* rewriting middleware: the gateway is the edge, and it costs per request.
+        proxy_headers=False,
         backlog=2048,
         # SIGTERM: stop accepting, let streams finish for this long, then close.
         timeout_graceful_shutdown=int(config.graceful_shutdown_s),
