@@ -9,6 +9,7 @@ daemon). Methods are synchronous (the docker SDK is); the async supervisor drive
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
@@ -86,3 +87,32 @@ class Runtime(Protocol):
     def cpu_seconds(self, handle: EngineHandle) -> float:
         """Total CPU time of the engine's processes so far (stall detection: no progress AND no CPU)."""
         ...
+
+
+def host_cache_dirs(spec: LaunchSpec) -> list[Path]:
+    """Host paths of the compile-cache directories the engine's env points at.
+
+    They must exist before start: tempfile silently falls back to /tmp when TMPDIR is missing, and
+    inductor then writes its 149 MB of headers to the shared /tmp (docs/engine-cpu.md), breaking the
+    per-variant cache isolation. For a container, a path under a mount target maps to the mount's
+    host source; a path on no mount lives in the container layer and is not ours to create.
+    """
+    out: list[Path] = []
+    for inside in spec.cache_dirs():
+        if spec.runtime == "process":
+            out.append(Path(inside))
+            continue
+        for mount in spec.mounts:
+            target = mount.target.rstrip("/")
+            if inside == target or inside.startswith(target + "/"):
+                out.append(Path(mount.source + inside[len(target):]))
+                break
+    return out
+
+
+def ensure_cache_dirs(spec: LaunchSpec) -> None:
+    for path in host_cache_dirs(spec):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RuntimeError_(f"cannot create the compile-cache directory {path}: {exc}") from exc

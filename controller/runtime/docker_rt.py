@@ -48,6 +48,7 @@ from controller.runtime.base import (
     EngineHandle,
     ExitInfo,
     RuntimeError_,
+    ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import slice_log
 
@@ -254,6 +255,7 @@ class DockerRuntime:
             return self.client.containers.create(**kwargs)
 
     def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+        ensure_cache_dirs(spec)
         container = self.create(spec, launch_id)
         try:
             with self._daemon(f"start container {container.name}"):

@@ -46,6 +46,7 @@ from controller.runtime.base import (
     EngineHandle,
     ExitInfo,
     RuntimeError_,
+    ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import read_log_file
 from controller.runtime.process_shim import exit_code_of, group_members
@@ -158,6 +159,7 @@ class ProcessRuntime:
             )
         if spec.workdir is not None and not Path(spec.workdir).is_dir():
             raise RuntimeError_(f"cannot start {spec.recipe!r}: workdir {spec.workdir} is not a directory")
+        ensure_cache_dirs(spec)
         run_dir = self.runs_dir / launch_id
         try:
             run_dir.mkdir(parents=True, exist_ok=False)
