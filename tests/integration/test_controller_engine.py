@@ -68,6 +68,7 @@ class Controller:
     recipes: Path
     port: int
     engine_port: int
+    recipe: str | None = RECIPE  # applied at controller start-up (None: nothing)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -84,7 +85,8 @@ class Controller:
         log = (self.home / "controller.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controller.cli.main", "serve", "--port", str(self.port),
-             "--apply", RECIPE, "--no-docker", "--no-kmsg", "--log-level", "warning"],
+             *(["--apply", self.recipe] if self.recipe else []),
+             "--no-docker", "--no-kmsg", "--log-level", "warning"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
         )
         self.wait(lambda: self.alive(), 60, "the controller to answer")
