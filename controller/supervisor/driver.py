@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from appliance.diagnosis import Diagnosis, FailureFacts, diagnose
@@ -426,6 +428,15 @@ class Driver:
     async def _start(self, action: StartEngine) -> None:
         now = self.clock.now()
         spec = action.spec
+        if action.empty_cache_first is not None:
+            root = Path(action.empty_cache_first)
+            try:
+                await asyncio.to_thread(shutil.rmtree, root)
+                self.note("cache-emptied", f"emptied {root} (fresh_cache): a cold start", action.launch_id)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.note("cache-not-emptied", f"could not empty {root}: {exc}", action.launch_id)
         self._followers[action.launch_id] = LogFollower(action.launch_id, started_at=now)
         prov = Provenance()
         if self.provenance is not None:

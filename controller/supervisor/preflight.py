@@ -77,15 +77,20 @@ def cache_is_empty(root: Path) -> bool:
     return not any(p.is_file() for p in root.rglob("*"))
 
 
-def empty_cache_root(root: Path, allowed_under: Sequence[Path]) -> None:
-    """Remove a recipe's cache root (apply with fresh_cache). Only under a known cache directory:
-    a recipe typo must never turn this into `rm -rf` of something else."""
+def removable_cache_root(root: Path, allowed_under: Sequence[Path]) -> Path:
+    """The resolved root, if it may be emptied (apply with fresh_cache): only a directory strictly
+    inside a known cache directory — a recipe typo must never become `rm -rf` of something else."""
     resolved = root.resolve()
     bases = [b.resolve() for b in allowed_under]
     if not any(resolved.is_relative_to(base) and resolved != base for base in bases):
         raise PermissionError(
             f"refusing to empty {root}: it is not inside {', '.join(str(b) for b in allowed_under)}"
         )
+    return resolved
+
+
+def empty_cache_root(root: Path, allowed_under: Sequence[Path]) -> None:
+    resolved = removable_cache_root(root, allowed_under)
     if resolved.exists():
         shutil.rmtree(resolved)
 
@@ -178,13 +183,15 @@ class Preflight:
         except RenderError as exc:
             return failed("render_failed", str(exc), f"fix field '{exc.field}' of the recipe")
         root = Path(spec.cache_root)
+        empty_first: str | None = None
         if fresh_cache:
             # The variant root lives under the recipe's own cache.root (render: <root>/<name>-<key>);
-            # only that one directory is removed, never the base itself.
+            # only that one directory is removed, never the base itself — by the driver, just before
+            # the start, once no engine runs on it any more.
             bases = dict.fromkeys([*self.cache_bases, self.appliance_home / "cache",
                                    Path(facts.expand(recipe.cache.root))])
             try:
-                empty_cache_root(root, list(bases))
+                empty_first = str(removable_cache_root(root, list(bases)))
             except (PermissionError, OSError) as exc:
                 return failed("cache_not_emptied", str(exc))
         return PreflightOk(
@@ -192,5 +199,6 @@ class Preflight:
             launch_id=new_launch_id(recipe.name, self.clock()),
             spec=spec,
             warm_restart=recipe.expect.warm_restart,
-            cache_empty=cache_is_empty(root),
+            cache_empty=fresh_cache or cache_is_empty(root),
+            empty_cache_first=empty_first,
         )

@@ -63,7 +63,10 @@ class PreflightOk:
     launch_id: str
     spec: LaunchSpec
     warm_restart: bool  # the recipe asks for the warm-cache restart flow
-    cache_empty: bool  # its cache root holds no compiled artifacts yet
+    cache_empty: bool  # its cache root holds no compiled artifacts yet (or will be emptied first)
+    # fresh_cache: this (validated) variant root is emptied right before the engine starts — not
+    # during preflight, while the old engine may still run on it.
+    empty_cache_first: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ class StartEngine:
     launch_id: str
     spec: LaunchSpec
     kind: StartKind
+    empty_cache_first: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ pure modules. A 40-minute start runs in milliseconds because time is the fake cl
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +18,11 @@ import pytest
 from appliance.diagnosis import oom_events_in_text
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle
+from controller.runtime.base import EngineHandle, ExitInfo
 from controller.store import Provenance, Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.machine import Policy, State
-from controller.supervisor.signals import Apply, Reject
+from controller.supervisor.signals import Apply, PreflightFailed, PreflightOk, Reject
 from tests.unit.supervisor_helpers import (
     FakeClock,
     FakeEngine,
@@ -290,3 +291,36 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
         return await real_sleep(0)
 
     monkeypatch.setattr(asyncio, "sleep", no_real_sleep)
+
+
+async def test_fresh_cache_is_emptied_only_when_the_new_engine_starts(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    root = tmp_path / "cache" / "test-recipe-0123"
+    (root / "inductor").mkdir(parents=True)
+    (root / "inductor" / "graph").write_text("compiled")
+    seen_at_start: list[bool] = []
+    rig.runtime.on_start = lambda e: (seen_at_start.append(root.exists()), setattr(e, "healthy", True))
+    real = rig.preflight.__call__
+
+    async def fresh(token: int, name: str, fresh_cache: bool) -> PreflightOk | PreflightFailed:
+        ok = await real(token, name, fresh_cache)
+        assert isinstance(ok, PreflightOk)
+        return dataclasses.replace(ok, empty_cache_first=str(root))
+
+    seen_at_stop: list[bool] = []
+    real_stop = rig.runtime.stop
+
+    def stop(handle: EngineHandle, grace_s: float) -> ExitInfo:
+        seen_at_stop.append(root.exists())
+        return real_stop(handle, grace_s)
+
+    rig.runtime.stop = stop  # type: ignore[method-assign]
+    rig.driver.preflight = fresh
+    rig.driver.submit(Apply("test-recipe", fresh_cache=True))
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    # Still there while the old engine was stopped; gone when the new one started.
+    assert seen_at_stop == [True] and seen_at_start == [False] and not root.exists()
+    assert any(e.kind == "cache-emptied" for e in rig.store.events())

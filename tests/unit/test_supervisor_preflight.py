@@ -78,7 +78,9 @@ async def test_fresh_cache_makes_the_next_start_cold(tmp_path: Path) -> None:
     warm = await pre(2, "cpu-smollm2", False)
     assert isinstance(warm, PreflightOk) and warm.cache_empty is False
     cold = await pre(3, "cpu-smollm2", True)
-    assert isinstance(cold, PreflightOk) and cold.cache_empty is True and not root.exists()
+    assert isinstance(cold, PreflightOk) and cold.cache_empty is True
+    # Emptied by the driver right before the start, not now (the old engine may still run on it).
+    assert cold.empty_cache_first == str(root.resolve()) and root.exists()
 
 
 async def test_fresh_cache_empties_a_variant_root_under_the_recipes_own_cache_volume(tmp_path: Path) -> None:
@@ -101,4 +103,6 @@ async def test_fresh_cache_empties_a_variant_root_under_the_recipes_own_cache_vo
     (volume / "other-recipe-variant").mkdir()
     again = await pre(2, "vol-smollm2", True)
     assert isinstance(again, PreflightOk) and again.cache_empty is True
+    assert again.empty_cache_first == str(root.resolve())
+    empty_cache_root(Path(again.empty_cache_first), [volume])
     assert not root.exists() and (volume / "other-recipe-variant").is_dir()
