@@ -7,7 +7,8 @@ query exactly these names; the gateway has its own (`appliance_gateway_*`,
 The supervisor and the watchers call these functions (nothing else touches the metric objects):
 
 - `set_engine_state(state)` → `appliance_engine_state{state}`: 1 for the current state, 0 for the
-  others (states: stopped, starting, running, backoff, stopping, exited, fatal; others are added).
+  others. The states are the supervisor's own (`controller.supervisor.machine.State`: idle,
+  preflight, starting, ready, draining, stopping, backoff, failed), all present at 0 from start-up.
 - `begin_launch(recipe, cache, *, ready_budget_s, min_mem_available_bytes, started_at)` → counts
   `appliance_engine_launches_total{recipe,cache}` (cache "cold"/"warm"), sets
   `appliance_engine_launch_start_timestamp_seconds{recipe}` (wall clock),
@@ -17,6 +18,11 @@ The supervisor and the watchers call these functions (nothing else touches the m
   latest, 0 for earlier ones) and `appliance_engine_phase_reached_seconds{recipe,phase}`.
 - `record_ready(recipe, cache, seconds)` → histogram `appliance_engine_ready_seconds{recipe,cache}`,
   `appliance_engine_last_ready_seconds{recipe,cache}`, `appliance_engine_ready{recipe}` = 1.
+- `set_engine_ready(recipe)` → `appliance_engine_ready{recipe}` = 1 without a ready-time sample (an
+  adopted engine: its start was measured by the controller that launched it).
+- `end_launch(recipe)` → the engine is gone (exited, stopped, never started):
+  `appliance_engine_ready{recipe}` = 0, and the start timestamp / ready budget series are dropped, so
+  "not ready past its budget" cannot fire for an engine that no longer exists.
 - `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
   (start: cold/warm; result: hit/miss/unknown, as `appliance.log_phases.CacheOutcome`).
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
@@ -56,12 +62,15 @@ from prometheus_client.registry import Collector
 
 from appliance.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
 from appliance.procfs import ProcessMemory
+from controller.supervisor.machine import State
 from controller.watch.sampler import HostSample, Watermarks
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-# The supervisor's states (ARCHITECTURE "explicit state machine"); unknown states are added on use.
-ENGINE_STATES = ("stopped", "starting", "running", "backoff", "stopping", "exited", "fatal")
+# The supervisor's states, from the state machine itself: alert rules and dashboards select these
+# label values (tests/unit/test_monitoring_rules.py checks them against State). Unknown states are
+# added on use.
+ENGINE_STATES = tuple(s.value for s in State)
 CACHE_KINDS = ("cold", "warm")
 COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.log_phases.CacheOutcome values
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
@@ -279,6 +288,20 @@ def record_ready(recipe: str, cache: str, seconds: float) -> None:
     engine_ready_seconds.labels(recipe, cache).observe(seconds)
     engine_last_ready_seconds.labels(recipe, cache).set(seconds)
     engine_ready.labels(recipe).set(1)
+
+
+def set_engine_ready(recipe: str) -> None:
+    """The current launch of `recipe` serves (an adopted engine that answered its probes)."""
+    engine_ready.labels(recipe).set(1)
+
+
+def end_launch(recipe: str) -> None:
+    """The launch of `recipe` ended (exit, stop, failed start): not ready any more, and no start in
+    progress whose budget could run out."""
+    with _lock:
+        engine_ready.labels(recipe).set(0)
+        engine_launch_start.remove(recipe)  # absent series: nothing to do
+        engine_ready_budget.remove(recipe)
 
 
 def record_compile_cache(recipe: str, start: str, result: str) -> None:

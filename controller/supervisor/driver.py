@@ -7,7 +7,8 @@ a real vLLM engine.
 
 One loop iteration (`step`): read new log text (phases → PhaseSeen), sample CPU time (CpuSample),
 see whether the engine is still running (exit → diagnosis → Exited), probe readiness while
-starting (ReadyProbed) or health while ready (HealthLost), then Tick. Slow work (runtime calls,
+starting (ReadyProbed) or health while ready (HealthLost), check that the gateway still routes to
+the ready engine (a restarted gateway forgets its slot), then Tick. Slow work (runtime calls,
 probes, preflight, gateway calls) runs in tasks that answer with observations; `submit` itself
 never awaits, so two concurrent API requests see one consistent machine (the second apply of a
 pair gets its 409 from the transition function, not from a race).
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from appliance.diagnosis import Diagnosis, FailureFacts, diagnose
+from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
@@ -33,7 +34,7 @@ from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
 from controller.store import Provenance, Store
 from controller.supervisor.follow import LogFollower
-from controller.supervisor.gateway_link import GatewayError, GatewayLink
+from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
 from controller.supervisor.probes import Prober, reachable_url
 from controller.supervisor.signals import (
@@ -100,6 +101,9 @@ class DriverConfig:
     # watch before classifying an exit (its detection latency goal is < 1 s, issue 4).
     oom_settle_s: float = 1.0
     stop_retries: int = 3
+    # While ready: ask the gateway (GET /admin/upstream) whether it still routes to the engine. A
+    # gateway restarted under a running controller has no slot and answers 503 until told again.
+    gateway_check_interval_s: float = 10.0
 
 
 def failure_of(d: Diagnosis) -> Failure:
@@ -143,6 +147,9 @@ class Driver:
         self._probing = False
         self._next_probe = 0.0
         self._health_failures = 0
+        self._checking_gateway = False
+        self._next_gateway_check = 0.0
+        self._gateway_unreachable = False
         self._cache_seen: dict[str, CacheOutcome] = {}
         self._recorded_ready_s: dict[str, float] = {}  # adopted engines: their start as recorded
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,6 +177,10 @@ class Driver:
     def _state_changed(self) -> None:
         m = self.m
         metrics.set_engine_state(m.state.value)
+        if m.state is State.READY and m.launch is not None:
+            # Every way into ready, including an adopted engine (it has no MarkReady: its start was
+            # measured by the controller that launched it).
+            metrics.set_engine_ready(m.launch.spec.recipe)
         self._publish({
             "type": "state",
             "state": m.state.value,
@@ -195,6 +206,7 @@ class Driver:
             await self._follow(launch)
             await self._watch_exit(launch)
             self._watch_readiness(launch)
+            self._watch_gateway(launch)
         self.submit(Tick())
 
     async def settle(self) -> None:
@@ -352,6 +364,45 @@ class Driver:
             self._health_failures = 0
             detail = f"{self.config.health_failures} health probes failed: {error}"
             self.submit(HealthLost(launch.launch_id, detail))
+
+    def _watch_gateway(self, launch: Launch) -> None:
+        now = self.clock.now()
+        if self.m.state is not State.READY or self._checking_gateway or now < self._next_gateway_check:
+            return
+        self._checking_gateway = True
+        self._next_gateway_check = now + self.config.gateway_check_interval_s
+        self._spawn(self._check_gateway(launch), f"gateway check {launch.launch_id}")
+
+    async def _check_gateway(self, launch: Launch) -> None:
+        """Re-send the upstream when the gateway routes elsewhere or nowhere (it restarted, or the
+        point_to at ready time failed). Under the gateway lock: a drain or clear is never undone."""
+        try:
+            async with self._gateway_lock:
+                current = self.m.launch.launch_id if self.m.launch is not None else None
+                if self.m.state is State.READY and current == launch.launch_id:
+                    await self._reassert_upstream(launch)
+        finally:
+            self._checking_gateway = False
+
+    async def _reassert_upstream(self, launch: Launch) -> None:
+        url, model = reachable_url(launch.spec), launch.spec.served_model_name
+        try:
+            found = await self.gateway.current()
+            if not same_upstream(found, url, model):
+                await self.gateway.point_to(url, model)
+        except GatewayError as exc:
+            if not self._gateway_unreachable:  # said once per outage, not every check
+                self._gateway_unreachable = True
+                self.note("gateway-error", f"upstream check: {exc}", launch.launch_id)
+            return
+        if self._gateway_unreachable:
+            self._gateway_unreachable = False
+            self.note("gateway-reachable", "the gateway answers again", launch.launch_id)
+        if not same_upstream(found, url, model):
+            was = {"url": found.url, "served_model": found.served_model} if found else None
+            self.note("gateway-upstream-restored",
+                      f"the gateway routed to {found.url if found else 'nothing'}: upstream {url} sent again",
+                      launch.launch_id, {"found": was, "url": url, "served_model": model})
 
     # ------------------------------------------------------------------------------------------
     # Adoption
@@ -538,15 +589,19 @@ class Driver:
         diagnosis = self._diagnoses.pop(action.launch_id, None)
         follower = self._followers.pop(action.launch_id, None)
         failure = action.failure
-        if failure is not None and diagnosis is None and failure.code in _MACHINE_DIAGNOSED:
+        spec = self.store.get_spec(action.launch_id)
+        if spec is not None:
+            metrics.end_launch(spec.recipe)  # exited, stopped or never started: not ready any more
+        machine_diagnosed = failure is not None and failure.code in _MACHINE_DIAGNOSED
+        if failure is not None and machine_diagnosed and diagnosis is None and spec is not None:
             # The machine decided (stall, budget): classify with the same rules over the same evidence
             # (an OOM record or a known signature in the tail outranks "stalled").
-            spec = self.store.get_spec(action.launch_id)
-            if spec is not None:
-                started = follower.started_at if follower else now
-                launch = Launch(action.launch_id, spec, StartKind.NORMAL, started_at=started)
-                diagnosis = self._diagnose(launch, info, follower, stalled=failure.code == "stalled",
-                                           over_budget=failure.code == "ready_budget_exceeded")
+            started = follower.started_at if follower else now
+            launch = Launch(action.launch_id, spec, StartKind.NORMAL, started_at=started)
+            diagnosis = self._diagnose(
+                launch, info, follower, stalled=failure.code == DiagnosisCode.STALLED,
+                over_budget=failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED,
+            )
         diag_dict: dict[str, Any] | None = None
         if diagnosis is not None:
             diag_dict = diagnosis.model_dump(mode="json", exclude={"findings"})
@@ -636,7 +691,9 @@ class Driver:
         return out
 
 
-_MACHINE_DIAGNOSED = frozenset({"stalled", "ready_budget_exceeded"})
+# The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's
+# re-diagnosis over the evidence and the machine's own verdict use one spelling.
+_MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})
 
 
 def _failure_dict(f: Failure) -> dict[str, Any]:

@@ -5,13 +5,32 @@ surface takes `PUT /admin/upstream` (switch, draining the old slot) and `POST /a
 (controller/gateway/control.py). Without a gateway (tests, `serve --no-gateway`) the link is a
 no-op. Gateway errors never stop the supervisor: the engine is still supervised, and the failure
 is reported as an event.
+
+The gateway keeps its slot in memory only: a gateway restarted under a running controller starts
+with no upstream and answers 503 until told again. `current()` (`GET /admin/upstream`, cheap) lets
+the driver see that while its engine is ready and re-send the upstream.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from controller.gateway import control
+
+
+@dataclass(frozen=True)
+class GatewayUpstream:
+    """Where the gateway sends new requests."""
+
+    url: str
+    served_model: str | None
+
+
+def same_upstream(current: GatewayUpstream | None, url: str, served_model: str) -> bool:
+    """Does the gateway route to this engine? (It strips a trailing slash from the URL it stores.)"""
+    return (current is not None and current.url.rstrip("/") == url.rstrip("/")
+            and current.served_model == served_model)
 
 
 class GatewayLink(Protocol):
@@ -27,16 +46,28 @@ class GatewayLink(Protocol):
         """No slot: 503 + Retry-After for new requests, at once."""
         ...
 
+    async def current(self) -> GatewayUpstream | None:
+        """The gateway's upstream now (None: no slot, e.g. a gateway that just restarted)."""
+        ...
+
 
 class NoGateway:
+    """No gateway process: remembers what it was told, so `current()` never asks for a re-send."""
+
+    def __init__(self) -> None:
+        self._upstream: GatewayUpstream | None = None
+
     async def point_to(self, url: str, served_model: str) -> None:
-        return None
+        self._upstream = GatewayUpstream(url, served_model)
 
     async def drain(self, deadline_s: float, retry_after_s: float) -> None:
-        return None
+        self._upstream = None
 
     async def clear(self, retry_after_s: float) -> None:
-        return None
+        self._upstream = None
+
+    async def current(self) -> GatewayUpstream | None:
+        return self._upstream
 
 
 class ControlGateway:
@@ -58,6 +89,14 @@ class ControlGateway:
         await control.set_upstream(
             self.url, self._token, None, None, drain_deadline_s=0.0, retry_after_s=_secs(retry_after_s)
         )
+
+    async def current(self) -> GatewayUpstream | None:
+        data = await control.get_upstream(self.url, self._token)
+        up = data.get("upstream")
+        if not isinstance(up, dict) or not isinstance(up.get("url"), str):
+            return None
+        served = up.get("served_model")
+        return GatewayUpstream(up["url"], served if isinstance(served, str) else None)
 
 
 def _secs(value: float) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from appliance.diagnosis import DiagnosisCode
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle
 from controller.supervisor.signals import (
@@ -474,7 +475,7 @@ def _tick(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         if now >= launch.deadline:
             # starting + budget spent → stopping, then failed (retrying cannot make it faster).
             failure = Failure(
-                "ready_budget_exceeded",
+                DiagnosisCode.READY_BUDGET_EXCEEDED.value,
                 f"not ready after {launch.spec.ready_budget_s} s (last phase: {launch.phase or 'none'})",
                 "if the phases were still advancing, raise expect.ready_budget_s (default graph needs "
                 "≥ 2700 s, DOMAIN §4); otherwise read the log tail",
@@ -485,7 +486,7 @@ def _tick(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         if now - quiet_since >= launch.spec.stall_window_s:
             # starting + no phase progress and no CPU for the stall window → stopping, then backoff.
             failure = Failure(
-                "stalled",
+                DiagnosisCode.STALLED.value,
                 f"no phase progress and no CPU time for {round(now - quiet_since)} s "
                 f"(last phase: {launch.phase or 'none'})",
                 "the start hung; see the log tail (a card too small for the model stalls in torch.compile, "

@@ -221,7 +221,7 @@ def _set_controller_values() -> None:
     metrics.record_compile_cache("recipe-c", "warm", "hit")
     metrics.record_ready("recipe-c", "warm", 230.0)
     metrics.record_ready("recipe-c", "cold", 352.0)  # DOMAIN §2: recipe C 352 s cold, 230 s warm
-    metrics.set_engine_state("running")
+    metrics.set_engine_state("ready")
     metrics.observe_host(sample)
     marks = Watermarks("l1")
     marks.update(sample, phase="graph_capture")

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from appliance.launch_spec import LaunchSpec
+from controller.gateway.control import GatewayControlError
 from controller.runtime.base import EngineHandle, ExitInfo
+from controller.supervisor.gateway_link import GatewayUpstream
 from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
 
 
@@ -150,14 +152,38 @@ class FakePreflight:
 
 
 class RecordingGateway:
+    """A fake gateway link that keeps the slot the way the gateway process does: in memory, so
+    `restart()` forgets it; `down` makes every call fail as an unreachable gateway does."""
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.upstream: GatewayUpstream | None = None
+        self.down = False
+        self.checks = 0
+
+    def _reach(self) -> None:
+        if self.down:
+            raise GatewayControlError("gateway http://127.0.0.1:8080 unreachable: connection refused")
+
+    def restart(self) -> None:
+        self.upstream = None
 
     async def point_to(self, url: str, served_model: str) -> None:
         self.calls.append(("point_to", url))
+        self._reach()
+        self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
 
     async def drain(self, deadline_s: float, retry_after_s: float) -> None:
         self.calls.append(("drain", deadline_s))
+        self._reach()
+        self.upstream = None
 
     async def clear(self, retry_after_s: float) -> None:
         self.calls.append(("clear", retry_after_s))
+        self._reach()
+        self.upstream = None
+
+    async def current(self) -> GatewayUpstream | None:
+        self.checks += 1
+        self._reach()
+        return self.upstream

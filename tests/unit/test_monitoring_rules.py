@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from controller import metrics
 from controller.gateway.metrics import GatewayMetrics
+from controller.supervisor.machine import State
 
 MON = Path(__file__).resolve().parents[2] / "monitoring"
 PROM = MON / "prometheus"
@@ -53,6 +54,21 @@ def test_promtool_test_rules() -> None:
     res = promtool("test", "rules", str(RULE_TESTS))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
+
+
+@needs_promtool
+def test_promtool_test_rules_fail_for_a_state_the_supervisor_never_sets(tmp_path: Path) -> None:
+    # The engine-failed alert once selected state="fatal", which the supervisor never exports (its
+    # terminal state is "failed"): the rule tests must catch that rule.
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "tests").mkdir()
+    text = RULES.read_text()
+    assert 'appliance_engine_state{state="failed"}' in text
+    (tmp_path / "rules" / RULES.name).write_text(text.replace('state="failed"', 'state="fatal"'))
+    (tmp_path / "tests" / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    res = promtool("test", "rules", str(tmp_path / "tests" / RULE_TESTS.name))
+    assert res.returncode != 0
+    assert "ApplianceEngineFatal" in res.stdout + res.stderr
 
 
 @needs_promtool
@@ -138,6 +154,42 @@ def test_rules_and_dashboards_use_only_exported_appliance_metrics() -> None:
         (where, name) for where, expr in used for name in _appliance_names(expr) if name not in exported
     }
     assert not unknown, sorted(unknown)
+
+
+# `state` label matchers (=, !=, =~, !~) in PromQL, also inside JSON strings where quotes are \".
+_STATE_MATCHER = re.compile(r'(?<![A-Za-z0-9_])state\s*(=~|!~|!=|=)\s*\\?"((?:[^"\\]|\\(?!"))*)\\?"')
+MONITORING_FILES = sorted(p for ext in ("yml", "yaml", "json") for p in MON.rglob(f"*.{ext}"))
+
+
+def _state_values(text: str) -> Iterator[str]:
+    """Every state name a `state` matcher selects; a regex matcher is read as an alternation of names."""
+    for m in _STATE_MATCHER.finditer(text):
+        op, value = m.group(1), m.group(2)
+        yield from (value.split("|") if op in ("=~", "!~") else [value])
+
+
+def test_state_matcher_finds_states_in_rules_tests_and_dashboards() -> None:
+    # The checker itself: it must see the old broken rule, JSON-escaped quotes and regex alternations.
+    assert list(_state_values('appliance_engine_state{state="fatal"} == 1')) == ["fatal"]
+    assert list(_state_values('"expr": "appliance_engine_state{state=\\"stopped\\"}"')) == ["stopped"]
+    assert list(_state_values('x{job="a", state=~"ready|draining"}')) == ["ready", "draining"]
+    assert list(_state_values("state: failed  {{state}}  estate=\"x\"")) == []
+
+
+def test_every_state_label_in_monitoring_is_a_real_supervisor_state() -> None:
+    # Rules, rule tests and dashboards select supervisor states by name; a name the State enum does
+    # not have matches nothing and the alert or panel is silently dead (state="fatal" was).
+    real = {s.value for s in State}
+    used = {(str(path.relative_to(MON)), value)
+            for path in MONITORING_FILES for value in _state_values(path.read_text())}
+    assert ("prometheus/rules/appliance.rules.yml", "failed") in used  # the check is not vacuous
+    unknown = sorted((where, value) for where, value in used if value not in real)
+    assert not unknown, f"not a controller.supervisor.machine.State value: {unknown}"
+    # And the controller exports exactly these states (present at 0 from start-up).
+    assert set(metrics.ENGINE_STATES) == real
+    body = metrics.render()[0].decode()
+    exported = {m.group(1) for m in re.finditer(r'^appliance_engine_state\{state="([^"]+)"\}', body, re.M)}
+    assert exported >= real
 
 
 def test_dashboards_are_well_formed() -> None:

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis import oom_events_in_text
+from appliance.diagnosis import DiagnosisCode, oom_events_in_text
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
+from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo
 from controller.store import Provenance, Store
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.gateway_link import GatewayUpstream
 from controller.supervisor.machine import Policy, State
-from controller.supervisor.signals import Apply, PreflightFailed, PreflightOk, Reject
+from controller.supervisor.signals import Apply, PreflightFailed, PreflightOk, Reject, Stop
 from tests.unit.supervisor_helpers import (
     FakeClock,
     FakeEngine,
@@ -324,3 +326,136 @@ async def test_fresh_cache_is_emptied_only_when_the_new_engine_starts(tmp_path: 
     # Still there while the old engine was stopped; gone when the new one started.
     assert seen_at_stop == [True] and seen_at_start == [False] and not root.exists()
     assert any(e.kind == "cache-emptied" for e in rig.store.events())
+
+
+# --- seams: metrics, diagnosis codes, the gateway's slot --------------------------------------------
+
+
+def _ready_gauge(recipe: str = "test-recipe") -> float | None:
+    return metrics.REGISTRY.get_sample_value("appliance_engine_ready", {"recipe": recipe})
+
+
+def _launch_start(recipe: str = "test-recipe") -> float | None:
+    return metrics.REGISTRY.get_sample_value("appliance_engine_launch_start_timestamp_seconds",
+                                             {"recipe": recipe})
+
+
+def _state_gauge(state: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value("appliance_engine_state", {"state": state})
+
+
+async def test_the_ready_gauge_falls_to_0_when_the_engine_exits_or_is_stopped(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    assert _ready_gauge() == 1 and _state_gauge("ready") == 1
+    assert _launch_start() is not None
+    # The engine dies: not ready any more, and no start is in progress whose budget could run out
+    # (ApplianceEngineNotReadyPastBudget must not fire for an engine that is gone).
+    rig.runtime.current().die(signal=9)
+    await rig.run_until(lambda: rig.driver.m.state is State.BACKOFF, 30)
+    assert _ready_gauge() == 0 and _state_gauge("backoff") == 1 and _state_gauge("ready") == 0
+    assert _launch_start() is None
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    assert _ready_gauge() == 1 and _launch_start() is not None
+    # An operator stop: drained, stopped, idle — 0 again.
+    rig.driver.submit(Stop())
+    await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
+    assert _ready_gauge() == 0 and _launch_start() is None and _state_gauge("idle") == 1
+
+
+async def test_an_adopted_engine_is_marked_ready_once_it_answers(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    metrics.end_launch("test-recipe")  # whatever an earlier test left: this controller just started
+    handle = EngineHandle(launch_id="Ladopted", runtime="process", ref="778", recipe="test-recipe",
+                          spec_hash=spec.spec_hash, started_at=rig.clock.t - 600)
+    rig.runtime.engines["Ladopted"] = FakeEngine(handle, log="INFO Application startup complete.\n",
+                                                 healthy=True)
+    rig.store.create_launch("Ladopted", spec, "normal", Provenance(), rig.clock.t - 600)
+    rig.store.set_handle("Ladopted", handle, rig.clock.t - 600)
+    await rig.driver.adopt()
+    assert rig.driver.m.state is State.STARTING and _ready_gauge() == 0
+    await rig.step()
+    assert rig.driver.m.state is State.READY
+    assert _ready_gauge() == 1 and _state_gauge("ready") == 1
+    rig.runtime.engines["Ladopted"].die(signal=9)
+    await rig.run_until(lambda: rig.driver.m.state is not State.READY, 30)
+    assert _ready_gauge() == 0
+
+
+async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code(tmp_path: Path) -> None:
+    # The machine decides "budget spent"; the driver re-diagnoses over the evidence with the same rules.
+    # Both must spell it as appliance.diagnosis does, or the re-diagnosis is skipped (it was keyed on
+    # the machine's own string).
+    rig = make_rig(tmp_path, make_spec(budget=100, stall=600))
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+    engine.log = "INFO Loading weights took 0.82 seconds\n"
+
+    def busy() -> bool:
+        engine.cpu += 10.0  # working, just slow: not a stall
+        return rig.driver.m.state is State.FAILED
+
+    await rig.run_until(busy, limit_s=200)
+    rec = rig.store.get_launch("L1")
+    assert rec is not None and rec.status == "failed" and rec.diagnosis is not None
+    assert rec.diagnosis["code"] == DiagnosisCode.READY_BUDGET_EXCEEDED.value
+    assert "weights loaded" in rec.diagnosis["summary"]  # the diagnosis module's phrasing, not the machine's
+    assert rig.driver.m.last_failure is not None
+    assert rig.driver.m.last_failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED
+    assert any(e.kind == DiagnosisCode.READY_BUDGET_EXCEEDED.value for e in rig.store.events())
+
+
+async def test_a_restarted_gateway_gets_the_upstream_again(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.step()
+    url = "http://127.0.0.1:18000"
+    assert rig.gateway.upstream == GatewayUpstream(url, "smollm2")
+    # A gateway that already routes to the engine is asked, not told again.
+    for _ in range(6):
+        await rig.step(10)
+    assert rig.gateway.checks >= 5
+    assert [c for c in rig.gateway.calls if c[0] == "point_to"] == [("point_to", url)]
+    # The gateway process restarts: it has no slot (clients get 503) until the next check re-sends it.
+    rig.gateway.restart()
+    waited = await rig.run_until(lambda: rig.gateway.upstream is not None, limit_s=20, each=5)
+    assert waited <= 15
+    assert rig.gateway.upstream == GatewayUpstream(url, "smollm2")
+    restored = [e for e in rig.store.events() if e.kind == "gateway-upstream-restored"]
+    assert len(restored) == 1 and restored[0].data is not None and restored[0].data["found"] is None
+
+
+async def test_an_unreachable_gateway_is_reported_once_and_pointed_when_it_is_back(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    rig.gateway.down = True
+    rig.gateway.restart()
+    for _ in range(6):
+        await rig.step(10)
+    assert rig.driver.m.state is State.READY  # the engine is still supervised
+    assert len([e for e in rig.store.events() if e.kind == "gateway-error"]) == 1
+    rig.gateway.down = False
+    await rig.run_until(lambda: rig.gateway.upstream is not None, limit_s=20, each=5)
+    kinds = [e.kind for e in rig.store.events()]
+    assert "gateway-reachable" in kinds and "gateway-upstream-restored" in kinds
+
+
+async def test_the_gateway_check_never_undoes_a_stop(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    rig.driver.submit(Stop())
+    await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
+    for _ in range(4):
+        await rig.step(10)
+    assert rig.gateway.upstream is None
+    assert [c for c in rig.gateway.calls if c[0] == "point_to"] == [("point_to", "http://127.0.0.1:18000")]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
+from pathlib import Path
 from typing import TypeVar
 
+from appliance.diagnosis import DiagnosisCode
 from controller.runtime.base import ExitInfo
 from controller.supervisor.machine import BUSY, Machine, Policy, State, backoff_delay, progress, transition
 from controller.supervisor.signals import (
@@ -363,3 +366,59 @@ def test_restart_needs_something_to_restart_and_resets_a_failed_machine() -> Non
     r = Run(failed)
     r.feed(Restart(), 0)
     assert r.m.state is State.PREFLIGHT and r.m.failures == 0
+
+
+# --- failure codes: one spelling, appliance.diagnosis's -------------------------------------------
+
+CONTROLLER = Path(__file__).resolve().parents[2] / "controller"
+
+
+def _literal_failure_codes(source: str) -> list[str]:
+    """String literals given as the code of a `Failure(...)` in Python source."""
+    codes: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Failure"):
+            continue
+        args = [*node.args[:1], *(k.value for k in node.keywords if k.arg == "code")]
+        codes += [a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return codes
+
+
+def _diagnosis_spelled(code: str) -> bool:
+    return code.lower().replace("-", "_").replace(" ", "_") in {c.value for c in DiagnosisCode}
+
+
+def test_literal_failure_codes_are_found_and_a_respelled_diagnosis_code_is_caught() -> None:
+    src = ('Failure("ready-budget-exceeded", "x")\n'
+           'Failure(code="stalled")\n'
+           'Failure(DiagnosisCode.STALLED.value)')
+    assert _literal_failure_codes(src) == ["ready-budget-exceeded", "stalled"]
+    assert all(_diagnosis_spelled(c) for c in _literal_failure_codes(src))
+    assert not _diagnosis_spelled("health_lost")
+
+
+def test_the_controller_never_spells_a_diagnosis_code_itself() -> None:
+    # A failure the diagnosis module also knows (stall, spent budget, ...) takes its code from
+    # DiagnosisCode: the driver re-diagnoses machine-decided failures by code, the API and the launch
+    # records show it, and a second spelling ("ready-budget-exceeded") silently splits them.
+    offenders = [
+        (str(path.relative_to(CONTROLLER.parent)), code)
+        for path in sorted(CONTROLLER.rglob("*.py"))
+        for code in _literal_failure_codes(path.read_text())
+        if _diagnosis_spelled(code)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_machines_own_failures_carry_diagnosis_codes() -> None:
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    r.start(0, budget=100, stall=600)
+    r.feed(Tick(), 100)
+    assert r.m.stop_failure is not None and r.m.stop_failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED
+    r2 = Run()
+    r2.feed(Apply("test-recipe"), 0)
+    lid = r2.start(0, budget=2700, stall=120)
+    r2.feed(CpuSample(lid, 1.0), 0)
+    r2.feed(Tick(), 120)
+    assert r2.m.stop_failure is not None and r2.m.stop_failure.code == DiagnosisCode.STALLED
