@@ -28,7 +28,12 @@ from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo
 
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+# A secret-looking word as a whole `_`-separated component (HF_TOKEN, OPENAI_API_KEY, APIKEY...):
+# a bare substring match redacted TOKENIZERS_PARALLELISM and hid a DOMAIN §2 must-export value.
+_SECRET_NAME = re.compile(
+    r"(?:^|_)(?:TOKEN|TOKENS|KEY|KEYS|APIKEY|SECRET|SECRETS|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)",
+    re.IGNORECASE,
+)
 
 
 def is_secret_name(name: str) -> bool:

@@ -29,7 +29,12 @@ def test_secrets_are_redacted_by_name() -> None:
     assert out["HF_TOKEN"] == out["OPENAI_API_KEY"] == out["db_password"] == REDACTED
     assert out["AWS_SECRET_ACCESS_KEY"] == REDACTED
     assert out["VLLM_CACHE_ROOT"] == "/c"
-    assert out["KEYBOARD"] == REDACTED  # by name, conservatively: a false positive costs nothing
+    # Whole name components only: a substring match hid TOKENIZERS_PARALLELISM (a DOMAIN §2
+    # must-export) from the launch record, which is exactly what an operator checks after a bad start.
+    assert out["KEYBOARD"] == "us"
+    assert redact_env({"TOKENIZERS_PARALLELISM": "false"}) == {"TOKENIZERS_PARALLELISM": "false"}
+    assert redact_env({"GITHUB_TOKEN": "t", "MY_APIKEY": "k", "Secret": "s"}) == {
+        "GITHUB_TOKEN": REDACTED, "MY_APIKEY": REDACTED, "Secret": REDACTED}
     argv = ["python", "-m", "x", "--api-key", "s3cret", "--hf-token=abc", "--port", "8000"]
     assert redact_argv(argv) == ["python", "-m", "x", "--api-key", REDACTED, f"--hf-token={REDACTED}",
                                  "--port", "8000"]
