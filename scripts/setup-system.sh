@@ -19,5 +19,5 @@ fi
 echo "[setup-system] installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+apt-get install -y -qq "${need[@]}" >/dev/null  # with recommends: the set validated on these machines
 # Debian starts services it installs where it can; the appliance starts its own.
