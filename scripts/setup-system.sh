@@ -17,7 +17,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 echo "[setup-system] installing ${need[*]}"
-export DEBIAN_FRONTEND=noninteractive
+export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1  # no restart prompts in CI
 apt-get update -qq
 apt-get install -y -qq "${need[@]}" >/dev/null  # with recommends: the set validated on these machines
 # Debian starts services it installs where it can; the appliance starts its own.
