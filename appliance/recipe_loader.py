@@ -8,6 +8,12 @@ recipe must cost a minute, not an afternoon (DOMAIN §2: "missing one causes tro
 Merge rules: mappings merge key by key (a child overrides one env var without restating the rest);
 lists and scalars replace; `null` in a child deletes the key, so the field falls back to the model's
 default. `name`, `extends`, `abstract` and `description` are never inherited.
+
+Limits (the controller's unauthenticated `GET /recipes` loads the same directory, so a recipe file
+is untrusted input): a file is at most `MAX_RECIPE_BYTES`, a directory at most `MAX_RECIPE_FILES`
+files, nesting at most `MAX_DEPTH` levels, and anchors/aliases are refused outright — a 608-byte
+"billion laughs" alias chain expands to gigabytes once constructed. Each file is parsed once
+(compose → check → construct from the same node tree), with libyaml's C parser when PyYAML has it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ from pydantic import BaseModel, ValidationError
 from appliance.recipe_model import Recipe
 
 _NOT_INHERITED = ("name", "extends", "abstract", "description")
+# The largest shipped recipe is ~8 KB; 256 KiB leaves room for comments and long `why`s.
+MAX_RECIPE_BYTES = 256 * 1024
+MAX_RECIPE_FILES = 512
+MAX_DEPTH = 32
+# libyaml's C loader when PyYAML was built with it (≈10× faster); the pure-Python one otherwise.
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class RecipeError(Exception):
@@ -52,8 +64,24 @@ def load_recipes(directory: Path) -> dict[str, Recipe]:
     if not directory.is_dir():
         raise RecipeError(f"recipe directory {directory} does not exist (set APPLIANCE_RECIPES?)",
                           file=str(directory), rule="missing-directory")
-    sources = {str(p): p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.yaml"))}
-    return parse_recipes(sources)
+    files = sorted(directory.glob("*.yaml"))
+    if len(files) > MAX_RECIPE_FILES:
+        raise RecipeError(f"{len(files)} recipe files, more than the limit of {MAX_RECIPE_FILES} "
+                          f"(rule: too-many-files)", file=str(directory), rule="too-many-files")
+    return parse_recipes({str(p): _read_bounded(p) for p in files})
+
+
+def _read_bounded(path: Path) -> str:
+    with path.open("rb") as fh:
+        data = fh.read(MAX_RECIPE_BYTES + 1)  # never more than the limit into memory
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"file is larger than the {MAX_RECIPE_BYTES // 1024} KiB limit for a recipe "
+                          f"(rule: file-too-large)", file=str(path), rule="file-too-large")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"not UTF-8 text: {exc.reason} at byte {exc.start} (rule: not-utf8)",
+                          file=str(path), rule="not-utf8") from None
 
 
 def parse_recipes(sources: Mapping[str, str]) -> dict[str, Recipe]:
@@ -80,14 +108,24 @@ class _RawRecipe:
 
     @classmethod
     def parse(cls, file: str, text: str) -> _RawRecipe:
+        if len(text.encode("utf-8")) > MAX_RECIPE_BYTES:
+            raise RecipeError(f"file is larger than the {MAX_RECIPE_BYTES // 1024} KiB limit for a recipe "
+                              f"(rule: file-too-large)", file=file, rule="file-too-large")
+        loader = _LOADER(text)
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            data = yaml.safe_load(text)
+            node = loader.get_single_node()
+            if node is not None:
+                _check_tree(file, node)
+                data = loader.construct_document(node)
+            else:
+                data = None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = mark.line + 1 if mark is not None else None
             raise RecipeError(f"YAML syntax error: {exc.problem or exc.context} (rule: yaml-syntax)",
                               file=file, line=line, rule="yaml-syntax") from None
+        finally:
+            loader.dispose()
         if not isinstance(data, dict) or node is None:
             raise RecipeError("a recipe file must be a YAML mapping (name: …, platform: …)",
                               file=file, line=1, rule="not-a-mapping")
@@ -128,6 +166,32 @@ class _RawRecipe:
                 return False
             value = value[key]
         return True
+
+
+def _check_tree(file: str, root: yaml.Node) -> None:
+    """Refuse aliases (a node reached twice: how the composer represents `*ref`) and deep nesting.
+
+    Iterative, and it stops at the first repeated node, so it costs one visit per distinct node —
+    the node tree of a billion-laughs file is small; only constructing it would explode.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        line = node.start_mark.line + 1
+        if id(node) in seen:
+            raise RecipeError("YAML aliases (*name) are not allowed in recipes: the value anchored here "
+                              "is reused; write it out, or use `extends` to share settings "
+                              "(rule: yaml-alias)",
+                              file=file, line=line, rule="yaml-alias")
+        seen.add(id(node))
+        if depth > MAX_DEPTH:
+            raise RecipeError(f"nested deeper than {MAX_DEPTH} levels (rule: yaml-too-deep)",
+                              file=file, line=line, rule="yaml-too-deep")
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((part, depth + 1) for pair in node.value for part in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
 
 
 def _chain(name: str, raw: Mapping[str, _RawRecipe]) -> list[_RawRecipe]:

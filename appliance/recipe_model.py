@@ -9,10 +9,17 @@ Facts behind the fields are cited as DOMAIN §n / S<step> (see shared/DOMAIN.md)
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# POSIX portable environment variable names (IEEE Std 1003.1 §8.1). A name is written unquoted into
+# `export NAME=…` (shell render), `-e NAME=…` (docker) and compose's `environment:` — anything else
+# (`X=1; touch p; Y`, `Z$(touch q)`) would be a command, so it is refused at load time.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Strict(BaseModel):
@@ -130,6 +137,10 @@ def _coerce_env(value: object) -> object:
     return value
 
 
+def is_env_name(name: str) -> bool:
+    return ENV_NAME_RE.fullmatch(name) is not None
+
+
 class Environment(Strict):
     vars: dict[str, EnvVar] = Field(default_factory=dict)
     source_files: tuple[str, ...] = Field(
@@ -145,6 +156,19 @@ class Environment(Strict):
     @classmethod
     def _shorthand(cls, value: object) -> object:
         return _coerce_env(value)
+
+    @field_validator("vars")
+    @classmethod
+    def _posix_names(cls, value: dict[str, EnvVar]) -> dict[str, EnvVar]:
+        bad = [name for name in value if not is_env_name(name)]
+        if bad:
+            raise PydanticCustomError(
+                "env-name-posix",
+                "env var name(s) {names} are not POSIX names: a name must match [A-Za-z_][A-Za-z0-9_]* "
+                "(it is written unquoted into the shell, docker and compose renders)",
+                {"names": ", ".join(repr(n) for n in bad)},
+            )
+        return value
 
 
 class AcsState(StrEnum):

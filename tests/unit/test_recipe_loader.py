@@ -155,3 +155,89 @@ def test_error_file_is_the_path_read(tmp_path: Path) -> None:
         load_recipes(tmp_path)
     assert info.value.file == str(tmp_path / "base.yaml")
     assert info.value.field == "runtime.imgae"
+
+
+# --- issue 9: env var names, YAML limits -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["X=1; touch p; Y", "Z$(touch q)", "1ABC", "A-B", "", "A B"])
+def test_env_var_names_must_be_posix(name: str) -> None:
+    child = f"name: child\nextends: base\nenv:\n  vars:\n    {name!r}: \"1\"\n"
+    err = error_of(base=BASE, child=child)
+    assert (err.file, err.field, err.rule) == ("child.yaml", "env.vars", "env-name-posix")
+    assert "[A-Za-z_][A-Za-z0-9_]*" in str(err) and repr(name) in str(err)
+
+
+def test_posix_env_var_names_load() -> None:
+    child = "name: child\nextends: base\nenv:\n  vars:\n    _lower_9: \"1\"\n    UPPER_2: \"x\"\n"
+    assert set(parse(base=BASE, child=child)["child"].env.vars) >= {"_lower_9", "UPPER_2"}
+
+
+BILLION_LAUGHS = """\
+name: child
+extends: base
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+description: *h
+"""
+
+
+def test_billion_laughs_is_refused_before_it_expands() -> None:
+    err = error_of(base=BASE, child=BILLION_LAUGHS)
+    assert (err.file, err.rule) == ("child.yaml", "yaml-alias")
+    assert err.line is not None and 3 <= err.line <= 10  # an anchored value that is reused
+
+
+def test_an_alias_inside_a_free_form_mapping_is_refused() -> None:
+    # override_generation_config is a dict[str, Any]: validation alone would accept any expansion.
+    child = ("name: child\nextends: base\nx: &x {temperature: 0.7}\n"
+             "engine:\n  override_generation_config: *x\n")
+    assert error_of(base=BASE, child=child).rule == "yaml-alias"
+
+
+def test_deep_nesting_is_refused() -> None:
+    deep = "[" * 200 + "]" * 200
+    err = error_of(base=BASE, child=f"name: child\nextends: base\ndescription: {deep}\n")
+    assert err.rule == "yaml-too-deep"
+
+
+def test_oversized_files_are_refused_without_reading_them_whole(tmp_path: Path) -> None:
+    from appliance import recipe_loader
+
+    (tmp_path / "base.yaml").write_text(BASE + "#" + "x" * recipe_loader.MAX_RECIPE_BYTES + "\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipes(tmp_path)
+    assert (info.value.file, info.value.rule) == (str(tmp_path / "base.yaml"), "file-too-large")
+    with pytest.raises(RecipeError) as info:
+        parse(base=BASE + "#" + "x" * recipe_loader.MAX_RECIPE_BYTES + "\n")
+    assert info.value.rule == "file-too-large"
+
+
+def test_each_file_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from appliance import recipe_loader
+
+    if yaml.__with_libyaml__:
+        assert recipe_loader._LOADER.__name__ == "CSafeLoader"
+    made: list[object] = []
+    real = recipe_loader._LOADER
+
+    def counting(text: str) -> object:
+        made.append(text)
+        return real(text)
+
+    def second_parse(*_a: object, **_k: object) -> None:
+        raise AssertionError("a second parse of the same text")
+
+    monkeypatch.setattr(recipe_loader, "_LOADER", counting)
+    for name in ("compose", "safe_load", "load"):
+        monkeypatch.setattr(yaml, name, second_parse)
+    parse(base=BASE, child="name: child\nextends: base\n")
+    assert len(made) == 2  # one loader per file
