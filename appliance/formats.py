@@ -131,20 +131,33 @@ def _compose(spec: LaunchSpec) -> str:
     if spec.gpus:
         service["deploy"] = {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
-    doc = {"services": {"engine": service}}
-    header = "# compose service for recipe '{}' (spec {}); no mem_limit by design (DOMAIN §3)\n"
+    doc = {"services": {"engine": compose_escape(service)}}
+    header = ("# compose service for recipe '{}' (spec {}); no mem_limit by design (DOMAIN §3)\n"
+              "# every '$' is written '$$': compose interpolates values, this file states them literally\n")
     return header.format(spec.recipe, spec.spec_hash) + yaml.safe_dump(doc, sort_keys=False, width=200)
+
+
+def compose_escape(value: Any) -> Any:
+    """Every string value with `$` doubled: compose would read `$HOME` as the caller's variable and
+    `$(` or `$@` (the sourcing wrapper's `exec "$@"`) as an interpolation error, so the file would
+    not describe the launch the other formats describe. Keys are names (POSIX env names, label keys)."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: compose_escape(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [compose_escape(v) for v in value]
+    return value
 
 
 def _shell(spec: LaunchSpec) -> str:
     lines = ["#!/usr/bin/env bash",
              f"# recipe {spec.recipe}, spec {spec.spec_hash}: run the engine on this host, no container",
              "set -euo pipefail"]
-    lines += [f". {shlex.quote(f)}" for f in spec.source_files]
     for u in spec.ulimits:
         if u.name == "memlock":
-            # S11f §10.1: pinned StagedWriteTensor buffers fail with hipErrorOutOfMemory under 64 MB.
-            lines.append("ulimit -l " + ("unlimited" if u.soft < 0 else str(u.soft // 1024)))
+            lines += _shell_memlock(spec, u)
+    lines += [f". {shlex.quote(f)}" for f in spec.source_files]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in spec.env.items()]
     # tempfile silently falls back to /tmp when TMPDIR does not exist: create every pinned dir.
     lines.append("mkdir -p " + " ".join(shlex.quote(d) for d in spec.cache_dirs()))
@@ -152,6 +165,34 @@ def _shell(spec: LaunchSpec) -> str:
         lines.append(f"cd {shlex.quote(spec.workdir)}")
     lines.append("exec " + shlex.join(spec.argv))
     return "\n".join(lines) + "\n"
+
+
+MEMLOCK_EXIT = 78  # EX_CONFIG (sysexits.h): the host is configured wrong, not the engine
+
+
+def _shell_memlock(spec: LaunchSpec, u: Ulimit) -> list[str]:
+    """Raise memlock, or stop with a message that names the limit and the fix.
+
+    The spec carries a memlock ulimit only for a recipe that needs pinned memory
+    (`host.memlock_unlimited`): each worker pins a StagedWriteTensor of max_num_seqs × max_model_len
+    × 4 B (S11f §10.1, DOMAIN §3), GB-scale at 262144. Going on under a 64 MB hard limit would fail
+    minutes later in load_model() with a hipErrorOutOfMemory that reads like a VRAM problem, so the
+    script stops here. Under `set -e` a bare `ulimit -l unlimited` that fails exits 1 without a word.
+    """
+    want = "unlimited" if u.soft < 0 else str(u.soft // 1024)  # bash counts memlock in KiB
+    fix = (f"fix: `appliance host apply {spec.recipe} --yes` (writes /etc/security/limits.d; log in "
+           f"again), LimitMEMLOCK=infinity for a systemd service, or in a container --ulimit "
+           f"memlock=-1 / dockerd default-ulimits")
+    return [
+        "# S11f §10.1 (DOMAIN §3): pinned StagedWriteTensor buffers need memlock; stop with the fix if the",
+        "# hard limit does not allow it (64 MB is the container default) rather than fail in load_model().",
+        f"if ! ulimit -l {want} 2>/dev/null; then",
+        f'  echo "appliance: cannot raise the locked-memory limit (ulimit -l, KiB) to {want}: the hard limit '
+        f'is $(ulimit -H -l), the soft limit $(ulimit -l)." >&2',
+        f"  echo {shlex.quote(f'appliance: recipe {spec.recipe} pins host memory per worker; {fix}')} >&2",
+        f"  exit {MEMLOCK_EXIT}",
+        "fi",
+    ]
 
 
 def vllm_config(spec: LaunchSpec) -> dict[str, Any]:

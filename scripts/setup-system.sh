@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # System packages the test suite uses for real: a Docker daemon (MEASURED.md: Debian's docker.io
 # works here with the vfs storage driver), Prometheus' promtool for rule and query tests, nginx
-# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images.
+# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images, docker-compose
+# to read rendered compose files back.
 set -euo pipefail
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
 [ -x /bin/busybox ] || need+=(busybox-static)
+# compose reads back `recipes render --format compose` (tests/unit/test_formats_run.py); Debian's 1.29
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || need+=(docker-compose)
 if [ ${#need[@]} -eq 0 ]; then
   echo "[setup-system] system packages present"
   exit 0
