@@ -101,7 +101,7 @@ def test_every_engine_field_is_classified() -> None:
     from appliance.recipe_model import EngineArgs
 
     assert not COMPILE_ENGINE_FIELDS & NON_COMPILE_ENGINE_FIELDS
-    assert COMPILE_ENGINE_FIELDS | NON_COMPILE_ENGINE_FIELDS == set(EngineArgs.model_fields)
+    assert set(EngineArgs.model_fields) == COMPILE_ENGINE_FIELDS | NON_COMPILE_ENGINE_FIELDS
 
 
 def test_the_sampling_temperature_keeps_the_root_of_every_shipped_recipe() -> None:
