@@ -1,7 +1,10 @@
 """The controller's admin API (FastAPI). Listens on 127.0.0.1:8090 unless configured otherwise.
 
 Reads are open (the port is loopback by default); every mutating endpoint needs the bearer admin
-token: 401 when it is missing, 403 when it is wrong (or when no token is configured at all).
+token: 401 when it is missing, 403 when it is wrong (or when no token is configured at all). Before
+any route runs (controller/api_gate.py): the Host header must name this machine (loopback, the
+address it listens on, or $APPLIANCE_ADMIN_HOSTS; else 400 — DNS rebinding), a request that may
+carry a body is authenticated from its head before the body is read, and bodies over 64 KiB are 413.
 Errors map to policy: 404 unknown recipe or launch, 409 a start already in progress (the state
 machine's own refusal, so two concurrent applies get one 202 and one 409), 422 a bad body (with
 the offending field in `detail[].loc`).
@@ -31,9 +34,11 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, s
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.recipe_loader import RecipeError, load_recipes
-from controller import admin_token, metrics
+from controller import metrics
+from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
 from controller.supervisor.driver import Driver
@@ -79,6 +84,9 @@ class ApiContext:
     home: Path  # where the admin token's hash file lives
     default_recipe: str | None = None
     extra_routers: tuple[Any, ...] = ()  # e.g. keys_router(require_admin)
+    listen_host: str | None = None  # the address the API is bound to: also an accepted Host
+    extra_hosts: tuple[str, ...] = ()  # more accepted Host names (besides loopback, $APPLIANCE_ADMIN_HOSTS)
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 _BEARER = HTTPBearer(auto_error=False, description="The admin token (its sha256 is configured).")
@@ -91,22 +99,11 @@ class AdminGuard:
         self.home = home
 
     def __call__(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
-        if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "missing bearer admin token",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        try:
-            expected = admin_token.configured_hash(self.home)
-        except ValueError as exc:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"admin token misconfigured: {exc}") from exc
-        if expected is None:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"no admin token configured (set {admin_token.HASH_ENV} or run `appliance up`)",
-            )
-        if not admin_token.matches(creds.credentials, expected):
-            raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong admin token")
+        # The same decision api_gate.AdminTokenFirst makes before a body is read; here it also
+        # covers bodyless routes that need the token (GET /keys).
+        refusal = admin_refusal(self.home, f"{creds.scheme} {creds.credentials}" if creds else None)
+        if refusal is not None:
+            raise refusal
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -115,6 +112,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
         version="0.1.0",
         description="Supervises one engine per host: recipes, launches, phases, diagnosis.",
     )
+    # Starlette runs the last added middleware first: Host, then the token, then the body size.
+    app.add_middleware(BodyLimit, max_bytes=ctx.max_body_bytes)
+    app.add_middleware(AdminTokenFirst, home=ctx.home)
+    app.add_middleware(TrustedHostMiddleware, www_redirect=False,
+                       allowed_hosts=allowed_hosts(ctx.listen_host, ctx.extra_hosts))
     Admin = Depends(AdminGuard(ctx.home))
     driver, store, preflight = ctx.driver, ctx.store, ctx.preflight
 

@@ -15,13 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from controller.gateway.keystore import KeyNotFound, KeyRecord, KeyStore, KeyStoreError
 from controller.settings import paths
 
+MAX_RPM_LIMIT = 1_000_000
+MAX_CONCURRENT = 10_000
+
 
 class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200)
-    rpm_limit: int | None = Field(default=None, ge=1)
-    max_concurrent: int | None = Field(default=None, ge=1)
+    # Upper bounds so that absurd values are a 422 naming the field, not an SQLite overflow (a 500
+    # for rpm_limit=1e23). A million requests a minute and 10 000 in flight are far past what one
+    # engine on one host serves; "no limit" is null.
+    rpm_limit: int | None = Field(default=None, ge=1, le=MAX_RPM_LIMIT)
+    max_concurrent: int | None = Field(default=None, ge=1, le=MAX_CONCURRENT)
 
 
 class KeyOut(BaseModel):

@@ -108,7 +108,7 @@ async def serve(cfg: ServiceConfig) -> None:
             driver.note("controller", note)
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
-                                extra_routers=(keys_router(guard),)))
+                                extra_routers=(keys_router(guard),), listen_host=cfg.host))
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                            lifespan="off", access_log=False))
     # uvicorn turns SIGINT/SIGTERM into should_exit, then re-raises the signal to the handler that

@@ -65,7 +65,7 @@ def rig(home: Path) -> Rig:
 @pytest.fixture
 async def client(rig: Rig) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=rig.app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://controller") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8090") as c:
         yield c
 
 
@@ -108,7 +108,7 @@ async def test_the_hash_can_come_from_the_environment(
 ) -> None:
     monkeypatch.setenv(admin_token.HASH_ENV, admin_token.hash_token("env-token"))
     rig = Rig(tmp_path)  # no hash file here
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rig.app), base_url="http://c") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rig.app), base_url="http://[::1]") as c:
         assert (await c.post("/stop", headers={"Authorization": "Bearer env-token"})).status_code == 202
         assert (await c.post("/stop", headers=AUTH)).status_code == 403
 
@@ -118,7 +118,7 @@ async def test_no_configured_token_refuses_every_mutation(
 ) -> None:
     monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
     rig = Rig(tmp_path)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rig.app), base_url="http://c") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rig.app), base_url="http://[::1]") as c:
         r = await c.post("/stop", headers=AUTH)
     assert r.status_code == 403 and "no admin token configured" in r.json()["detail"]
 

@@ -1,0 +1,147 @@
+"""What the admin API checks before any route runs: the Host header, the admin token, the body size.
+
+Why a gate in front of FastAPI and not only route dependencies: FastAPI reads and parses a route's
+JSON body *before* it solves the route's dependencies, so with the token check as a dependency an
+unauthenticated 50 MB body to `/apply` was read into memory (84 → 218 MB) before the 401 (issue 9).
+The gate is plain ASGI and runs on the request head alone:
+
+1. Host (Starlette's TrustedHostMiddleware): only loopback names and configured ones, so a page that
+   DNS-rebinds its own name to 127.0.0.1 cannot read even the open GETs (400 "Invalid host header").
+2. Admin token for every request that may carry a body (any method but GET/HEAD/OPTIONS): 401/403
+   decided from the `Authorization` header before one body byte is read. Every such route needs the
+   token anyway; the route dependency (`AdminGuard`) stays, for GET /keys and for the OpenAPI schema.
+3. Body size: `Content-Length` over the limit is 413 at once; a body without one (chunked) is counted
+   as it is read and cut off with 413 at the limit. Admin bodies are a few hundred bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from fastapi import HTTPException, status
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controller import admin_token
+
+# Admin bodies are tiny JSON objects ({"recipe": …}, {"name": …, "rpm_limit": …}).
+MAX_BODY_BYTES = 64 * 1024
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+HOSTS_ENV = "APPLIANCE_ADMIN_HOSTS"  # extra names/addresses clients use, comma-separated
+_WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
+_BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def allowed_hosts(listen_host: str | None = None, extra: Iterable[str] = (),
+                  environ: dict[str, str] | None = None) -> list[str]:
+    """Loopback names, the address the API listens on (not a wildcard), `extra`, $APPLIANCE_ADMIN_HOSTS."""
+    env = os.environ if environ is None else environ
+    names = list(LOOPBACK_HOSTS)
+    if listen_host and listen_host not in _WILDCARD_BINDS:
+        names.append(f"[{listen_host}]" if ":" in listen_host and not listen_host.startswith("[")
+                     else listen_host)
+    names += [n.strip() for n in extra if n.strip()]
+    names += [n.strip() for n in env.get(HOSTS_ENV, "").split(",") if n.strip()]
+    return list(dict.fromkeys(n.lower() for n in names))
+
+
+def admin_refusal(home: Path, authorization: str | None) -> HTTPException | None:
+    """Why this `Authorization` header does not carry the admin token, or None when it does.
+
+    401 when no bearer token is presented, 403 when it is wrong or none is configured; the
+    comparison is constant-time against the configured sha256 (controller.admin_token)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer admin token",
+                             headers={"WWW-Authenticate": "Bearer"})
+    try:
+        expected = admin_token.configured_hash(home)
+    except ValueError as exc:
+        return HTTPException(status.HTTP_403_FORBIDDEN, f"admin token misconfigured: {exc}")
+    if expected is None:
+        return HTTPException(status.HTTP_403_FORBIDDEN,
+                             f"no admin token configured (set {admin_token.HASH_ENV} or run `appliance up`)")
+    if not admin_token.matches(token, expected):
+        return HTTPException(status.HTTP_403_FORBIDDEN, "wrong admin token")
+    return None
+
+
+async def _send_error(send: Send, exc: HTTPException) -> None:
+    body = json.dumps({"detail": exc.detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AdminTokenFirst:
+    """401/403 for any request that may carry a body, decided before the body is read."""
+
+    def __init__(self, app: ASGIApp, home: Path) -> None:
+        self.app = app
+        self.home = home
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in _BODYLESS:
+            refusal = admin_refusal(self.home, Headers(scope=scope).get("authorization"))
+            if refusal is not None:
+                await _send_error(send, refusal)
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(status.HTTP_413_CONTENT_TOO_LARGE,
+                         f"request body larger than {limit} bytes")
+
+
+class BodyLimit:
+    """413 for a body over `max_bytes`: from Content-Length at once, else counted while it is read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None:
+            if not length.strip().isdigit():
+                await _send_error(send, HTTPException(status.HTTP_400_BAD_REQUEST, "bad Content-Length"))
+                return
+            if int(length) > self.max_bytes:
+                await _send_error(send, BodyTooLarge(self.max_bytes))
+                return
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # FastAPI re-raises HTTPException from body reading, so this becomes the 413.
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except BodyTooLarge as exc:  # raised where nothing turned it into a response
+            if not started:
+                await _send_error(send, exc)
+
