@@ -8,9 +8,16 @@ swap. So the peak of one start is predicted as
 
 and compared with what the host can hold:
 
+    ram_left = MemTotal − page-cache floor − demand
     capacity = MemTotal − page-cache floor + SwapTotal × swap_efficiency(vm.swappiness)
-    margin   = capacity − demand   (RAM + swap left at the peak; the kernel's min MemAvailable
-                                    equals it once swap is full — S14c: 1.78 GiB with swap 100% full)
+    margin   = capacity − demand   (RAM + usable swap left at the peak)
+
+The predicted minimum MemAvailable — what the recipe's bar (`expect.min_mem_available_gib`) is
+compared with — is `ram_left` when RAM alone leaves the bar: such a start does not touch swap (S14d:
+eager B used not one page of a 16 GiB swapfile, MemAvailable 6.1 GiB with or without it), so swap
+is no headroom it can show. Otherwise swap takes the rest and the prediction is `margin`, the
+S14c-calibrated model (the kernel's min MemAvailable equals it once swap is full — S14c: 1.78 GiB
+with swap 100% full). `margin < 0` is a predicted global OOM whatever the bar.
 
 `swap_efficiency`: S14c measured, with the same 10 GiB swap, a margin of 0.29 GiB at swappiness 60 and
 2.71 GiB at 200 — 2.42 GiB of the 10 GiB swap (24.2%) is not used before the squeeze at 60. So
@@ -89,11 +96,16 @@ def _memory_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
     if recipe.expect.warm_restart:
         warm = model.warm_transient_gib
         starts.append(("warm", model.startup_transient_gib if warm is None else warm))
+    ram = facts.mem_total_gib - model.page_cache_floor_gib
     checks = []
     for kind, transient in starts:
         demand = steady + transient
         margin = capacity - demand
-        verdict: Verdict = "refuse" if margin < 0 else "warn" if margin < target else "admit"
+        ram_left = ram - demand
+        # RAM alone leaves the bar: swap stays untouched (S14d), MemAvailable is what RAM leaves.
+        in_ram = ram_left >= target
+        available = ram_left if in_ram else margin
+        verdict: Verdict = "refuse" if margin < 0 else "warn" if available < target else "admit"
         label = {"cold": "cold start (empty compile cache)", "warm": "warm restart (filled cache)"}[kind]
         if verdict == "refuse":
             need = -margin
@@ -103,6 +115,9 @@ def _memory_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
         elif verdict == "warn":
             message = (f"{label}: margin {margin:.2f} GiB at the predicted peak ({demand:.2f} of "
                        f"{capacity:.2f} GiB) is under the recipe's min MemAvailable bar {target:.2f} GiB")
+        elif in_ram:
+            message = (f"{label}: predicted min MemAvailable {ram_left:.2f} GiB from RAM alone "
+                       f"({demand:.2f} of {ram:.2f} GiB; swap not needed)")
         else:
             message = (f"{label}: margin {margin:.2f} GiB at the predicted peak "
                        f"({demand:.2f} of {capacity:.2f} GiB)")
@@ -116,6 +131,7 @@ def _memory_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
                 "page_cache_floor_gib": model.page_cache_floor_gib,
                 "swap_total_gib": round(facts.swap_total_gib, 3), "swappiness": facts.swappiness,
                 "swap_efficiency": eff, "capacity_gib": round(capacity, 3), "margin_gib": round(margin, 3),
+                "ram_left_gib": round(ram_left, 3), "mem_available_gib": round(available, 3),
                 "min_mem_available_gib": target,
             }))
     return checks

@@ -23,6 +23,10 @@ DEFAULT_MEMLOCK_BYTES = 64 * MIB
 # vLLM's default max_num_seqs on cards under 70 GiB when the recipe leaves it unset.
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_GRAPH_BUDGET_S = 2700
+# DOMAIN §3 / S14c §3.12.1: the bar was to leave ≥ 2 GB MemAvailable at the worst moment ("不挂 swap
+# 也留 2 GB"); recipe C met it with 2.35 GiB, the best run without the extra swapfile reached 1.78 GiB
+# and was counted a miss. Read as GiB (the stricter reading of "2 GB").
+MEM_AVAILABLE_BAR_GIB = 2.0
 
 
 class Finding(BaseModel):
@@ -259,6 +263,35 @@ def _gfx906_env(r: Recipe) -> list[Finding]:
     return out
 
 
+def _int8_sdot4_off(r: Recipe) -> list[Finding]:
+    """A warning, not an error: =0 is the seed's own rollback when the sdot4 custom op trips a
+    `ConstraintViolationError` in torch.compile (S11k, DOMAIN §5), and lint errors refuse a launch —
+    an operator must still be able to roll back. It is never silent, though: production sets =1."""
+    value = _env(r, "VLLM_DCU_USE_INT8_SDOT4")
+    if r.platform is not Platform.GFX906 or value is None or value.strip() == "1":
+        return []
+    return [Finding(rule="int8-sdot4-off", severity="warning", field="env.vars.VLLM_DCU_USE_INT8_SDOT4",
+                    message=f"VLLM_DCU_USE_INT8_SDOT4={value}: the INT8 GEMMs fall back to the Triton path, "
+                            f"decode ≈3.9× slower than production (=1); keep =0 only as the rollback for a "
+                            f"ConstraintViolationError in torch.compile, and expect different greedy output",
+                    fact="DOMAIN §2 / S11k, S11l: the fork's default is OFF for numerical caution; "
+                         "production sets =1 explicitly (decode 3.82–3.91×)")]
+
+
+def _mem_available_bar(r: Recipe) -> list[Finding]:
+    if r.platform is not Platform.GFX906 or r.abstract:
+        return []
+    bar = r.expect.min_mem_available_gib
+    if bar is not None and bar >= MEM_AVAILABLE_BAR_GIB:
+        return []
+    got = "not set" if bar is None else f"{bar} GiB"
+    return [Finding(rule="mem-available-bar", severity="warning", field="expect.min_mem_available_gib",
+                    message=f"min MemAvailable bar is {got}: the production bar is ≥ "
+                            f"{MEM_AVAILABLE_BAR_GIB} GiB at the worst moment",
+                    fact="DOMAIN §3 / S14c §3.12.1: leave ≥ 2 GB MemAvailable; recipe C met it with 2.35 "
+                         "GiB, 1.78 GiB with swap 100% full was counted a miss")]
+
+
 def _reproducibility(r: Recipe) -> list[Finding]:
     out = []
     bitwise = r.expect.reproducibility is Reproducibility.BITWISE
@@ -295,12 +328,13 @@ def _flag_values(r: Recipe, flag: str) -> list[str]:
 _RULES: tuple[Rule, ...] = (
     _dtype_auto, _debug_logging, _devices, _cache_root, _forbidden_env, _attention_backend,
     _custom_all_reduce, _loopback_bridge, _default_full_graph, _graph_budget, _pinned_memlock,
-    _torch_first, _gfx906_env, _reproducibility, _cgroup_limit,
+    _torch_first, _gfx906_env, _int8_sdot4_off, _mem_available_bar, _reproducibility, _cgroup_limit,
 )
 RULE_IDS = (
     "dtype-auto", "debug-logging", "gpu-devices-unpinned", "devices-fewer-than-tp", "devices-in-env",
     "cache-root-missing", "cache-root-unstable", "forbidden-env", "attention-backend-gfx906",
     "custom-all-reduce-gfx906", "loopback-bind-bridge", "default-full-graph-gfx906",
     "ready-budget-default-graph", "pinned-memory-memlock", "no-torch-first-wrapper", "gfx906-env",
-    "graph-claims-bitwise", "eval-batch-not-fixed", "cgroup-memory-limit-allowed",
+    "graph-claims-bitwise", "eval-batch-not-fixed", "cgroup-memory-limit-allowed", "int8-sdot4-off",
+    "mem-available-bar",
 )

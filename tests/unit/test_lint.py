@@ -77,6 +77,13 @@ FIRES: list[Case] = [
                                                        expect__reproducibility="bitwise"), "info"),
     ("cgroup-memory-limit-allowed", C, lambda r: with_changes(r, host__no_cgroup_memory_limit=False),
      "warning"),
+    # issue 9: production sets VLLM_DCU_USE_INT8_SDOT4=1 (DOMAIN §2); =0 is the rollback, never silent
+    ("int8-sdot4-off", C, lambda r: set_env(r, VLLM_DCU_USE_INT8_SDOT4="0"), "warning"),
+    ("int8-sdot4-off", B, lambda r: set_env(r, VLLM_DCU_USE_INT8_SDOT4="false"), "warning"),
+    # issue 9: the MemAvailable bar is "leave 2 GB" (S14c §3.12.1), 1.78 GiB was a miss
+    ("mem-available-bar", C, lambda r: with_changes(r, expect__min_mem_available_gib=1.0), "warning"),
+    ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=1.78), "warning"),
+    ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=None), "warning"),
 ]
 
 
@@ -113,6 +120,8 @@ QUIET: list[Case] = [
      lambda r: with_changes(r, engine__attention_backend="FLASHINFER"), ""),
     ("loopback-bind-bridge", "cpu-smollm2", lambda r: with_changes(r, engine__host="127.0.0.1"), ""),
     ("no-torch-first-wrapper", "cuda-generic", lambda r: r, ""),
+    ("int8-sdot4-off", "cuda-generic", lambda r: set_env(r, VLLM_DCU_USE_INT8_SDOT4="0"), ""),
+    ("mem-available-bar", "cpu-smollm2", lambda r: r, ""),  # the 2 GB bar is the 31 GiB gfx906 host's
 ]
 
 
@@ -136,6 +145,14 @@ def test_shipped_findings_are_the_expected_warnings() -> None:
         B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
         "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],
     }
+
+
+def test_shipped_gfx906_recipes_keep_the_production_numbers() -> None:
+    # DOMAIN §2: production sets VLLM_DCU_USE_INT8_SDOT4=1; DOMAIN §3: leave ≥ 2 GB MemAvailable.
+    for recipe in shipped().values():
+        if recipe.platform.value == "gfx906" and not recipe.abstract:
+            assert recipe.env.vars["VLLM_DCU_USE_INT8_SDOT4"].value == "1", recipe.name
+            assert (recipe.expect.min_mem_available_gib or 0) >= 2.0, recipe.name
 
 
 def test_findings_are_sorted_errors_first() -> None:
