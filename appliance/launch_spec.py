@@ -12,7 +12,9 @@ import json
 import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from appliance.recipe_model import is_env_name
 
 # Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
 # Defined here because render writes them and `appliance` may not import `controller`;
@@ -88,6 +90,16 @@ class LaunchSpec(Frozen):
     ready_budget_s: int
     stall_window_s: int
     probes: Probes = Field(default_factory=Probes)
+
+    @field_validator("env")
+    @classmethod
+    def _posix_env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        # Names go unquoted into `export NAME=…` and `-e NAME=…`; the recipe loader refuses bad ones,
+        # and a spec read back from a record or built by hand must not bring them in another way.
+        bad = sorted(name for name in value if not is_env_name(name))
+        if bad:
+            raise ValueError(f"env var names {bad} are not POSIX names ([A-Za-z_][A-Za-z0-9_]*)")
+        return value
 
     def command(self) -> tuple[str, ...]:
         """The full command: source the platform env files first (DOMAIN §2), then exec the engine."""

@@ -85,6 +85,14 @@ def test_vllm_config(gfx: LaunchSpec) -> None:
     assert config["disable-custom-all-reduce"] is True
 
 
+def test_a_spec_refuses_env_names_that_are_not_posix(gfx: LaunchSpec) -> None:
+    from pydantic import ValidationError
+
+    for name in ("X=1; touch p; Y", "Z$(touch q)"):
+        with pytest.raises(ValidationError, match="not POSIX names"):
+            LaunchSpec.model_validate({**gfx.model_dump(), "env": {**gfx.env, name: "1"}})
+
+
 def test_json_is_the_spec(gfx: LaunchSpec) -> None:
     assert LaunchSpec.model_validate_json(format_spec(gfx, "json")) == gfx
 
