@@ -162,3 +162,22 @@ async def test_key_limits_out_of_range_are_422_naming_the_field(home: Path, fiel
         ok = await c.post("/keys", json={"name": "svc", "rpm_limit": 1_000_000, "max_concurrent": 10_000},
                           headers=AUTH)
         assert ok.status_code == 201
+
+
+async def test_open_recipe_listing_refuses_an_alias_bomb_instead_of_expanding_it(
+        home: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.unit.recipe_helpers import RECIPES_DIR
+    from tests.unit.test_recipe_loader import BILLION_LAUGHS
+
+    recipes = tmp_path / "recipes"
+    shutil.copytree(RECIPES_DIR, recipes)
+    (recipes / "child.yaml").write_text(BILLION_LAUGHS.replace("extends: base", "extends: gfx906-base"))
+    rig = Rig(home)
+    rig.preflight.recipes_dir = recipes
+    transport = httpx.ASGITransport(app=rig.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        r = await c.get("/recipes")
+    assert r.status_code == 500
+    assert "yaml-alias" in r.json()["detail"]
