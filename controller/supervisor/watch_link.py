@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from appliance.kmsg import OomEvent, OomEventKind, SeqGap
+from appliance.launch_spec import LaunchSpec
 from appliance.oom_attribution import LaunchTarget, attribute_oom
 from controller import metrics
 from controller.runtime.base import EngineHandle
@@ -38,8 +39,10 @@ KEEP_ENDED_S = 120.0  # an OOM record for a launch that just ended still finds i
 
 class HostWatchLink:
     def __init__(self, store: Store, sampler: HostSampler | None = None, record_every_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 recipe_target: Callable[[str], int | None] | None = None) -> None:
         self.store = store
+        self.recipe_target = recipe_target  # recipe name → MemAvailable floor in bytes (recipe_target.py)
         self.sampler = sampler or HostSampler(policy=SamplingPolicy())
         self.record_every_s = record_every_s
         self.clock = clock
@@ -53,6 +56,12 @@ class HostWatchLink:
 
     def oom_events(self, launch_id: str) -> list[OomEvent]:
         return list(self._ooms.get(launch_id, ()))
+
+    def on_launch(self, spec: LaunchSpec) -> None:
+        """A launch of `spec.recipe` starts or is adopted (blocking: loads the recipe): publish its
+        MemAvailable floor so `MemAvailableBelowRecipeTarget` compares against the running recipe."""
+        target = self.recipe_target(spec.recipe) if self.recipe_target else None
+        metrics.set_mem_available_target(spec.recipe, target)
 
     # -- sampling
 
