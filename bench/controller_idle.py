@@ -37,10 +37,14 @@ REPO = Path(__file__).resolve().parents[1]
 # --- the stand-in engine ---------------------------------------------------------------------------
 
 
-def _hold_mappings(count: int) -> None:
+def _hold_mappings(count: int, resident_mb: int) -> None:
     """Map `count` one-page regions with alternating protections (adjacent VMAs with different
-    flags never merge), touch the writable ones, then sleep until killed."""
-    maps = []
+    flags never merge), touch the writable ones, fault in `resident_mb` of anonymous memory (the
+    kernel walks those page tables for smaps_rollup), then sleep until killed."""
+    big = mmap.mmap(-1, max(1, resident_mb) * 1024 * 1024)
+    for off in range(0, len(big), mmap.PAGESIZE):
+        big[off] = 1
+    maps = [big]
     for i in range(count):
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if i % 2 == 0 else 0)
         m = mmap.mmap(-1, mmap.PAGESIZE, prot=prot)
@@ -50,13 +54,13 @@ def _hold_mappings(count: int) -> None:
     signal.pause()
 
 
-def _engine(children: int, mappings: int) -> None:
+def _engine(children: int, mappings: int, resident_mb: int) -> None:
     """The root (API server) holds mappings and forks the EngineCore and the workers."""
     for _ in range(children):
         if os.fork() == 0:
-            _hold_mappings(mappings)
+            _hold_mappings(mappings, resident_mb)
             os._exit(0)
-    _hold_mappings(mappings)
+    _hold_mappings(mappings, resident_mb)
 
 
 # --- one policy's sampler loop, in its own process ---------------------------------------------------
@@ -118,6 +122,8 @@ def main() -> None:
     ap.add_argument("--engine-pid", type=int, help="watch this running engine instead of a stand-in")
     ap.add_argument("--workers", type=int, default=5, help="stand-in: processes under the root")
     ap.add_argument("--mappings", type=int, default=3000, help="stand-in: mappings per process")
+    ap.add_argument("--resident-mb", type=int, default=256,
+                    help="stand-in: resident anonymous MB per process")
     ap.add_argument("--_child", nargs=2, metavar=("POLICY", "ROOT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -131,10 +137,10 @@ def main() -> None:
         pid = os.fork()
         if pid == 0:
             os.setsid()
-            _engine(args.workers, args.mappings)
+            _engine(args.workers, args.mappings, args.resident_mb)
             os._exit(0)
         stand_in = root = pid
-        time.sleep(2.0)  # let it map its regions
+        time.sleep(5.0)  # let it map and fault in its regions
     try:
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         procs = {name: subprocess.Popen(
