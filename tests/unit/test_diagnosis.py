@@ -357,3 +357,45 @@ def test_garbage_never_raises() -> None:
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 400)))
         scan_text(text)
         diagnose(facts_from_text(text, exit_code=rng.choice([None, 0, 1, 137, -11])))
+
+
+# Every log wording the seed record quotes verbatim (seeds/000, 001; DOMAIN §5), as quoted, each
+# recognised on its own line (plus the context line its rule needs, where the record names one).
+SEED_WORDINGS: list[tuple[str, DiagnosisCode]] = [
+    ("AttributeError: 'VllmConfig' object has no attribute 'pad_for_cudagraph'",
+     C.GRAPH_PAD_FOR_CUDAGRAPH_BUG),
+    ("RuntimeError: operator torchvision::nms does not exist", C.TORCHVISION_ABI_MISMATCH),
+    ("Cannot re-initialize CUDA in forked subprocess", C.CUDA_REINIT_FORKED),
+    ("Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal!",
+     C.W8A8_BLOCK_FP8_DEFAULT_CONFIG),
+    ("rocblaslt warning: No paths matched ...*gfx906*co", C.ROCBLASLT_NO_PATHS),
+    ("torch.fx.experimental.symbolic_shapes.ConstraintViolationError", C.COMPILE_CONSTRAINT_VIOLATION),
+    ("std::bad_alloc", C.IMPORT_ORDER_BAD_ALLOC),
+    ("hipExtMallocWithFlags(..., hipDeviceMallocUncached)\nhipErrorOutOfMemory",
+     C.CUSTOM_ALLREDUCE_UNSUPPORTED),
+    ("UvaBuffer.__init__\nhipErrorOutOfMemory", C.PINNED_MEMORY_OOM),
+    ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),global_oom,task=VLLM::Worker_TP", C.GLOBAL_OOM),
+    ("Memory cgroup out of memory: Killed process 4242 (VLLM::Worker_TP)", C.CGROUP_OOM),
+    ("curl: (56) Recv failure: Connection reset by peer", C.BIND_LOCALHOST_IN_BRIDGE),
+    ("Source code has changed since the last compilation. Recompiling the model.", C.AOT_CACHE_MISS),
+    ("Compiling model again due to a load failure from /c, reason: x", C.AOT_CACHE_MISS),
+    ("z100:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0", C.RCCL_NET_SOCKET),
+    ("loc(\"/x/triton_flash_attention.py\":309:0): error: unsupported target: 'gfx906'",
+     C.TRITON_UNSUPPORTED_TARGET),
+    ("triton/backends/amd/compiler.py\n"
+     "TypeError: add_convert_to_buffer_ops(): incompatible function arguments.",
+     C.TRITON_API_MISMATCH),
+    ("wvSplitK: Device-side assertion `false' failed.\nMemory access fault by GPU node-2",
+     C.MFMA_ONLY_KERNEL),
+    ("ImportError: /x/_C.abi3.so: undefined symbol: _ZN5torch6stable6Tensor6layoutEv",
+     C.EXTENSION_ABI_MISMATCH),
+    ("modprobe: FATAL: Module hydcu not found in directory /lib/modules/5.15.0-194-generic",
+     C.HYDCU_MODULE_MISSING),
+    ("lock lock lock lock lock lock lock lock lock lock lock lock lock lock lock lock", C.PACKED_SILU_NAN),
+]
+
+
+@pytest.mark.parametrize(("text", "code"), SEED_WORDINGS, ids=[c.value + f"-{i}" for i, (_, c) in
+                                                               enumerate(SEED_WORDINGS)])
+def test_every_seed_wording_is_recognised(text: str, code: DiagnosisCode) -> None:
+    assert code in {f.code for f in scan_text(text)}
