@@ -1,5 +1,9 @@
 """Why did the engine fail? The operators' rules of thumb (DOMAIN §5) as pure functions.
 
+`SIGNATURES` is DOMAIN §5's table (here) followed by the seed record's further signatures
+(`appliance.diagnosis_seed`: MFMA-only kernels, Triton target/API mismatches, torchvision and extension
+ABI mismatches, RCCL's NET/Socket fallback, a client disconnect seen by the engine's own server).
+
 Two entry points:
 
 - `scan_text(text)` finds every known signature in a saved engine log or `dmesg`/kmsg text —
