@@ -399,3 +399,14 @@ SEED_WORDINGS: list[tuple[str, DiagnosisCode]] = [
                                                                enumerate(SEED_WORDINGS)])
 def test_every_seed_wording_is_recognised(text: str, code: DiagnosisCode) -> None:
     assert code in {f.code for f in scan_text(text)}
+
+
+def test_a_device_assert_alone_is_not_an_mfma_stub() -> None:
+    """On a CUDA host (the generic recipe) `device-side assert triggered` is an ordinary kernel bug;
+    the MFMA stub shows as the assertion followed by the HSA exception / memory access fault."""
+    for alone in ("RuntimeError: CUDA error: device-side assert triggered",
+                  "Memory access fault by GPU node-2 on address 0x0"):
+        assert C.MFMA_ONLY_KERNEL not in {f.code for f in scan_text(alone)}
+    text = read("mfma_stub_paged_attention_assert.log")
+    finding = next(f for f in scan_text(text) if f.code is C.MFMA_ONLY_KERNEL)
+    assert "HSA_STATUS_ERROR_EXCEPTION" in finding.evidence[0]
