@@ -66,16 +66,13 @@ class HostWatchLink:
     # -- sampling
 
     def _current(self) -> tuple[str, str, list[int], str | None] | None:
-        """(launch id, recipe, engine pids, container id) of the engine being watched (blocking)."""
-        driver = self.driver
-        launch = driver.m.launch if driver else None
-        if driver is None or launch is None or launch.handle is None:
+        """(launch id, recipe, engine pids, container id) of the engine being watched (blocking:
+        the pids are a process-table scan)."""
+        watched = self._watched()
+        if watched is None:
             return None
-        handle = launch.handle
-        runtime = driver.runtimes.get(handle.runtime)
-        pids = runtime.engine_pids(handle) if runtime else []
-        container = handle.ref if handle.runtime == "docker" else None
-        return launch.launch_id, launch.spec.recipe, pids, container
+        launch_id, recipe, handle, container, _ = watched
+        return launch_id, recipe, self._engine_pids(handle), container
 
     def _watched(self) -> tuple[str, str, EngineHandle, str | None, bool] | None:
         """(launch id, recipe, handle, container id, still starting) — without scanning processes."""
