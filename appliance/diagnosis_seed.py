@@ -75,7 +75,8 @@ SEED_SIGNATURES: tuple[SeedSignature, ...] = (
         "self-built patched Triton; never mix DTK wheels with community wheels",
         "seed 000, S4b §5.2 / S6 §3.3: amd.passes.ttgpuir.add_convert_to_buffer_ops is 5-argument in "
         "Python and 4-argument in libtriton.so ⇒ immediate crash",
-        retryable=False, needs_context=(r"[Tt]riton", r"ttgpuir"),
+        # Triton's own frames or modules, not the word: vLLM logs "Using Triton Attention backend".
+        retryable=False, needs_context=(r"\btriton[/.]", r"libtriton", r"ttgpuir"),
     ),
     SeedSignature(
         "torchvision_abi_mismatch", "error", (r"operator torchvision::\w+ does not exist",),

@@ -410,3 +410,10 @@ def test_a_device_assert_alone_is_not_an_mfma_stub() -> None:
     text = read("mfma_stub_paged_attention_assert.log")
     finding = next(f for f in scan_text(text) if f.code is C.MFMA_ONLY_KERNEL)
     assert "HSA_STATUS_ERROR_EXCEPTION" in finding.evidence[0]
+
+
+def test_a_pybind_error_near_the_word_triton_is_not_a_triton_mismatch() -> None:
+    text = ("INFO [rocm.py:298] Using Triton Attention backend on V1 engine.\n"
+            "TypeError: some_op(): incompatible function arguments. The following argument types are "
+            "supported:")
+    assert C.TRITON_API_MISMATCH not in {f.code for f in scan_text(text)}
