@@ -1,5 +1,9 @@
 """Why did the engine fail? The operators' rules of thumb (DOMAIN §5) as pure functions.
 
+`SIGNATURES` is DOMAIN §5's table (here) followed by the seed record's further signatures
+(`appliance.diagnosis_seed`: MFMA-only kernels, Triton target/API mismatches, torchvision and extension
+ABI mismatches, RCCL's NET/Socket fallback, a client disconnect seen by the engine's own server).
+
 Two entry points:
 
 - `scan_text(text)` finds every known signature in a saved engine log or `dmesg`/kmsg text —
@@ -27,6 +31,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from appliance.diagnosis_seed import SEED_SIGNATURES, SERVER_SIDE, SeedSignature
 from appliance.kmsg import OomAssembler, OomEvent, OomEventKind, OomScope
 from appliance.log_phases import PHASE_LABELS, Phase
 from appliance.oom_attribution import diagnose_oom
@@ -54,6 +59,15 @@ class DiagnosisCode(StrEnum):
     READY_BUDGET_EXCEEDED = "ready_budget_exceeded"
     KILLED_BY_SIGNAL = "killed_by_signal"
     EXIT_NONZERO = "exit_nonzero"
+    # Seed-record signatures beyond DOMAIN §5's table (rows in appliance/diagnosis_seed.py).
+    MFMA_ONLY_KERNEL = "mfma_only_kernel"
+    TRITON_UNSUPPORTED_TARGET = "triton_unsupported_target"
+    TRITON_API_MISMATCH = "triton_api_mismatch"
+    TORCHVISION_ABI_MISMATCH = "torchvision_abi_mismatch"
+    EXTENSION_ABI_MISMATCH = "extension_abi_mismatch"
+    RCCL_NET_SOCKET = "rccl_net_socket"
+    RCCL_IOMMU_PT_MISSING = "rccl_iommu_pt_missing"
+    CLIENT_DISCONNECT = "client_disconnect"
     # Informational lines (never a failure).
     LOOPBACK_BIND = "loopback_bind"
     W8A8_BLOCK_FP8_DEFAULT_CONFIG = "w8a8_block_fp8_default_config"
@@ -105,6 +119,20 @@ def _rx(*patterns: str, flags: int = 0) -> tuple[re.Pattern[str], ...]:
 _HIP_OOM = _rx(r"hipErrorOutOfMemory", r"(?:HIP|CUDA) error: out of memory")
 _PINNED_CONTEXT = _rx(r"buffer_utils\.py", r"UvaBuffer", r"pin_memory=True", r"StagedWriteTensor")
 _EXTMALLOC = _rx(r"hipExtMallocWithFlags")
+# Custom all-reduce's allocation, in each wording the seed record and PyTorch give it (DOMAIN §5,
+# seed 000 S13 §3.1.1): hipExtMallocWithFlags(…Uncached) in csrc/custom_all_reduce.cu, reached from
+# custom_all_reduce.py's create_shared_buffer → ops.allocate_shared_buffer_and_handle, whose OOM torch
+# reports as `RuntimeError: HIP error: out of memory`; vLLM's CUDACHECK prints `Failed: Cuda error
+# <file>:<line> 'out of memory'` and exits.
+# Traceback frames only: vLLM logs `[custom_all_reduce.py:NN] Custom allreduce is disabled …` at every
+# start, and a VRAM OOM near that line is still a VRAM OOM.
+_CUSTOM_AR_CONTEXT = _EXTMALLOC + _rx(r"allocate_shared_buffer_and_handle", r"create_shared_buffer",
+                                      r"custom_all_reduce\.cuh?\b", r"custom_all_reduce\.py\", line",
+                                      r"\bCustomAllreduce\(")
+_CUSTOM_AR_FAILED = _rx(r"Failed: (?:Cuda|HIP) error \S*custom_all_reduce\.cuh?:\d+ '(?:out of memory|"
+                        r"hipErrorOutOfMemory)'")
+# A client that went away, seen by the engine's own HTTP server: not the host-side reset of §2.
+_SERVER_SIDE = _rx(*SERVER_SIDE, r"ConnectionResetError", r"BrokenPipeError")
 _LOOPBACK_BIND = _rx(
     r"(?:Uvicorn running on|Starting vLLM (?:API )?server(?: \d+)? on) https?://(?:127\.0\.0\.1|localhost)\b"
 )
@@ -152,12 +180,13 @@ SIGNATURES: tuple[Signature, ...] = (
         retryable=True, needs_context=_PINNED_CONTEXT,
     ),
     Signature(
-        DiagnosisCode.CUSTOM_ALLREDUCE_UNSUPPORTED, Severity.ERROR, _EXTMALLOC,
+        DiagnosisCode.CUSTOM_ALLREDUCE_UNSUPPORTED, Severity.ERROR, _HIP_OOM + _CUSTOM_AR_FAILED,
         "custom all-reduce tried to allocate uncached device memory (hipExtMallocWithFlags) and failed",
-        "keep --disable-custom-all-reduce: custom all-reduce is unsupported on gfx906",
+        "keep --disable-custom-all-reduce: custom all-reduce is unsupported on gfx906 (the 'out of memory' "
+        "is the missing uncached pool, not VRAM)",
         "DOMAIN §2/§5: custom all-reduce is doubly blocked on gfx906 (platform gate + uncached "
-        "hipExtMallocWithFlags); removing the flag gains nothing",
-        retryable=False, needs_context=_HIP_OOM,
+        "hipExtMallocWithFlags fails even for 4 KB on an idle card); removing the flag gains nothing",
+        retryable=False, needs_context=_CUSTOM_AR_CONTEXT,
     ),
     Signature(
         DiagnosisCode.GRAPH_PAD_FOR_CUDAGRAPH_BUG, Severity.ERROR,
@@ -171,10 +200,13 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION, Severity.ERROR, _rx(r"ConstraintViolationError"),
         "torch.compile failed a dynamic-shape guard (ConstraintViolationError)",
-        "known fork issue (custom-op / dynamic-shape guard): run eager (--enforce-eager) or the patched "
-        "build",
-        "S11k: Dynamo added Eq(dim, hint) on the symbolic token dim → ConstraintViolationError; fixed by a "
-        "torch.library custom_op with the M branch in an opaque body (0 graph breaks)",
+        "known fork issue (custom-op / dynamic-shape guard): roll the INT8 kernel back with "
+        "VLLM_DCU_USE_INT8_SDOT4=0 (the Triton path, same tree; decode 3.8–3.9× slower), or run eager "
+        "(--enforce-eager), or use the patched build (sdot4 as a torch.library custom_op)",
+        "S11k: with VLLM_DCU_USE_INT8_SDOT4=1 the bare _rocm_C.w8a8_sdot4_gemm call made Dynamo add "
+        "Eq(dim, hint) on the symbolic token dim → ConstraintViolationError within 150 s, `=0` ran; fixed "
+        "by a custom_op with the M branch in an opaque body (0 graph breaks). Seed 000 rollback path: "
+        "`VLLM_DCU_USE_INT8_SDOT4=0` returns to the Triton kernel",
         retryable=False,
     ),
     Signature(
@@ -204,12 +236,12 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         DiagnosisCode.DEVICE_OOM, Severity.ERROR,
         _rx(r"torch\.OutOfMemoryError", r"(?:HIP|CUDA) out of memory", r"hipErrorOutOfMemory",
-            r"No available memory for the cache blocks"),
+            r"(?:HIP|CUDA) error: out of memory", r"No available memory for the cache blocks"),
         "GPU memory (VRAM) exhausted",
         "lower --gpu-memory-utilization, --max-model-len or --max-num-seqs, or raise TP; a single Z100 "
         "cannot hold 27B W8A8",
         "DOMAIN §3: 28.51 GiB of weights on a 31.98 GiB card does not fit",
-        retryable=False, unless_context=_PINNED_CONTEXT + _EXTMALLOC,
+        retryable=False, unless_context=_PINNED_CONTEXT + _CUSTOM_AR_CONTEXT,
     ),
     Signature(
         DiagnosisCode.HYDCU_MODULE_MISSING, Severity.ERROR,
@@ -225,7 +257,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "start the engine with --host 0.0.0.0 inside a bridge-network container",
         "DOMAIN §2: bound to 127.0.0.1 the in-container curl works but the host gets 'connection reset by "
         "peer'",
-        retryable=False,
+        # The engine's own server writing to a client that left (client_disconnect) is not this.
+        retryable=False, unless_context=_SERVER_SIDE,
     ),
     Signature(
         DiagnosisCode.WORKER_DIED, Severity.ERROR,
@@ -277,6 +310,19 @@ SIGNATURES: tuple[Signature, ...] = (
         benign=True,
     ),
 )
+
+
+
+def _from_seed(row: SeedSignature) -> Signature:
+    return Signature(
+        DiagnosisCode(row.code), Severity(row.severity), _rx(*row.patterns), row.summary, row.hint, row.fact,
+        retryable=row.retryable, benign=row.benign, needs_context=_rx(*row.needs_context),
+        unless_context=_rx(*row.unless_context),
+    )
+
+
+# The seed record's further signatures come after DOMAIN §5's table (scan order = report order).
+SIGNATURES = SIGNATURES + tuple(_from_seed(row) for row in SEED_SIGNATURES)
 
 _BY_CODE: dict[DiagnosisCode, Signature] = {s.code: s for s in SIGNATURES}
 
@@ -428,10 +474,18 @@ _FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
     DiagnosisCode.CUDA_REINIT_FORKED,
     DiagnosisCode.PACKED_SILU_NAN,
     DiagnosisCode.HYDCU_MODULE_MISSING,
+    DiagnosisCode.MFMA_ONLY_KERNEL,
+    DiagnosisCode.TRITON_UNSUPPORTED_TARGET,
+    DiagnosisCode.TRITON_API_MISMATCH,
+    DiagnosisCode.TORCHVISION_ABI_MISMATCH,
+    DiagnosisCode.EXTENSION_ABI_MISMATCH,
     DiagnosisCode.DEVICE_OOM,
     DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
     DiagnosisCode.WORKER_DIED,
 )
+
+# Degradations (warnings) reported when nothing failed, first match wins.
+_DEGRADED_ORDER: tuple[DiagnosisCode, ...] = (DiagnosisCode.AOT_CACHE_MISS, DiagnosisCode.RCCL_NET_SOCKET)
 
 
 def _signal_of(facts: FailureFacts) -> int | None:
@@ -591,10 +645,10 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
             findings=findings,
         )
 
-    # 8. Nothing failed, but every start is cold.
-    if DiagnosisCode.AOT_CACHE_MISS in found:
-        miss = DiagnosisCode.AOT_CACHE_MISS
-        return _from_signature(_BY_CODE[miss], found[miss], facts, findings)
+    # 8. Nothing failed, but the engine runs degraded: every start is cold, or the all-reduce is slow.
+    for code in _DEGRADED_ORDER:
+        if code in found:
+            return _from_signature(_BY_CODE[code], found[code], facts, findings)
 
     return Diagnosis(
         code=DiagnosisCode.UNKNOWN, severity=Severity.INFO,

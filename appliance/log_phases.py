@@ -27,7 +27,10 @@ Formats are vLLM's own log messages (GPU fork and CPU build; old and new wording
   cache due to: …`` (torch source, not yet seen here: that graph is compiled afresh on every start);
 - graph capture: tqdm bars ``Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 38%|… | 19/51``
   — the default mode captures in TWO rounds (DOMAIN §4: ~683–703 s, KV allocation, another ~17–18 min;
-  an orchestrator that waited 1500 s killed the engine at 38/51 of round 2), so rounds are counted;
+  an orchestrator that waited 1500 s killed the engine at 38/51 of round 2), so rounds are counted
+  the way the record counts them: one round is one capture pass, and in FULL_AND_PIECEWISE mode a pass
+  draws two bars, ``(mixed prefill-decode, PIECEWISE) … 51/51`` then ``(decode, FULL) … 35/35`` (S9b) —
+  a new round starts only when a bar already drawn in this pass starts again;
 - KV cache: ``Available KV cache memory: 16.99 GiB``, ``GPU|CPU KV cache size: 46,592 tokens``,
   CPU ``Explicitly set (1.0/13.84) GiB for KV cache on node 0``;
 - ``init engine (profile, create kv cache, warmup model) took 62.33 s|seconds``;
@@ -296,6 +299,7 @@ class PhaseTracker:
         self._capture_n: int | None = None
         self._capture_total: int | None = None
         self._capture_round = 0
+        self._round_labels: set[str | None] = set()  # the bars (by label) drawn in the current round
         self._shards_n: int | None = None
 
     # -- feeding ------------------------------------------------------------------------------------
@@ -359,14 +363,19 @@ class PhaseTracker:
         n, total = int(m.group("n")), int(m.group("total"))
         if n > total:
             return None  # not a progress bar we understand
-        new_round = (
+        new_bar = (
             self._capture_round == 0
             or label != self._capture_label
             or total != self._capture_total
             or (self._capture_n is not None and n < self._capture_n)
         )
-        if new_round:
-            self._capture_round += 1
+        if new_bar:
+            # PIECEWISE then FULL is one pass (one round, S9b "PIECEWISE 51/51 + FULL 35/35"); the same
+            # bar drawn again is the next pass (DOMAIN §4: round 2 after the KV allocation).
+            if self._capture_round == 0 or label in self._round_labels:
+                self._capture_round += 1
+                self._round_labels = set()
+            self._round_labels.add(label)
         elif n == self._capture_n:
             return None  # a tqdm refresh without progress
         self._capture_label, self._capture_n, self._capture_total = label, n, total

@@ -276,6 +276,14 @@ def begin_launch(
         launch_mem_available_target.labels(recipe).set(min_mem_available_bytes)
 
 
+def set_mem_available_target(recipe: str, target_bytes: int | None) -> None:
+    """The running recipe's MemAvailable floor (`MemAvailableBelowRecipeTarget`); None clears it."""
+    with _lock:
+        launch_mem_available_target.clear()
+    if target_bytes is not None:
+        launch_mem_available_target.labels(recipe).set(target_bytes)
+
+
 def set_engine_phase(recipe: str, phase: str, since_start_s: float) -> None:
     with _lock:
         _phases_seen.add(phase)

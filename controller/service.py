@@ -36,6 +36,7 @@ from controller.supervisor.probes import HttpProber
 from controller.supervisor.provenance import provenance_for
 from controller.supervisor.signals import Apply
 from controller.supervisor.watch_link import HostWatchLink
+from controller.watch.recipe_target import recipe_mem_target
 from host_setup.facts import HostFactsError
 
 log = logging.getLogger("appliance.controller")
@@ -88,7 +89,7 @@ async def serve(cfg: ServiceConfig) -> None:
     runtimes, docker_note = make_runtimes(paths, cfg.docker)
     gateway, gateway_note = make_gateway(cfg, paths)
     preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
-    watch = HostWatchLink(store)
+    watch = HostWatchLink(store, recipe_target=recipe_mem_target(preflight.recipe))
     prober = HttpProber()
 
     def spec_for_recipe(name: str) -> LaunchSpec | None:
@@ -100,7 +101,7 @@ async def serve(cfg: ServiceConfig) -> None:
     driver = Driver(
         runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway,
         policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
-        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
+        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, on_launch=watch.on_launch,
     )
     watch.driver = driver
     for note in (docker_note, gateway_note):

@@ -125,6 +125,7 @@ class Driver:
         provenance: ProvenanceFn | None = None,
         spec_for_recipe: SpecForRecipe | None = None,
         oom_events: OomSource | None = None,
+        on_launch: Callable[[LaunchSpec], None] | None = None,
     ) -> None:
         self.runtimes = dict(runtimes)
         self.store = store
@@ -136,6 +137,7 @@ class Driver:
         self.provenance = provenance
         self.spec_for_recipe = spec_for_recipe
         self.oom_events = oom_events
+        self.on_launch = on_launch  # the host watch: publishes the recipe's MemAvailable target (blocking)
         self.m = Machine(policy=policy or Policy())
         self.last_diagnosis: dict[str, Any] | None = None
         self._followers: dict[str, LogFollower] = {}
@@ -440,6 +442,8 @@ class Driver:
         if record is not None and record.ready_s is not None:
             self._recorded_ready_s[handle.launch_id] = record.ready_s
         self.submit(Adopted(handle, spec))
+        if self.on_launch is not None:
+            await asyncio.to_thread(self.on_launch, spec)
         launch = self.m.launch
         if launch is not None and launch.launch_id == handle.launch_id:
             await self._follow(launch, replay=True)  # rebuild the phase picture without re-recording it
@@ -499,6 +503,8 @@ class Driver:
         cold = action.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
         metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
                              min_mem_available_bytes=None, started_at=now)
+        if self.on_launch is not None:
+            await asyncio.to_thread(self.on_launch, spec)
         if self.m.failures > 0 and self.m.last_failure is not None:
             metrics.record_restart(spec.recipe, self.m.last_failure.code)
         try:

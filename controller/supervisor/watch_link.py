@@ -1,7 +1,8 @@
 """The host watch, tied to the launch it is watching (issue 4's readers, issue 3's records).
 
-- Every second: one host sample (MemAvailable, swap, PSI, the engine's processes' RssAnon) →
-  Prometheus, and the current launch's low-water / high-water marks → the launch record (DOMAIN §3
+- Every second: one host sample (MemAvailable, swap, PSI; the engine's processes' RssAnon when
+  `controller.watch.sample_policy` says it can have changed: start-up, MemAvailable moving, a slow
+  cadence) → Prometheus, and the current launch's low-water / high-water marks → the launch record (DOMAIN §3
   "what to watch": min MemAvailable over the run, swap peak; recipe C met its bar at 2.35 GiB min
   and a 5.40 GiB swap peak).
 - Every kernel OOM kill from `/dev/kmsg` → Prometheus, attributed to a launch (container id,
@@ -13,17 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from appliance.kmsg import OomEvent, OomEventKind, SeqGap
+from appliance.launch_spec import LaunchSpec
 from appliance.oom_attribution import LaunchTarget, attribute_oom
 from controller import metrics
+from controller.runtime.base import EngineHandle
 from controller.store import Store
 from controller.supervisor.driver import Driver
+from controller.supervisor.machine import State
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower
+from controller.watch.sample_policy import SamplingPolicy
 from controller.watch.sampler import HostSample, HostSampler, Watermarks
 
 log = logging.getLogger(__name__)
@@ -33,9 +39,11 @@ KEEP_ENDED_S = 120.0  # an OOM record for a launch that just ended still finds i
 
 class HostWatchLink:
     def __init__(self, store: Store, sampler: HostSampler | None = None, record_every_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 recipe_target: Callable[[str], int | None] | None = None) -> None:
         self.store = store
-        self.sampler = sampler or HostSampler()
+        self.recipe_target = recipe_target  # recipe name → MemAvailable floor in bytes (recipe_target.py)
+        self.sampler = sampler or HostSampler(policy=SamplingPolicy())
         self.record_every_s = record_every_s
         self.clock = clock
         self.driver: Driver | None = None  # set once the driver exists (it takes our oom_events)
@@ -49,26 +57,53 @@ class HostWatchLink:
     def oom_events(self, launch_id: str) -> list[OomEvent]:
         return list(self._ooms.get(launch_id, ()))
 
+    def on_launch(self, spec: LaunchSpec) -> None:
+        """A launch of `spec.recipe` starts or is adopted (blocking: loads the recipe): publish its
+        MemAvailable floor so `MemAvailableBelowRecipeTarget` compares against the running recipe."""
+        target = self.recipe_target(spec.recipe) if self.recipe_target else None
+        metrics.set_mem_available_target(spec.recipe, target)
+
     # -- sampling
 
     def _current(self) -> tuple[str, str, list[int], str | None] | None:
-        """(launch id, recipe, engine pids, container id) of the engine being watched (blocking)."""
+        """(launch id, recipe, engine pids, container id) of the engine being watched (blocking:
+        the pids are a process-table scan)."""
+        watched = self._watched()
+        if watched is None:
+            return None
+        launch_id, recipe, handle, container, _ = watched
+        return launch_id, recipe, self._engine_pids(handle), container
+
+    def _watched(self) -> tuple[str, str, EngineHandle, str | None, bool] | None:
+        """(launch id, recipe, handle, container id, still starting) — without scanning processes."""
         driver = self.driver
         launch = driver.m.launch if driver else None
         if driver is None or launch is None or launch.handle is None:
             return None
         handle = launch.handle
-        runtime = driver.runtimes.get(handle.runtime)
-        pids = runtime.engine_pids(handle) if runtime else []
         container = handle.ref if handle.runtime == "docker" else None
-        return launch.launch_id, launch.spec.recipe, pids, container
+        starting = driver.m.state is not State.READY
+        return launch.launch_id, launch.spec.recipe, handle, container, starting
+
+    def _engine_pids(self, handle: EngineHandle) -> list[int]:
+        driver = self.driver
+        runtime = driver.runtimes.get(handle.runtime) if driver else None
+        return runtime.engine_pids(handle) if runtime else []
 
     async def run_sampler(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
         while not stop.is_set():
-            current = await asyncio.to_thread(self._current)
-            roots = current[2] if current else []
-            sample = await asyncio.to_thread(self.sampler.sample, roots)
-            self.on_sample(sample, current)
+            watched = self._watched()
+            if watched is None:
+                sample = await asyncio.to_thread(self.sampler.sample, ())
+                self.on_sample(sample, None)
+            else:
+                launch_id, recipe, handle, container, starting = watched
+                # The engine's pids are looked up (a process-table scan) only when the sampler
+                # reads the processes; in between, the pids of the last read stand.
+                roots = functools.partial(self._engine_pids, handle)
+                sample = await asyncio.to_thread(self.sampler.sample, roots, launch=launch_id,
+                                                 starting=starting)
+                self.on_sample(sample, (launch_id, recipe, [p.pid for p in sample.processes], container))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
 

@@ -6,6 +6,11 @@ peak − steady is only 4–1469 MiB, so the minimum must be sampled often throu
 inferred from steady state. `Watermarks` keeps the extremes per launch and per engine phase, and
 the set of engine pids ever seen (OOM attribution needs the pids of processes that are already
 dead when the kernel's kill line arrives).
+
+Cheap sources (meminfo, PSI, swaps, swappiness) are read on every sample; the engine's process tree
+and per-process smaps_rollup only when `controller.watch.sample_policy` says they can change an
+answer (issue 9: reading them every second cost the idle controller 7.9% of a core). In between, a
+sample carries the last per-process read and says when it was made (`processes_at`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from appliance.procfs import MemInfo, Pressure, ProcessMemory, SwapArea
 from controller.watch.procreader import ProcReader
+from controller.watch.sample_policy import ALWAYS, FullReason, ProcessSampleSchedule, SamplingPolicy
 
 
 class HostSample(BaseModel):
@@ -29,7 +35,9 @@ class HostSample(BaseModel):
     swaps: tuple[SwapArea, ...]
     pressure: Pressure | None
     swappiness: int | None
-    processes: tuple[ProcessMemory, ...] = ()  # the engine's process tree
+    processes: tuple[ProcessMemory, ...] = ()  # the engine's process tree, as last read
+    processes_at: float | None = None  # when `processes` was read (≤ at); None = never
+    full_reason: FullReason | None = None  # why this sample read the processes; None = it reused them
 
     @property
     def mem_available_bytes(self) -> int:
@@ -49,25 +57,52 @@ class HostSample(BaseModel):
         return sum(p.anon_bytes for p in self.processes)
 
 
-class HostSampler:
-    """One call, one consistent-enough snapshot (the files are read back to back)."""
+EngineRoots = Iterable[int] | Callable[[], Iterable[int]]
 
-    def __init__(self, reader: ProcReader | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+
+class HostSampler:
+    """One call, one consistent-enough snapshot (the files are read back to back).
+
+    `policy` decides when the per-process sources are read (`sample_policy`); the default, `ALWAYS`,
+    reads them on every call (what a one-off sample wants). The controller's watch passes the
+    scheduled policy, the launch id and whether the engine is still starting.
+    """
+
+    def __init__(self, reader: ProcReader | None = None, clock: Callable[[], float] = time.monotonic,
+                 policy: SamplingPolicy = ALWAYS) -> None:
         self.reader = reader or ProcReader()
         self.clock = clock
+        self.schedule = ProcessSampleSchedule(policy)
+        self._processes: tuple[ProcessMemory, ...] = ()
+        self._processes_at: float | None = None
+        self._processes_launch: str | None = None
 
-    def sample(self, engine_roots: Iterable[int] = ()) -> HostSample:
+    def sample(self, engine_roots: EngineRoots = (), *, launch: str | None = None,
+               starting: bool = True) -> HostSample:
+        """`engine_roots` may be a callable: finding the engine's pids is itself a scan of the
+        process table (psutil children / docker), so it runs only when the processes are read."""
         r = self.reader
+        now = self.clock()
         meminfo = r.meminfo()
-        pids = r.process_tree(engine_roots)
-        procs = tuple(m for m in (r.process_memory(pid) for pid in sorted(pids)) if m is not None)
+        reason = self.schedule.due(now, meminfo.available_bytes, launch, starting)
+        if reason is not None:
+            roots = engine_roots() if callable(engine_roots) else engine_roots
+            pids = r.process_tree(roots)
+            read = (r.process_memory(pid) for pid in sorted(pids))
+            self._processes = tuple(m for m in read if m is not None)
+            self._processes_at, self._processes_launch = now, launch
+            self.schedule.done(now, meminfo.available_bytes, launch)
+        elif launch != self._processes_launch:
+            self._processes, self._processes_at, self._processes_launch = (), None, launch
         return HostSample(
-            at=self.clock(),
+            at=now,
             meminfo=meminfo,
             swaps=tuple(r.swaps()),
             pressure=r.pressure(),
             swappiness=r.swappiness(),
-            processes=procs,
+            processes=self._processes,
+            processes_at=self._processes_at,
+            full_reason=reason,
         )
 
 
@@ -150,14 +185,17 @@ async def run_sampler(
     on_sample: Callable[[HostSample], None],
     *,
     engine_roots: Callable[[], Iterable[int]] = lambda: (),
+    launch: Callable[[], tuple[str | None, bool]] = lambda: (None, False),
     interval_s: float = 1.0,
     stop: asyncio.Event,
 ) -> None:
-    """Sample every `interval_s` until `stop` is set. Reading many large workers' smaps_rollup
-    takes milliseconds each (the kernel walks every VMA), so it runs in a worker thread."""
+    """Sample every `interval_s` until `stop` is set. `launch()` → (launch id, still starting) feeds
+    the sampler's policy; `engine_roots` is called only when the processes are read. Reading many
+    large workers' smaps_rollup takes milliseconds each (the kernel walks every VMA), so sampling
+    runs in a worker thread."""
     while not stop.is_set():
-        roots = list(engine_roots())
-        sample = await asyncio.to_thread(sampler.sample, roots)
+        launch_id, starting = launch()
+        sample = await asyncio.to_thread(sampler.sample, engine_roots, launch=launch_id, starting=starting)
         on_sample(sample)
         try:
             await asyncio.wait_for(stop.wait(), timeout=interval_s)

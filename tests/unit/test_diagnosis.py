@@ -70,17 +70,47 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
         C.BIND_LOCALHOST_IN_BRIDGE, {C.BIND_LOCALHOST_IN_BRIDGE, C.LOOPBACK_BIND}, False,
     ),
     "hydcu_module_missing.txt": (C.HYDCU_MODULE_MISSING, {C.HYDCU_MODULE_MISSING}, False),
+    # Issue 9: the seed record's further signatures, and PyTorch's wordings of the same failures.
+    "custom_allreduce_hip_error_oom.log": (
+        C.CUSTOM_ALLREDUCE_UNSUPPORTED, {C.CUSTOM_ALLREDUCE_UNSUPPORTED, C.ENGINE_START_FAILED}, False,
+    ),
+    "custom_allreduce_cudacheck_failed.log": (
+        C.CUSTOM_ALLREDUCE_UNSUPPORTED,
+        {C.CUSTOM_ALLREDUCE_UNSUPPORTED, C.WORKER_DIED, C.ENGINE_START_FAILED}, False,
+    ),
+    "device_oom_bare_hip_error.log": (C.DEVICE_OOM, {C.DEVICE_OOM, C.ENGINE_START_FAILED}, False),
+    "device_oom_bare_cuda_error.log": (C.DEVICE_OOM, {C.DEVICE_OOM, C.ENGINE_START_FAILED}, False),
+    "mfma_stub_paged_attention_assert.log": (
+        C.MFMA_ONLY_KERNEL, {C.MFMA_ONLY_KERNEL, C.ENGINE_START_FAILED}, False,
+    ),
+    "triton_unsupported_target_gfx906.log": (
+        C.TRITON_UNSUPPORTED_TARGET, {C.TRITON_UNSUPPORTED_TARGET, C.ENGINE_START_FAILED}, False,
+    ),
+    "triton_api_buffer_ops_mismatch.log": (
+        C.TRITON_API_MISMATCH, {C.TRITON_API_MISMATCH, C.ENGINE_START_FAILED}, False,
+    ),
+    "torchvision_nms_missing.log": (C.TORCHVISION_ABI_MISMATCH, {C.TORCHVISION_ABI_MISMATCH}, False),
+    "extension_undefined_symbol.log": (
+        C.EXTENSION_ABI_MISMATCH, {C.EXTENSION_ABI_MISMATCH, C.ENGINE_START_FAILED}, False,
+    ),
+    "rccl_net_socket_shm_disabled.log": (C.RCCL_NET_SOCKET, {C.RCCL_NET_SOCKET}, True),
 }
 
 BENIGN_FIXTURES = {
     "benign_w8a8_block_fp8_default_config.log": C.W8A8_BLOCK_FP8_DEFAULT_CONFIG,
     "benign_rocblaslt_no_paths.log": C.ROCBLASLT_NO_PATHS,
 }
+# Informational, but not "expected on Z100": each says what it is and that the engine is fine.
+INFO_FIXTURES = {
+    "rccl_iommu_pt_missing.log": {C.RCCL_IOMMU_PT_MISSING},
+    "client_disconnect_healthy_cpu.log": {C.LOOPBACK_BIND, C.CLIENT_DISCONNECT},
+}
 
 
 def test_every_fixture_is_covered() -> None:
     on_disk = {p.name for p in DOCTOR.iterdir() if p.suffix != ".md"}
-    assert on_disk == set(SIGNATURE_FIXTURES) | set(BENIGN_FIXTURES) | {"gpu_default_graph_tp4_aot_hit.log"}
+    phases_only = {"gpu_default_graph_tp4_aot_hit.log", "graph_capture_killed_round2_full_and_piecewise.log"}
+    assert on_disk == set(SIGNATURE_FIXTURES) | set(BENIGN_FIXTURES) | set(INFO_FIXTURES) | phases_only
 
 
 @pytest.mark.parametrize("name", sorted(SIGNATURE_FIXTURES))
@@ -104,6 +134,67 @@ def test_benign_lines_are_flagged_expected_and_ignored(name: str) -> None:
     diagnosis = diagnose(facts_from_text(read(name)))
     assert diagnosis.code is C.UNKNOWN
     assert diagnosis.severity is Severity.INFO
+
+
+@pytest.mark.parametrize("name", sorted(INFO_FIXTURES))
+def test_informational_fixture_is_no_failure(name: str) -> None:
+    findings = scan_text(read(name))
+    assert {f.code for f in findings} == INFO_FIXTURES[name]
+    assert all(f.severity is Severity.INFO for f in findings)
+    assert diagnose(facts_from_text(read(name))).code is C.UNKNOWN
+
+
+def test_client_disconnect_in_a_healthy_engine_log_is_not_an_engine_failure() -> None:
+    """Issue 9: a client that hung up mid-stream (ConnectionResetError in the engine's stream
+    generator) was diagnosed as the bridge-network bind failure of DOMAIN §2."""
+    text = read("client_disconnect_healthy_cpu.log")
+    codes = {f.code for f in scan_text(text)}
+    assert C.BIND_LOCALHOST_IN_BRIDGE not in codes
+    assert C.CLIENT_DISCONNECT in codes
+    assert diagnose(facts_from_text(text)).severity is Severity.INFO
+    # The host-side reset of DOMAIN §2 (bind_localhost_in_bridge.txt) is still the bind failure: above.
+
+
+def test_constraint_violation_names_the_seed_rollback() -> None:
+    """Seed 000 rollback path: VLLM_DCU_USE_INT8_SDOT4=0 returns to the Triton kernel."""
+    diagnosis = diagnose(facts_from_text(read("compile_constraint_violation_sdot4.log")))
+    assert diagnosis.code is C.COMPILE_CONSTRAINT_VIOLATION
+    assert "VLLM_DCU_USE_INT8_SDOT4=0" in diagnosis.hint
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: HIP error: out of memory",
+    "RuntimeError: CUDA error: out of memory",
+    "(EngineCore_DP0 pid=7) ERROR 01-01 00:00:00 [core.py:1] RuntimeError: HIP error: out of memory",
+])
+def test_bare_device_oom_matches_a_rule(line: str) -> None:
+    diagnosis = diagnose(facts_from_text(line))
+    assert diagnosis.code is C.DEVICE_OOM
+    assert "--gpu-memory-utilization" in diagnosis.hint
+
+
+def test_torch_dsa_advice_is_not_a_device_assert() -> None:
+    """Torch prints 'Compile with `TORCH_USE_HIP_DSA` to enable device-side assertions.' under every
+    HIP error; that advice is not the MFMA stub's assertion."""
+    codes = {f.code for f in scan_text(read("device_oom_bare_hip_error.log"))}
+    assert C.MFMA_ONLY_KERNEL not in codes
+
+
+def test_a_vram_oom_near_the_custom_allreduce_info_line_stays_a_vram_oom() -> None:
+    """vLLM logs `[custom_all_reduce.py:35] Custom allreduce is disabled …` at start: only traceback
+    frames of the allocation make an OOM the custom all-reduce's."""
+    text = read("device_oom_bare_hip_error.log")
+    assert "[custom_all_reduce.py:35]" in text
+    assert C.CUSTOM_ALLREDUCE_UNSUPPORTED not in {f.code for f in scan_text(text)}
+
+
+def test_every_seed_row_is_a_known_code_once() -> None:
+    from appliance.diagnosis import SIGNATURES
+    from appliance.diagnosis_seed import SEED_SIGNATURES
+
+    codes = [s.code for s in SIGNATURES]
+    assert len(codes) == len(set(codes))
+    assert {row.code for row in SEED_SIGNATURES} <= {c.value for c in codes}
 
 
 def test_healthy_gpu_start_has_no_failure() -> None:
@@ -266,3 +357,63 @@ def test_garbage_never_raises() -> None:
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 400)))
         scan_text(text)
         diagnose(facts_from_text(text, exit_code=rng.choice([None, 0, 1, 137, -11])))
+
+
+# Every log wording the seed record quotes verbatim (seeds/000, 001; DOMAIN §5), as quoted, each
+# recognised on its own line (plus the context line its rule needs, where the record names one).
+SEED_WORDINGS: list[tuple[str, DiagnosisCode]] = [
+    ("AttributeError: 'VllmConfig' object has no attribute 'pad_for_cudagraph'",
+     C.GRAPH_PAD_FOR_CUDAGRAPH_BUG),
+    ("RuntimeError: operator torchvision::nms does not exist", C.TORCHVISION_ABI_MISMATCH),
+    ("Cannot re-initialize CUDA in forked subprocess", C.CUDA_REINIT_FORKED),
+    ("Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal!",
+     C.W8A8_BLOCK_FP8_DEFAULT_CONFIG),
+    ("rocblaslt warning: No paths matched ...*gfx906*co", C.ROCBLASLT_NO_PATHS),
+    ("torch.fx.experimental.symbolic_shapes.ConstraintViolationError", C.COMPILE_CONSTRAINT_VIOLATION),
+    ("std::bad_alloc", C.IMPORT_ORDER_BAD_ALLOC),
+    ("hipExtMallocWithFlags(..., hipDeviceMallocUncached)\nhipErrorOutOfMemory",
+     C.CUSTOM_ALLREDUCE_UNSUPPORTED),
+    ("UvaBuffer.__init__\nhipErrorOutOfMemory", C.PINNED_MEMORY_OOM),
+    ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),global_oom,task=VLLM::Worker_TP", C.GLOBAL_OOM),
+    ("Memory cgroup out of memory: Killed process 4242 (VLLM::Worker_TP)", C.CGROUP_OOM),
+    ("curl: (56) Recv failure: Connection reset by peer", C.BIND_LOCALHOST_IN_BRIDGE),
+    ("Source code has changed since the last compilation. Recompiling the model.", C.AOT_CACHE_MISS),
+    ("Compiling model again due to a load failure from /c, reason: x", C.AOT_CACHE_MISS),
+    ("z100:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0", C.RCCL_NET_SOCKET),
+    ("loc(\"/x/triton_flash_attention.py\":309:0): error: unsupported target: 'gfx906'",
+     C.TRITON_UNSUPPORTED_TARGET),
+    ("triton/backends/amd/compiler.py\n"
+     "TypeError: add_convert_to_buffer_ops(): incompatible function arguments.",
+     C.TRITON_API_MISMATCH),
+    ("wvSplitK: Device-side assertion `false' failed.\nMemory access fault by GPU node-2",
+     C.MFMA_ONLY_KERNEL),
+    ("ImportError: /x/_C.abi3.so: undefined symbol: _ZN5torch6stable6Tensor6layoutEv",
+     C.EXTENSION_ABI_MISMATCH),
+    ("modprobe: FATAL: Module hydcu not found in directory /lib/modules/5.15.0-194-generic",
+     C.HYDCU_MODULE_MISSING),
+    ("lock lock lock lock lock lock lock lock lock lock lock lock lock lock lock lock", C.PACKED_SILU_NAN),
+]
+
+
+@pytest.mark.parametrize(("text", "code"), SEED_WORDINGS, ids=[c.value + f"-{i}" for i, (_, c) in
+                                                               enumerate(SEED_WORDINGS)])
+def test_every_seed_wording_is_recognised(text: str, code: DiagnosisCode) -> None:
+    assert code in {f.code for f in scan_text(text)}
+
+
+def test_a_device_assert_alone_is_not_an_mfma_stub() -> None:
+    """On a CUDA host (the generic recipe) `device-side assert triggered` is an ordinary kernel bug;
+    the MFMA stub shows as the assertion followed by the HSA exception / memory access fault."""
+    for alone in ("RuntimeError: CUDA error: device-side assert triggered",
+                  "Memory access fault by GPU node-2 on address 0x0"):
+        assert C.MFMA_ONLY_KERNEL not in {f.code for f in scan_text(alone)}
+    text = read("mfma_stub_paged_attention_assert.log")
+    finding = next(f for f in scan_text(text) if f.code is C.MFMA_ONLY_KERNEL)
+    assert "HSA_STATUS_ERROR_EXCEPTION" in finding.evidence[0]
+
+
+def test_a_pybind_error_near_the_word_triton_is_not_a_triton_mismatch() -> None:
+    text = ("INFO [rocm.py:298] Using Triton Attention backend on V1 engine.\n"
+            "TypeError: some_op(): incompatible function arguments. The following argument types are "
+            "supported:")
+    assert C.TRITON_API_MISMATCH not in {f.code for f in scan_text(text)}

@@ -32,6 +32,16 @@ FAILURES = {
     "packed_silu_nan_lock_output.log": "packed_silu_nan",
     "bind_localhost_in_bridge.txt": "bind_localhost_in_bridge",
     "hydcu_module_missing.txt": "hydcu_module_missing",
+    "custom_allreduce_hip_error_oom.log": "custom_allreduce_unsupported",
+    "custom_allreduce_cudacheck_failed.log": "custom_allreduce_unsupported",
+    "device_oom_bare_hip_error.log": "device_oom",
+    "device_oom_bare_cuda_error.log": "device_oom",
+    "mfma_stub_paged_attention_assert.log": "mfma_only_kernel",
+    "triton_unsupported_target_gfx906.log": "triton_unsupported_target",
+    "triton_api_buffer_ops_mismatch.log": "triton_api_mismatch",
+    "torchvision_nms_missing.log": "torchvision_abi_mismatch",
+    "extension_undefined_symbol.log": "extension_abi_mismatch",
+    "rccl_net_socket_shm_disabled.log": "rccl_net_socket",
 }
 CLEAN = {
     "benign_w8a8_block_fp8_default_config.log": "w8a8_block_fp8_default_config",
@@ -77,6 +87,14 @@ def test_benign_fixture_exits_0(run: CliRunner, name: str) -> None:
     assert "expected on Z100, ignore" in out
     assert "no failure signature found" in out
     assert "DIAGNOSIS" not in out
+
+
+@pytest.mark.parametrize("name", ["client_disconnect_healthy_cpu.log", "rccl_iommu_pt_missing.log"])
+def test_informational_fixture_exits_0(run: CliRunner, name: str) -> None:
+    code, out, _ = invoke(run, str(DOCTOR / name))
+    assert code == 0, out
+    assert "no failure signature found" in out
+    assert "bind_localhost_in_bridge" not in out
 
 
 def test_healthy_start_shows_phase_and_proven_hit(run: CliRunner) -> None:

@@ -305,15 +305,16 @@ def test_old_and_new_wordings() -> None:
     )
 
 
-def test_capture_label_change_is_a_new_round() -> None:
-    """Upstream FULL_AND_PIECEWISE: a PIECEWISE bar of 51, then a FULL decode bar of 35."""
+def test_capture_label_change_is_the_same_round() -> None:
+    """Upstream FULL_AND_PIECEWISE: a PIECEWISE bar of 51, then a FULL decode bar of 35 — one pass,
+    one round (issue 9: this used to count the FULL bar as round 2)."""
     tracker = feed_all([
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 51/51 [00:02<00:00]",
         "Capturing CUDA graphs (decode, FULL):  51%|█████     | 18/35 [00:01<00:01]",
     ])
     assert [(e.round, e.label, e.n) for e in tracker.events] == [
         (1, "mixed prefill-decode, PIECEWISE", 51),
-        (2, "decode, FULL", 18),
+        (1, "decode, FULL", 18),
     ]
 
 
@@ -369,3 +370,38 @@ def test_garbage_lines_never_raise() -> None:
     # Only the one recognisable cache line produced anything: garbage is silent.
     assert [e.marker for e in tracker.events] == ["load_failure_recompile"]
     assert len(tracker.events[0].line) <= 400
+
+
+def test_piecewise_and_full_bars_of_one_pass_are_one_round() -> None:
+    """Issue 9: FULL_AND_PIECEWISE draws a PIECEWISE bar then a FULL bar per pass (S9b: "PIECEWISE
+    51/51 + FULL 35/35"); the record counts the pass, so a kill at 38/51 of the second pass is
+    round 2 — not round 3."""
+    text = (FIXTURES / "doctor" / "graph_capture_killed_round2_full_and_piecewise.log").read_text()
+    tracker = track_text(text)
+    capture = [e for e in tracker.events if e.marker == "capture_progress"]
+    assert [(e.round, e.label) for e in capture if e.n == 0] == [
+        (1, "mixed prefill-decode, PIECEWISE"), (1, "decode, FULL"), (2, "mixed prefill-decode, PIECEWISE"),
+    ]
+    assert tracker.capture == (2, 38, 51)
+    assert tracker.summary().capture_rounds == 2
+    assert tracker.describe() == "capturing graphs round 2: 38/51 · compile cache hit"
+
+
+def test_killed_capture_diagnosis_names_the_round() -> None:
+    from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose
+
+    text = (FIXTURES / "doctor" / "graph_capture_killed_round2_full_and_piecewise.log").read_text()
+    tracker = track_text(text)
+    diagnosis = diagnose(FailureFacts(exit_code=137, log_tail=tuple(text.split("\n")),
+                                      phase_reached=tracker.furthest, progress=tracker.describe()))
+    assert diagnosis.code is DiagnosisCode.KILLED_BY_SIGNAL
+    assert "round 2: 38/51" in diagnosis.summary
+
+
+def test_a_bar_restarting_without_a_label_is_the_next_round() -> None:
+    """Old wording has no label: the same bar drawn again is still the next pass."""
+    tracker = PhaseTracker()
+    for rnd in range(2):
+        for n in (0, 5, 67):
+            tracker.feed(f"Capturing CUDA graph shapes: {n * 100 // 67}%|#| {n}/67 [00:01<00:00]", float(rnd))
+    assert tracker.capture == (2, 67, 67)

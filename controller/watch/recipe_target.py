@@ -1,0 +1,35 @@
+"""The running recipe's MemAvailable floor, for the `MemAvailableBelowRecipeTarget` alert.
+
+The alert compares `appliance_host_memory_available_bytes` with
+`appliance_launch_memory_available_target_bytes{recipe}`; issue 9 found nothing in production set the
+target, so the alert could never fire. The supervisor calls `HostWatchLink.on_launch(spec)` when a
+launch starts or an engine is adopted; this turns the recipe's `expect.min_mem_available_gib`
+(DOMAIN §3: the bar recipe C met was min MemAvailable 2.35 GiB) into bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from appliance.recipe_loader import RecipeError
+from appliance.recipe_model import Recipe
+
+GIB = 1024**3
+
+
+def mem_available_target_bytes(recipe: Recipe) -> int | None:
+    gib = recipe.expect.min_mem_available_gib
+    return None if gib is None else int(gib * GIB)
+
+
+def recipe_mem_target(load: Callable[[str], Recipe]) -> Callable[[str], int | None]:
+    """`load(name)` → Recipe (the preflight's loader); a recipe that no longer loads has no target
+    (the launch itself already went through preflight)."""
+
+    def target(name: str) -> int | None:
+        try:
+            return mem_available_target_bytes(load(name))
+        except (LookupError, RecipeError, OSError):
+            return None
+
+    return target

@@ -1,0 +1,136 @@
+"""Issue 9: the `MemAvailableBelowRecipeTarget` alert could never fire — nothing in production set
+`appliance_launch_memory_available_target_bytes`. Launching (or adopting) now publishes the running
+recipe's `expect.min_mem_available_gib`, and promtool fires the alert on what the controller exports."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller import metrics
+from controller.runtime.base import EngineHandle
+from controller.store import Provenance, Store
+from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.preflight import Preflight
+from controller.supervisor.signals import Apply
+from controller.supervisor.watch_link import HostWatchLink
+from controller.watch.procreader import ProcReader
+from controller.watch.recipe_target import GIB, recipe_mem_target
+from controller.watch.sampler import HostSampler
+from tests.unit.supervisor_helpers import (
+    FakeClock,
+    FakeEngine,
+    FakePreflight,
+    FakeProber,
+    FakeRuntime,
+    RecordingGateway,
+    make_spec,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "monitoring" / "prometheus" / "rules" / "appliance.rules.yml"
+TP4_HOST = REPO / "tests" / "fixtures" / "procfs" / "tp4_graph_host" / "proc"
+TARGET = "appliance_launch_memory_available_target_bytes"
+PROMTOOL = shutil.which("promtool")
+
+
+def _targets() -> dict[str, float]:
+    for family in text_string_to_metric_families(metrics.render()[0].decode()):
+        if family.name == TARGET:
+            return {s.labels["recipe"]: s.value for s in family.samples}
+    return {}
+
+
+def _driver(tmp_path: Path, target_bytes: int | None) -> tuple[Driver, FakeRuntime, Store, HostWatchLink]:
+    clock = FakeClock()
+    runtime = FakeRuntime(clock)
+    store = Store(tmp_path / "a.sqlite3")
+    link = HostWatchLink(store, HostSampler(ProcReader(TP4_HOST)), recipe_target=lambda name: target_bytes)
+    driver = Driver(runtimes={"process": runtime}, store=store, preflight=FakePreflight(make_spec()),
+                    prober=FakeProber(runtime), gateway=RecordingGateway(), clock=clock,
+                    config=DriverConfig(oom_settle_s=0), oom_events=link.oom_events, on_launch=link.on_launch)
+    link.driver = driver
+    return driver, runtime, store, link
+
+
+def test_the_target_is_the_recipes_expectation() -> None:
+    target = recipe_mem_target(Preflight(recipes_dir=REPO / "recipes", appliance_home=REPO).recipe)
+    assert target("cpu-smollm2") == int(0.5 * GIB)  # recipes/cpu-smollm2.yaml: min_mem_available_gib 0.5
+    assert target("no-such-recipe") is None
+
+
+async def test_launching_sets_the_target_gauge(tmp_path: Path) -> None:
+    metrics.set_mem_available_target("stale-recipe", 1)
+    driver, _, _, _ = _driver(tmp_path, int(2.35 * GIB))
+    driver.submit(Apply("test-recipe"))
+    await driver.step()
+    await driver.settle()
+    assert _targets() == {"test-recipe": float(int(2.35 * GIB))}
+
+
+async def test_a_recipe_without_a_target_clears_the_gauge(tmp_path: Path) -> None:
+    metrics.set_mem_available_target("stale-recipe", 1)
+    driver, _, _, _ = _driver(tmp_path, None)
+    driver.submit(Apply("test-recipe"))
+    await driver.step()
+    await driver.settle()
+    assert _targets() == {}
+
+
+async def test_adopting_sets_the_target_gauge(tmp_path: Path) -> None:
+    metrics.set_mem_available_target("stale-recipe", 1)
+    driver, runtime, store, _ = _driver(tmp_path, 3 * GIB)
+    spec = make_spec()
+    handle = EngineHandle(launch_id="Lrunning", runtime="process", ref="777", recipe="test-recipe",
+                          spec_hash=spec.spec_hash, started_at=1.0)
+    runtime.engines["Lrunning"] = FakeEngine(handle, log="INFO Application startup complete.\n", healthy=True)
+    store.create_launch("Lrunning", spec, "normal", Provenance(), 1.0)
+    store.set_handle("Lrunning", handle, 1.0)
+    await driver.adopt()
+    assert _targets() == {"test-recipe": float(3 * GIB)}
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup-system.sh)")
+async def test_promtool_fires_on_what_the_controller_exports(tmp_path: Path) -> None:
+    """End to end: launch → the watch samples a host whose MemAvailable (2.35 GiB, the TP=4 fixture)
+    is under the recipe's 3 GiB → the two series the controller exports make the alert fire."""
+    driver, _, _, link = _driver(tmp_path, 3 * GIB)
+    driver.submit(Apply("test-recipe"))
+    await driver.step()
+    await driver.settle()
+    link.on_sample(link.sampler.sample([1000]), None)
+    series = []
+    for family in text_string_to_metric_families(metrics.render()[0].decode()):
+        if family.name in (TARGET, "appliance_host_memory_available_bytes"):
+            for s in family.samples:
+                labels = {**s.labels, "job": "appliance-controller", "instance": "127.0.0.1:8090"}
+                text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                series.append({"series": f"{s.name}{{{text}}}", "values": f"{s.value:.0f}x12"})
+    assert len(series) == 2, series
+    (tmp_path / "rules.yml").write_text(RULES.read_text())
+    rule = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+                if r.get("alert") == "ApplianceMemAvailableBelowRecipeTarget")
+    annotations = {
+        "summary": "MemAvailable 2.35GiB is under the target of recipe test-recipe",
+        "description": rule["annotations"]["description"], "runbook": rule["annotations"]["runbook"],
+    }
+    test = {
+        "rule_files": ["rules.yml"], "evaluation_interval": "5s",
+        "tests": [{"interval": "5s", "input_series": series, "alert_rule_test": [
+            {"eval_time": "10s", "alertname": "ApplianceMemAvailableBelowRecipeTarget", "exp_alerts": []},
+            {"eval_time": "30s", "alertname": "ApplianceMemAvailableBelowRecipeTarget", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "job": "appliance-controller",
+                                "instance": "127.0.0.1:8090", "recipe": "test-recipe"},
+                 "exp_annotations": annotations}]},
+        ]}],
+    }
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
+    assert PROMTOOL is not None
+    res = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr

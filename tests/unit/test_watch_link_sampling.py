@@ -1,0 +1,53 @@
+"""The controller's sampling loop (HostWatchLink.run_sampler) under the read policy of issue 9: the
+engine's processes are looked up and read every second while it starts, not while it idles ready."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+from controller.supervisor.machine import State
+from controller.supervisor.watch_link import HostWatchLink
+from controller.watch.procreader import ProcReader
+from controller.watch.sample_policy import FullReason, SamplingPolicy
+from controller.watch.sampler import HostSample, HostSampler
+from tests.unit.test_supervisor_watch_link import TP4_HOST, _rig
+
+
+async def _loop(link: HostWatchLink, samples: int) -> list[tuple[HostSample, list[int]]]:
+    seen: list[tuple[HostSample, list[int]]] = []
+    stop = asyncio.Event()
+    on_sample = link.on_sample
+
+    def record(sample: HostSample, current: tuple[str, str, list[int], str | None] | None) -> None:
+        on_sample(sample, current)
+        seen.append((sample, current[2] if current else []))
+        if len(seen) >= samples:
+            stop.set()
+
+    link.on_sample = record  # type: ignore[method-assign]
+    await link.run_sampler(stop, interval_s=0.0)
+    return seen
+
+
+async def test_starting_engine_is_read_every_sample_ready_one_is_not(tmp_path: Path) -> None:
+    driver, link, _, runtime = await _rig(tmp_path)
+    link.sampler = HostSampler(ProcReader(TP4_HOST), policy=SamplingPolicy(full_every_s=3600.0))
+    lookups: list[int] = []
+    runtime.engine_pids = lambda handle: lookups.append(1) or [1000]  # type: ignore[method-assign,func-returns-value]
+    assert driver.m.state is not State.READY
+
+    starting = await _loop(link, 3)
+    assert [s.full_reason for s, _ in starting] == [FullReason.NEW_LAUNCH, FullReason.STARTING,
+                                                    FullReason.STARTING]
+    assert len(lookups) == 3
+    assert starting[-1][1] == [1000, 1001, 1002, 1003, 1004, 1005]  # the pids OOM attribution uses
+
+    driver.m = dataclasses.replace(driver.m, state=State.READY)
+    ready = await _loop(link, 5)
+    assert [s.full_reason for s, _ in ready] == [None] * 5
+    assert len(lookups) == 3  # no process-table scan while it idles ready
+    # The last read's pids and figures still stand for OOM attribution and the gauges.
+    assert ready[-1][1] == [1000, 1001, 1002, 1003, 1004, 1005]
+    assert ready[-1][0].processes_at == starting[-1][0].processes_at
