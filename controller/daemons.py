@@ -17,6 +17,20 @@ from pathlib import Path
 import psutil
 
 CREATE_TIME_TOLERANCE_S = 0.05
+# Right after exec the kernel can report an empty /proc/PID/cmdline for a live process (seen here
+# under load: 5 of 30 fresh starts). PID + create time already identify the process; the command
+# line is a second check, so an empty one is re-read briefly and then not held against it.
+CMDLINE_SETTLE_TRIES = 20
+CMDLINE_SETTLE_STEP_S = 0.025
+
+
+def _settled_cmdline(proc: psutil.Process) -> list[str]:
+    for _ in range(CMDLINE_SETTLE_TRIES):
+        cmdline = proc.cmdline()
+        if cmdline:
+            return cmdline
+        time.sleep(CMDLINE_SETTLE_STEP_S)
+    return []
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,7 @@ class Daemon:
             proc = psutil.Process(int(data["pid"]))
             if abs(proc.create_time() - float(data["create_time"])) > CREATE_TIME_TOLERANCE_S:
                 return None
-            if proc.cmdline() != data["argv"] or proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE or _settled_cmdline(proc) not in (data["argv"], []):
                 return None
             return proc
         except (FileNotFoundError, ValueError, KeyError, psutil.NoSuchProcess, psutil.AccessDenied):

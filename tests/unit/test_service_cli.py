@@ -85,3 +85,20 @@ def test_a_malformed_configured_hash_is_an_error(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv(admin_token.HASH_ENV, "not-a-hash")
     with pytest.raises(typer.Exit):
         service_cmd._ensure_token(tmp_path)
+
+
+def test_a_fresh_daemon_whose_cmdline_reads_empty_is_still_ours(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: right after exec /proc/PID/cmdline can read empty (5 of 30 starts under load);
+    PID + create time identify the process, so `up` must not start a second one."""
+    import psutil
+
+    d = Daemon("sleeper", tmp_path / "run", tmp_path / "logs")
+    proc = d.start([sys.executable, "-c", "import time; time.sleep(60)"], {})
+    try:
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda self: [])
+        again = d.process()
+        assert again is not None and again.pid == proc.pid
+    finally:
+        monkeypatch.undo()
+        assert d.stop(grace_s=10)
