@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.recipe_loader import RecipeError, load_recipes
 from controller import admin_token, metrics
+from controller.console.routes import console_router
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
 from controller.supervisor.driver import Driver
@@ -266,6 +267,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     for router in ctx.extra_routers:
         app.include_router(router)
+    app.include_router(console_router(ctx))  # the operator console (controller/console/), own log-in
     return app
 
 

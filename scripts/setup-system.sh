@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # System packages the test suite uses for real: a Docker daemon (MEASURED.md: Debian's docker.io
 # works here with the vfs storage driver), Prometheus' promtool for rule and query tests, nginx
-# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images.
+# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images, and
+# Debian's chromium + chromium-driver for the operator console's browser tests (Selenium drives
+# them by path: no browser download at test time).
 set -euo pipefail
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
 [ -x /bin/busybox ] || need+=(busybox-static)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -eq 0 ]; then
   echo "[setup-system] system packages present"
   exit 0
