@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css", "favicon.svg": "image/svg+xml"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 SECURITY_HEADERS = {

@@ -342,7 +342,10 @@ class ConsoleData:
                     for m in self.history.ooms(since)]
         recipe = self.ctx.driver.m.recipe
         target = self._target_bytes(recipe) if recipe else None
-        x_range = (since, now)
+        # A controller younger than the window has no samples before it started: start the axis at
+        # the first sample (or the earliest marker), so a short history is not a sliver at the edge.
+        first = min([p.at for p in points[:1]] + [m.x for m in markers if m.x >= since], default=since)
+        x_range = (max(since, first), now)
         last = points[-1] if points else None
         return {
             "memory": _memory_chart(points, "MemAvailable and swap used", x_range, markers, target),
