@@ -26,10 +26,10 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Form, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -58,6 +58,8 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
+MAX_FORM_BYTES = 8 * 1024  # the console's forms are a few short fields
+MAX_FIELD_CHARS = 512
 STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second moves it without events
 # Fixed notices selected by a code in the redirect's query string: nothing a link can inject.
 NOTICES = {
@@ -71,6 +73,29 @@ def _secure(response: Response) -> Response:
     for k, v in SECURITY_HEADERS.items():
         response.headers.setdefault(k, v)
     return response
+
+
+class FormRefused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The form's text fields, read only after the caller has checked the session (the body of an
+    unauthenticated request is never read, as the admin API's gate does for bearer tokens), and only
+    when small: a declared length is required and bounded, fields are few and short, no files."""
+    length = request.headers.get("content-length", "")
+    if not length.isdigit():
+        raise FormRefused(status.HTTP_411_LENGTH_REQUIRED, "a form needs a Content-Length")
+    if int(length) > MAX_FORM_BYTES:
+        raise FormRefused(status.HTTP_413_CONTENT_TOO_LARGE,
+                          f"a console form is at most {MAX_FORM_BYTES} bytes")
+    form = await request.form(max_files=0, max_fields=16)
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    if any(len(v) > MAX_FIELD_CHARS for v in fields.values()):
+        raise FormRefused(status.HTTP_422_UNPROCESSABLE_CONTENT, f"a field is longer than {MAX_FIELD_CHARS}")
+    return fields
 
 
 def console_router(ctx: ApiContext, sessions: Sessions | None = None,
@@ -107,10 +132,17 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
             raise HTTPException(status.HTTP_303_SEE_OTHER, headers={"Location": target, **SECURITY_HEADERS})
         return session
 
-    def csrf_failed(request: Request, session: Session, token: str | None) -> Response | None:
-        if sessions.csrf_ok(session, token):
-            return None
-        return problem(request, session, status.HTTP_403_FORBIDDEN, "Form expired or forged",
+    async def session_form(request: Request) -> tuple[Session, dict[str, str] | Response]:
+        """Session first (redirect to log in), then the small form, then its CSRF token."""
+        session = current(request)
+        try:
+            form = await read_form(request)
+        except FormRefused as exc:
+            return session, problem(request, session, exc.code, "Form refused",
+                                    f"{exc}; nothing was changed.")
+        if sessions.csrf_ok(session, form.get("csrf")):
+            return session, form
+        return session, problem(request, session, status.HTTP_403_FORBIDDEN, "Form expired or forged",
                        "This form's security token does not match your session, so nothing was changed. "
                        "Reload the page and submit it again.")
 
@@ -133,21 +165,27 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                     form_token=sessions.login_form_token())
 
     @router.post("/login")
-    async def login(
-        request: Request, token: Annotated[str, Form(max_length=512)] = "",
-        form_token: Annotated[str, Form(max_length=512)] = "", next: Annotated[str, Form()] = "/console/",
-    ) -> Response:
+    async def login(request: Request) -> Response:
+        # The one form read without a session: bounded like every console form (read_form).
+        try:
+            form = await read_form(request)
+        except FormRefused as exc:
+            form = {"form_token": "", "error": str(exc)}
+        next = views.safe_next(form.get("next", "/console/"))
+
         def refused(code: int, why: str) -> Response:
-            return page(request, "login.html", None, code, error=why, next=views.safe_next(next),
+            return page(request, "login.html", None, code, error=why, next=next,
                         form_token=sessions.login_form_token())
 
-        if not sessions.login_form_token_ok(form_token):
+        if "error" in form:
+            return refused(status.HTTP_413_CONTENT_TOO_LARGE, form["error"])
+        if not sessions.login_form_token_ok(form.get("form_token", "")):
             return refused(status.HTTP_403_FORBIDDEN, "the log-in form expired — try again")
         try:
-            _, cookie = sessions.login(token)
+            _, cookie = sessions.login(form.get("token", ""))
         except LoginError as exc:
             return refused(status.HTTP_401_UNAUTHORIZED, str(exc))
-        response = RedirectResponse(views.safe_next(next), status.HTTP_303_SEE_OTHER)
+        response = RedirectResponse(next, status.HTTP_303_SEE_OTHER)
         response.set_cookie(
             COOKIE, cookie, max_age=int(sessions.ttl_s), path=COOKIE_PATH, httponly=True, samesite="strict",
             secure=request.url.scheme == "https",
@@ -155,10 +193,10 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         return _secure(response)
 
     @router.post("/logout")
-    async def logout(request: Request, csrf: Annotated[str, Form(max_length=128)] = "") -> Response:
-        session = current(request)
-        if (bad := csrf_failed(request, session, csrf)) is not None:
-            return bad
+    async def logout(request: Request) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
         sessions.logout(session)
         response = RedirectResponse("/console/login?notice=logged-out", status.HTTP_303_SEE_OTHER)
         response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
@@ -236,11 +274,11 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         return page(request, "apply.html", session, report=views.plan_view(report, driver), name=name)
 
     @router.post("/recipes/{name}/apply")
-    async def apply(request: Request, name: str, csrf: Annotated[str, Form(max_length=128)] = "",
-                    fresh_cache: Annotated[bool, Form()] = False) -> Response:
-        session = current(request)
-        if (bad := csrf_failed(request, session, csrf)) is not None:
-            return bad
+    async def apply(request: Request, name: str) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        fresh_cache = form.get("fresh_cache") == "true"
         try:
             await asyncio.to_thread(preflight.recipe, name)
         except UnknownRecipe:
@@ -287,17 +325,14 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         return page(request, "keys.html", session, keys=rows, created=None)
 
     @router.post("/keys")
-    async def create_key(
-        request: Request, csrf: Annotated[str, Form(max_length=128)] = "",
-        name: Annotated[str, Form(max_length=200)] = "", rpm_limit: Annotated[str, Form(max_length=12)] = "",
-        max_concurrent: Annotated[str, Form(max_length=12)] = "",
-    ) -> Response:
-        session = current(request)
-        if (bad := csrf_failed(request, session, csrf)) is not None:
-            return bad
+    async def create_key(request: Request) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
         try:
-            rpm, conc = views.optional_positive(rpm_limit, "rpm limit"), views.optional_positive(
-                max_concurrent, "max concurrent")
+            name = views.key_name(form.get("name", ""))
+            rpm = views.optional_positive(form.get("rpm_limit", ""), "requests/min")
+            conc = views.optional_positive(form.get("max_concurrent", ""), "max concurrent")
             record, key = await asyncio.to_thread(keystore().create, name, rpm, conc)
         except (KeyStoreError, ValueError) as exc:
             rows = await asyncio.to_thread(keystore().list, True)
@@ -307,11 +342,10 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         return page(request, "keys.html", session, 201, keys=rows, created={"record": record, "key": key})
 
     @router.post("/keys/{key_id}/revoke")
-    async def revoke_key(request: Request, key_id: str, csrf: Annotated[str, Form(max_length=128)] = "") \
-            -> Response:
-        session = current(request)
-        if (bad := csrf_failed(request, session, csrf)) is not None:
-            return bad
+    async def revoke_key(request: Request, key_id: str) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
         try:
             await asyncio.to_thread(keystore().revoke, key_id)
         except KeyNotFound:

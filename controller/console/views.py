@@ -58,13 +58,23 @@ def safe_next(target: str) -> str:
     return parts.path
 
 
+MAX_LIMIT = 1_000_000  # a per-key limit above this is a typo, not a limit
+
+
 def optional_positive(text: str, what: str) -> int | None:
     text = text.strip()
     if not text:
         return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{what} must be a whole number of at least 1 (or empty for no limit)")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise ValueError(f"{what} must be a whole number from 1 to {MAX_LIMIT:,} (or empty for no limit)")
     return int(text)
+
+
+def key_name(text: str) -> str:
+    name = text.strip()
+    if not name or len(name) > 200:
+        raise ValueError("a key needs a name of 1 to 200 characters")
+    return name
 
 
 def _gib(v: float | int | None) -> str:

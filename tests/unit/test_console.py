@@ -292,3 +292,17 @@ def _ctx(rig: Rig, home: Path):  # type: ignore[no-untyped-def]
     from controller.api import ApiContext
 
     return ApiContext(rig.driver, rig.store, rig.preflight, home, "cpu-smollm2")
+
+
+async def test_a_form_body_is_read_only_after_the_session_check_and_only_when_small(
+    client: httpx.AsyncClient, home: Path
+) -> None:
+    big = {"name": "x" * 20_000, "csrf": "whatever"}
+    r = await client.post("/console/keys", data=big)
+    assert r.status_code == 303 and "/console/login" in r.headers["location"]  # no session: body unread
+    await login(client)
+    r = await client.post("/console/keys", data={**big, "csrf": await csrf_of(client)})
+    assert r.status_code == 413 and "nothing was changed" in r.text
+    long_field = {"name": "y" * 600, "csrf": await csrf_of(client)}
+    assert (await client.post("/console/keys", data=long_field)).status_code == 422
+    assert KeyStore(Paths(home).keys_db).list() == []
