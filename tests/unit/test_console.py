@@ -306,3 +306,27 @@ async def test_a_form_body_is_read_only_after_the_session_check_and_only_when_sm
     long_field = {"name": "y" * 600, "csrf": await csrf_of(client)}
     assert (await client.post("/console/keys", data=long_field)).status_code == 422
     assert KeyStore(Paths(home).keys_db).list() == []
+
+
+async def test_the_status_stream_sends_snapshots_until_the_session_ends(rig: Rig, home: Path) -> None:
+    import asyncio
+
+    sessions = Sessions(home)
+    app = FastAPI()
+    app.include_router(console_router(_ctx(rig, home), sessions=sessions))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+        await login(c)
+
+        async def end_sessions_soon() -> None:
+            await asyncio.sleep(1.5)
+            for live in list(sessions._live.values()):
+                sessions.logout(live)
+
+        ender = asyncio.create_task(end_sessions_soon())
+        r = await asyncio.wait_for(c.get("/console/events"), timeout=30)
+        await ender
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["content-security-policy"] == CSP
+    events = [block for block in r.text.split("\n\n") if block]
+    assert events[0].startswith("event: status\ndata: ") and '"state": "idle"' in events[0]
+    assert events[-1].startswith("event: ended")  # the page then goes to the log-in form
