@@ -287,7 +287,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         rejected = driver.submit(Apply(name, fresh_cache))
         if rejected is not None:
             return problem(request, session, status.HTTP_409_CONFLICT, "Not applied",
-                           f"{rejected.reason}. Nothing was changed: the current engine keeps its state.")
+                           f"The controller refused: {rejected.reason}. Nothing was changed: the current "
+                           "engine keeps its state.")
         return _secure(RedirectResponse("/console/?notice=applied", status.HTTP_303_SEE_OTHER))
 
     # -- Launches

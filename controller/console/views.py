@@ -118,7 +118,9 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
         "ready_s": launch.get("ready_s"),
         "launch_id": launch.get("id"),
         "cache": launch.get("cache"),
-        "phases": [p.get("label") or p.get("phase") for p in launch.get("phases", [])],
+        # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list)
+        "phases": [{"label": p.get("label") or p.get("phase"), "done": p.get("at") is not None}
+                   for p in launch.get("phases", [])],
         "diagnosis": diagnosis.get("summary"),
         "hint": diagnosis.get("hint"),
     }

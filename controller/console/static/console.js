@@ -36,11 +36,17 @@ function applyStatus(s) {
     : s.progress_pct;
   const phases = document.getElementById("phases");
   if (phases && Array.isArray(s.phases)) {
-    phases.replaceChildren(...s.phases.map((label) => {
+    phases.replaceChildren(...s.phases.map((p) => {
       const li = document.createElement("li");
-      li.textContent = label;
+      li.textContent = p.label;
+      if (p.done) li.className = "done";
       return li;
     }));
+  }
+  const link = document.getElementById("launch-link");
+  if (link && s.launch_id && link.textContent !== s.launch_id) {
+    link.textContent = s.launch_id;
+    link.href = "/console/launches/" + encodeURIComponent(s.launch_id);
   }
 }
 
