@@ -41,6 +41,7 @@ from controller.settings import Paths
 from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import Apply
 from controller.watch.history import HOST_HISTORY, HostHistory
+from host_setup.facts import HostFactsError
 
 if TYPE_CHECKING:
     from controller.api import ApiContext
@@ -60,6 +61,8 @@ SECURITY_HEADERS = {
 }
 MAX_FORM_BYTES = 8 * 1024  # the console's forms are a few short fields
 MAX_FIELD_CHARS = 512
+# A broken recipe directory or unreadable host facts: a page that says so, never a traceback.
+UNREADABLE = (RecipeError, HostFactsError, OSError)
 STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second moves it without events
 # Fixed notices selected by a code in the redirect's query string: nothing a link can inject.
 NOTICES = {
@@ -241,7 +244,7 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         session = current(request)
         try:
             rows = await asyncio.to_thread(data.recipe_rows)
-        except RecipeError as exc:
+        except UNREADABLE as exc:
             return problem(request, session, 500, "Recipes do not load", str(exc))
         names = [r["name"] for r in rows]
         diff = None
@@ -261,6 +264,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         except UnknownRecipe:
             return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
                            "/console/recipes")
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
         return page(request, "recipe.html", session, report=views.plan_view(report, driver), name=name)
 
     @router.get("/recipes/{name}/apply")
@@ -271,6 +276,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         except UnknownRecipe:
             return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
                            "/console/recipes")
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
         return page(request, "apply.html", session, report=views.plan_view(report, driver), name=name)
 
     @router.post("/recipes/{name}/apply")
@@ -284,6 +291,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         except UnknownRecipe:
             return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
                            "/console/recipes")
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Recipes do not load", str(exc), "/console/recipes")
         rejected = driver.submit(Apply(name, fresh_cache))
         if rejected is not None:
             return problem(request, session, status.HTTP_409_CONFLICT, "Not applied",

@@ -330,3 +330,17 @@ async def test_the_status_stream_sends_snapshots_until_the_session_ends(rig: Rig
     events = [block for block in r.text.split("\n\n") if block]
     assert events[0].startswith("event: status\ndata: ") and '"state": "idle"' in events[0]
     assert events[-1].startswith("event: ended")  # the page then goes to the log-in form
+
+
+async def test_a_broken_recipe_directory_is_a_page_not_a_traceback(
+    client: httpx.AsyncClient, rig: Rig, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken-recipes"
+    broken.mkdir()
+    (broken / "bad.yaml").write_text("name: bad\nplatform: [unclosed\n")
+    rig.preflight.recipes_dir = broken
+    await login(client)
+    for path in ("/console/recipes", "/console/recipes/bad", "/console/recipes/bad/apply"):
+        r = await client.get(path)
+        assert r.status_code == 500, path
+        assert "problem-title" in r.text and r.headers["content-security-policy"] == CSP
