@@ -344,3 +344,17 @@ async def test_a_broken_recipe_directory_is_a_page_not_a_traceback(
         r = await client.get(path)
         assert r.status_code == 500, path
         assert "problem-title" in r.text and r.headers["content-security-policy"] == CSP
+
+
+def test_the_host_watch_feeds_the_console_history(home: Path) -> None:
+    from controller.store import Store
+    from controller.supervisor.watch_link import HostWatchLink
+    from controller.watch.history import HOST_HISTORY
+
+    link = HostWatchLink(Store(home / "watch.sqlite3"))
+    before = HOST_HISTORY.points()[-1:] if len(HOST_HISTORY) else []
+    link.on_sample(_sample(7.0), None)
+    latest = HOST_HISTORY.points()[-1]
+    assert latest not in before and latest.mem_available_bytes == 7 * 2**30
+    link.on_oom(OomEvent(kind=OomEventKind.KILL, scope=OomScope.GLOBAL, task="stress", pid=99))
+    assert HOST_HISTORY.ooms()[-1].task == "stress"
