@@ -162,6 +162,7 @@ class Console:
             self.errors.append(entry)
 
 
+@pytest.mark.timeout(3600)  # a cold start on a loaded 2-core machine took more than 15 min
 def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -> None:
     ui = Console(browser, controller.url)
 
