@@ -179,8 +179,11 @@ def line_chart(
         p.append(f'<line x1="{_num(px(m.x))}" x2="{_num(px(m.x))}" y1="{frame.top}" '
                  f'y2="{frame.top + frame.plot_h}" stroke="{escape(m.color)}" stroke-width="1.2"{dash} '
                  f'class="marker"><title>{escape(m.label)}</title></line>')
-        p.append(f'<text x="{_num(px(m.x) + 3)}" y="{frame.top + 10}" fill="{escape(m.color)}" class="label">'
-                 f"{escape(m.label)}</text>")
+        # near the right edge the label goes to the left of its line, so it is not cut off
+        right = px(m.x) > frame.left + frame.plot_w * 0.8
+        lx, anchor = (px(m.x) - 3, "end") if right else (px(m.x) + 3, "start")
+        p.append(f'<text x="{_num(lx)}" y="{frame.top + 10}" text-anchor="{anchor}" fill="{escape(m.color)}" '
+                 f'class="label">{escape(m.label)}</text>')
     # legend
     lx = frame.left + 8
     for s in series:
@@ -206,7 +209,7 @@ def _paths(points: Sequence[tuple[float, float | None]], px: Callable[[float], f
 def waterfall(bars: Sequence[Bar], *, title: str, width: int = 880, row_h: int = 22,
               x_format: Callable[[float], str] = lambda s: f"{s:.0f} s") -> Markup:
     """One row per phase: where it began and how long it lasted, on one time axis from 0."""
-    frame = _Frame(width, 24 + row_h * max(1, len(bars)) + 28, left=190)
+    frame = _Frame(width, 24 + row_h * max(1, len(bars)) + 28, left=190, right=64)
     p = frame.parts
     if not bars:
         p.append(f'<text x="{width / 2}" y="40" text-anchor="middle" class="empty">no phases recorded</text>')

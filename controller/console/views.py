@@ -18,6 +18,7 @@ from markupsafe import Markup
 from appliance.admission import admit
 from appliance.cache_key import cache_key, cache_key_inputs
 from appliance.lint import lint
+from appliance.log_phases import PHASE_LABELS, Phase
 from appliance.recipe_loader import load_recipes
 from appliance.recipe_model import Recipe
 from controller import admin_token
@@ -155,6 +156,13 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: data}
 
 
+def _phase_label(name: str) -> str:
+    try:
+        return PHASE_LABELS[Phase(name)]
+    except (ValueError, KeyError):
+        return name.replace("_", " ")
+
+
 def _phase_bars(record: LaunchRecord) -> list[charts.Bar]:
     """Time spent in each start-up phase: a phase lasts until the next one (the last until ready or
     the end). Repeated markers of one phase (a cache hit per graph) are one bar."""
@@ -174,7 +182,7 @@ def _phase_bars(record: LaunchRecord) -> list[charts.Bar]:
     for i, (name, start, detail) in enumerate(seen):
         stop = seen[i + 1][1] if i + 1 < len(seen) else max(end, start)
         color = "#dc2626" if "miss" in name else "#059669" if "hit" in name else charts.PALETTE[0]
-        bars.append(charts.Bar(name.replace("_", " "), start, stop, color, detail[:160]))
+        bars.append(charts.Bar(_phase_label(name), start, stop, color, detail[:160]))
     return bars
 
 

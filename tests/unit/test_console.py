@@ -282,7 +282,7 @@ def test_waterfall_bars_run_from_one_phase_to_the_next() -> None:
     )
     bars = _phase_bars(record)
     assert [(b.label, b.start, b.end) for b in bars] == [
-        ("weights loading", 5, 30), ("compile cache miss", 30, 80), ("kv cache", 80, 100)]
+        ("loading weights", 5, 30), ("compile cache miss", 30, 80), ("KV cache sized", 80, 100)]
     assert bars[1].color == "#dc2626"
     svg = charts.waterfall(bars, title="w")
     assert svg.count('class="bar"') == 3
