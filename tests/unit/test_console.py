@@ -358,3 +358,41 @@ def test_the_host_watch_feeds_the_console_history(home: Path) -> None:
     assert latest not in before and latest.mem_available_bytes == 7 * 2**30
     link.on_oom(OomEvent(kind=OomEventKind.KILL, scope=OomScope.GLOBAL, task="stress", pid=99))
     assert HOST_HISTORY.ooms()[-1].task == "stress"
+
+
+async def test_a_recorded_launch_shows_in_the_table_with_its_waterfall_and_memory(
+    rig: Rig, home: Path
+) -> None:
+    import time as _time
+
+    from controller.store import Provenance
+    from tests.unit.supervisor_helpers import make_handle, make_spec
+
+    now = _time.time()
+    store = rig.store
+    store.create_launch("L1", make_spec("cpu-smollm2"), "normal", Provenance(), now - 100)
+    store.set_handle("L1", make_handle("L1", "cpu-smollm2", started_at=now - 100), now - 100)
+    store.add_phase("L1", "process_started", now - 99, 1.0)
+    store.add_phase("L1", "compile_cache_hit", now - 60, 40.0, "fx graph cache hit for key abc")
+    store.add_phase("L1", "api_up", now - 20, 80.0)
+    store.set_cache("L1", "hit")
+    store.mark_ready("L1", now - 20, 80.0)
+    store.add_event("oom-kill", "global OOM kill: x", now - 50, "L1")
+    clock = Clock()
+    clock.t = now - 90
+    history = HostHistory(clock=clock)
+    for _ in range(30):
+        clock.t += 2
+        history.record(_sample(8.0))
+    app = FastAPI()
+    app.include_router(console_router(_ctx(rig, home), history=history))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+        await login(c)
+        table = (await c.get("/console/launches")).text
+        assert 'id="launch-L1"' in table and "warm (hit)" in table and "fx graph cache hit" in table
+        page = (await c.get("/console/launches/L1")).text
+        assert page.count('class="bar"') == 3  # process started, compile cache hit, API up
+        assert "compile cache hit" in page and "<polyline" in page and ">OOM kill<" in page
+        assert (await c.get("/console/launches/nope")).status_code == 404
+        memory = (await c.get("/console/memory?minutes=15")).text
+        assert "start cpu-smollm2" in memory and "<polyline" in memory
