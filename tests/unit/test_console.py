@@ -396,3 +396,40 @@ async def test_a_recorded_launch_shows_in_the_table_with_its_waterfall_and_memor
         assert (await c.get("/console/launches/nope")).status_code == 404
         memory = (await c.get("/console/memory?minutes=15")).text
         assert "start cpu-smollm2" in memory and "<polyline" in memory
+
+
+async def test_the_now_page_shows_a_real_gateways_upstream_and_in_flight(
+    client: httpx.AsyncClient, rig: Rig, home: Path
+) -> None:
+    import asyncio
+    import socket
+
+    from controller.gateway import control
+    from controller.gateway.config import GatewayConfig
+    from controller.gateway.server import build_server
+    from controller.supervisor.gateway_link import ControlGateway
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    token = admin_token.write_gateway_token(home / "run")
+    server, _ = build_server(GatewayConfig(keys_db=home / "keys.sqlite3", port=port,
+                                           admin_token_sha256=admin_token.hash_token(token)))
+    serving = asyncio.create_task(server.serve())
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            if server.started:
+                break
+            await asyncio.sleep(0.05)
+        rig.driver.gateway = ControlGateway(url, token)
+        await login(client)
+        page = (await client.get("/console/")).text
+        assert "none: new requests get 503" in page and 'id="gateway-in-flight">0' in page
+        await control.set_upstream(url, token, "http://127.0.0.1:18000", "smollm2", drain_deadline_s=0)
+        page = (await client.get("/console/")).text
+        assert 'id="gateway-upstream">http://127.0.0.1:18000<' in page
+        assert token not in page  # the gateway's control token stays on the server
+    finally:
+        server.should_exit = True
+        await serving
