@@ -39,6 +39,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from appliance.recipe_loader import RecipeError, load_recipes
 from controller import metrics
 from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
+from controller.console.routes import console_router
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
 from controller.supervisor.driver import Driver
@@ -268,6 +269,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     for router in ctx.extra_routers:
         app.include_router(router)
+    app.include_router(console_router(ctx))  # the operator console (controller/console/), own log-in
     return app
 
 

@@ -33,6 +33,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 HOSTS_ENV = "APPLIANCE_ADMIN_HOSTS"  # extra names/addresses clients use, comma-separated
 _WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
+CONSOLE_PREFIX = "/console/"
 
 
 def allowed_hosts(listen_host: str | None = None, extra: Iterable[str] = (),
@@ -87,7 +88,10 @@ class AdminTokenFirst:
         self.home = home
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] not in _BODYLESS:
+        # The console (controller/console/) authenticates its forms by session cookie + CSRF token and
+        # checks the session before it reads a form body: a browser form cannot send a bearer token.
+        if (scope["type"] == "http" and scope["method"] not in _BODYLESS
+                and not scope["path"].startswith(CONSOLE_PREFIX)):
             refusal = admin_refusal(self.home, Headers(scope=scope).get("authorization"))
             if refusal is not None:
                 await _send_error(send, refusal)

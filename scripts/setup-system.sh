@@ -2,7 +2,8 @@
 # System packages the test suite uses for real: a Docker daemon (MEASURED.md: Debian's docker.io
 # works here with the vfs storage driver), Prometheus' promtool for rule and query tests, nginx
 # as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images, docker-compose
-# to read rendered compose files back.
+# to read rendered compose files back, and Debian's chromium + chromium-driver for the operator console's
+# browser tests (Selenium drives them by path: no browser download at test time).
 set -euo pipefail
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
@@ -11,6 +12,8 @@ command -v nginx >/dev/null || need+=(nginx)
 [ -x /bin/busybox ] || need+=(busybox-static)
 # compose reads back `recipes render --format compose` (tests/unit/test_formats_run.py); Debian's 1.29
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -eq 0 ]; then
   echo "[setup-system] system packages present"
   exit 0

@@ -28,6 +28,7 @@ from controller.runtime.base import EngineHandle
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.machine import State
+from controller.watch.history import HOST_HISTORY
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower
 from controller.watch.sample_policy import SamplingPolicy
 from controller.watch.sampler import HostSample, HostSampler, Watermarks
@@ -109,6 +110,7 @@ class HostWatchLink:
 
     def on_sample(self, sample: HostSample, current: tuple[str, str, list[int], str | None] | None) -> None:
         metrics.observe_host(sample)
+        HOST_HISTORY.record(sample)  # the console's memory charts (controller/watch/history.py)
         if current is None:
             self._flush()
             self._marks = None
@@ -141,6 +143,7 @@ class HostWatchLink:
 
     def on_oom(self, event: OomEvent) -> None:
         metrics.record_oom_event(event)
+        HOST_HISTORY.record_oom(event)  # OOM marks on the console's memory chart
         if event.kind is not OomEventKind.KILL:
             return
         now = self.clock()

@@ -1,0 +1,1 @@
+"""The operator console: server-rendered pages on the controller (routes.py)."""

@@ -1,0 +1,144 @@
+"""Console log-in: the admin token buys a session; the session carries a CSRF token.
+
+- The operator types the admin token once; it is compared in constant time with the configured
+  sha256 (controller/admin_token.py) and never stored, logged or rendered.
+- The browser gets a cookie signed with itsdangerous (a per-process random key) holding only a
+  random session id. The session itself lives here, server side: its expiry, its CSRF token and a
+  fingerprint of the admin-token hash it was opened with — so logging out, expiring or rotating the
+  admin token ends it at once, whatever the browser still holds. A controller restart ends every
+  session (the signing key is new): operators log in again.
+- The cookie is HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it) and
+  expires with the session.
+- Every state-changing form carries the session's CSRF token (a synchronizer token, compared in
+  constant time). The log-in form, which has no session yet, carries a short-lived signed token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+
+from controller import admin_token
+
+COOKIE = "appliance_console"
+COOKIE_PATH = "/console"
+DEFAULT_TTL_S = 8 * 3600  # one working shift
+LOGIN_FORM_TTL_S = 3600
+MAX_SESSIONS = 64  # a loop of log-ins cannot grow the table without bound: the oldest goes
+
+
+class LoginError(Exception):
+    """Why a log-in was refused, in words the page can show."""
+
+
+@dataclass
+class Session:
+    sid: str
+    csrf: str
+    expires_at: float
+    token_fingerprint: str  # sha256 of the admin-token hash the session was opened with
+
+
+def _fingerprint(configured_hash: str) -> str:
+    return hashlib.sha256(b"console-session:" + configured_hash.encode()).hexdigest()
+
+
+class Sessions:
+    """Server-side sessions behind a signed cookie. Thread-safe; `clock` is injectable for tests."""
+
+    def __init__(self, home: Path, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.time,
+                 secret: bytes | None = None) -> None:
+        self.home = home
+        self.ttl_s = ttl_s
+        self.clock = clock
+        key = secret or secrets.token_bytes(32)
+        self._cookie = URLSafeTimedSerializer(key, salt="appliance-console-session")
+        self._login_form = URLSafeTimedSerializer(key, salt="appliance-console-login-form")
+        self._live: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    # -- log-in
+
+    def login_form_token(self) -> str:
+        return self._login_form.dumps(secrets.token_urlsafe(8))
+
+    def login_form_token_ok(self, presented: str) -> bool:
+        try:
+            self._login_form.loads(presented, max_age=LOGIN_FORM_TTL_S)
+        except (BadSignature, SignatureExpired):
+            return False
+        return True
+
+    def login(self, token: str) -> tuple[Session, str]:
+        """A new session and its cookie value, or LoginError (nothing is created)."""
+        try:
+            expected = admin_token.configured_hash(self.home)
+        except ValueError as exc:
+            raise LoginError(f"the admin token is misconfigured on this controller: {exc}") from exc
+        if expected is None:
+            raise LoginError(
+                f"no admin token is configured (set {admin_token.HASH_ENV} or run `appliance up`)"
+            )
+        if not token or not admin_token.matches(token, expected):
+            raise LoginError("wrong admin token")
+        session = Session(
+            sid=secrets.token_urlsafe(24), csrf=secrets.token_urlsafe(24),
+            expires_at=self.clock() + self.ttl_s, token_fingerprint=_fingerprint(expected),
+        )
+        with self._lock:
+            self._prune()
+            while len(self._live) >= MAX_SESSIONS:
+                oldest = min(self._live.values(), key=lambda s: s.expires_at)
+                del self._live[oldest.sid]
+            self._live[session.sid] = session
+        return session, self._cookie.dumps(session.sid)
+
+    def logout(self, session: Session) -> None:
+        with self._lock:
+            self._live.pop(session.sid, None)
+
+    # -- each request
+
+    def lookup(self, cookie: str | None) -> tuple[Session | None, str | None]:
+        """(session, None) or (None, why not): why is shown on the log-in page."""
+        if not cookie:
+            return None, None
+        try:
+            sid = self._cookie.loads(cookie, max_age=int(self.ttl_s) + 60)
+        except SignatureExpired:
+            return None, "your session expired — log in again"
+        except BadSignature:
+            return None, "your session is not valid here (the controller may have restarted) — log in again"
+        if not isinstance(sid, str):
+            return None, "your session is not valid here — log in again"
+        with self._lock:
+            session = self._live.get(sid)
+            if session is not None and self.clock() >= session.expires_at:
+                del self._live[sid]
+                return None, "your session expired — log in again"
+        if session is None:
+            return None, "your session ended (logged out, expired or the controller restarted) — log in again"
+        try:
+            expected = admin_token.configured_hash(self.home)
+        except ValueError:
+            expected = None
+        if expected is None or not hmac.compare_digest(_fingerprint(expected), session.token_fingerprint):
+            self.logout(session)
+            return None, "the admin token changed — log in with the new one"
+        return session, None
+
+    def csrf_ok(self, session: Session, presented: str | None) -> bool:
+        return bool(presented) and hmac.compare_digest(session.csrf.encode(), (presented or "").encode())
+
+    def _prune(self) -> None:
+        now = self.clock()
+        for sid in [sid for sid, s in self._live.items() if now >= s.expires_at]:
+            del self._live[sid]

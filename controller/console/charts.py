@@ -1,0 +1,243 @@
+"""Charts as plain SVG, rendered on the server.
+
+Why not a JavaScript charting library: the console's charts are a few time series, markers and
+bars; SVG built here needs no vendored bundle, no licence file, no client-side data API, and works
+under the console's strict Content-Security-Policy (no inline script, no inline `style=`): every
+colour is an SVG presentation attribute (`fill`, `stroke`), which CSP does not treat as a style.
+Every piece of text goes through `markupsafe.escape`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from markupsafe import Markup, escape
+
+PALETTE = ("#2563eb", "#d97706", "#7c3aed", "#059669", "#dc2626", "#0891b2")
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: Sequence[tuple[float, float | None]]  # (x, y); y None = a gap
+    color: str = PALETTE[0]
+    # How points that fall into one pixel column are folded: `min` keeps low-water marks visible
+    # (DOMAIN §3: the minimum MemAvailable is what decides an OOM, not the average).
+    fold: Callable[[Sequence[float]], float] = max
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A vertical line at x: a launch boundary, an OOM kill."""
+
+    x: float
+    label: str
+    color: str = "#6b7280"
+    dashed: bool = True
+
+
+@dataclass(frozen=True)
+class HLine:
+    """A horizontal reference, e.g. the recipe's MemAvailable target."""
+
+    y: float
+    label: str
+    color: str = "#dc2626"
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str
+    start: float
+    end: float
+    color: str = PALETTE[0]
+    detail: str = ""
+
+
+@dataclass
+class _Frame:
+    width: int
+    height: int
+    left: int = 64
+    right: int = 16
+    top: int = 12
+    bottom: int = 28
+    parts: list[str] = field(default_factory=list)
+
+    @property
+    def plot_w(self) -> int:
+        return self.width - self.left - self.right
+
+    @property
+    def plot_h(self) -> int:
+        return self.height - self.top - self.bottom
+
+
+def _num(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _svg(frame: _Frame, title: str) -> Markup:
+    body = "".join(frame.parts)
+    return Markup(
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {frame.width} {frame.height}" '
+        f'width="{frame.width}" height="{frame.height}" role="img" aria-label="{escape(title)}">'
+        f"<title>{escape(title)}</title>{body}</svg>"
+    )
+
+
+def _fold(points: Sequence[tuple[float, float | None]], x0: float, x1: float, columns: int,
+          fold: Callable[[Sequence[float]], float]) -> list[tuple[float, float | None]]:
+    """At most one point per pixel column (a day of 1 Hz samples must not become 86,400 nodes)."""
+    if len(points) <= columns or x1 <= x0:
+        return list(points)
+    span = (x1 - x0) / columns
+    buckets: dict[int, list[float]] = {}
+    gaps: set[int] = set()
+    for x, y in points:
+        col = min(columns - 1, max(0, int((x - x0) / span)))
+        if y is None:
+            gaps.add(col)
+        else:
+            buckets.setdefault(col, []).append(y)
+    out: list[tuple[float, float | None]] = []
+    for col in range(columns):
+        if col in buckets:
+            out.append((x0 + (col + 0.5) * span, fold(buckets[col])))
+        elif col in gaps:
+            out.append((x0 + (col + 0.5) * span, None))
+    return out
+
+
+def clock_label(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def line_chart(
+    series: Sequence[Series],
+    *,
+    title: str,
+    x_range: tuple[float, float] | None = None,
+    y_max: float | None = None,
+    y_format: Callable[[float], str] = _num,
+    x_format: Callable[[float], str] = clock_label,
+    markers: Sequence[Marker] = (),
+    hlines: Sequence[HLine] = (),
+    width: int = 880,
+    height: int = 220,
+) -> Markup:
+    """Time series with vertical markers and horizontal reference lines; empty series say so."""
+    frame = _Frame(width, height)
+    xs = [x for s in series for x, _ in s.points]
+    if x_range is None:
+        if not xs:
+            frame.parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" '
+                               'class="empty">no samples yet</text>')
+            return _svg(frame, title)
+        x_range = (min(xs), max(xs))
+    x0, x1 = x_range
+    if x1 <= x0:
+        x1 = x0 + 1.0
+    ys = [y for s in series for _, y in s.points if y is not None] + [h.y for h in hlines]
+    top = y_max if y_max is not None else (max(ys) * 1.1 if ys and max(ys) > 0 else 1.0)
+
+    def px(x: float) -> float:
+        return frame.left + (x - x0) / (x1 - x0) * frame.plot_w
+
+    def py(y: float) -> float:
+        return frame.top + frame.plot_h - max(0.0, min(1.0, y / top)) * frame.plot_h
+
+    p = frame.parts
+    # axes and four horizontal grid lines with their values
+    for i in range(5):
+        y = top * i / 4
+        p.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{_num(py(y))}" y2="{_num(py(y))}" '
+                 f'stroke="#e5e7eb" stroke-width="1"/>')
+        p.append(f'<text x="{frame.left - 6}" y="{_num(py(y) + 4)}" text-anchor="end" class="tick">'
+                 f"{escape(y_format(y))}</text>")
+    for i in range(5):
+        x = x0 + (x1 - x0) * i / 4
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        p.append(f'<text x="{_num(px(x))}" y="{height - 8}" text-anchor="{anchor}" class="tick">'
+                 f"{escape(x_format(x))}</text>")
+    for h in hlines:
+        hy = _num(py(h.y))
+        p.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{hy}" y2="{hy}" '
+                 f'stroke="{escape(h.color)}" stroke-width="1.5" stroke-dasharray="6 4" class="hline"/>')
+        p.append(f'<text x="{width - frame.right - 4}" y="{_num(py(h.y) - 4)}" text-anchor="end" '
+                 f'fill="{escape(h.color)}" class="label">{escape(h.label)}</text>')
+    for s in series:
+        for path in _paths(_fold(s.points, x0, x1, frame.plot_w, s.fold), px, py):
+            p.append(f'<polyline fill="none" stroke="{escape(s.color)}" stroke-width="1.6" points="{path}">'
+                     f"<title>{escape(s.name)}</title></polyline>")
+    for m in markers:
+        if not x0 <= m.x <= x1:
+            continue
+        dash = ' stroke-dasharray="3 3"' if m.dashed else ""
+        p.append(f'<line x1="{_num(px(m.x))}" x2="{_num(px(m.x))}" y1="{frame.top}" '
+                 f'y2="{frame.top + frame.plot_h}" stroke="{escape(m.color)}" stroke-width="1.2"{dash} '
+                 f'class="marker"><title>{escape(m.label)}</title></line>')
+        # near the right edge the label goes to the left of its line, so it is not cut off
+        right = px(m.x) > frame.left + frame.plot_w * 0.8
+        lx, anchor = (px(m.x) - 3, "end") if right else (px(m.x) + 3, "start")
+        p.append(f'<text x="{_num(lx)}" y="{frame.top + 10}" text-anchor="{anchor}" fill="{escape(m.color)}" '
+                 f'class="label">{escape(m.label)}</text>')
+    # legend
+    lx = frame.left + 8
+    for s in series:
+        p.append(f'<rect x="{lx}" y="{frame.top + 16}" width="10" height="3" fill="{escape(s.color)}"/>'
+                 f'<text x="{lx + 14}" y="{frame.top + 21}" class="legend">{escape(s.name)}</text>')
+        lx += 22 + 7 * len(s.name)
+    return _svg(frame, title)
+
+
+def _paths(points: Sequence[tuple[float, float | None]], px: Callable[[float], float],
+           py: Callable[[float], float]) -> list[str]:
+    """Polyline point lists, split at gaps."""
+    runs: list[list[str]] = [[]]
+    for x, y in points:
+        if y is None:
+            if runs[-1]:
+                runs.append([])
+            continue
+        runs[-1].append(f"{_num(px(x))},{_num(py(y))}")
+    return [" ".join(r) for r in runs if r]
+
+
+def waterfall(bars: Sequence[Bar], *, title: str, width: int = 880, row_h: int = 22,
+              x_format: Callable[[float], str] = lambda s: f"{s:.0f} s") -> Markup:
+    """One row per phase: where it began and how long it lasted, on one time axis from 0."""
+    frame = _Frame(width, 24 + row_h * max(1, len(bars)) + 28, left=190, right=64)
+    p = frame.parts
+    if not bars:
+        p.append(f'<text x="{width / 2}" y="40" text-anchor="middle" class="empty">no phases recorded</text>')
+        return _svg(frame, title)
+    total = max(b.end for b in bars) or 1.0
+
+    def px(x: float) -> float:
+        return frame.left + x / total * frame.plot_w
+
+    for i in range(5):
+        x = total * i / 4
+        p.append(f'<line x1="{_num(px(x))}" x2="{_num(px(x))}" y1="{frame.top}" '
+                 f'y2="{frame.height - frame.bottom}" stroke="#e5e7eb" stroke-width="1"/>')
+        p.append(f'<text x="{_num(px(x))}" y="{frame.height - 8}" text-anchor="middle" class="tick">'
+                 f"{escape(x_format(x))}</text>")
+    for i, b in enumerate(bars):
+        y = frame.top + i * row_h
+        w = max(2.0, px(b.end) - px(b.start))
+        tip = f"{b.label}: {b.start:.1f}–{b.end:.1f} s ({b.end - b.start:.1f} s)" + (
+            f" — {b.detail}" if b.detail else "")
+        p.append(f'<text x="{frame.left - 8}" y="{y + row_h - 8}" text-anchor="end" class="label">'
+                 f"{escape(b.label)}</text>")
+        p.append(f'<rect class="bar" x="{_num(px(b.start))}" y="{y + 3}" width="{_num(w)}" '
+                 f'height="{row_h - 6}" fill="{escape(b.color)}"><title>{escape(tip)}</title></rect>')
+        p.append(f'<text x="{_num(px(b.start) + w + 4)}" y="{y + row_h - 8}" class="tick">'
+                 f"{escape(f'{b.end - b.start:.1f} s')}</text>")
+    return _svg(frame, title)
+
+
+def gib(v: float) -> str:
+    return f"{v / 2**30:.1f} GiB"

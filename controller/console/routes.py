@@ -1,0 +1,366 @@
+"""The operator console: server-rendered pages under /console on the controller's own FastAPI app.
+
+    GET  /console/login, POST /console/login, POST /console/logout
+    GET  /console/                      Now: state, phase, live progress, expectations, gateway, diagnosis
+    GET  /console/recipes[?a=&b=]       every recipe with admission verdict and lint; a diff of two
+    GET  /console/recipes/{name}        one recipe: admission numbers, lint findings
+    GET  /console/recipes/{name}/apply  the preflight plan and a confirm form
+    POST /console/recipes/{name}/apply  submit the apply (CSRF), 409 page when a start is in progress
+    GET  /console/launches[/{id}]       history; one launch's phase waterfall and memory picture
+    GET  /console/memory                host memory over time (controller/watch/history.py)
+    GET  /console/keys, POST /console/keys, POST /console/keys/{id}/revoke
+    GET  /console/events                server-sent status snapshots for the live progress bar
+    GET  /console/static/{file}         console.js, console.css
+
+Every page needs a session (controller/console/auth.py): the pages show host details. The console
+talks to the driver, store and preflight in process, never to the JSON API, so it does not depend
+on how that API authenticates. Every response carries a strict Content-Security-Policy: scripts
+and styles only from /console/static, no inline script, no inline style, no framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.templating import Jinja2Templates
+
+from appliance.recipe_loader import RecipeError
+from controller.console import views
+from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, Session, Sessions
+from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
+from controller.settings import Paths
+from controller.supervisor.preflight import UnknownRecipe
+from controller.supervisor.signals import Apply
+from controller.watch.history import HOST_HISTORY, HostHistory
+from host_setup.facts import HostFactsError
+
+if TYPE_CHECKING:
+    from controller.api import ApiContext
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css", "favicon.svg": "image/svg+xml"}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+MAX_FORM_BYTES = 8 * 1024  # the console's forms are a few short fields
+MAX_FIELD_CHARS = 512
+# A broken recipe directory or unreadable host facts: a page that says so, never a traceback.
+UNREADABLE = (RecipeError, HostFactsError, OSError)
+STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second moves it without events
+# Fixed notices selected by a code in the redirect's query string: nothing a link can inject.
+NOTICES = {
+    "applied": "Apply accepted: the preflight runs, then the engine drains and switches. Watch it below.",
+    "revoked": "Key revoked: the gateway refuses it within about a second.",
+    "logged-out": "Logged out.",
+}
+
+
+def _secure(response: Response) -> Response:
+    for k, v in SECURITY_HEADERS.items():
+        response.headers.setdefault(k, v)
+    return response
+
+
+class FormRefused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The form's text fields, read only after the caller has checked the session (the body of an
+    unauthenticated request is never read, as the admin API's gate does for bearer tokens), and only
+    when small: a declared length is required and bounded, fields are few and short, no files."""
+    length = request.headers.get("content-length", "")
+    if not length.isdigit():
+        raise FormRefused(status.HTTP_411_LENGTH_REQUIRED, "a form needs a Content-Length")
+    if int(length) > MAX_FORM_BYTES:
+        raise FormRefused(status.HTTP_413_CONTENT_TOO_LARGE,
+                          f"a console form is at most {MAX_FORM_BYTES} bytes")
+    form = await request.form(max_files=0, max_fields=16)
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    if any(len(v) > MAX_FIELD_CHARS for v in fields.values()):
+        raise FormRefused(status.HTTP_422_UNPROCESSABLE_CONTENT, f"a field is longer than {MAX_FIELD_CHARS}")
+    return fields
+
+
+def console_router(ctx: ApiContext, sessions: Sessions | None = None,
+                   history: HostHistory = HOST_HISTORY) -> APIRouter:
+    router = APIRouter(prefix="/console", include_in_schema=False)
+    sessions = sessions or Sessions(ctx.home)
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters.update(views.FILTERS)
+    driver, preflight = ctx.driver, ctx.preflight
+    data = views.ConsoleData(ctx, history)
+
+    def keystore() -> KeyStore:
+        return KeyStore(Paths(ctx.home).keys_db)
+
+    def page(request: Request, template: str, session: Session | None, code: int = 200,
+             **context: Any) -> Response:
+        notice = NOTICES.get(request.query_params.get("notice", ""))
+        response = templates.TemplateResponse(
+            request, template, {"session": session, "notice": notice, **context}, status_code=code
+        )
+        return _secure(response)
+
+    def problem(request: Request, session: Session | None, code: int, title: str, message: str,
+                back: str = "/console/") -> Response:
+        return page(request, "message.html", session, code, title=title, message=message, back=back)
+
+    def current(request: Request) -> Session:
+        """The request's session, or a redirect to the log-in page that says why."""
+        session, why = sessions.lookup(request.cookies.get(COOKIE))
+        if session is None:
+            target = "/console/login?next=" + quote(request.url.path, safe="/")
+            if why:
+                target += "&why=" + quote(why)
+            raise HTTPException(status.HTTP_303_SEE_OTHER, headers={"Location": target, **SECURITY_HEADERS})
+        return session
+
+    async def session_form(request: Request) -> tuple[Session, dict[str, str] | Response]:
+        """Session first (redirect to log in), then the small form, then its CSRF token."""
+        session = current(request)
+        try:
+            form = await read_form(request)
+        except FormRefused as exc:
+            return session, problem(request, session, exc.code, "Form refused",
+                                    f"{exc}; nothing was changed.")
+        if sessions.csrf_ok(session, form.get("csrf")):
+            return session, form
+        return session, problem(request, session, status.HTTP_403_FORBIDDEN, "Form expired or forged",
+                       "This form's security token does not match your session, so nothing was changed. "
+                       "Reload the page and submit it again.")
+
+    # -- static and log-in
+
+    @router.get("/static/{name}")
+    async def static(name: str) -> Response:
+        media = STATIC_FILES.get(name)
+        if media is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND)
+        response = FileResponse(HERE / "static" / name, media_type=media)
+        response.headers["Cache-Control"] = "no-cache"
+        return _secure(response)
+
+    @router.get("/login")
+    async def login_page(request: Request, next: str = "/console/", why: str = "") -> Response:
+        # `why` is shown as text (autoescaped), but only the messages this module writes are shown.
+        reason = why if why in views.known_reasons() else ""
+        return page(request, "login.html", None, error=reason, next=views.safe_next(next),
+                    form_token=sessions.login_form_token())
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        # The one form read without a session: bounded like every console form (read_form).
+        try:
+            form = await read_form(request)
+        except FormRefused as exc:
+            form = {"form_token": "", "error": str(exc)}
+        next = views.safe_next(form.get("next", "/console/"))
+
+        def refused(code: int, why: str) -> Response:
+            return page(request, "login.html", None, code, error=why, next=next,
+                        form_token=sessions.login_form_token())
+
+        if "error" in form:
+            return refused(status.HTTP_413_CONTENT_TOO_LARGE, form["error"])
+        if not sessions.login_form_token_ok(form.get("form_token", "")):
+            return refused(status.HTTP_403_FORBIDDEN, "the log-in form expired — try again")
+        try:
+            _, cookie = sessions.login(form.get("token", ""))
+        except LoginError as exc:
+            return refused(status.HTTP_401_UNAUTHORIZED, str(exc))
+        response = RedirectResponse(next, status.HTTP_303_SEE_OTHER)
+        response.set_cookie(
+            COOKIE, cookie, max_age=int(sessions.ttl_s), path=COOKIE_PATH, httponly=True, samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return _secure(response)
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        sessions.logout(session)
+        response = RedirectResponse("/console/login?notice=logged-out", status.HTTP_303_SEE_OTHER)
+        response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
+        return _secure(response)
+
+    # -- Now
+
+    @router.get("/")
+    async def now(request: Request) -> Response:
+        session = current(request)
+        snapshot = driver.status()
+        expectations = await asyncio.to_thread(data.expectations, snapshot.get("recipe"))
+        gateway = await data.gateway()
+        return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
+                    status_json=json.dumps(views.live_view(snapshot)))
+
+    @router.get("/events")
+    async def events(request: Request) -> Response:
+        session, _ = sessions.lookup(request.cookies.get(COOKIE))
+        if session is None:
+            return _secure(Response("log in first", status.HTTP_401_UNAUTHORIZED, media_type="text/plain"))
+
+        async def stream() -> AsyncIterator[bytes]:
+            async with driver.subscribe() as queue:
+                while not await request.is_disconnected():
+                    live, _ = sessions.lookup(request.cookies.get(COOKIE))
+                    if live is None:
+                        yield b"event: ended\ndata: {}\n\n"
+                        return
+                    yield f"event: status\ndata: {json.dumps(views.live_view(driver.status()))}\n\n".encode()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(queue.get(), timeout=STATUS_EVERY_S)
+
+        response = StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"X-Accel-Buffering": "no"})
+        return _secure(response)
+
+    # -- Recipes
+
+    @router.get("/recipes")
+    async def recipes(request: Request, a: str = "", b: str = "") -> Response:
+        session = current(request)
+        try:
+            rows = await asyncio.to_thread(data.recipe_rows)
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Recipes do not load", str(exc))
+        names = [r["name"] for r in rows]
+        diff = None
+        if a and b:
+            if a not in names or b not in names:
+                return problem(request, session, 404, "Unknown recipe",
+                               "Pick two recipes from the list to compare.", "/console/recipes")
+            diff = await asyncio.to_thread(data.diff, a, b)
+        return page(request, "recipes.html", session, rows=rows, names=names, a=a, b=b, diff=diff,
+                    current=driver.m.recipe)
+
+    @router.get("/recipes/{name}")
+    async def recipe(request: Request, name: str) -> Response:
+        session = current(request)
+        try:
+            report = await asyncio.to_thread(preflight.report, name)
+        except UnknownRecipe:
+            return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
+                           "/console/recipes")
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
+        return page(request, "recipe.html", session, report=views.plan_view(report, driver), name=name)
+
+    @router.get("/recipes/{name}/apply")
+    async def apply_confirm(request: Request, name: str) -> Response:
+        session = current(request)
+        try:
+            report = await asyncio.to_thread(preflight.report, name)
+        except UnknownRecipe:
+            return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
+                           "/console/recipes")
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
+        return page(request, "apply.html", session, report=views.plan_view(report, driver), name=name)
+
+    @router.post("/recipes/{name}/apply")
+    async def apply(request: Request, name: str) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        fresh_cache = form.get("fresh_cache") == "true"
+        try:
+            await asyncio.to_thread(preflight.recipe, name)
+        except UnknownRecipe:
+            return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
+                           "/console/recipes")
+        except UNREADABLE as exc:
+            return problem(request, session, 500, "Recipes do not load", str(exc), "/console/recipes")
+        rejected = driver.submit(Apply(name, fresh_cache))
+        if rejected is not None:
+            return problem(request, session, status.HTTP_409_CONFLICT, "Not applied",
+                           f"The controller refused: {rejected.reason}. Nothing was changed: the current "
+                           "engine keeps its state.")
+        return _secure(RedirectResponse("/console/?notice=applied", status.HTTP_303_SEE_OTHER))
+
+    # -- Launches
+
+    @router.get("/launches")
+    async def launches(request: Request) -> Response:
+        session = current(request)
+        rows = await asyncio.to_thread(data.launch_rows)
+        return page(request, "launches.html", session, rows=rows)
+
+    @router.get("/launches/{launch_id}")
+    async def launch(request: Request, launch_id: str) -> Response:
+        session = current(request)
+        view = await asyncio.to_thread(data.launch_view, launch_id)
+        if view is None:
+            return problem(request, session, 404, "Unknown launch", f"No launch {launch_id!r}.",
+                           "/console/launches")
+        return page(request, "launch.html", session, launch=view)
+
+    # -- Host memory
+
+    @router.get("/memory")
+    async def memory(request: Request, minutes: int = 60) -> Response:
+        session = current(request)
+        minutes = max(5, min(minutes, 6 * 60))
+        view = await asyncio.to_thread(data.memory_view, minutes * 60.0)
+        return page(request, "memory.html", session, memory=view, minutes=minutes)
+
+    # -- Keys
+
+    @router.get("/keys")
+    async def keys(request: Request) -> Response:
+        session = current(request)
+        rows = await asyncio.to_thread(keystore().list, True)
+        return page(request, "keys.html", session, keys=rows, created=None)
+
+    @router.post("/keys")
+    async def create_key(request: Request) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        try:
+            name = views.key_name(form.get("name", ""))
+            rpm = views.optional_positive(form.get("rpm_limit", ""), "requests/min")
+            conc = views.optional_positive(form.get("max_concurrent", ""), "max concurrent")
+            record, key = await asyncio.to_thread(keystore().create, name, rpm, conc)
+        except (KeyStoreError, ValueError) as exc:
+            rows = await asyncio.to_thread(keystore().list, True)
+            return page(request, "keys.html", session, 422, keys=rows, created=None, error=str(exc))
+        rows = await asyncio.to_thread(keystore().list, True)
+        # The key itself, this once: it is not stored (only its hash) and no other page shows it.
+        return page(request, "keys.html", session, 201, keys=rows, created={"record": record, "key": key})
+
+    @router.post("/keys/{key_id}/revoke")
+    async def revoke_key(request: Request, key_id: str) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        try:
+            await asyncio.to_thread(keystore().revoke, key_id)
+        except KeyNotFound:
+            return problem(request, session, 404, "Unknown key", "No such key; nothing was changed.",
+                           "/console/keys")
+        return _secure(RedirectResponse("/console/keys?notice=revoked", status.HTTP_303_SEE_OTHER))
+
+    return router

@@ -1,0 +1,377 @@
+"""What the console pages show, gathered from the driver, store, preflight and host history.
+
+Blocking helpers (SQLite, recipe files, host facts) are called from the routes in a worker thread.
+Charts are SVG strings from controller/console/charts.py, marked safe for the templates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from markupsafe import Markup
+
+from appliance.admission import admit
+from appliance.cache_key import cache_key, cache_key_inputs
+from appliance.lint import lint
+from appliance.log_phases import PHASE_LABELS, Phase
+from appliance.recipe_loader import load_recipes
+from appliance.recipe_model import Recipe
+from controller import admin_token
+from controller.console import charts
+from controller.gateway import control
+from controller.store import LaunchRecord, redact_spec
+from controller.supervisor.driver import Driver
+from controller.supervisor.gateway_link import ControlGateway, NoGateway
+from controller.supervisor.preflight import PlanReport, UnknownRecipe
+from controller.watch.history import HostHistory, HostPoint
+
+if TYPE_CHECKING:
+    from controller.api import ApiContext
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+GATEWAY_TIMEOUT_S = 2.0
+MEMORY_PAD_S = 30.0  # the memory picture of a launch starts a little before it and ends after it
+
+
+def known_reasons() -> set[str]:
+    """The only texts the log-in page repeats from its query string (auth.py writes them)."""
+    return {
+        "your session expired — log in again",
+        "your session is not valid here (the controller may have restarted) — log in again",
+        "your session is not valid here — log in again",
+        "your session ended (logged out, expired or the controller restarted) — log in again",
+        "the admin token changed — log in with the new one",
+    }
+
+
+def safe_next(target: str) -> str:
+    """Only a console path: an open redirect to another site is refused."""
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/console/") or "//" in parts.path:
+        return "/console/"
+    return parts.path
+
+
+MAX_LIMIT = 1_000_000  # a per-key limit above this is a typo, not a limit
+
+
+def optional_positive(text: str, what: str) -> int | None:
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise ValueError(f"{what} must be a whole number from 1 to {MAX_LIMIT:,} (or empty for no limit)")
+    return int(text)
+
+
+def key_name(text: str) -> str:
+    name = text.strip()
+    if not name or len(name) > 200:
+        raise ValueError("a key needs a name of 1 to 200 characters")
+    return name
+
+
+def _gib(v: float | int | None) -> str:
+    return "—" if v is None else f"{v / GIB:.2f} GiB"
+
+
+def _secs(v: float | int | None) -> str:
+    if v is None:
+        return "—"
+    v = float(v)
+    return f"{v:.0f} s" if v < 120 else f"{int(v // 60)} min {int(v % 60):02d} s"
+
+
+def _when(t: float | None) -> str:
+    return "—" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return "—" if v is None else str(v)
+
+
+FILTERS: dict[str, Callable[..., str]] = {"gib": _gib, "secs": _secs, "when": _when, "num": _num}
+
+
+def live_view(status: dict[str, Any]) -> dict[str, Any]:
+    """The fields the Now page updates live (console.js); nothing secret is in driver.status()."""
+    launch = status.get("launch") or {}
+    diagnosis = status.get("last_diagnosis") or {}
+    progress = status.get("progress")
+    return {
+        "state": status.get("state"),
+        "recipe": status.get("recipe"),
+        "phase": launch.get("phase"),
+        "describe": launch.get("describe"),
+        "progress": progress,
+        "progress_pct": None if progress is None else round(progress * 100, 1),
+        "elapsed_s": launch.get("elapsed_s"),
+        "ready_budget_s": launch.get("ready_budget_s"),
+        "ready_s": launch.get("ready_s"),
+        "launch_id": launch.get("id"),
+        "cache": launch.get("cache"),
+        # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list)
+        "phases": [{"label": p.get("label") or p.get("phase"), "done": p.get("at") is not None}
+                   for p in launch.get("phases", [])],
+        "diagnosis": diagnosis.get("summary"),
+        "hint": diagnosis.get("hint"),
+    }
+
+
+def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
+    """What `POST /recipes/{name}/plan` answers, shaped for a page (secrets redacted)."""
+    current = driver.m.launch
+    spec = redact_spec(report.spec) if report.spec else None
+    return {
+        "recipe": report.recipe,
+        "launchable": report.launchable,
+        "refusals": report.refusals,
+        "findings": report.findings,
+        "admission": report.admission,
+        "command": " ".join(spec.command()) if spec else None,
+        "render_error": report.render_error,
+        "cache_root": spec.cache_root if spec else None,
+        "cache_empty": report.cache_empty,
+        "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
+        "would_replace": current.spec.recipe if current else None,
+        "state": driver.m.state.value,
+    }
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def _phase_label(name: str) -> str:
+    try:
+        return PHASE_LABELS[Phase(name)]
+    except (ValueError, KeyError):
+        return name.replace("_", " ")
+
+
+def _phase_bars(record: LaunchRecord) -> list[charts.Bar]:
+    """Time spent in each start-up phase: a phase lasts until the next one (the last until ready or
+    the end). Repeated markers of one phase (a cache hit per graph) are one bar."""
+    seen: list[tuple[str, float, str]] = []
+    for p in record.phases:
+        if seen and seen[-1][0] == p.name:
+            continue
+        seen.append((p.name, p.elapsed_s, p.detail))
+    if not seen:
+        return []
+    end = record.ready_s
+    if end is None and record.ended_at is not None and record.started_at is not None:
+        end = record.ended_at - record.started_at
+    if end is None:
+        end = max(s for _, s, _ in seen)
+    bars: list[charts.Bar] = []
+    for i, (name, start, detail) in enumerate(seen):
+        stop = seen[i + 1][1] if i + 1 < len(seen) else max(end, start)
+        color = "#dc2626" if "miss" in name else "#059669" if "hit" in name else charts.PALETTE[0]
+        bars.append(charts.Bar(_phase_label(name), start, stop, color, detail[:160]))
+    return bars
+
+
+def _memory_chart(points: list[HostPoint], title: str, x_range: tuple[float, float] | None,
+                  markers: list[charts.Marker], target_bytes: float | None) -> Markup:
+    series = [
+        charts.Series("MemAvailable", [(p.at, p.mem_available_bytes) for p in points], "#2563eb", fold=min),
+        charts.Series("swap used", [(p.at, p.swap_used_bytes) for p in points], "#d97706", fold=max),
+    ]
+    hlines = [charts.HLine(target_bytes, f"recipe target {_gib(target_bytes)}")] if target_bytes else []
+    top = max((p.mem_total_bytes for p in points), default=None)
+    return charts.line_chart(series, title=title, x_range=x_range, y_max=float(top) if top else None,
+                             y_format=charts.gib, markers=markers, hlines=hlines)
+
+
+def _psi_chart(points: list[HostPoint], title: str, x_range: tuple[float, float] | None,
+               markers: list[charts.Marker]) -> Markup:
+    series = [
+        charts.Series("PSI some avg10 %", [(p.at, p.psi_some_avg10) for p in points], "#7c3aed"),
+        charts.Series("PSI full avg10 %", [(p.at, p.psi_full_avg10) for p in points], "#dc2626"),
+    ]
+    top = max([v for p in points for v in (p.psi_some_avg10, p.psi_full_avg10) if v is not None], default=0.0)
+    return charts.line_chart(series, title=title, x_range=x_range, y_max=max(10.0, top * 1.2),
+                             y_format=lambda v: f"{v:.0f} %", markers=markers)
+
+
+class ConsoleData:
+    def __init__(self, ctx: ApiContext, history: HostHistory) -> None:
+        self.ctx = ctx
+        self.history = history
+
+    # -- Now
+
+    def expectations(self, recipe_name: str | None) -> dict[str, Any] | None:
+        if not recipe_name:
+            return None
+        try:
+            recipe = self.ctx.preflight.recipe(recipe_name)
+        except (UnknownRecipe, Exception):  # noqa: BLE001 - a page must render with a broken recipe dir
+            return None
+        e = recipe.expect
+        return {
+            "name": recipe.name, "platform": recipe.platform.value, "tp": recipe.engine.tensor_parallel_size,
+            "mode": recipe.engine.mode.value, "decode_ms_per_token": e.decode_ms_per_token,
+            "ready_budget_s": e.ready_budget_s, "reproducibility": e.reproducibility.value,
+            "min_mem_available_gib": e.min_mem_available_gib, "warm_restart": e.warm_restart,
+            "notes": e.notes,
+        }
+
+    async def gateway(self) -> dict[str, Any]:
+        """The gateway's upstream and in-flight count (its admin surface), or why it is unknown."""
+        gw = self.ctx.driver.gateway
+        if isinstance(gw, NoGateway):
+            up = await gw.current()
+            return {"attached": False, "upstream": up.url if up else None, "in_flight": None,
+                    "note": "no gateway attached to this controller"}
+        if isinstance(gw, ControlGateway):
+            token = admin_token.read_gateway_token(self.ctx.home / "run")
+            if token is None:
+                return {"attached": True, "upstream": None, "in_flight": None,
+                        "note": "no gateway control token on this host"}
+            try:
+                data = await asyncio.wait_for(control.get_upstream(gw.url, token), GATEWAY_TIMEOUT_S)
+            except (TimeoutError, control.GatewayControlError, OSError) as exc:
+                return {"attached": True, "upstream": None, "in_flight": None,
+                        "note": f"the gateway at {gw.url} did not answer: {exc}"}
+            view = data.get("upstream") or {}
+            return {"attached": True, "url": gw.url, "upstream": view.get("url"),
+                    "served_model": view.get("served_model"), "in_flight": data.get("in_flight"),
+                    "queue_waiting": data.get("queue_waiting"), "note": None}
+        up = await gw.current()
+        return {"attached": True, "upstream": up.url if up else None, "in_flight": None, "note": None}
+
+    # -- Recipes
+
+    def recipe_rows(self) -> list[dict[str, Any]]:
+        recipes = load_recipes(self.ctx.preflight.recipes_dir)
+        facts = self.ctx.preflight.facts()
+        rows = []
+        for r in sorted(recipes.values(), key=lambda r: r.name):
+            if r.abstract:
+                continue
+            admission = admit(r, facts)
+            findings = lint(r)
+            rows.append({
+                "name": r.name, "description": r.description.strip().splitlines()[0] if r.description else "",
+                "platform": r.platform.value, "tp": r.engine.tensor_parallel_size,
+                "mode": r.engine.mode.value, "runtime": r.runtime.kind,
+                "verdict": admission.verdict, "checks": admission.checks,
+                "errors": sum(f.severity == "error" for f in findings),
+                "warnings": sum(f.severity != "error" for f in findings),
+                "default": r.name == self.ctx.default_recipe,
+            })
+        return rows
+
+    def diff(self, a: str, b: str) -> dict[str, Any]:
+        recipes = load_recipes(self.ctx.preflight.recipes_dir)
+        ra, rb = recipes[a], recipes[b]
+        fa, fb = _flatten(ra.model_dump(mode="json")), _flatten(rb.model_dump(mode="json"))
+        changes = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+        return {"changes": changes, "same_cache": cache_key_inputs(ra) == cache_key_inputs(rb),
+                "keys": (cache_key(ra), cache_key(rb))}
+
+    # -- Launches
+
+    def launch_rows(self, limit: int = 100) -> list[dict[str, Any]]:
+        rows = []
+        for s in self.ctx.store.list_launches(limit):
+            record = self.ctx.store.get_launch(s.id)
+            evidence = self._cache_evidence(record) if record else None
+            rows.append({"s": s, "evidence": evidence, "ooms": len(record.oom) if record else 0,
+                         "diagnosis": (record.diagnosis or {}).get("summary") if record else None})
+        return rows
+
+    @staticmethod
+    def _cache_evidence(record: LaunchRecord) -> str | None:
+        """The log line that proved the cache outcome (DOMAIN §4: a hit needs a hit marker and no miss)."""
+        wanted = "compile_cache_miss" if record.cache == "miss" else "compile_cache_hit"
+        for p in record.phases:
+            if p.name == wanted:
+                return p.detail
+        return None
+
+    def launch_view(self, launch_id: str) -> dict[str, Any] | None:
+        record = self.ctx.store.get_launch(launch_id)
+        if record is None:
+            return None
+        start = record.started_at or record.created_at
+        end = record.ended_at or time.time()
+        markers = [charts.Marker(start, "start", "#059669")]
+        if record.ready_at:
+            markers.append(charts.Marker(record.ready_at, "ready", "#2563eb"))
+        if record.ended_at:
+            markers.append(charts.Marker(record.ended_at, "end", "#6b7280"))
+        markers += [charts.Marker(e.at, "OOM kill", "#dc2626", dashed=False)
+                    for e in record.events if e.kind == "oom-kill"]
+        window = (start - MEMORY_PAD_S, end + MEMORY_PAD_S)
+        points = self.history.points(*window)
+        target = self._target_bytes(record.recipe)
+        memory = _memory_chart(points, f"host memory during {launch_id}", window if points else None,
+                               markers, target) if points else None
+        return {
+            "r": record, "evidence": self._cache_evidence(record),
+            "waterfall": charts.waterfall(_phase_bars(record), title=f"start-up phases of {launch_id}"),
+            "memory": memory, "samples": len(points),
+        }
+
+    def _target_bytes(self, recipe_name: str) -> float | None:
+        try:
+            recipe: Recipe = self.ctx.preflight.recipe(recipe_name)
+        except Exception:  # noqa: BLE001 - a deleted or broken recipe only loses its target line
+            return None
+        gib = recipe.expect.min_mem_available_gib
+        return gib * GIB if gib else None
+
+    # -- Host memory
+
+    def memory_view(self, window_s: float) -> dict[str, Any]:
+        now = time.time()
+        since = now - window_s
+        points = self.history.points(since)
+        markers: list[charts.Marker] = []
+        for s in self.ctx.store.list_launches(50):
+            record = self.ctx.store.get_launch(s.id)
+            if record is None:
+                continue
+            begin, end = record.started_at or record.created_at, record.ended_at
+            if end is not None and end < since:
+                continue
+            if begin >= since:
+                markers.append(charts.Marker(begin, f"start {record.recipe}", "#059669"))
+            if record.ready_at and record.ready_at >= since:
+                markers.append(charts.Marker(record.ready_at, "ready", "#2563eb"))
+            if end is not None and end >= since:
+                markers.append(charts.Marker(end, f"end ({record.status})", "#6b7280"))
+        markers += [charts.Marker(m.at, f"OOM kill {m.task or '?'} ({m.scope})", "#dc2626", dashed=False)
+                    for m in self.history.ooms(since)]
+        recipe = self.ctx.driver.m.recipe
+        target = self._target_bytes(recipe) if recipe else None
+        # A controller younger than the window has no samples before it started: start the axis at
+        # the first sample (or the earliest marker), so a short history is not a sliver at the edge.
+        first = min([p.at for p in points[:1]] + [m.x for m in markers if m.x >= since], default=since)
+        x_range = (max(since, first), now)
+        last = points[-1] if points else None
+        return {
+            "memory": _memory_chart(points, "MemAvailable and swap used", x_range, markers, target),
+            "psi": _psi_chart(points, "memory pressure (PSI)", x_range, markers),
+            "last": last, "samples": len(points), "capacity": self.history.maxlen,
+            "min_available": min((p.mem_available_bytes for p in points), default=None),
+            "swap_peak": max((p.swap_used_bytes for p in points), default=None),
+            "ooms": self.history.ooms(since), "target": target, "recipe": recipe,
+        }
