@@ -600,7 +600,8 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
             summary="the engine was still starting when its ready budget ran out" + spent + _where(facts)
                     + cache_note,
             hint="raise the recipe's ready budget (default graph needs ≥ 2700 s; recipe C 352 s cold / "
-                 "230 s warm; eager B's ready time is not recorded) or make the start warm (AOT warm-up then restart)",
+                 "230 s warm; eager B's ready time is not recorded) or make the start warm "
+                 "(AOT warm-up then restart)",
             evidence=_stall_evidence(facts, tail), retryable=False,
             fact="DOMAIN §4: default graph is ready after 1542–1583 s; an orchestrator waiting 1500 s killed "
                  "the engine at 38/51 of graph-capture round 2",
