@@ -9,7 +9,8 @@ from appliance.render import render
 from tests.unit.recipe_helpers import fixed_facts, shipped
 
 CUDA = ("cuda-smollm2-graph", "cuda-smollm2-eager", "cuda-smollm2-piecewise")
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @pytest.mark.parametrize("name", CUDA)
