@@ -30,6 +30,7 @@ from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
+from appliance.phase_record import event_label
 from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
 from controller.store import Provenance, Store
@@ -255,8 +256,10 @@ class Driver:
         text, offset = await asyncio.to_thread(rt.read_logs, handle, follower.offset)
         now = self.clock.now()
         events = follower.feed(text, offset, now)
-        if not replay:
-            for event in events:
+        for event in events:
+            if replay:
+                follower.recorder.keep(event)  # recorded by the controller that saw it first
+            else:
                 self._phase(launch, follower, event, now)
         self._record_cache(launch, follower)
         if self.m.state is State.STARTING:
@@ -266,10 +269,14 @@ class Driver:
     def _phase(self, launch: Launch, follower: LogFollower, event: PhaseEvent, now: float) -> None:
         elapsed = now - follower.started_at
         detail = event.detail or ""
-        self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
+        # One row per phase (per capture round: first and last step), labelled from the event itself
+        # (appliance/phase_record.py); every event still restarts the stall clock.
+        keep = follower.recorder.keep(event)
+        if keep:
+            self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
         metrics.set_engine_phase(launch.spec.recipe, event.phase.value, elapsed)
         label = follower.tracker.describe()
-        self.submit(PhaseSeen(launch.launch_id, event.phase.value, label))
+        self.submit(PhaseSeen(launch.launch_id, event.phase.value, event_label(event), recorded=keep))
         self._publish({
             "type": "phase", "launch_id": launch.launch_id, "phase": event.phase.value,
             "label": PHASE_LABELS[event.phase], "describe": label, "detail": detail,

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from appliance.log_phases import PhaseEvent, PhaseTracker
+from appliance.phase_record import PhaseRecorder
 
 TAIL_LINES = 200  # what the diagnosis and the launch record keep of the log
 _MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut (a tqdm bar redrawn for an hour)
@@ -23,6 +24,7 @@ class LogFollower:
     started_at: float  # for the elapsed time of each phase
     offset: int = 0
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
+    recorder: PhaseRecorder = field(default_factory=PhaseRecorder)  # which events the record keeps
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     _partial: str = ""
     _partial_fed: int = 0  # how much of the partial line the tracker has already seen
