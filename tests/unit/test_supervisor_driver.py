@@ -465,7 +465,8 @@ def _bar(label: str, total: int) -> str:
     # tqdm on a pipe: every step redrawn with \r, the final state printed again several times.
     steps = [f"Capturing CUDA graphs ({label}): {n * 100 // total}%|##| {n}/{total} [00:01<00:00]\r"
              for n in range(1, total + 1)]
-    return "".join(steps) + f"Capturing CUDA graphs ({label}): 100%|##| {total}/{total} [00:04<00:00]\r" * 9 + "\n"
+    final = f"Capturing CUDA graphs ({label}): 100%|##| {total}/{total} [00:04<00:00]\r"
+    return "".join(steps) + final * 9 + "\n"
 
 
 async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: Path) -> None:
@@ -481,12 +482,13 @@ async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: 
         20: "(EngineCore pid=2) INFO 11-30 08:00:21 [core.py:1] Initializing a V1 LLM engine (v0.26.0) with\n"
             "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Starting to load model /m...\n"
             "(EngineCore pid=2) INFO [default_loader.py:1] Loading weights took 0.12 seconds\n"
-            "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Model loading took 0.26 GiB memory and 0.6 seconds\n",
+            "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Model loading took 0.26 GiB memory and 0.6 s\n",
         30: "(EngineCore pid=2) INFO [monitor.py:1] torch.compile takes 13.2 s in total\n"
             "(EngineCore pid=2) INFO [gpu_worker.py:1] Available KV cache memory: 41.3 GiB\n"
             "(EngineCore pid=2) INFO [kv_cache_utils.py:1] GPU KV cache size: 1,923,456 tokens\n"
             + _bar("mixed prefill-decode, PIECEWISE", 51) + _bar("decode, FULL", 51)
-            + "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Graph capturing finished in 4 secs, took 0.39 GiB\n",
+            + "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Graph capturing finished in 4 secs, "
+              "took 0.39 GiB\n",
         40: "(APIServer pid=1) INFO:     Application startup complete.\n",
     }
     elapsed = 0
