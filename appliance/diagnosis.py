@@ -46,6 +46,7 @@ class DiagnosisCode(StrEnum):
     CUDA_REINIT_FORKED = "cuda_reinit_forked"
     PACKED_SILU_NAN = "packed_silu_nan"
     HYDCU_MODULE_MISSING = "hydcu_module_missing"
+    MODULE_NOT_FOUND = "module_not_found"  # issue 12: a broken engine image/venv
     BIND_LOCALHOST_IN_BRIDGE = "bind_localhost_in_bridge"
     WORKER_DIED = "worker_died"
     ENGINE_START_FAILED = "engine_start_failed"
@@ -236,6 +237,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §3: the TP=4 graph global OOM lands ~5 s after `Available KV cache memory: 16.99 GiB`, at "
         "the start of the second graph-capture pass",
         retryable=True,
+    ),
+    # Issue 12 (H200, gpu-kit): `No module named 'flashinfer'` when the engine core started. A missing
+    # module is the same on every retry: the image or venv is broken, so this stops instead of backing off.
+    Signature(
+        DiagnosisCode.MODULE_NOT_FOUND, Severity.ERROR,
+        _rx(r"ModuleNotFoundError: No module named '[^']+'"),
+        "a Python module the engine needs is not installed: the engine image/venv is broken",
+        "install the module into the engine's environment (or turn off the feature that imports it: "
+        "VLLM_USE_FLASHINFER_SAMPLER=0 for flashinfer); retrying cannot help",
+        "MEASURED.md (H200): `No module named 'flashinfer'` from the V2 model runner's sampler without "
+        "flashinfer; gpu-kit: `No module named 'llguidance'` at api_server import",
+        retryable=False,
     ),
     Signature(
         DiagnosisCode.ENGINE_START_FAILED, Severity.ERROR,
@@ -428,6 +441,7 @@ _FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
     DiagnosisCode.CUDA_REINIT_FORKED,
     DiagnosisCode.PACKED_SILU_NAN,
     DiagnosisCode.HYDCU_MODULE_MISSING,
+    DiagnosisCode.MODULE_NOT_FOUND,
     DiagnosisCode.DEVICE_OOM,
     DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
     DiagnosisCode.WORKER_DIED,
@@ -483,6 +497,18 @@ def _last_exception(lines: Sequence[str]) -> tuple[str, ...]:
     return ()
 
 
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+def _missing_module_summary(finding: Finding) -> str | None:
+    """For MODULE_NOT_FOUND: the summary names the module(s) (issue 12); None for every other code."""
+    if finding.code is not DiagnosisCode.MODULE_NOT_FOUND:
+        return None
+    names = sorted({m.group(1) for line in finding.evidence for m in _MISSING_MODULE.finditer(line)})
+    return f"Python module {', '.join(repr(n) for n in names)} is not installed: the engine image/venv " \
+           "is broken (not retryable)"
+
+
 def diagnose(facts: FailureFacts) -> Diagnosis:
     """THE diagnosis of one failed start. Evidence-first: kernel OOM records, then known log
     signatures, then the docker OOM flag, probes, stall/budget, signal, exit code."""
@@ -498,7 +524,8 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
     # 2. Known signatures in the log tail, most specific first.
     for code in _FAILURE_ORDER:
         if code in found:
-            return _from_signature(_BY_CODE[code], found[code], facts, findings)
+            return _from_signature(_BY_CODE[code], found[code], facts, findings,
+                                   summary=_missing_module_summary(found[code]))
 
     sig_no = _signal_of(facts)
 
