@@ -30,6 +30,7 @@ from controller.settings import CONTROLLER_PORT, Paths
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import ControlGateway, GatewayLink, NoGateway
+from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.probes import HttpProber
@@ -106,6 +107,8 @@ async def serve(cfg: ServiceConfig) -> None:
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
     )
     watch.driver = driver
+    gpu_watch = GpuWatchLink(store)
+    gpu_watch.driver = driver
     for note in (docker_note, gateway_note):
         if note:
             driver.note("controller", note)
@@ -135,6 +138,8 @@ async def serve(cfg: ServiceConfig) -> None:
         tasks.append(asyncio.create_task(watch.run_sampler(stop), name="host-sampler"))
     if cfg.watch_kmsg:
         tasks.append(asyncio.create_task(watch.run_kmsg(stop), name="kmsg"))
+    if cfg.watch_host:
+        tasks.append(asyncio.create_task(gpu_watch.run(stop), name="gpu-watch"))
     try:
         await server.serve()
     finally:

@@ -152,6 +152,7 @@ class Driver:
         self._next_gateway_check = 0.0
         self._gateway_unreachable = False
         self._cache_seen: dict[str, CacheOutcome] = {}
+        self._engine_seen: dict[str, dict[str, object]] = {}
         self._recorded_ready_s: dict[str, float] = {}  # adopted engines: their start as recorded
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -262,6 +263,7 @@ class Driver:
             else:
                 self._phase(launch, follower, event, now)
         self._record_cache(launch, follower)
+        self._record_engine(launch, follower)
         if self.m.state is State.STARTING:
             cpu = await asyncio.to_thread(rt.cpu_seconds, handle)
             self.submit(CpuSample(launch.launch_id, cpu))
@@ -282,6 +284,18 @@ class Driver:
             "label": PHASE_LABELS[event.phase], "describe": label, "detail": detail,
             "elapsed_s": round(elapsed, 1), "progress": progress(self.m, now),
         })
+
+    def _record_engine(self, launch: Launch, follower: LogFollower) -> None:
+        """Engine facts (appliance/engine_facts.py) and the start's own seconds → the launch record."""
+        summary = follower.tracker.summary()
+        seconds = {"weights_seconds": summary.weights_seconds, "weights_gib": summary.weights_gib,
+                   "compile_seconds": summary.compile_seconds,
+                   "init_engine_seconds": summary.init_engine_seconds}
+        facts = {**follower.facts.facts.model_dump(mode="json", exclude_none=True),
+                 **{k: v for k, v in seconds.items() if v is not None}}
+        if facts and facts != self._engine_seen.get(launch.launch_id):
+            self._engine_seen[launch.launch_id] = facts
+            self.store.set_engine_facts(launch.launch_id, facts)
 
     def _record_cache(self, launch: Launch, follower: LogFollower) -> None:
         outcome = follower.tracker.cache_outcome

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from appliance.engine_facts import EngineFactsReader
 from appliance.log_phases import PhaseEvent, PhaseTracker
 from appliance.phase_record import PhaseRecorder
 
@@ -25,6 +26,8 @@ class LogFollower:
     offset: int = 0
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
     recorder: PhaseRecorder = field(default_factory=PhaseRecorder)  # which events the record keeps
+    facts: EngineFactsReader = field(default_factory=EngineFactsReader)  # engine facts for the record
+    facts_changed: bool = False
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     _partial: str = ""
     _partial_fed: int = 0  # how much of the partial line the tracker has already seen
@@ -43,6 +46,8 @@ class LogFollower:
             # \r-terminated redraws): give it the rest only.
             start = self._partial_fed if i == 0 else 0
             events.extend(self.tracker.feed(line[start:], now))
+            if self.facts.feed(_last_segment(line)):
+                self.facts_changed = True
             self.tail.append(_last_segment(line))
         if lines:
             self._partial_fed = 0
