@@ -17,7 +17,10 @@ R=/root/results/$STEP; mkdir -p "$R"
 T0=$(date +%s)
 say() { echo "[run $STEP $(( $(date +%s) - T0 ))s] $*"; }
 redact() { sed -i -E 's/(APPLIANCE_ADMIN_TOKEN=)[^ ]+/\1<redacted>/g; s/(shown once\): )[^ ]+/\1<redacted>/g' "$@"; }
-bench() { timeout 120 python3 "$W/scripts/gpu_h200/decode_client.py" http://127.0.0.1:8000 smollm2 "$1" "$R/bench-$1.json" 2>&1 | tail -3; }
+bench() { timeout 90 python3 "$W/scripts/gpu_h200/decode_client.py" http://127.0.0.1:8000 smollm2 "$1" "$R/bench-$1.json" 2>&1 | tail -3; }
+pack() { tar -C /root/results -czf "$OUT/results-$STEP.tgz" "$STEP" 2>/dev/null; }  # after every step: a
+# command cut at its time limit still brings back what it had
+left() { [ $(( $(date +%s) - T0 )) -lt "$1" ]; }
 nv() { nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader | sed "s/^/   nvidia-smi $1: /"; }
 
 if [ "$STEP" = A ]; then
@@ -44,7 +47,7 @@ if [ "$STEP" = A ]; then
   grep -o 'APPLIANCE_ADMIN_TOKEN=[^ ]*' "$R/up-graph.txt" | head -1 | cut -d= -f2 > /root/app/token
   redact "$R/up-graph.txt"; tail -25 "$R/up-graph.txt"
   export APPLIANCE_ADMIN_TOKEN="$(cat /root/app/token)"
-  nv graph-cold; bench graph-cold
+  nv graph-cold; bench graph-cold; pack
   say "restart (warm)"
   timeout 300 "${APP[@]}" restart --follow > "$R/restart-graph.txt" 2>&1; tail -12 "$R/restart-graph.txt"
   nv graph-warm; bench graph-warm
@@ -52,11 +55,13 @@ else
   export APPLIANCE_ADMIN_TOKEN="$(cat /root/app/token)"
   for mode in piecewise eager; do
     say "apply cuda-smollm2-$mode (cold)"
-    timeout 300 "${APP[@]}" apply "cuda-smollm2-$mode" --follow > "$R/apply-$mode.txt" 2>&1; tail -8 "$R/apply-$mode.txt"
-    nv "$mode-cold"; bench "$mode-cold"
+    left 330 || { say "skipping $mode: no time left"; continue; }
+    timeout 200 "${APP[@]}" apply "cuda-smollm2-$mode" --follow > "$R/apply-$mode.txt" 2>&1; tail -8 "$R/apply-$mode.txt"
+    nv "$mode-cold"; bench "$mode-cold"; pack
+    left 420 || { say "skipping the $mode restart: no time left"; continue; }
     say "restart $mode (warm)"
-    timeout 240 "${APP[@]}" restart --follow > "$R/restart-$mode.txt" 2>&1; tail -8 "$R/restart-$mode.txt"
-    nv "$mode-warm"; bench "$mode-warm"
+    timeout 150 "${APP[@]}" restart --follow > "$R/restart-$mode.txt" 2>&1; tail -8 "$R/restart-$mode.txt"
+    nv "$mode-warm"; bench "$mode-warm"; pack
   done
   "${APP[@]}" status --json > "$R/status.json" 2>&1
   "${APP[@]}" launches --json > "$R/launches.json" 2>&1
