@@ -47,6 +47,7 @@ class DiagnosisCode(StrEnum):
     PACKED_SILU_NAN = "packed_silu_nan"
     HYDCU_MODULE_MISSING = "hydcu_module_missing"
     MODULE_NOT_FOUND = "module_not_found"  # issue 12: a broken engine image/venv
+    ENGINE_CONFIG_INVALID = "engine_config_invalid"  # issue 12: vLLM refused the configuration
     BIND_LOCALHOST_IN_BRIDGE = "bind_localhost_in_bridge"
     WORKER_DIED = "worker_died"
     ENGINE_START_FAILED = "engine_start_failed"
@@ -250,6 +251,19 @@ SIGNATURES: tuple[Signature, ...] = (
         "flashinfer; gpu-kit: `No module named 'llguidance'` at api_server import",
         retryable=False,
     ),
+    # Issue 12 (2 × H200, TP=2 with SmolLM2-135M): "Value error, Total number of attention heads (9)
+    # must be divisible by tensor parallel size (2)" — vLLM's config validation, the same on every retry.
+    Signature(
+        DiagnosisCode.ENGINE_CONFIG_INVALID, Severity.ERROR,
+        _rx(r"validation errors? for VllmConfig",
+            r"Value error, .*must be divisible by tensor parallel size"),
+        "vLLM refused the engine configuration (recipe vs model): retrying cannot help",
+        "read the `Value error, …` line: change the recipe (tensor_parallel_size must divide the model's "
+        "attention heads; max_model_len within the model's) or pick another model",
+        "docs/gpu-h200.md: TP=2 with SmolLM2-135M (9 attention heads) was retried 4 times with backoff "
+        "before this signature existed",
+        retryable=False,
+    ),
     Signature(
         DiagnosisCode.ENGINE_START_FAILED, Severity.ERROR,
         _rx(r"EngineCore failed to start", r"Engine core initialization failed",
@@ -442,6 +456,7 @@ _FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
     DiagnosisCode.PACKED_SILU_NAN,
     DiagnosisCode.HYDCU_MODULE_MISSING,
     DiagnosisCode.MODULE_NOT_FOUND,
+    DiagnosisCode.ENGINE_CONFIG_INVALID,
     DiagnosisCode.DEVICE_OOM,
     DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
     DiagnosisCode.WORKER_DIED,
@@ -500,8 +515,15 @@ def _last_exception(lines: Sequence[str]) -> tuple[str, ...]:
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
 
+_VALUE_ERROR = re.compile(r"Value error, (.+?)(?: \[type=|$)")
+
+
 def _missing_module_summary(finding: Finding) -> str | None:
-    """For MODULE_NOT_FOUND: the summary names the module(s) (issue 12); None for every other code."""
+    """MODULE_NOT_FOUND names the module(s), ENGINE_CONFIG_INVALID vLLM's reason (issue 12); None for
+    every other code."""
+    if finding.code is DiagnosisCode.ENGINE_CONFIG_INVALID:
+        reasons = [m.group(1).strip() for line in finding.evidence if (m := _VALUE_ERROR.search(line))]
+        return f"vLLM refused the configuration: {reasons[0]} (not retryable)" if reasons else None
     if finding.code is not DiagnosisCode.MODULE_NOT_FOUND:
         return None
     names = sorted({m.group(1) for line in finding.evidence for m in _MISSING_MODULE.finditer(line)})

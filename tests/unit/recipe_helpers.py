@@ -21,8 +21,6 @@ SHIPPED = (
     "cuda-smollm2-eager",
     "cuda-smollm2-graph",
     "cuda-smollm2-piecewise",
-    "cuda-smollm2-tp2-graph",
-    "cuda-smollm2-tp2-graph-nocar",
     "gfx906-a-tp2-graph",
     "gfx906-b-tp4-eager",
     "gfx906-c-prime-tp4-graph-default",

@@ -44,15 +44,3 @@ def test_expectations_are_the_measured_ones() -> None:
     assert r["cuda-smollm2-eager"].expect.decode_ms_per_token == 17.5
     assert r["cuda-smollm2-graph"].expect.warm_restart and not r["cuda-smollm2-eager"].expect.warm_restart
 
-
-def test_tp2_pair_differs_only_in_custom_all_reduce() -> None:
-    car, nocar = (render(shipped()[n], fixed_facts()) for n in ("cuda-smollm2-tp2-graph",
-                                                                 "cuda-smollm2-tp2-graph-nocar"))
-    for spec in (car, nocar):
-        assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,1"
-        assert spec.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
-        assert spec.argv[spec.argv.index("--tensor-parallel-size") + 1] == "2"
-        for k, v in MULTICAST_OFF.items():
-            assert spec.env[k] == v
-    assert "--disable-custom-all-reduce" in nocar.argv and "--disable-custom-all-reduce" not in car.argv
-    assert set(nocar.argv) - set(car.argv) == {"--disable-custom-all-reduce"}

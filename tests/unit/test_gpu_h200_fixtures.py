@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis import DiagnosisCode, scan_text
+from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose, scan_text
 from appliance.engine_facts import read_facts
 from appliance.log_phases import CacheOutcome, Phase, track_text
 from appliance.phase_record import PhaseRecorder, event_label
@@ -124,3 +124,13 @@ def test_the_controller_log_has_the_controllers_own_lines() -> None:
     # our own lines, not only uvicorn's
     assert text.count("controller.runtime.process: started cuda-smollm2-") >= 6
     assert "Uvicorn running on" in text
+
+
+def test_tp2_with_9_attention_heads_is_a_config_error_not_retried() -> None:
+    # 2 × H200: vLLM refuses TP=2 for SmolLM2-135M (9 heads). The controller of that run retried it
+    # 4 times with backoff (its record says exit_nonzero, retryable); now it stops at once.
+    old = json.loads(next((H200 / "records").glob("launch-*-cuda-smollm2-tp2-graph-*.json")).read_text())
+    assert old["diagnosis"]["code"] == "exit_nonzero" and old["diagnosis"]["retryable"] is True
+    d = diagnose(FailureFacts(exit_code=1, log_tail=tuple(_log("tp2-heads-not-divisible").splitlines())))
+    assert d.code is DiagnosisCode.ENGINE_CONFIG_INVALID and d.retryable is False
+    assert "attention heads (9) must be divisible by tensor parallel size (2)" in d.summary
