@@ -6,7 +6,8 @@
 #      (cold), measure, `appliance restart --follow` (warm), measure.
 #   B: apply cuda-smollm2-piecewise (cold), measure, restart (warm), measure; apply cuda-smollm2-eager
 #      (cold), measure, restart, measure; collect records and logs; `appliance down`.
-#   C: (nvidia-h200-x2) layout + `appliance up` with cuda-smollm2-tp2-graph (custom all-reduce on),
+#   C: (nvidia-h200-x2; the TP=2 recipes live in docs/gpu-h200/recipes-tp2/: copy them into .gpuwt/recipes
+#      with a model vLLM accepts at TP=2 — SmolLM2-135M has 9 heads) layout + `appliance up` with cuda-smollm2-tp2-graph (custom all-reduce on),
 #      measure; apply cuda-smollm2-tp2-graph-nocar, measure; collect; down.
 # What comes back: $OUT/results-<step>.tgz (+ summary text on stdout).
 set -uo pipefail
