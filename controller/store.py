@@ -135,7 +135,15 @@ _V2 = (
     "ALTER TABLE launches ADD COLUMN oom_json TEXT",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+# Issue 12: what the engine's start-up log said about the engine (attention backend, model runner,
+# vLLM's GPU memory breakdown, KV cache, graph pool, compile/weights seconds: appliance/engine_facts.py)
+# and the GPU memory/utilisation peaks per start-up phase (appliance/gpu_mem.py).
+_V3 = (
+    "ALTER TABLE launches ADD COLUMN engine_json TEXT",
+    "ALTER TABLE launches ADD COLUMN gpu_peaks_json TEXT",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -219,6 +227,8 @@ class LaunchRecord(LaunchSummary):
     oom: list[dict[str, Any]]
     phases: list[PhaseRecord]
     events: list[EventRecord]
+    engine: dict[str, Any] = {}  # appliance/engine_facts.py + the start's seconds (issue 12)
+    gpu_peaks: dict[str, Any] = {}  # {phase: {card: {used_max_bytes, total_bytes, busy_max_percent}}}
 
 
 class Provenance(BaseModel):
@@ -368,6 +378,18 @@ class Store:
                 (mem_available_min_bytes,) * 3 + (swap_peak_bytes,) * 3 + (launch_id,),
             )
 
+    def set_engine_facts(self, launch_id: str, facts: Mapping[str, Any]) -> None:
+        """What the start-up log said about the engine (replaces the previous value)."""
+        with self._tx() as db:
+            db.execute("UPDATE launches SET engine_json = ? WHERE id = ?",
+                       (json.dumps(dict(facts), default=str), launch_id))
+
+    def set_gpu_peaks(self, launch_id: str, peaks: Mapping[str, Any]) -> None:
+        """GPU memory/utilisation peaks by phase (the watch folds them; this replaces the value)."""
+        with self._tx() as db:
+            db.execute("UPDATE launches SET gpu_peaks_json = ? WHERE id = ?",
+                       (json.dumps(dict(peaks)), launch_id))
+
     def record_oom(self, launch_id: str, event: Mapping[str, Any]) -> None:
         """An OOM kill attributed to this launch by the host watch (appended; a start can see several)."""
         with self._tx() as db:
@@ -431,6 +453,8 @@ class Store:
             diagnosis=json.loads(row["diagnosis_json"]) if row["diagnosis_json"] else None,
             log_tail=row["log_tail"],
             oom=json.loads(row["oom_json"] or "[]"),
+            engine=json.loads(row["engine_json"] or "{}"),
+            gpu_peaks=json.loads(row["gpu_peaks_json"] or "{}"),
             phases=[PhaseRecord(**dict(p)) for p in phases],
             events=[_event(e) for e in events],
         )

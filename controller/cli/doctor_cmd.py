@@ -32,6 +32,7 @@ from appliance.diagnosis import (
     scan_lines,
     severity_at_least,
 )
+from appliance.engine_facts import read_facts
 from appliance.kmsg import OomEvent
 from appliance.log_phases import PhaseTracker, track_text
 
@@ -61,6 +62,7 @@ class FileReport:
             "progress": self.tracker.describe() if self.tracker.events else None,
             "cache_outcome": summary.cache_outcome.value,
             "startup": summary.model_dump(mode="json"),
+            "engine": read_facts("\n".join(self.lines)).model_dump(mode="json", exclude_none=True),
             "oom_kills": [e.model_dump(mode="json", exclude={"lines"}) for e in self.oom_events],
         }
 

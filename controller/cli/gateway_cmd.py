@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from controller import logsetup
 from controller.gateway.config import ADMIN_TOKEN_ENV, GatewayConfig
 from controller.gateway.slot import NoSlotPolicy
 from controller.settings import paths
@@ -71,7 +71,7 @@ def gateway(
         retry_after_s=retry_after,
         log_level=log_level,
     )
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsetup.configure(log_level)  # host-independent (controller/logsetup.py)
     admin = "open" if config.admin_token_sha256 else f"closed (set {ADMIN_TOKEN_ENV})"
     typer.echo(
         f"gateway on {host}:{port} → {upstream or 'no upstream yet'}; keys {config.keys_db}; "

@@ -30,6 +30,7 @@ from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
+from appliance.phase_record import event_label
 from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
 from controller.store import Provenance, Store
@@ -153,6 +154,7 @@ class Driver:
         self._next_gateway_check = 0.0
         self._gateway_unreachable = False
         self._cache_seen: dict[str, CacheOutcome] = {}
+        self._engine_seen: dict[str, dict[str, object]] = {}
         self._recorded_ready_s: dict[str, float] = {}  # adopted engines: their start as recorded
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -257,10 +259,13 @@ class Driver:
         text, offset = await asyncio.to_thread(rt.read_logs, handle, follower.offset)
         now = self.clock.now()
         events = follower.feed(text, offset, now)
-        if not replay:
-            for event in events:
+        for event in events:
+            if replay:
+                follower.recorder.keep(event)  # recorded by the controller that saw it first
+            else:
                 self._phase(launch, follower, event, now)
         self._record_cache(launch, follower)
+        self._record_engine(launch, follower)
         if self.m.state is State.STARTING:
             cpu = await asyncio.to_thread(rt.cpu_seconds, handle)
             self.submit(CpuSample(launch.launch_id, cpu))
@@ -268,15 +273,31 @@ class Driver:
     def _phase(self, launch: Launch, follower: LogFollower, event: PhaseEvent, now: float) -> None:
         elapsed = now - follower.started_at
         detail = event.detail or ""
-        self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
+        # One row per phase (per capture round: first and last step), labelled from the event itself
+        # (appliance/phase_record.py); every event still restarts the stall clock.
+        keep = follower.recorder.keep(event)
+        if keep:
+            self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
         metrics.set_engine_phase(launch.spec.recipe, event.phase.value, elapsed)
         label = follower.tracker.describe()
-        self.submit(PhaseSeen(launch.launch_id, event.phase.value, label))
+        self.submit(PhaseSeen(launch.launch_id, event.phase.value, event_label(event), recorded=keep))
         self._publish({
             "type": "phase", "launch_id": launch.launch_id, "phase": event.phase.value,
             "label": PHASE_LABELS[event.phase], "describe": label, "detail": detail,
             "elapsed_s": round(elapsed, 1), "progress": progress(self.m, now),
         })
+
+    def _record_engine(self, launch: Launch, follower: LogFollower) -> None:
+        """Engine facts (appliance/engine_facts.py) and the start's own seconds → the launch record."""
+        summary = follower.tracker.summary()
+        seconds = {"weights_seconds": summary.weights_seconds, "weights_gib": summary.weights_gib,
+                   "compile_seconds": summary.compile_seconds,
+                   "init_engine_seconds": summary.init_engine_seconds}
+        facts = {**follower.facts.facts.model_dump(mode="json", exclude_none=True),
+                 **{k: v for k, v in seconds.items() if v is not None}}
+        if facts and facts != self._engine_seen.get(launch.launch_id):
+            self._engine_seen[launch.launch_id] = facts
+            self.store.set_engine_facts(launch.launch_id, facts)
 
     def _record_cache(self, launch: Launch, follower: LogFollower) -> None:
         outcome = follower.tracker.cache_outcome

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from appliance.engine_facts import EngineFactsReader
 from appliance.log_phases import PhaseEvent, PhaseTracker
+from appliance.phase_record import PhaseRecorder
 
 TAIL_LINES = 200  # what the diagnosis and the launch record keep of the log
 _MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut (a tqdm bar redrawn for an hour)
@@ -23,6 +25,9 @@ class LogFollower:
     started_at: float  # for the elapsed time of each phase
     offset: int = 0
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
+    recorder: PhaseRecorder = field(default_factory=PhaseRecorder)  # which events the record keeps
+    facts: EngineFactsReader = field(default_factory=EngineFactsReader)  # engine facts for the record
+    facts_changed: bool = False
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     _partial: str = ""
     _partial_fed: int = 0  # how much of the partial line the tracker has already seen
@@ -41,6 +46,8 @@ class LogFollower:
             # \r-terminated redraws): give it the rest only.
             start = self._partial_fed if i == 0 else 0
             events.extend(self.tracker.feed(line[start:], now))
+            if self.facts.feed(_last_segment(line)):
+                self.facts_changed = True
             self.tail.append(_last_segment(line))
         if lines:
             self._partial_fed = 0

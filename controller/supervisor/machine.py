@@ -343,6 +343,8 @@ def _phase(m: Machine, obs: PhaseSeen, now: float) -> tuple[Machine, list[Action
         return m, []
     # any state + phase → same state; the stall clock restarts.
     m2 = replace(m, launch=replace(launch, phase=obs.phase, progress_at=now))
+    if not obs.recorded:
+        return m2, []
     return m2, [Notify("phase", obs.detail or obs.phase, launch.launch_id, {"phase": obs.phase})]
 
 

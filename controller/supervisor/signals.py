@@ -94,6 +94,7 @@ class PhaseSeen:
     launch_id: str
     phase: str
     detail: str = ""
+    recorded: bool = True  # False: progress for the stall clock only, no event (appliance/phase_record.py)
 
 
 @dataclass(frozen=True)

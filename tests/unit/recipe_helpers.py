@@ -18,6 +18,9 @@ HOME = "/var/lib/appliance"
 SHIPPED = (
     "cpu-smollm2",
     "cuda-generic",
+    "cuda-smollm2-eager",
+    "cuda-smollm2-graph",
+    "cuda-smollm2-piecewise",
     "gfx906-a-tp2-graph",
     "gfx906-b-tp4-eager",
     "gfx906-c-prime-tp4-graph-default",

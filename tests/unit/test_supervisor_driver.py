@@ -459,3 +459,58 @@ async def test_the_gateway_check_never_undoes_a_stop(tmp_path: Path) -> None:
         await rig.step(10)
     assert rig.gateway.upstream is None
     assert [c for c in rig.gateway.calls if c[0] == "point_to"] == [("point_to", "http://127.0.0.1:18000")]
+
+
+def _bar(label: str, total: int) -> str:
+    # tqdm on a pipe: every step redrawn with \r, the final state printed again several times.
+    steps = [f"Capturing CUDA graphs ({label}): {n * 100 // total}%|##| {n}/{total} [00:01<00:00]\r"
+             for n in range(1, total + 1)]
+    final = f"Capturing CUDA graphs ({label}): 100%|##| {total}/{total} [00:04<00:00]\r"
+    return "".join(steps) + final * 9 + "\n"
+
+
+async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: Path) -> None:
+    # Issue 12 (H200, vLLM 0.26): 51 phase rows for one cold start — 51/51 ten times in the same
+    # millisecond, "process started" from API server and engine core, weights loading labelled
+    # "weights loaded".
+    rig = make_rig(tmp_path, make_spec(budget=600, stall=300))
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+    script = {
+        0: "(APIServer pid=1) INFO 11-30 08:00:01 [api_server.py:1] vLLM API server version 0.26.0\n",
+        20: "(EngineCore pid=2) INFO 11-30 08:00:21 [core.py:1] Initializing a V1 LLM engine (v0.26.0) with\n"
+            "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Starting to load model /m...\n"
+            "(EngineCore pid=2) INFO [default_loader.py:1] Loading weights took 0.12 seconds\n"
+            "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Model loading took 0.26 GiB memory and 0.6 s\n",
+        30: "(EngineCore pid=2) INFO [monitor.py:1] torch.compile takes 13.2 s in total\n"
+            "(EngineCore pid=2) INFO [gpu_worker.py:1] Available KV cache memory: 41.3 GiB\n"
+            "(EngineCore pid=2) INFO [kv_cache_utils.py:1] GPU KV cache size: 1,923,456 tokens\n"
+            + _bar("mixed prefill-decode, PIECEWISE", 51) + _bar("decode, FULL", 51)
+            + "(EngineCore pid=2) INFO [gpu_model_runner.py:1] Graph capturing finished in 4 secs, "
+              "took 0.39 GiB\n",
+        40: "(APIServer pid=1) INFO:     Application startup complete.\n",
+    }
+    elapsed = 0
+    while rig.driver.m.state is not State.READY:
+        assert elapsed <= 600
+        engine.log += script.get(elapsed, "")
+        engine.cpu += 8.0
+        engine.healthy = elapsed >= 40
+        await rig.step(10)
+        elapsed += 10
+    rec = rig.store.get_launch("L1")
+    assert rec is not None
+    names = [p.name for p in rec.phases]
+    assert names.count("process_started") == 1 and names.count("weights_loading") == 1
+    # per bar of a capture round (PIECEWISE + FULL bars of one pass are one round, issue 9): first and last
+    assert names.count("graph_capture") == 4, names
+    assert len(names) == len(set(names)) + 3
+    labels = [e.message for e in rec.events if e.kind == "phase"]
+    assert "loading weights" in labels and "weights loaded" in labels
+    assert labels.index("loading weights") < labels.index("weights loaded")
+    captures = [m for m in labels if m.startswith("capturing graphs")]
+    assert captures == ["capturing graphs round 1: 1/51 (mixed prefill-decode, PIECEWISE)",
+                        "capturing graphs round 1: 51/51 (mixed prefill-decode, PIECEWISE)",
+                        "capturing graphs round 1: 1/51 (decode, FULL)",
+                        "capturing graphs round 1: 51/51 (decode, FULL)"]
