@@ -34,6 +34,11 @@ from controller.gateway.asgi import error_body
 
 log = logging.getLogger(__name__)
 
+# After answering a request the protocol refuses (408, 431), the connection stays half-open this long,
+# reading and dropping what the client still sends: closing with unread data makes the kernel send a
+# reset, which can destroy the answer before the client reads it (nginx's "lingering close").
+_LINGER_S = 2.0
+
 # File descriptors kept out of the client budget: the listening socket, logs, the key store
 # (SQLite opens the file, its -wal and -shm: 3 per read), DNS, the admin client.
 _FD_RESERVE = 64
@@ -45,7 +50,7 @@ def connection_budget(configured: int) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return configured
-    return max(8, min(configured, (soft - _FD_RESERVE) // 2))
+    return min(configured, max(8, (soft - _FD_RESERVE) // 2))
 
 
 _ERROR_TYPES = {
@@ -218,10 +223,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.guard.refused[status] = self.guard.refused.get(status, 0) + 1
         if self.transport.is_closing():
             return
-        if not self._in_request():
+        if self._in_request():
             # Never write into a response that is still being sent on this connection.
-            self.transport.write(raw_response(status, message))
-        self.transport.close()
+            self.transport.close()
+            return
+        self.transport.write(raw_response(status, message))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(_LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedHttpToolsProtocol]:
