@@ -5,9 +5,11 @@ body, pick the upstream, one pooled aiohttp request. Per chunk: one ``readany``,
 two histogram observations when streaming, one ASGI ``send`` with the bytes exactly as they arrived
 (no parsing, no re-framing, so the client receives byte for byte what the engine sent).
 
-A watcher task waits on ASGI ``receive`` for ``http.disconnect`` and cancels the request's task:
-the aiohttp response is then closed at once, whether we were waiting for the first token or in the
-middle of a stream, and vLLM aborts the generation when its socket closes.
+When the client goes away, the request's task is cancelled: the aiohttp response is then closed at
+once, whether we were waiting for the first token or in the middle of a stream, and vLLM aborts the
+generation when its socket closes. The gateway's protocol reports the lost connection through a hook
+in the scope (``protocol.DISCONNECT_HOOK``); under another server a watcher task waits on ASGI
+``receive`` for ``http.disconnect`` instead.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from controller.gateway.jsonbody import BodyError, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
+from controller.gateway.protocol import DISCONNECT_HOOK, DisconnectHook
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
 
 log = logging.getLogger(__name__)
@@ -120,6 +123,12 @@ class _RequestState:
     def abort(self) -> None:
         if not self.finished and self.reason is None:
             self.reason = "drain"
+            self.task.cancel()
+
+    def client_gone(self) -> None:
+        # uvicorn also reports "disconnect" once our response is complete; only a real one counts.
+        if not self.finished and self.reason is None:
+            self.reason = "client"
             self.task.cancel()
 
 
@@ -299,7 +308,12 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         state = _RequestState(task)
-        watcher = asyncio.create_task(self._watch(receive, state))
+        hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
+        watcher: asyncio.Task[None] | None = None
+        if hook is not None:
+            hook[0] = state.client_gone
+        else:
+            watcher = asyncio.create_task(self._watch(receive, state))
         rid = (b"x-request-id", request_id)
         entry = None
         try:
@@ -348,7 +362,10 @@ class Proxy:
             return state.status  # the response stays incomplete: uvicorn closes the connection
         finally:
             state.finished = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif hook is not None:
+                hook[0] = None
             if entry is not None:
                 self.slot.untrack(entry)
                 self.metrics.in_flight.dec()
@@ -357,10 +374,7 @@ class Proxy:
     async def _watch(receive: Receive, state: _RequestState) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        # uvicorn also reports "disconnect" once our response is complete; only a real one counts.
-        if not state.finished and state.reason is None:
-            state.reason = "client"
-            state.task.cancel()
+        state.client_gone()
 
     def _upstream_headers(self, headers: Headers, request_id: bytes) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
