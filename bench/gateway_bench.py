@@ -244,7 +244,8 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
                     str(store.path),
                 ],
                 work / f"{name.replace('@', '-')}.log",
-                env={"PYTHONPATH": str(tree)},
+                # This tree's (or the baseline's) code first, then whatever the caller had.
+                env={"PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))},
                 cwd=tree,
             )
             await wait_http(f"http://127.0.0.1:{port}/healthz", proc, 30)
