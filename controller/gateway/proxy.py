@@ -1,7 +1,8 @@
 """Forwarding one OpenAI-compatible request to the current upstream, streaming the answer back.
 
 The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
-body, pick the upstream, one pooled aiohttp request. Per chunk: one ``readany``, two clock reads,
+body, find a JSON body's top-level model (``jsonbody``: no full parse, no re-serialisation; large
+bodies in a worker thread), pick the upstream, one pooled aiohttp request. Per chunk: one ``readany``, two clock reads,
 two histogram observations when streaming, one ASGI ``send`` with the bytes exactly as they arrived
 (no parsing, no re-framing, so the client receives byte for byte what the engine sent).
 
