@@ -11,9 +11,9 @@ engine still parses, and answers for, the rest.
 
 The cost is one regex step per top-level member and per bracket inside nested values; bodies over
 ``inline_json_bytes`` are walked in a worker thread (``proxy.py``), whose regex steps release the
-GIL between them, so the event loop keeps serving others meanwhile. A small body whose bracket count
-cannot reach ``max_depth`` (nearly every chat request) is read with ``json.loads`` instead, which is
-faster there; the walk then runs only when the model name must change.
+GIL between them, so the event loop keeps serving others meanwhile. A small body (≤ 64 KiB) whose
+bracket count cannot reach ``max_depth`` (nearly every chat request) is read with ``json.loads``
+instead, which is faster there; the walk then runs only when the model name must change.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ _TO_BRACKET = re.compile(rb'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+', re.
 _SCALAR = re.compile(rb'[^\s,\[\]{}"]++')
 _MODEL = b'"model"'
 _OPEN = (0x7B, 0x5B)  # { [
+# Larger bodies are never handed to json.loads: 16 MiB of `[1,1,…]` takes it over a second.
+_LOADS_MAX_BYTES = 64 * 1024
 _CLOSE = (0x7D, 0x5D)  # } ]
 
 
@@ -119,9 +121,10 @@ def alias_model(body: bytes, served_model: str | None, max_depth: int) -> bytes:
     """The body to send upstream: ``body`` itself, or a copy whose top-level ``model`` string is
     ``served_model`` (clients may name the model anything; the engine knows one served name).
     Raises ``BodyError`` for a body that is not a JSON object or nests deeper than ``max_depth``."""
-    if body.count(b"[") + body.count(b"{") <= max_depth:
+    if len(body) <= _LOADS_MAX_BYTES and body.count(b"[") + body.count(b"{") <= max_depth:
         # Too few brackets to nest past the bound (even counting those inside strings), so the C
-        # parser's recursion is bounded too.
+        # parser's recursion is bounded too; and small, so the parse (one C call that holds the
+        # GIL throughout) is short.
         try:
             doc = json.loads(body)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError

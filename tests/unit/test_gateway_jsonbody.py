@@ -76,3 +76,21 @@ def test_large_body_walk_matches_a_full_parse() -> None:
     out = alias_model(body, "served", 128)
     assert json.loads(out) == {"messages": messages, "model": "served", "temperature": 0.5}
     assert len(out) == len(body) + 1
+
+
+
+def test_large_flat_body_is_walked_not_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16 MiB of `[1,1,…]` held json.loads (one C call, the GIL held) for over a second.
+    import controller.gateway.jsonbody as jb
+
+    parsed: list[int] = []
+    real_loads = json.loads
+
+    def recording_loads(data: bytes) -> object:
+        parsed.append(len(data))
+        return real_loads(data)
+
+    monkeypatch.setattr(jb.json, "loads", recording_loads)
+    body = b'{"model":"alias","a":[' + b",".join([b"1"] * 100_000) + b"]}"
+    assert jb.alias_model(body, "served", 128) == body.replace(b'"alias"', b'"served"', 1)
+    assert parsed == [len(b'"alias"')]  # only the model name was decoded
