@@ -591,11 +591,18 @@ async def main_async(args: argparse.Namespace) -> int:
             for conc in args.conc:
                 n = max(args.min_requests, conc * args.waves)
                 per_arm: dict[str, list[Batch]] = {a.name: [] for a in arms}
-                for _ in range(args.rounds):
-                    order = arms[:]
-                    rng.shuffle(order)
+                order = arms[:]
+                for rnd in range(args.rounds):
+                    # ABBA: a fresh shuffle, then its reverse, so that no arm always follows the same
+                    # one (a proxy's tail work, e.g. closing its pooled upstream connections, lands
+                    # in the next batch; a fixed successor would carry it every round).
+                    if rnd % 2 == 0:
+                        rng.shuffle(order)
+                    else:
+                        order.reverse()
                     for arm in order:
                         per_arm[arm.name].append(await run_batch(arm, body, n, conc, warmup=min(conc, 8)))
+                        await asyncio.sleep(args.settle_s)
                 row = [summarize(mode, conc, a.name, per_arm[a.name]) for a in arms]
                 direct = next((c for c in row if c.arm == "direct"), None)
                 for c in row:
@@ -675,6 +682,7 @@ def main() -> None:
         "--waves", type=int, default=8, help="requests per batch = max(min-requests, conc × waves)"
     )
     p.add_argument("--min-requests", type=int, default=60)
+    p.add_argument("--settle-s", type=float, default=0.5, help="pause after each batch")
     p.add_argument("--soak", type=int, default=2000, help="streaming requests in the RSS soak")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--chunks", type=int, default=32)
