@@ -142,11 +142,14 @@ class KeyStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._initialised = False
+        self._uri_cache: str | None = None
 
     def _uri(self) -> str:
         # mode=rw: opening never creates the file. A deleted store must be an error, not a new
         # empty file that a reader would take for "the same store, nothing changed".
-        return "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=rw"
+        if self._uri_cache is None:
+            self._uri_cache = "file:" + urllib.parse.quote(str(self.path.absolute())) + "?mode=rw"
+        return self._uri_cache
 
     @contextmanager
     def _connect(self, create: bool = True) -> Iterator[sqlite3.Connection]:

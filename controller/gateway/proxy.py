@@ -2,9 +2,10 @@
 
 The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
 body, find a JSON body's top-level model (``jsonbody``: no full parse, no re-serialisation; large
-bodies in a worker thread), pick the upstream, one pooled aiohttp request. Per chunk: one ``readany``, two clock reads,
-two histogram observations when streaming, one ASGI ``send`` with the bytes exactly as they arrived
-(no parsing, no re-framing, so the client receives byte for byte what the engine sent).
+bodies in a worker thread), pick the upstream, one pooled aiohttp request. Per chunk: one
+``readany``, two clock reads, two histogram observations when streaming, one ASGI ``send`` with the
+bytes exactly as they arrived (no parsing, no re-framing, so the client receives byte for byte what
+the engine sent).
 
 When the client goes away, the request's task is cancelled: the aiohttp response is then closed at
 once, whether we were waiting for the first token or in the middle of a stream, and vLLM aborts the
