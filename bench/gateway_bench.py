@@ -3,10 +3,14 @@
     .venv/bin/python bench/gateway_bench.py --quick          # smoke test, < 2 min
     .venv/bin/python bench/gateway_bench.py                  # full: conc 1, 8, 32, 64 × stream/plain
     .venv/bin/python bench/gateway_bench.py --engine         # against the real CPU vLLM engine
+    .venv/bin/python bench/gateway_bench.py --baseline 1107e9d --arms direct,gateway,nginx \
+        --conc 1,64                                          # this tree vs an older commit, one run
 
 Upstream: the synthetic vLLM-shaped SSE server (``synthetic_upstream.py``, its own process) or the
 real CPU engine. Arms, each its own process(es) started here and stopped by PID: ``direct`` (no
-proxy), ``gateway`` (``appliance gateway``, key checked), ``nginx`` (Debian's, ``proxy_buffering
+proxy), ``gateway`` (``appliance gateway``, key checked, model aliased as in production),
+``gateway@REV`` (with ``--baseline REV``: the same from a git worktree of an older commit, to
+measure a change in one interleaved run), ``nginx`` (Debian's, ``proxy_buffering
 off``, a temporary config on loopback), ``litellm`` (its proxy from ``bench/.venv-litellm``, one
 worker, no database). For every (mode, concurrency) cell the arms run one after another in a
 rotating order, for ``--rounds`` rounds, so a background load burst hits every arm alike.
@@ -210,12 +214,19 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
     for name in names:
         if name == "direct":
             arms.append(Arm("direct", upstream_url, {}, None))
-        elif name == "gateway":
-            store = KeyStore(work / "keys.db")
+        elif name == "gateway" or name.startswith("gateway@"):
+            tree = ROOT
+            if name.startswith("gateway@"):
+                tree = work / name.replace("@", "-")
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), name[8:]],
+                    check=True,
+                )
+            store = KeyStore(work / f"keys-{name.replace('@', '-')}.db")
             _, key = store.create("bench")
             port = free_port()
             proc = Proc(
-                "gateway",
+                name,
                 [
                     sys.executable,
                     "-m",
@@ -223,16 +234,22 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
                     "gateway",
                     "--upstream",
                     upstream_url,
+                    # As in production (the controller always sets it): JSON bodies are inspected
+                    # for the model name; the benchmark's clients send the served name.
+                    "--served-model",
+                    model,
                     "--listen",
                     f"127.0.0.1:{port}",
                     "--keys",
                     str(store.path),
                 ],
-                work / "gateway.log",
-                cwd=ROOT,
+                work / f"{name.replace('@', '-')}.log",
+                # This tree's (or the baseline's) code first, then whatever the caller had.
+                env={"PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))},
+                cwd=tree,
             )
             await wait_http(f"http://127.0.0.1:{port}/healthz", proc, 30)
-            arms.append(Arm("gateway", f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}, proc))
+            arms.append(Arm(name, f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}, proc))
         elif name == "nginx":
             nginx = shutil.which("nginx") or "/usr/sbin/nginx"
             if not Path(nginx).exists():
@@ -453,16 +470,21 @@ def table(cells: list[Cell]) -> str:
 def goals(cells: list[Cell]) -> list[str]:
     out = []
     by = {(c.mode, c.conc, c.arm): c for c in cells}
+    gateways = sorted({c.arm for c in cells if c.arm == "gateway" or c.arm.startswith("gateway@")})
     for mode in ("stream", "plain"):
-        g1 = by.get((mode, 1, "gateway"))
-        if g1:
-            out.append(
-                f"{mode} conc 1: gateway added TTFT p50 {fmt(g1.added_ttft_p50_ms)} ms (goal ≤ 1), "
-                f"p99 {fmt(g1.added_ttft_p99_ms)} ms (goal ≤ 3)"
-            )
-        g64 = by.get((mode, 64, "gateway"))
-        if g64:
-            out.append(f"{mode} conc 64: gateway throughput {fmt(g64.thr_ratio, 3)}× direct (goal ≥ 0.95)")
+        for arm in gateways:
+            g1 = by.get((mode, 1, arm))
+            if g1:
+                out.append(
+                    f"{mode} conc 1: {arm} added TTFT p50 {fmt(g1.added_ttft_p50_ms)} ms (goal ≤ 1), "
+                    f"p99 {fmt(g1.added_ttft_p99_ms)} ms (goal ≤ 3); CPU {fmt(g1.cpu_s_per_1k)} s/1k req"
+                )
+            g64 = by.get((mode, 64, arm))
+            if g64:
+                out.append(
+                    f"{mode} conc 64: {arm} throughput {fmt(g64.thr_ratio, 3)}× direct (goal ≥ 0.95); "
+                    f"CPU {fmt(g64.cpu_s_per_1k)} s/1k req"
+                )
     worse = []
     for c in cells:
         lite = by.get((c.mode, c.conc, "litellm"))
@@ -553,6 +575,7 @@ async def main_async(args: argparse.Namespace) -> int:
         arms = await start_arms(args.arms, upstream_url, model, work)
         procs.extend(a.proc for a in arms if a.proc)
         names = [a.name for a in arms]
+        print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         print(
             f"upstream {upstream_url}; arms {names}; shape ttft {args.ttft_ms} ms, {args.chunks} chunks "
             f"every {args.interval_ms} ms; rounds {args.rounds}",
@@ -568,11 +591,18 @@ async def main_async(args: argparse.Namespace) -> int:
             for conc in args.conc:
                 n = max(args.min_requests, conc * args.waves)
                 per_arm: dict[str, list[Batch]] = {a.name: [] for a in arms}
-                for _ in range(args.rounds):
-                    order = arms[:]
-                    rng.shuffle(order)
+                order = arms[:]
+                for rnd in range(args.rounds):
+                    # ABBA: a fresh shuffle, then its reverse, so that no arm always follows the same
+                    # one (a proxy's tail work, e.g. closing its pooled upstream connections, lands
+                    # in the next batch; a fixed successor would carry it every round).
+                    if rnd % 2 == 0:
+                        rng.shuffle(order)
+                    else:
+                        order.reverse()
                     for arm in order:
                         per_arm[arm.name].append(await run_batch(arm, body, n, conc, warmup=min(conc, 8)))
+                        await asyncio.sleep(args.settle_s)
                 row = [summarize(mode, conc, a.name, per_arm[a.name]) for a in arms]
                 direct = next((c for c in row if c.arm == "direct"), None)
                 for c in row:
@@ -623,10 +653,16 @@ async def main_async(args: argparse.Namespace) -> int:
             )
         )
         print(f"\nJSON: {out}")
+        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         return 0
     finally:
         for p in reversed(procs):
             p.stop()
+        for tree in work.glob("gateway-*"):
+            if tree.is_dir():
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
+                )
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -634,6 +670,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: conc 1 and 8, few requests, < 2 min")
     p.add_argument("--arms", default="direct,gateway,nginx,litellm")
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="add an arm gateway@REV: the gateway of an older commit (a git worktree), interleaved",
+    )
     p.add_argument("--conc", default="1,8,32,64")
     p.add_argument("--modes", default="stream,plain")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell")
@@ -641,6 +682,7 @@ def main() -> None:
         "--waves", type=int, default=8, help="requests per batch = max(min-requests, conc × waves)"
     )
     p.add_argument("--min-requests", type=int, default=60)
+    p.add_argument("--settle-s", type=float, default=0.5, help="pause after each batch")
     p.add_argument("--soak", type=int, default=2000, help="streaming requests in the RSS soak")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--chunks", type=int, default=32)
@@ -655,6 +697,8 @@ def main() -> None:
         if args.arms == p.get_default("arms"):
             args.arms = "direct,gateway,nginx"
     args.arms = [a for a in args.arms.split(",") if a]
+    if args.baseline:
+        args.arms.append(f"gateway@{args.baseline}")
     args.conc = [int(c) for c in args.conc.split(",")]
     args.modes = [m for m in args.modes.split(",") if m]
     try:

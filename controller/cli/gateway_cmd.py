@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from controller import logsetup
-from controller.gateway.config import ADMIN_TOKEN_ENV, GatewayConfig
+from controller.gateway.config import ADMIN_TOKEN_ENV, METRICS_TOKEN_ENV, GatewayConfig, MetricsAccess
 from controller.gateway.slot import NoSlotPolicy
 from controller.settings import paths
 
@@ -48,10 +48,33 @@ def gateway(
     idle_timeout: Annotated[
         float, typer.Option(help="Upstream idle-read timeout, seconds (there is no total timeout).")
     ] = 600.0,
+    max_header_bytes: Annotated[
+        int, typer.Option(help="Largest request line + headers in bytes (larger: 431).")
+    ] = 32 * 1024,
+    header_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's headers (then: 408).")
+    ] = 10.0,
+    keepalive_timeout: Annotated[
+        int, typer.Option(help="Seconds an idle keep-alive connection is held between requests.")
+    ] = 5,
+    max_connections: Annotated[
+        int, typer.Option(help="Most open client connections (also bounded by the file limit).")
+    ] = 4096,
+    max_connections_per_client: Annotated[
+        int, typer.Option(help="Most open connections from one client address.")
+    ] = 256,
+    metrics_access: Annotated[
+        MetricsAccess,
+        typer.Option(
+            help="Who may read /metrics and the detailed /healthz: loopback clients and token holders, "
+            f"token holders only (${METRICS_TOKEN_ENV} or the admin token), or everyone."
+        ),
+    ] = MetricsAccess.LOOPBACK,
     log_level: Annotated[str, typer.Option(help="uvicorn/gateway log level.")] = "warning",
 ) -> None:
     """Run the gateway in the foreground. Admin calls need the token whose sha256 is in
-    $APPLIANCE_ADMIN_TOKEN_SHA256 (unset: the admin surface is closed)."""
+    $APPLIANCE_ADMIN_TOKEN_SHA256 (unset: the admin surface is closed); /metrics needs a loopback
+    client or that token or the one whose sha256 is in $APPLIANCE_METRICS_TOKEN_SHA256."""
     from controller.gateway import server  # imported late: uvicorn/aiohttp are heavy for other commands
 
     host, port = _split_listen(listen)
@@ -69,6 +92,13 @@ def gateway(
         queue_max=queue_max,
         queue_timeout_s=queue_timeout,
         retry_after_s=retry_after,
+        max_header_bytes=max_header_bytes,
+        header_timeout_s=header_timeout,
+        keepalive_timeout_s=keepalive_timeout,
+        max_connections=max_connections,
+        max_connections_per_client=max_connections_per_client,
+        metrics_access=metrics_access,
+        metrics_token_sha256=GatewayConfig.metrics_hash_from_env(),
         log_level=log_level,
     )
     logsetup.configure(log_level)  # host-independent (controller/logsetup.py)

@@ -2,8 +2,10 @@
 
 A separate process from the controller (a controller restart must not drop a stream). Modules by
 role: ``keystore`` (hashed keys in SQLite), ``auth`` (key cache, admin token), ``limits`` (rpm and
-concurrency per key), ``slot`` (which upstream, drain), ``proxy`` (the hot path), ``admin`` (the
-controller's handle), ``app`` (the ASGI app), ``server`` (uvicorn with uvloop + httptools),
+concurrency per key), ``slot`` (which upstream, drain), ``proxy`` (the hot path), ``jsonbody`` (the
+top-level model of a JSON body, without parsing the rest), ``admin`` (the controller's handle),
+``app`` (the ASGI app), ``protocol`` (uvicorn's httptools protocol with the limits a client meets
+before auth), ``server`` (uvicorn with uvloop + the guarded protocol),
 ``control`` (the controller's async client), ``metrics`` (metric names for dashboards),
 ``embedded`` (serve in the current event loop, for tests).
 """

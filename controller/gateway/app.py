@@ -2,14 +2,21 @@
 
 /v1/...        authenticated, forwarded to the current upstream (``proxy.py``)
 /admin/...     the controller's handle on the upstream slot (``admin.py``)
-/healthz       the gateway process itself (200 while it runs; says whether a slot is set)
-/metrics       Prometheus text, the gateway's own registry (``metrics.py``)
+/healthz       the gateway process itself: 200 while it runs, ``{"status", "ready"}`` for anyone;
+               the upstream, counts and keys only for observers (below)
+/metrics       Prometheus text, the gateway's own registry (``metrics.py``): observers only
+
+Observers (``config.metrics_access``): by default clients on the loopback interface (Prometheus on
+the host) and holders of the metrics or admin token; ``token``: token holders only; ``public``:
+anyone. The metrics name key ids, per-key counts and the upstream URL, which a gateway listening on
+0.0.0.0 must not hand to every network neighbour.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import sqlite3
 
@@ -18,8 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from controller.gateway.admin import Admin, upstream_view
 from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from controller.gateway.auth import AdminAuth, KeyCache
-from controller.gateway.config import GatewayConfig
-from controller.gateway.keystore import KeyStore
+from controller.gateway.config import GatewayConfig, MetricsAccess
+from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.proxy import Proxy, Tee
@@ -34,7 +41,9 @@ class GatewayApp:
     ) -> None:
         self.config = config
         self.metrics = metrics or GatewayMetrics()
-        self.keys = KeyCache(KeyStore(config.keys_db), refresh_s=config.key_refresh_s)
+        self.keys = KeyCache(
+            KeyStore(config.keys_db), refresh_s=config.key_refresh_s, max_stale_s=config.key_max_stale_s
+        )
         self.slot = Slot(
             config.no_slot_policy, config.queue_max, config.queue_timeout_s, config.retry_after_s
         )
@@ -42,12 +51,15 @@ class GatewayApp:
             self.slot.set(config.upstream_url, config.served_model)
         self.metrics.upstream_ready.set(1 if self.slot.current else 0)
         self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee)
-        self.admin = Admin(AdminAuth(config.admin_token_sha256), self.slot, self.metrics)
+        admin_auth = AdminAuth(config.admin_token_sha256)
+        self.admin = Admin(admin_auth, self.slot, self.metrics)
+        self._observer_auth = (admin_auth, AdminAuth(config.metrics_token_sha256))
         self._refresher: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
         # Blocking read on purpose: the gateway must not accept requests before it knows the keys.
-        self.keys.load()
+        # The only place a missing store is created (empty, 0600): later it must stay missing.
+        self.keys.load(create=True)
         if self.keys.size == 0:
             log.warning(
                 "key store %s has no keys: every /v1 request gets 401 until one is created "
@@ -73,18 +85,33 @@ class GatewayApp:
             if path.startswith("/v1/"):
                 await self.proxy.handle(scope, receive, send)
             elif path == "/healthz":
+                ready = self.slot.current is not None and self.keys.fresh
+                if not self._observer(scope):
+                    await send_json(send, 200, {"status": "ok", "ready": ready})
+                    return
                 await send_json(
                     send,
                     200,
                     {
                         "status": "ok",
+                        "ready": ready,
                         "upstream": upstream_view(self.slot.current),
                         "in_flight": self.slot.in_flight,
                         "queue_waiting": self.slot.waiting,
                         "keys": self.keys.size,
+                        "keys_fresh": self.keys.fresh,
                     },
                 )
             elif path == "/metrics":
+                if not self._observer(scope):
+                    await send_error(
+                        send,
+                        401,
+                        "metrics need the metrics or admin token (Authorization: Bearer …)",
+                        "authentication_error",
+                        [(b"www-authenticate", b"Bearer")],
+                    )
+                    return
                 await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
             elif path.startswith("/admin/"):
                 await self.admin.handle(scope, receive, send)
@@ -94,13 +121,23 @@ class GatewayApp:
             await self._lifespan(receive, send)
         # websockets are not served: uvicorn refuses them when the app returns without accepting.
 
+    def _observer(self, scope: Scope) -> bool:
+        """May this request see metrics and health details (see the module doc)?"""
+        access = self.config.metrics_access
+        if access is MetricsAccess.PUBLIC:
+            return True
+        if access is MetricsAccess.LOOPBACK and _is_loopback(scope.get("client")):
+            return True
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        return any(auth.check(authorization) for auth in self._observer_auth)
+
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
                     await self.startup()
-                except (OSError, sqlite3.Error) as exc:
+                except (OSError, sqlite3.Error, KeyStoreError) as exc:
                     await send({"type": "lifespan.startup.failed", "message": f"gateway start failed: {exc}"})
                     return
                 await send({"type": "lifespan.startup.complete"})
@@ -108,3 +145,13 @@ class GatewayApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _is_loopback(client: object) -> bool:
+    """``scope["client"]`` is (host, port) for TCP; None (a Unix socket, tests) is not trusted."""
+    if not isinstance(client, tuple | list) or not client:
+        return False
+    try:
+        return ipaddress.ip_address(str(client[0])).is_loopback
+    except ValueError:
+        return False

@@ -1,8 +1,12 @@
 """Who is calling: client keys (from the key store, cached) and the admin token.
 
 The gateway must answer a revoke without a restart but must not touch SQLite on every request:
-``KeyCache`` keeps every key in memory and re-reads the store only when its version row changed,
-checked at most once per ``refresh_s`` (one integer read in a worker thread).
+``KeyCache`` keeps every key in memory and re-reads the store when the file is another one (inode,
+size, mtime) or its version row changed, checked once per ``refresh_s`` in a worker thread.
+
+The cache fails closed: it is trusted for ``max_stale_s`` after the last check that succeeded. If the
+store is deleted, unreadable, or cannot be opened (no file descriptor left), requests get 503 once
+that window has passed, never an answer from keys that may have been revoked since.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
-from controller.gateway.keystore import KeyRecord, KeyStore, StoredKey, key_id_of
+from controller.gateway.keystore import (
+    FileIdentity,
+    KeyRecord,
+    KeyStore,
+    KeyStoreError,
+    StoredKey,
+    key_id_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +36,8 @@ class AuthFailure(Enum):
     MISSING = "missing API key: send 'Authorization: Bearer sk-app-…'"
     INVALID = "invalid API key"
     REVOKED = "API key has been revoked"
+    # Not the client's fault: the key store could not be read recently enough to trust the cache.
+    UNAVAILABLE = "the key store cannot be read; try again shortly"
 
 
 def bearer_token(header: bytes | None) -> str | None:
@@ -41,46 +54,69 @@ def bearer_token(header: bytes | None) -> str | None:
 
 
 class KeyCache:
-    """In-memory view of the key store, refreshed when the store's version changes."""
+    """In-memory view of the key store, refreshed when the file or its version changes."""
 
-    def __init__(self, store: KeyStore, refresh_s: float = 1.0) -> None:
+    def __init__(self, store: KeyStore, refresh_s: float = 1.0, max_stale_s: float = 10.0) -> None:
         self.store = store
         self.refresh_s = refresh_s
+        self.max_stale_s = max(max_stale_s, refresh_s)
         self._version = -1
+        self._identity: FileIdentity | None = None
         self._keys: dict[str, StoredKey] = {}
         self._last_check = 0.0
+        self._fresh_until = 0.0  # monotonic; before load() nothing is trusted
+        self._failing = False
 
     @property
     def size(self) -> int:
         return len(self._keys)
 
-    def load(self) -> None:
-        """Read the whole store now (blocking; used at start-up and after a version change)."""
-        self._version, self._keys = self.store.snapshot()
+    @property
+    def fresh(self) -> bool:
+        return time.monotonic() <= self._fresh_until
+
+    def load(self, create: bool = False) -> None:
+        """Read the whole store now (blocking; at start-up, ``create`` makes an empty one if none)."""
+        # Identity first: if the file changes between the stat and the read, the next check sees a
+        # different identity and reads again (never the other way round).
+        identity = None if create else self.store.identity()
+        version, keys = self.store.snapshot(create=create)
+        self._identity = identity or self.store.identity()
+        self._version, self._keys = version, keys
+        self._mark_fresh()
+
+    def _mark_fresh(self) -> None:
         self._last_check = time.monotonic()
+        self._fresh_until = self._last_check + self.max_stale_s
+        self._failing = False
 
     def refresh_if_changed(self) -> bool:
-        """Blocking: re-read the store if its version moved. Returns True if the keys changed."""
-        self._last_check = time.monotonic()
-        if self.store.version() == self._version:
-            return False
-        self.load()
-        return True
+        """Blocking: re-read the store if it is another file or its version moved. Returns True if
+        it re-read. Raises ``KeyStoreError``/``sqlite3.Error``/``OSError`` when it cannot tell."""
+        if self.store.identity() != self._identity or self.store.version() != self._version:
+            self.load()
+            return True
+        self._mark_fresh()
+        return False
 
     async def run_refresher(self) -> None:
-        """Poll the version row forever (cancel to stop). A broken or locked store keeps the last
-        good keys: refusing every client because the CLI held a write lock would be worse."""
+        """Check the store forever (cancel to stop). A store that cannot be read keeps the cached keys
+        for ``max_stale_s`` at most (a CLI write lock is short), then every request gets 503."""
         while True:
             await asyncio.sleep(self.refresh_s)
             try:
                 changed = await asyncio.to_thread(self.refresh_if_changed)
-            except (sqlite3.Error, OSError) as exc:
-                log.warning(
-                    "key store %s unreadable, keeping %d cached keys: %s",
-                    self.store.path,
-                    len(self._keys),
-                    exc,
-                )
+            except (KeyStoreError, sqlite3.Error, OSError) as exc:
+                if not self._failing:
+                    self._failing = True
+                    log.warning(
+                        "key store %s unreadable: %s; the %d cached keys are trusted for %g s more, "
+                        "then every request gets 503 until it can be read",
+                        self.store.path,
+                        exc,
+                        len(self._keys),
+                        max(0.0, self._fresh_until - time.monotonic()),
+                    )
                 continue
             if changed:
                 log.info("key store changed: %d keys loaded (version %d)", len(self._keys), self._version)
@@ -89,6 +125,8 @@ class KeyCache:
         token = bearer_token(authorization)
         if token is None:
             return AuthFailure.MISSING
+        if time.monotonic() > self._fresh_until:
+            return AuthFailure.UNAVAILABLE
         key_id = key_id_of(token)
         stored = self._keys.get(key_id) if key_id else None
         if stored is None:

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from controller.gateway.slot import NoSlotPolicy
 
 ADMIN_TOKEN_ENV = "APPLIANCE_ADMIN_TOKEN_SHA256"
+METRICS_TOKEN_ENV = "APPLIANCE_METRICS_TOKEN_SHA256"
+
+
+class MetricsAccess(Enum):
+    """Who may read ``/metrics`` (key ids, per-key counts, the upstream URL) and the detailed
+    ``/healthz``. Anyone else gets 401 for metrics and a bare ``{"status", "ready"}`` for health."""
+
+    # Clients on the loopback interface (Prometheus on the host) and holders of the metrics or
+    # admin token. The default: the gateway listens on 0.0.0.0 but scrapes come from 127.0.0.1.
+    LOOPBACK = "loopback"
+    TOKEN = "token"  # only holders of the metrics token or the admin token
+    PUBLIC = "public"  # everyone (the listen address is private, or a proxy in front guards it)
 
 
 @dataclass(frozen=True)
@@ -34,10 +47,38 @@ class GatewayConfig:
     # it is closing gives a spurious "server disconnected", so we drop ours first.
     upstream_keepalive_s: float = 4.0
     key_refresh_s: float = 1.0
+    # Fail closed: the cached keys are trusted this long after the last good read of the store.
+    key_max_stale_s: float = 10.0
+    # --- before authentication: what an anonymous client may hold (``protocol.py``) ---
+    # Request line + headers. A bearer key is ~70 bytes; browsers send < 8 KiB; nginx's default
+    # ceiling is 4 × 8 KiB. Larger: 431.
+    max_header_bytes: int = 32 * 1024
+    # From connecting (or the first byte of the next request) to the end of its headers. Past it: 408.
+    header_timeout_s: float = 10.0
+    # Idle keep-alive between requests (uvicorn's timer; an integer number of seconds).
+    keepalive_timeout_s: int = 5
+    # Open connections per client address, and in all (the latter also capped by the file limit,
+    # keeping descriptors for upstream connections and the key store). Over either: 429/503 + close.
+    max_connections_per_client: int = 256
+    max_connections: int = 4096
+    # --- request bodies (``jsonbody.py``) ---
+    # JSON nesting deeper than this is refused (400) before anything parses it recursively.
+    max_json_depth: int = 128
+    # JSON bodies larger than this are inspected in a worker thread, so one large body never holds
+    # the event loop (and every other client) for long.
+    inline_json_bytes: int = 64 * 1024
+    # --- observability surface ---
+    metrics_access: MetricsAccess = MetricsAccess.LOOPBACK
+    metrics_token_sha256: str | None = None
     graceful_shutdown_s: float = 30.0
     log_level: str = "warning"
 
     @staticmethod
     def admin_hash_from_env() -> str | None:
         value = os.environ.get(ADMIN_TOKEN_ENV, "").strip().lower()
+        return value or None
+
+    @staticmethod
+    def metrics_hash_from_env() -> str | None:
+        value = os.environ.get(METRICS_TOKEN_ENV, "").strip().lower()
         return value or None

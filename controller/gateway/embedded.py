@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from controller.gateway.app import GatewayApp
 from controller.gateway.config import GatewayConfig
+from controller.gateway.protocol import ConnectionGuard, GuardedHttpToolsProtocol
 from controller.gateway.proxy import Tee
 from controller.gateway.server import build_server
 
@@ -21,6 +22,7 @@ from controller.gateway.server import build_server
 class RunningGateway:
     url: str
     app: GatewayApp
+    guard: ConnectionGuard  # the connection limits and counts of this server
 
 
 @asynccontextmanager
@@ -38,7 +40,9 @@ async def serve_in_loop(config: GatewayConfig, tee: Tee | None = None) -> AsyncI
                 task.result()  # raise the start-up error
             raise RuntimeError("gateway did not start within 5 s")
         port = server.servers[0].sockets[0].getsockname()[1]
-        yield RunningGateway(url=f"http://{config.host}:{port}", app=app)
+        protocol = server.config.http
+        assert isinstance(protocol, type) and issubclass(protocol, GuardedHttpToolsProtocol)
+        yield RunningGateway(url=f"http://{config.host}:{port}", app=app, guard=protocol.guard)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, timeout=config.graceful_shutdown_s + 5)

@@ -6,7 +6,13 @@ a copy of the file cannot be used to call the gateway; the key is shown once, wh
 
 Writers (the CLI, the controller's admin API) and the reader (the gateway process) share the file.
 Triggers bump a ``version`` row on every change, so the gateway can notice a revoke by reading one
-integer once a second instead of reloading the table (see ``auth.KeyCache``).
+integer once a second instead of reloading the table (see ``auth.KeyCache``). The version is only
+trusted for the same file: ``identity()`` (device, inode, size, mtime) tells a replaced or rewritten
+file apart, and a missing file is an error, never silently recreated (an empty store opened by
+accident would look like "no keys changed").
+
+Files are created 0600 from the start (``O_CREAT | O_EXCL`` with the mode, not chmod afterwards);
+SQLite creates its ``-wal``/``-shm`` files with the main file's mode.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import re
 import secrets
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +57,10 @@ CREATE TRIGGER IF NOT EXISTS keys_version_del AFTER DELETE ON keys
 
 class KeyStoreError(Exception):
     """A key store operation failed for a reason the caller should show to the operator."""
+
+
+class KeyStoreUnavailable(KeyStoreError):
+    """The store file is missing or cannot be opened (the caller must fail closed)."""
 
 
 class KeyNotFound(KeyStoreError):
@@ -102,6 +113,17 @@ def key_id_of(presented: str) -> str | None:
     return m.group(1) if m else None
 
 
+@dataclass(frozen=True)
+class FileIdentity:
+    """What tells one store file from another at the same path: a replaced file has another inode,
+    a file rewritten in place another size or mtime. Read with ``stat`` (no file descriptor)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
 def _row_to_record(row: sqlite3.Row) -> KeyRecord:
     return KeyRecord(
         id=row["id"],
@@ -120,12 +142,25 @@ class KeyStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._initialised = False
+        self._uri_cache: str | None = None
+
+    def _uri(self) -> str:
+        # mode=rw: opening never creates the file. A deleted store must be an error, not a new
+        # empty file that a reader would take for "the same store, nothing changed".
+        if self._uri_cache is None:
+            self._uri_cache = "file:" + urllib.parse.quote(str(self.path.absolute())) + "?mode=rw"
+        return self._uri_cache
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, create: bool = True) -> Iterator[sqlite3.Connection]:
         if not self._initialised:
+            if not create and not self.path.exists():
+                raise KeyStoreUnavailable(f"key store {self.path} does not exist")
             self._init()
-        conn = sqlite3.connect(self.path, timeout=5.0)
+        try:
+            conn = sqlite3.connect(self._uri(), timeout=5.0, uri=True)
+        except sqlite3.OperationalError as exc:
+            raise KeyStoreUnavailable(f"key store {self.path} cannot be opened: {exc}") from exc
         conn.row_factory = sqlite3.Row
         try:
             with conn:
@@ -134,9 +169,20 @@ class KeyStore:
             conn.close()
 
     def _init(self) -> None:
+        """Create the file (0600) and the schema if missing. Only called before the first use: a store
+        that disappears later stays missing (``KeyStoreUnavailable``)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        existed = self.path.exists()
-        conn = sqlite3.connect(self.path, timeout=5.0)
+        try:
+            # The file holds only hashes, but names and limits are still the operator's business:
+            # created with its final mode, so it is never readable by others, not even for a moment.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+        except FileExistsError:
+            pass
+        try:
+            conn = sqlite3.connect(self._uri(), timeout=5.0, uri=True)
+        except sqlite3.OperationalError as exc:
+            raise KeyStoreUnavailable(f"key store {self.path} cannot be opened: {exc}") from exc
         try:
             # WAL: the gateway's once-a-second read never waits for a CLI write, nor blocks it.
             conn.execute("PRAGMA journal_mode=WAL")
@@ -144,10 +190,15 @@ class KeyStore:
             conn.commit()
         finally:
             conn.close()
-        if not existed:
-            # The file holds only hashes, but names and limits are still the operator's business.
-            os.chmod(self.path, 0o600)
         self._initialised = True
+
+    def identity(self) -> FileIdentity:
+        """The file's identity now (``KeyStoreUnavailable`` if it is gone)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError as exc:
+            raise KeyStoreUnavailable(f"key store {self.path} does not exist") from exc
+        return FileIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def create(
         self, name: str, rpm_limit: int | None = None, max_concurrent: int | None = None
@@ -202,15 +253,17 @@ class KeyStore:
         return self.get(key_id)
 
     def version(self) -> int:
-        """A number that changes whenever any key is added, changed or removed."""
+        """A number that changes whenever any key is added, changed or removed (in this file: compare
+        ``identity()`` too, another file can have the same number)."""
         with self._connect() as conn:
             row = conn.execute("SELECT v FROM meta WHERE k = 'version'").fetchone()
         return int(row[0])
 
-    def snapshot(self) -> tuple[int, dict[str, StoredKey]]:
+    def snapshot(self, create: bool = False) -> tuple[int, dict[str, StoredKey]]:
         """Version and every key (revoked ones too, so the gateway can say "revoked"), read in one
-        transaction so the version matches the rows."""
-        with self._connect() as conn:
+        transaction so the version matches the rows. ``create``: make an empty store if there is
+        none (the gateway at start-up); otherwise a missing file is ``KeyStoreUnavailable``."""
+        with self._connect(create=create) as conn:
             conn.execute("BEGIN")  # one read snapshot for both statements
             version = int(conn.execute("SELECT v FROM meta WHERE k = 'version'").fetchone()[0])
             rows = conn.execute("SELECT * FROM keys").fetchall()

@@ -1,23 +1,27 @@
 """Forwarding one OpenAI-compatible request to the current upstream, streaming the answer back.
 
 The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
-body, pick the upstream, one pooled aiohttp request. Per chunk: one ``readany``, two clock reads,
-two histogram observations when streaming, one ASGI ``send`` with the bytes exactly as they arrived
-(no parsing, no re-framing, so the client receives byte for byte what the engine sent).
+body, find a JSON body's top-level model (``jsonbody``: no full parse, no re-serialisation; large
+bodies in a worker thread), pick the upstream, one pooled aiohttp request. Per chunk: one
+``readany``, two clock reads, two histogram observations when streaming, one ASGI ``send`` with the
+bytes exactly as they arrived (no parsing, no re-framing, so the client receives byte for byte what
+the engine sent).
 
-A watcher task waits on ASGI ``receive`` for ``http.disconnect`` and cancels the request's task:
-the aiohttp response is then closed at once, whether we were waiting for the first token or in the
-middle of a stream, and vLLM aborts the generation when its socket closes.
+When the client goes away, the request's task is cancelled: the aiohttp response is then closed at
+once, whether we were waiting for the first token or in the middle of a stream, and vLLM aborts the
+generation when its socket closes. The gateway's protocol reports the lost connection through a hook
+in the scope (``protocol.DISCONNECT_HOOK``); under another server a watcher task waits on ASGI
+``receive`` for ``http.disconnect`` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Any
 
@@ -37,9 +41,11 @@ from controller.gateway.asgi import (
 )
 from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.config import GatewayConfig
+from controller.gateway.jsonbody import BodyError, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
+from controller.gateway.protocol import DISCONNECT_HOOK, DisconnectHook
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
 
 log = logging.getLogger(__name__)
@@ -121,6 +127,12 @@ class _RequestState:
             self.reason = "drain"
             self.task.cancel()
 
+    def client_gone(self) -> None:
+        # uvicorn also reports "disconnect" once our response is complete; only a real one counts.
+        if not self.finished and self.reason is None:
+            self.reason = "client"
+            self.task.cancel()
+
 
 class Proxy:
     def __init__(
@@ -139,6 +151,9 @@ class Proxy:
         self.metrics = metrics
         self.tee = tee
         self.session: aiohttp.ClientSession | None = None
+        # Large JSON bodies are inspected here, off the event loop. Its own two threads: a burst of
+        # large bodies must neither take every core nor starve the key store's refresh thread.
+        self._body_pool: ThreadPoolExecutor | None = None
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=None, sock_connect=config.connect_timeout_s, sock_read=config.idle_timeout_s
         )
@@ -160,11 +175,23 @@ class Proxy:
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
         )
+        self._body_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-body")
 
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self._body_pool is not None:
+            self._body_pool.shutdown(wait=False, cancel_futures=True)
+            self._body_pool = None
+
+    async def _prepare_body(self, body: bytes, served_model: str | None) -> bytes:
+        """The JSON body to forward (model aliased); ``BodyError`` if it cannot be accepted."""
+        depth = self.config.max_json_depth
+        if len(body) <= self.config.inline_json_bytes or self._body_pool is None:
+            return alias_model(body, served_model, depth)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._body_pool, alias_model, body, served_model, depth)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = perf_counter()
@@ -189,8 +216,19 @@ class Proxy:
 
         key = self.keys.authenticate(authorization)
         if isinstance(key, AuthFailure):
+            if key is AuthFailure.UNAVAILABLE:
+                retry = (b"retry-after", str(self.slot.retry_after_s).encode())
+                await send_error(send, 503, key.value, "service_unavailable", [rid, retry])
+                self.metrics.count_request(route, 503, "none")
+                return
+            # Close: an anonymous client gets no keep-alive connection to hold (nor a body to
+            # trickle into it after the answer).
             await send_error(
-                send, 401, key.value, "authentication_error", [rid, (b"www-authenticate", b"Bearer")]
+                send,
+                401,
+                key.value,
+                "authentication_error",
+                [rid, (b"www-authenticate", b"Bearer"), _CLOSE],
             )
             self.metrics.count_request(route, 401, "none")
             return
@@ -227,12 +265,17 @@ class Proxy:
         except ClientGone:
             return STATUS_CLIENT_GONE
 
-        doc: Any = None
-        if body and b"json" in content_type:
+        # Aliased for the upstream that is current now; ``_forward`` redoes it in the rare case that
+        # the slot changed while the request waited for one.
+        served: str | None = None
+        json_body = bool(body) and b"json" in content_type
+        if json_body:
+            current = self.slot.current
+            served = current.served_model if current is not None else None
             try:
-                doc = json.loads(body)
-            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-                await send_error(send, 400, f"malformed JSON body: {exc}", "invalid_request_error", [rid])
+                body = await self._prepare_body(body, served)
+            except BodyError as exc:
+                await send_error(send, 400, str(exc), "invalid_request_error", [rid])
                 return 400
 
         lease = self.limiter.try_acquire(key)
@@ -246,7 +289,9 @@ class Proxy:
             )
             return 429
         try:
-            return await self._forward(scope, receive, send, route, request_id, body, doc, t0)
+            return await self._forward(
+                scope, receive, send, route, request_id, body, json_body, served, t0
+            )
         finally:
             lease.release()
 
@@ -258,13 +303,19 @@ class Proxy:
         route: str,
         request_id: bytes,
         body: bytes,
-        doc: Any,
+        json_body: bool,
+        served: str | None,
         t0: float,
     ) -> int:
         task = asyncio.current_task()
         assert task is not None
         state = _RequestState(task)
-        watcher = asyncio.create_task(self._watch(receive, state))
+        hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
+        watcher: asyncio.Task[None] | None = None
+        if hook is not None:
+            hook[0] = state.client_gone
+        else:
+            watcher = asyncio.create_task(self._watch(receive, state))
         rid = (b"x-request-id", request_id)
         entry = None
         try:
@@ -288,12 +339,9 @@ class Proxy:
                     )
                     return 503
                 upstream = got
-            if isinstance(doc, dict) and upstream.served_model is not None:
-                model = doc.get("model")
-                if isinstance(model, str) and model != upstream.served_model:
-                    # Aliasing: clients may say any model name; the engine knows one served name.
-                    doc["model"] = upstream.served_model
-                    body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+            if json_body and upstream.served_model != served and upstream.served_model is not None:
+                # Aliasing: clients may say any model name; the engine knows one served name.
+                body = await self._prepare_body(body, upstream.served_model)
             entry = self.slot.track(upstream, state.abort)
             self.metrics.in_flight.inc()
             return await self._exchange(scope, send, route, request_id, body, upstream, state, t0)
@@ -316,7 +364,10 @@ class Proxy:
             return state.status  # the response stays incomplete: uvicorn closes the connection
         finally:
             state.finished = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif hook is not None:
+                hook[0] = None
             if entry is not None:
                 self.slot.untrack(entry)
                 self.metrics.in_flight.dec()
@@ -325,10 +376,7 @@ class Proxy:
     async def _watch(receive: Receive, state: _RequestState) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        # uvicorn also reports "disconnect" once our response is complete; only a real one counts.
-        if not state.finished and state.reason is None:
-            state.reason = "client"
-            state.task.cancel()
+        state.client_gone()
 
     def _upstream_headers(self, headers: Headers, request_id: bytes) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()

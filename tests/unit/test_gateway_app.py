@@ -12,7 +12,7 @@ import pytest
 
 from controller.gateway.app import GatewayApp
 from controller.gateway.auth import hash_admin_token
-from controller.gateway.config import GatewayConfig
+from controller.gateway.config import GatewayConfig, MetricsAccess
 from controller.gateway.keystore import KeyStore
 
 ADMIN = "admin-token-for-tests"
@@ -75,7 +75,7 @@ def store(tmp_path: Path) -> KeyStore:
 
 def make_app(store: KeyStore, **kw: Any) -> GatewayApp:
     app = GatewayApp(GatewayConfig(keys_db=store.path, admin_token_sha256=hash_admin_token(ADMIN), **kw))
-    app.keys.load()
+    app.keys.load(create=True)
     return app
 
 
@@ -143,15 +143,71 @@ async def test_rate_limit_429_with_retry_after(store: KeyStore) -> None:
 
 async def test_health_metrics_and_404(store: KeyStore) -> None:
     app = make_app(store, upstream_url="http://127.0.0.1:9", served_model="m")
-    r = await call(app, "GET", "/healthz")
+    observer = {"authorization": f"Bearer {ADMIN}"}
+    r = await call(app, "GET", "/healthz", headers=observer)
     assert r.status == 200 and r.json()["upstream"]["url"] == "http://127.0.0.1:9"
     await call(app, "GET", "/v1/models")  # a 401, counted
-    r = await call(app, "GET", "/metrics")
+    r = await call(app, "GET", "/metrics", headers=observer)
     text = r.body.decode()
     assert r.status == 200
     assert 'appliance_gateway_requests_total{key_id="none",route="/v1/models",status="401"} 1.0' in text
     assert "appliance_gateway_upstream_ready 1.0" in text
     assert (await call(app, "GET", "/nope")).status == 404
+
+
+async def call_from(app: GatewayApp, path: str, client: tuple[str, int] | None, token: str | None) -> Reply:
+    """A GET as a client at ``client`` (None: no address, like a Unix socket)."""
+    reply = Reply()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            reply.status = message["status"]
+        else:
+            reply.body += message.get("body", b"")
+
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": headers, "client": client}
+    await app(scope, receive, send)
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("access", "client", "token", "observer"),
+    [
+        (MetricsAccess.LOOPBACK, ("10.1.2.3", 5000), None, False),  # the default, from the network
+        (MetricsAccess.LOOPBACK, ("10.1.2.3", 5000), "wrong", False),
+        (MetricsAccess.LOOPBACK, ("10.1.2.3", 5000), ADMIN, True),
+        (MetricsAccess.LOOPBACK, ("10.1.2.3", 5000), "metrics-secret", True),
+        (MetricsAccess.LOOPBACK, ("127.0.0.1", 5000), None, True),  # Prometheus on the host
+        (MetricsAccess.LOOPBACK, ("::1", 5000), None, True),
+        (MetricsAccess.LOOPBACK, None, None, False),
+        (MetricsAccess.TOKEN, ("127.0.0.1", 5000), None, False),
+        (MetricsAccess.TOKEN, ("127.0.0.1", 5000), "metrics-secret", True),
+        (MetricsAccess.PUBLIC, ("10.1.2.3", 5000), None, True),
+    ],
+)
+async def test_metrics_and_health_details_only_for_observers(
+    store: KeyStore, access: MetricsAccess, client: tuple[str, int] | None, token: str | None, observer: bool
+) -> None:
+    record, key = store.create("a")
+    app = make_app(store, metrics_access=access, metrics_token_sha256=hash_admin_token("metrics-secret"))
+    r = await call(app, "GET", "/v1/models", headers=auth(key))  # no slot yet: a 503 under the key's id
+    assert r.status == 503
+    app.slot.set("http://10.0.0.5:8000", None)
+    metrics = await call_from(app, "/metrics", client, token)
+    health = await call_from(app, "/healthz", client, token)
+    assert health.status == 200 and health.json()["status"] == "ok" and health.json()["ready"] is True
+    if observer:
+        assert metrics.status == 200 and record.id.encode() in metrics.body
+        assert health.json()["upstream"]["url"] == "http://10.0.0.5:8000"
+    else:
+        assert metrics.status == 401 and record.id.encode() not in metrics.body
+        assert set(health.json()) == {"status", "ready"}
+        assert b"10.0.0.5" not in health.body
 
 
 async def test_admin_closed_without_hash(store: KeyStore) -> None:

@@ -65,3 +65,72 @@ def test_admin_auth() -> None:
     assert AdminAuth(digest.upper()).check(b"Bearer s3cret")  # hex case does not matter
     closed = AdminAuth(None)
     assert not closed.enabled and not closed.check(b"Bearer s3cret")
+
+
+def _same_version_copy_without(store: KeyStore, dest: Path, key_id: str) -> None:
+    """A copy of ``store`` without ``key_id`` whose version row equals the original's."""
+    import sqlite3
+
+    version = store.version()
+    src = sqlite3.connect(store.path)
+    out = sqlite3.connect(dest)
+    src.backup(out)
+    src.close()
+    out.execute("DELETE FROM keys WHERE id = ?", (key_id,))
+    out.execute("UPDATE meta SET v = ? WHERE k = 'version'", (version,))
+    out.commit()
+    out.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, as a copied store would be
+    out.close()
+
+
+def test_a_replaced_store_at_the_same_version_is_reloaded(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "k.db")
+    _, keep = store.create("keep")
+    removed, gone = store.create("gone")
+    cache = KeyCache(store)
+    cache.load()
+    assert isinstance(cache.authenticate(bearer(gone)), KeyRecord)
+    _same_version_copy_without(store, tmp_path / "new.db", removed.id)
+    assert KeyStore(tmp_path / "new.db").version() == store.version()
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"k.db{suffix}").unlink(missing_ok=True)
+    (tmp_path / "new.db").replace(tmp_path / "k.db")
+    assert cache.refresh_if_changed()  # before: same version → "nothing changed"
+    assert cache.authenticate(bearer(gone)) is AuthFailure.INVALID
+    assert isinstance(cache.authenticate(bearer(keep)), KeyRecord)
+
+
+async def test_a_deleted_store_fails_closed_after_the_freshness_window(tmp_path: Path) -> None:
+    import asyncio
+    import contextlib
+
+    path = tmp_path / "k.db"
+    store = KeyStore(path)
+    _, key = store.create("a")
+    cache = KeyCache(store, refresh_s=0.01, max_stale_s=0.2)
+    cache.load()
+    task = asyncio.create_task(cache.run_refresher())
+    try:
+        await asyncio.sleep(0.05)
+        assert isinstance(cache.authenticate(bearer(key)), KeyRecord) and cache.fresh
+        for p in tmp_path.iterdir():
+            p.unlink()
+        for _ in range(500):  # bounded: 5 s
+            if cache.authenticate(bearer(key)) is AuthFailure.UNAVAILABLE:
+                break
+            await asyncio.sleep(0.01)
+        # Before: the cached keys were used forever (and the file came back empty, 0644).
+        assert cache.authenticate(bearer(key)) is AuthFailure.UNAVAILABLE and not cache.fresh
+        assert not path.exists()
+        # The store comes back (the operator restores it): trusted again at the next check.
+        KeyStore(path).create("b")
+        for _ in range(500):
+            if cache.fresh:
+                break
+            await asyncio.sleep(0.01)
+        assert cache.authenticate(bearer(key)) is AuthFailure.INVALID  # a new store, the old key is not in it
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+

@@ -91,3 +91,45 @@ def test_malformed_keys_have_no_id(bad: str) -> None:
 def test_create_rejects_bad_input(tmp_path: Path, name: str, rpm: int | None, conc: int | None) -> None:
     with pytest.raises(KeyStoreError):
         KeyStore(tmp_path / "k.db").create(name, rpm, conc)
+
+
+def test_new_store_files_are_0600_from_the_start(tmp_path: Path) -> None:
+    import os
+
+    old = os.umask(0o022)  # the usual umask: a plain create would give 0644
+    try:
+        store = KeyStore(tmp_path / "k.db")
+        store.create("a")
+    finally:
+        os.umask(old)
+    for path in tmp_path.iterdir():  # the store and SQLite's -wal / -shm beside it
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+
+
+def test_a_deleted_store_is_an_error_and_is_not_recreated(tmp_path: Path) -> None:
+    from controller.gateway.keystore import KeyStoreUnavailable
+
+    path = tmp_path / "k.db"
+    store = KeyStore(path)
+    store.create("a")
+    for p in tmp_path.iterdir():
+        p.unlink()
+    with pytest.raises(KeyStoreUnavailable):
+        store.identity()
+    with pytest.raises(KeyStoreUnavailable):
+        store.snapshot()
+    with pytest.raises(KeyStoreUnavailable):
+        store.version()
+    assert not path.exists()  # before: a 0-byte, 0644 file appeared here
+
+
+def test_identity_tells_a_replaced_file_apart(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    store = KeyStore(path)
+    store.create("a")
+    before = store.identity()
+    assert store.identity() == before
+    other = KeyStore(tmp_path / "other.db")
+    other.create("b")
+    (tmp_path / "other.db").replace(path)
+    assert store.identity() != before
