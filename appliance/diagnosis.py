@@ -54,6 +54,7 @@ class DiagnosisCode(StrEnum):
     READY_BUDGET_EXCEEDED = "ready_budget_exceeded"
     KILLED_BY_SIGNAL = "killed_by_signal"
     EXIT_NONZERO = "exit_nonzero"
+    PORT_IN_USE = "port_in_use"  # issue 9 (supervision): the engine's port held by another process
     # Informational lines (never a failure).
     LOOPBACK_BIND = "loopback_bind"
     W8A8_BLOCK_FP8_DEFAULT_CONFIG = "w8a8_block_fp8_default_config"
@@ -276,6 +277,20 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §5: hipBLASLt has no gfx906 code; the rocBLAS fallback is what runs", retryable=True,
         benign=True,
     ),
+    # Issue 9 (supervision): an engine orphaned by a killed shim kept the port; every relaunch died
+    # with this line while the orphan answered the probes.
+    Signature(
+        DiagnosisCode.PORT_IN_USE, Severity.ERROR,
+        _rx(r"[Aa]ddress already in use", r"\bEADDRINUSE\b"),
+        "the engine could not bind its port: another process holds it (an engine left from an earlier "
+        "launch?)",
+        "find the holder (`ss -ltnp 'sport = :PORT'`) and stop it by PID — the controller refuses to "
+        "launch while the port is taken and names the holder when it can — or give the recipe another "
+        "engine.port",
+        "issue 9: a vLLM server orphaned by a killed shim held port 8000; each relaunch failed with "
+        "`Address already in use`",
+        retryable=True,
+    ),
 )
 
 _BY_CODE: dict[DiagnosisCode, Signature] = {s.code: s for s in SIGNATURES}
@@ -431,6 +446,7 @@ _FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
     DiagnosisCode.DEVICE_OOM,
     DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
     DiagnosisCode.WORKER_DIED,
+    DiagnosisCode.PORT_IN_USE,
 )
 
 
