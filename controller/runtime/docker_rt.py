@@ -312,7 +312,7 @@ class DockerRuntime:
             if not info.running or time.monotonic() >= deadline:
                 return info
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
-            delay = min(delay * 2, 0.25)  # a death is seen within a quarter second
+            delay = min(delay * 2, 0.5)  # a death is seen within half a second
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
         """`docker stop` (TERM to PID 1, `grace_s`, then KILL — by the daemon), then our own KILL if
