@@ -34,8 +34,8 @@ from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
 from controller.runtime.ports import PortInUse
-from controller.store import Provenance, Store
-from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key
+from controller.store import REDACTED, Provenance, Store
+from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, recipe_key
 from controller.supervisor.follow import LogFollower
 from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
@@ -489,12 +489,15 @@ class Driver:
                        "spec is unknown: left alone, not supervised", handle.launch_id)
             return
         self._followers[handle.launch_id] = LogFollower(handle.launch_id, started_at=handle.started_at)
-        # The key lives only in the engine's environment: read it back from there.
+        # The key lives only in the engine's environment: read it back from there (or the recipe's
+        # own `--api-key`, when the spec at hand still holds it: a stored spec is redacted).
+        key: str | None = None
         try:
-            self._engine_keys[handle.launch_id] = await asyncio.to_thread(
-                self._runtime(handle).engine_env_value, handle, ENGINE_KEY_ENV)
+            key = await asyncio.to_thread(self._runtime(handle).engine_env_value, handle, ENGINE_KEY_ENV)
         except RuntimeError_ as exc:
             self.note("adopt-key-unknown", f"cannot read the engine's API key: {exc}", handle.launch_id)
+        own = recipe_key(spec)
+        self._engine_keys[handle.launch_id] = key or (own if own != REDACTED else None)
         record = self.store.get_launch(handle.launch_id)
         if record is not None and record.ready_s is not None:
             self._recorded_ready_s[handle.launch_id] = record.ready_s
