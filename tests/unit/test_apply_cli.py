@@ -125,3 +125,17 @@ def test_down_removes_the_gateway_control_token(home: Path) -> None:
     assert token_file.exists()
     service_cmd.down(keep_engine=False, grace=1.0)
     assert not token_file.exists()
+
+
+def test_status_says_the_engine_exited_and_is_out_of_the_gateway(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = {"state": "exited", "recipe": "r", "failures": 0, "max_failures": 5, "backoff_remaining_s": None,
+         "last_diagnosis": None, "progress": None, "last_apply": None,
+         "launch": {"id": "L1", "kind": "normal", "runtime": "process", "ref": "1", "engine_url": "http://e",
+                    "served_model_name": "m", "ready_s": 3.0, "cache": "hit", "phases": [],
+                    "exit": {"exit_code": 137, "signal": 9, "oom_killed": None}}}
+    result = run(app, monkeypatch, ScriptedClient([s]), "status")
+    assert result.exit_code == 0, result.output
+    assert "state:      exited" in result.output
+    assert "exit code 137, signal 9; out of the gateway" in result.output
