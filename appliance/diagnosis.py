@@ -70,6 +70,7 @@ class DiagnosisCode(StrEnum):
     RCCL_NET_SOCKET = "rccl_net_socket"
     RCCL_IOMMU_PT_MISSING = "rccl_iommu_pt_missing"
     CLIENT_DISCONNECT = "client_disconnect"
+    PORT_IN_USE = "port_in_use"  # issue 9 (supervision): the engine's port held by another process
     # Informational lines (never a failure).
     LOOPBACK_BIND = "loopback_bind"
     W8A8_BLOCK_FP8_DEFAULT_CONFIG = "w8a8_block_fp8_default_config"
@@ -336,6 +337,20 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §5: hipBLASLt has no gfx906 code; the rocBLAS fallback is what runs", retryable=True,
         benign=True,
     ),
+    # Issue 9 (supervision): an engine orphaned by a killed shim kept the port; every relaunch died
+    # with this line while the orphan answered the probes.
+    Signature(
+        DiagnosisCode.PORT_IN_USE, Severity.ERROR,
+        _rx(r"[Aa]ddress already in use", r"\bEADDRINUSE\b"),
+        "the engine could not bind its port: another process holds it (an engine left from an earlier "
+        "launch?)",
+        "find the holder (`ss -ltnp 'sport = :PORT'`) and stop it by PID — the controller refuses to "
+        "launch while the port is taken and names the holder when it can — or give the recipe another "
+        "engine.port",
+        "issue 9: a vLLM server orphaned by a killed shim held port 8000; each relaunch failed with "
+        "`Address already in use`",
+        retryable=True,
+    ),
 )
 
 
@@ -511,6 +526,7 @@ _FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
     DiagnosisCode.DEVICE_OOM,
     DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
     DiagnosisCode.WORKER_DIED,
+    DiagnosisCode.PORT_IN_USE,
 )
 
 # Degradations (warnings) reported when nothing failed, first match wins.

@@ -59,12 +59,18 @@ class ApplyBody(BaseModel):
         description="Empty the recipe's compile-cache root first: the next start is cold "
         "(and, for warm_restart recipes, runs the warm-up-then-restart flow).",
     )
+    force: bool = Field(
+        default=False,
+        description="Restart even when exactly this launch spec is already ready (otherwise a no-op).",
+    )
 
 
 class Accepted(BaseModel):
     accepted: bool = True
     state: str
     recipe: str | None
+    # The apply's id: `GET /status` → `last_apply` says what became of it (refused / unchanged / started).
+    apply_id: int | None = None
 
 
 class RecipeSummary(BaseModel):
@@ -187,10 +193,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
               response_model=Accepted, responses={404: {}, 409: {}, 422: {}})
     async def apply(body: ApplyBody) -> Accepted:
         await known_recipe(body.recipe)
-        rejected = driver.submit(Apply(body.recipe, body.fresh_cache))
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
-        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe)
+        apply_id = driver.m.apply.token if driver.m.apply is not None else None
+        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe, apply_id=apply_id)
 
     @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted, responses={409: {}})

@@ -121,6 +121,8 @@ class StartView:
         if heartbeat:
             if state in ("starting", "preflight", "draining", "stopping"):
                 self._say(f"{state}: {launch.get('describe') or 'waiting for the first phase'}", s)
+            elif state == "exited":
+                self._say("exited: the engine ended; classifying the exit", s)
             elif state == "backoff":
                 retry = s.get("backoff_remaining_s")
                 self._say(f"backoff: retry in {retry} s (failure {s.get('failures')})", s)
@@ -130,7 +132,7 @@ class StartView:
 
     def _check_end(self, s: dict[str, Any]) -> None:
         state = s.get("state")
-        if state in ("preflight", "starting", "draining", "stopping", "backoff"):
+        if state in ("preflight", "starting", "draining", "stopping", "backoff", "exited"):
             self.seen_busy = True
         if state == "ready":
             self.outcome = "ready"

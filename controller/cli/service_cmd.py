@@ -66,9 +66,38 @@ def _follow(client: Client, timeout_s: float | None = None) -> str | None:
         return None
 
 
-def _end_of_follow(client: Client, outcome: str | None) -> None:
+def _refusal(s: dict[str, Any], recipe: str, apply_id: int | None = None) -> dict[str, Any] | None:
+    """The failure of this apply's preflight (admission, lint...), from `status.last_apply`."""
+    last = s.get("last_apply") or {}
+    if last.get("recipe") != recipe or last.get("outcome") != "refused":
+        return None
+    if apply_id is not None and last.get("token") != apply_id:
+        return None
+    failure: dict[str, Any] = last.get("failure") or {"summary": "refused (no reason given)"}
+    return failure
+
+
+def _refused(recipe: str, failure: dict[str, Any], serving: str | None) -> typer.Exit:
+    typer.echo(f"REFUSED: {recipe}: {failure.get('summary')}", err=True)
+    if failure.get("hint"):
+        typer.echo(f"  hint: {failure['hint']}", err=True)
+    if serving:
+        typer.echo(f"  (the engine keeps serving {serving})", err=True)
+    return typer.Exit(1)
+
+
+def _end_of_follow(client: Client, outcome: str | None, recipe: str | None = None) -> None:
+    """`recipe`: what was asked for. Ready with another recipe means this apply did not happen
+    (issue 9: a refused apply printed "ready: <the old recipe>" and exited 0)."""
     if outcome == "ready":
         s = client.get("/status")
+        if recipe is not None and s.get("recipe") != recipe:
+            failure = _refusal(s, recipe)
+            if failure is not None:
+                raise _refused(recipe, failure, s.get("recipe"))
+            typer.echo(f"NOT APPLIED: {recipe}; the engine serves {s.get('recipe')} "
+                       "(another apply came in?)", err=True)
+            raise typer.Exit(1)
         launch = s.get("launch") or {}
         typer.echo(f"ready: {s.get('recipe')} at {launch.get('engine_url')} in {launch.get('ready_s')} s "
                    f"(compile cache: {launch.get('cache')})")
@@ -215,7 +244,7 @@ def up(
                 raise _fail(f"apply {recipe}: {exc}") from exc
 
     if follow:
-        _end_of_follow(client, _follow(client))
+        _end_of_follow(client, _follow(client), recipe)
     _print_where(client, gateway_url, token)
 
 
@@ -236,13 +265,14 @@ def _print_where(client: Client, gateway_url: str | None, token: str | None) -> 
     shown_key = key or "$KEY"
     if s["state"] == "ready" and key:
         answer = _gateway_completion(gateway_url, key, body)
-        typer.echo(f"test        through the gateway: {answer}")
+        # One JSON object on one line: made for parsing (the model's words may hold any quote).
+        typer.echo(f"test        through the gateway: {json.dumps(answer, ensure_ascii=False)}")
     typer.echo("")
     typer.echo("try it:")
     typer.echo(f"  curl -s {gateway_url}/v1/chat/completions -H 'Authorization: Bearer {shown_key}' \\")
     typer.echo(f"       -H 'Content-Type: application/json' -d '{body}'")
     if key is None:
-        typer.echo("  (KEY: `appliance keys create NAME` prints a new key once)")
+        typer.echo("  (KEY: `appliance keys create --name NAME` prints a new key once)")
 
 
 def _first_key_once(client: Client) -> str | None:
@@ -257,7 +287,9 @@ def _first_key_once(client: Client) -> str | None:
     return key
 
 
-def _gateway_completion(gateway_url: str, key: str, body: str) -> str:
+def _gateway_completion(gateway_url: str, key: str, body: str) -> dict[str, Any]:
+    """One completion through the gateway: `{"status": 200, "answer": ..., "completion_tokens": N}`,
+    or `{"status": code-or-null, "error": ...}`."""
     import urllib.error
     import urllib.request
 
@@ -267,16 +299,19 @@ def _gateway_completion(gateway_url: str, key: str, body: str) -> str:
     for attempt in range(5):
         try:
             with urllib.request.urlopen(req, timeout=120) as resp:
+                status = resp.status
                 data = json.loads(resp.read())
-            return repr(data["choices"][0]["message"]["content"])
+            usage = data.get("usage") or {}
+            return {"status": status, "answer": data["choices"][0]["message"]["content"],
+                    "completion_tokens": usage.get("completion_tokens")}
         except urllib.error.HTTPError as exc:
             # A key created a moment ago reaches the gateway within its ~1 s key refresh.
             if exc.code != 401 or attempt == 4:
-                return f"no answer (HTTP {exc.code}: {exc.read().decode(errors='replace')[:200]})"
+                return {"status": exc.code, "error": exc.read().decode(errors="replace")[:200]}
             time.sleep(1.0)
-        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-            return f"no answer ({exc})"
-    return "no answer"
+        except (urllib.error.URLError, OSError, KeyError, ValueError, TypeError, IndexError) as exc:
+            return {"status": None, "error": str(exc)}
+    return {"status": None, "error": "no answer"}
 
 
 def down(
@@ -302,6 +337,9 @@ def down(
         typer.echo("gateway: stopped")
     else:
         typer.echo("gateway: was not running")
+    # The gateway's control token dies with the gateway (`up` writes a new one for the next).
+    if gateway_d.process() is None:
+        (home / "run" / admin_token.GATEWAY_TOKEN_FILE).unlink(missing_ok=True)
 
 
 def _port_of(controller_d: Daemon) -> int:
@@ -352,14 +390,48 @@ def apply(
     follow: FollowOpt = False,
     fresh_cache: Annotated[bool, typer.Option(
         help="Empty the recipe's compile cache first (cold start).")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Restart even when exactly this recipe's launch is already ready.")] = False,
     api: ApiOpt = None,
 ) -> None:
-    """Apply RECIPE: preflight, drain and stop the current engine, start the new one."""
+    """Apply RECIPE: preflight, drain and stop the current engine, start the new one.
+
+    Says what the preflight decided: REFUSED (exit 1, the old engine keeps serving), unchanged (the
+    same launch is already ready: nothing restarted unless --force), or started."""
     client = _client(api)
-    answer = _call(client.post, "/apply", {"recipe": recipe, "fresh_cache": fresh_cache})
+    answer = _call(client.post, "/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force})
     typer.echo(f"accepted: {recipe} (state {answer['state']})")
+    verdict = _await_preflight(client, answer.get("apply_id"))
+    if verdict is not None:
+        s, outcome = verdict
+        if outcome == "refused":
+            raise _refused(recipe, _refusal(s, recipe) or {}, s.get("recipe") if s.get("launch") else None)
+        if outcome == "unchanged":
+            typer.echo(f"unchanged: {recipe} is already running with exactly this launch spec; nothing "
+                       "restarted (`appliance apply --force` restarts it)")
+            return
     if follow:
-        _end_of_follow(client, _follow(client))
+        _end_of_follow(client, _follow(client), recipe)
+
+
+def _await_preflight(client: Client, apply_id: int | None,
+                     timeout_s: float = 300.0) -> tuple[dict[str, Any], str] | None:
+    """Wait for this apply's preflight verdict (seconds: lint, admission, render). None when the
+    controller does not say (an older one) or it takes longer than `timeout_s`."""
+    if apply_id is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = _call(client.get, "/status")
+        last = s.get("last_apply") or {}
+        if last.get("token") != apply_id:
+            return None  # another apply superseded ours: follow the state instead
+        if last.get("outcome") != "pending":
+            return s, str(last.get("outcome"))
+        if time.monotonic() > deadline:
+            typer.echo("the preflight is still running; `appliance status` tells how it ends")
+            return None
+        time.sleep(0.3)
 
 
 def restart(follow: FollowOpt = False, api: ApiOpt = None) -> None:
@@ -397,6 +469,14 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
         for p in launch.get("phases", []):
             mark = "x" if p["at"] is not None else " "
             typer.echo(f"  [{mark}] {p['label']}")
+    exited = (launch or {}).get("exit")
+    if s["state"] == "exited" and exited:
+        typer.echo(f"exited:     exit code {exited.get('exit_code')}, signal {exited.get('signal')}; out of "
+                   "the gateway (clients get 503 + Retry-After), classifying the exit")
+    last_apply = s.get("last_apply") or {}
+    if last_apply.get("outcome") == "refused":
+        failure = last_apply.get("failure") or {}
+        typer.echo(f"last apply: {last_apply.get('recipe')} REFUSED: {failure.get('summary')}")
     if s.get("backoff_remaining_s") is not None:
         typer.echo(f"backoff:    retry in {s['backoff_remaining_s']} s "
                    f"(failure {s['failures']}/{s['max_failures']})")

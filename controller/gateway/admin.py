@@ -44,6 +44,8 @@ class UpstreamRequest(BaseModel):
     served_model: str | None = None
     drain_deadline_s: float = Field(default=30.0, ge=0, le=3600)
     retry_after_s: int | None = Field(default=None, ge=1, le=3600)
+    # The engine's own API key: sent upstream as the bearer token; never shown back.
+    api_key: str | None = Field(default=None, min_length=1, max_length=512, repr=False)
 
     @field_validator("url")
     @classmethod
@@ -99,7 +101,8 @@ class Admin:
             put = await self._parse(receive, send, UpstreamRequest)
             if put is not None:
                 up, result = await self.slot.switch(
-                    put.url, put.served_model, put.drain_deadline_s, put.retry_after_s
+                    put.url, put.served_model, put.drain_deadline_s, put.retry_after_s,
+                    upstream_key=put.api_key,
                 )
                 self.metrics.switches.inc()
                 self.metrics.upstream_ready.set(1 if up is not None else 0)

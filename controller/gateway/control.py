@@ -82,11 +82,16 @@ async def set_upstream(
     drain_deadline_s: float = 30.0,
     retry_after_s: int | None = None,
     *,
+    upstream_key: str | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> SwitchResult:
     """Point new requests at ``url`` (None: no engine; clients get 503 + Retry-After or queue) and
-    return once requests on the previous upstream ended, or were aborted at the deadline."""
+    return once requests on the previous upstream ended, or were aborted at the deadline.
+    ``upstream_key``: the engine's own API key; the gateway sends it upstream as the bearer token
+    (never the client's), and never shows it back (``GET /admin/upstream`` omits it)."""
     body: dict[str, Any] = {"url": url, "served_model": served_model, "drain_deadline_s": drain_deadline_s}
+    if upstream_key is not None:
+        body["api_key"] = upstream_key
     if retry_after_s is not None:
         body["retry_after_s"] = retry_after_s
     data = await _call(gateway_url, admin_token, "PUT", "/admin/upstream", body, drain_deadline_s, session)

@@ -378,12 +378,16 @@ class Proxy:
             pass
         state.client_gone()
 
-    def _upstream_headers(self, headers: Headers, request_id: bytes) -> CIMultiDict[str]:
+    def _upstream_headers(
+        self, headers: Headers, request_id: bytes, authorization: str | None = None
+    ) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in headers:
             if name not in _DROP_REQUEST:
                 out.add(name.decode("latin-1"), value.decode("latin-1"))
         out["X-Request-Id"] = request_id.decode("ascii")
+        if authorization is not None:  # the engine's own key (built once per upstream switch)
+            out["Authorization"] = authorization
         return out
 
     async def _exchange(
@@ -403,7 +407,7 @@ class Proxy:
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
         url = URL(target, encoded=True)
-        headers = self._upstream_headers(scope["headers"], request_id)
+        headers = self._upstream_headers(scope["headers"], request_id, upstream.authorization)
         errors = self.metrics.upstream_errors
         resp: aiohttp.ClientResponse | None = None
         for attempt in (1, 2):
@@ -426,15 +430,17 @@ class Proxy:
                     )
                     return 502
             except aiohttp.ClientConnectorError as exc:
+                # Nothing listens: the engine died, and the controller is taking it out of the slot
+                # (issue 9). The client should come back, as for "no engine": 503 + Retry-After.
                 errors.labels("connect").inc()
                 await send_error(
                     send,
-                    502,
+                    503,
                     f"cannot connect to upstream {upstream.url}: {exc.os_error}",
-                    "upstream_error",
-                    [rid],
+                    "service_unavailable",
+                    [rid, (b"retry-after", str(self.slot.retry_after_s).encode())],
                 )
-                return 502
+                return 503
             except aiohttp.ConnectionTimeoutError:
                 errors.labels("connect_timeout").inc()
                 await send_error(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -26,6 +26,9 @@ class Upstream:
     url: str  # base URL, no trailing slash, e.g. http://127.0.0.1:8000
     served_model: str | None
     generation: int
+    # "Bearer <the engine's per-launch key>", built once per switch (not per request); sent upstream
+    # instead of the client's header. Kept out of repr so that no log line ever shows it.
+    authorization: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,12 @@ class Slot:
         return len(self._in_flight)
 
     def set(
-        self, url: str | None, served_model: str | None, retry_after_s: int | None = None
+        self,
+        url: str | None,
+        served_model: str | None,
+        retry_after_s: int | None = None,
+        *,
+        upstream_key: str | None = None,
     ) -> Upstream | None:
         """Point new requests at ``url`` (or at nothing). Returns the new upstream."""
         if retry_after_s is not None:
@@ -107,7 +115,10 @@ class Slot:
             self._available.clear()
         else:
             self._current = Upstream(
-                url=url.rstrip("/"), served_model=served_model, generation=self._generation
+                url=url.rstrip("/"),
+                served_model=served_model,
+                generation=self._generation,
+                authorization=f"Bearer {upstream_key}" if upstream_key else None,
             )
             self._available.set()
         return self._current
@@ -191,6 +202,8 @@ class Slot:
         served_model: str | None,
         drain_deadline_s: float,
         retry_after_s: int | None = None,
+        *,
+        upstream_key: str | None = None,
     ) -> tuple[Upstream | None, DrainResult]:
         """Send new requests to ``url`` at once, then drain the requests still on older upstreams.
         Re-asserting the current upstream changes nothing (a controller retry must not cut streams)."""
@@ -200,10 +213,11 @@ class Slot:
             and url is not None
             and cur.url == url.rstrip("/")
             and cur.served_model == served_model
+            and cur.authorization == (f"Bearer {upstream_key}" if upstream_key else None)
         ):
             if retry_after_s is not None:
                 self.retry_after_s = retry_after_s
             return cur, DrainResult(drained=True, aborted=0, remaining=0, waited_s=0.0)
-        new = self.set(url, served_model, retry_after_s)
+        new = self.set(url, served_model, retry_after_s, upstream_key=upstream_key)
         result = await self.drain(drain_deadline_s, abort=True, before_generation=self._generation)
         return new, result

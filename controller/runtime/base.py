@@ -9,6 +9,7 @@ daemon). Methods are synchronous (the docker SDK is); the async supervisor drive
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -56,8 +57,12 @@ class RuntimeError_(Exception):
 class Runtime(Protocol):
     name: str
 
-    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
-        """Launch the engine exactly as the spec says. Returns at once; readiness is the supervisor's job."""
+    def start(
+        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
+    ) -> EngineHandle:
+        """Launch the engine exactly as the spec says, its port proven free first (PortInUse).
+        `secret_env` (the per-launch engine API key) goes into the engine's environment only —
+        never argv, records or logs. Returns at once; readiness is the supervisor's job."""
         ...
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
@@ -69,7 +74,13 @@ class Runtime(Protocol):
         ...
 
     def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
-        """Block up to timeout_s for the engine to end; returns running=True on timeout."""
+        """Block up to timeout_s for the engine to end; returns running=True on timeout. Event-driven
+        where the runtime can be (the supervisor's death notice, issue 9: within about a second)."""
+        ...
+
+    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
+        """A variable of the running engine's environment (the per-launch API key, read back by a
+        controller that adopted the engine after a restart); None when unknown."""
         ...
 
     def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:

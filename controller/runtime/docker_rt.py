@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -51,6 +51,7 @@ from controller.runtime.base import (
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import slice_log
+from controller.runtime.ports import ensure_port_free
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,13 @@ def _bind(mount_source: str, target: str, read_only: bool) -> str:
 
 
 def container_create_kwargs(
-    spec: LaunchSpec, launch_id: str, publish_address: str = "127.0.0.1"
+    spec: LaunchSpec,
+    launch_id: str,
+    publish_address: str = "127.0.0.1",
+    secret_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for `client.containers.create` — pure; tested by dict equality."""
+    """Keyword arguments for `client.containers.create` — pure; tested by dict equality.
+    `secret_env` (the per-launch engine API key) joins the container's environment only."""
     if spec.image is None:
         raise RuntimeError_(f"recipe {spec.recipe!r} has no image: the docker runtime needs one")
     command = spec.command()
@@ -104,7 +109,7 @@ def container_create_kwargs(
         "name": container_name(launch_id),
         "entrypoint": [command[0]],
         "command": list(command[1:]),
-        "environment": dict(spec.env),
+        "environment": {**spec.env, **(secret_env or {})},
         "labels": engine_labels(spec, launch_id),
         "volumes": [_bind(m.source, m.target, m.read_only) for m in spec.mounts],
         "devices": list(spec.devices),
@@ -235,14 +240,16 @@ class DockerRuntime:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def create(self, spec: LaunchSpec, launch_id: str) -> Container:
+    def create(
+        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
+    ) -> Container:
         """Create (not start) the engine container. Separate from start() so that tests and
         `plan`-like tooling can `docker inspect` exactly what would run."""
         if spec.runtime != "docker":
             raise RuntimeError_(
                 f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'docker'"
             )
-        kwargs = container_create_kwargs(spec, launch_id, self.publish_address)
+        kwargs = container_create_kwargs(spec, launch_id, self.publish_address, secret_env)
         with self._daemon(f"look up image {spec.image}"):
             try:
                 self.client.images.get(kwargs["image"])
@@ -254,9 +261,17 @@ class DockerRuntime:
         with self._daemon(f"create container {kwargs['name']}", pass_not_found=False):
             return self.client.containers.create(**kwargs)
 
-    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+    def start(
+        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
+    ) -> EngineHandle:
         ensure_cache_dirs(spec)
-        container = self.create(spec, launch_id)
+        # Prove the host port free first (issue 9: an orphan on it answered the next launch's probes).
+        if spec.network_mode == "host":  # the engine binds the host's port itself
+            ensure_port_free(spec.host, spec.port)
+        elif spec.network_mode != "none":
+            for host_port in spec.published_ports.values():
+                ensure_port_free(self.publish_address, host_port)
+        container = self.create(spec, launch_id, secret_env)
         try:
             with self._daemon(f"start container {container.name}"):
                 container.start()
@@ -297,7 +312,7 @@ class DockerRuntime:
             if not info.running or time.monotonic() >= deadline:
                 return info
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.5)  # a death is seen within half a second
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
         """`docker stop` (TERM to PID 1, `grace_s`, then KILL — by the daemon), then our own KILL if
@@ -335,6 +350,17 @@ class DockerRuntime:
             except docker.errors.NotFound:
                 return "", offset
         return slice_log(blob, offset)
+
+    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
+        """A variable of the container's environment (the per-launch API key after a restart)."""
+        container = self._container(handle)
+        if container is None:
+            return None
+        for item in container.attrs.get("Config", {}).get("Env") or []:
+            key, sep, value = str(item).partition("=")
+            if sep and key == name:
+                return value
+        return None
 
     def adopt(self) -> list[EngineHandle]:
         """Running containers carrying the managed label."""

@@ -27,11 +27,14 @@ import logging
 import os
 import pwd
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -49,7 +52,8 @@ from controller.runtime.base import (
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import read_log_file
-from controller.runtime.process_shim import exit_code_of, group_members
+from controller.runtime.ports import ensure_port_free
+from controller.runtime.process_shim import NATURAL_EXIT_S, exit_code_of, group_members, signal_name
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,7 @@ PID_FILE = "engine.pid"
 PROCESS_FILE = "process.json"
 HANDLE_FILE = "handle.json"
 STATUS_FILE = "exit_status.json"
+RUNTIME_TAG = "[appliance-runtime]"
 
 # Used only when neither the spec nor the controller's own environment has them.
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -111,6 +116,37 @@ def _home_of_current_user() -> str:
         return "/"
 
 
+def _same_start(proc: psutil.Process, identity: ProcessIdentity) -> bool:
+    if identity.started_after_boot is not None:
+        return abs(started_after_boot(proc) - identity.started_after_boot) <= START_TOLERANCE_S
+    # recorded by an older version: the epoch value is all there is
+    return abs(proc.create_time() - identity.create_time) <= START_TOLERANCE_S
+
+
+def _pid_taken(ref: str) -> bool:
+    try:
+        return psutil.pid_exists(int(ref))
+    except ValueError:
+        return False
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(sig)
+
+
+def _describe_returncode(returncode: int) -> str:
+    code, sig = exit_code_of(returncode)
+    return f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}"
+
+
+def _write_status(path: Path, exit_code: int | None, sig: int | None, error: str, *, complete: bool) -> None:
+    payload = {"exit_code": exit_code, "signal": sig, "ended_at": time.time(), "error": error,
+               "complete": complete}
+    _write_atomic(path, json.dumps(payload) + "\n")
+
+
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -143,14 +179,18 @@ class ProcessRuntime:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+    def start(
+        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
+    ) -> EngineHandle:
+        """`secret_env` (the per-launch engine API key) goes into the engine's environment only:
+        never into argv, the run directory's files or the launch record."""
         if spec.runtime != "process":
             raise RuntimeError_(
                 f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'process'"
             )
         if not _LAUNCH_ID.match(launch_id):
             raise RuntimeError_(f"launch id {launch_id!r} is not a safe directory name ([A-Za-z0-9._-])")
-        env = engine_env(spec.env)
+        env = {**engine_env(spec.env), **(secret_env or {})}
         command = spec.command()
         if shutil.which(command[0], path=env["PATH"]) is None:
             raise RuntimeError_(
@@ -160,6 +200,8 @@ class ProcessRuntime:
         if spec.workdir is not None and not Path(spec.workdir).is_dir():
             raise RuntimeError_(f"cannot start {spec.recipe!r}: workdir {spec.workdir} is not a directory")
         ensure_cache_dirs(spec)
+        self._end_leftovers()
+        ensure_port_free(spec.host, spec.port)
         run_dir = self.runs_dir / launch_id
         try:
             run_dir.mkdir(parents=True, exist_ok=False)
@@ -229,6 +271,39 @@ class ProcessRuntime:
         log.info("started %s (launch %s) as pid %d, log %s", spec.recipe, launch_id, child.pid, log_path)
         return handle
 
+    def _end_leftovers(self) -> None:
+        """Before a launch: nothing of an earlier engine may remain (one engine per host, DOMAIN §3).
+        A shim still reaping what its ended engine left gets its grace; the group of a shim that was
+        killed is ended here. A running engine is not touched (the port check reports it)."""
+        if not self.runs_dir.is_dir():
+            return
+        for handle_path in self.runs_dir.glob(f"*/{HANDLE_FILE}"):
+            try:
+                handle = EngineHandle.model_validate_json(handle_path.read_text())
+                status = self._status(handle)
+                if status is not None and status.get("complete", True):
+                    continue  # ended and fully reaped (older shims wrote one status, at the end)
+                if self._shim(handle) is not None:
+                    if status is not None:  # main ended, leftovers being reaped
+                        self._wait_gone(handle, NATURAL_EXIT_S + self._orphan_grace_s + self._kill_wait_s)
+                    continue
+                self._end_orphaned_group(handle, self._orphan_grace_s)
+                if status is None:
+                    self.inspect(handle)  # records how it ended
+            except (OSError, ValidationError, RuntimeError_) as exc:
+                log.warning("skipping %s: %s", handle_path, exc)
+
+    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
+        """A variable of the running engine's environment (the per-launch API key, for a controller
+        that adopted the engine after a restart). Readable only by the engine's own user (or root)."""
+        shim = self._shim(handle)
+        if shim is None:
+            return None
+        try:
+            return shim.environ().get(name)
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            return None
+
     # -- identity ------------------------------------------------------------------------------
 
     def _run_dir(self, handle: EngineHandle) -> Path:
@@ -258,11 +333,7 @@ class ProcessRuntime:
         same start time (relative to boot) and same cmdline."""
         try:
             proc = psutil.Process(identity.pid)
-            if identity.started_after_boot is not None:
-                same_start = abs(started_after_boot(proc) - identity.started_after_boot) <= START_TOLERANCE_S
-            else:  # recorded by an older version: the epoch value is all there is
-                same_start = abs(proc.create_time() - identity.create_time) <= START_TOLERANCE_S
-            if not same_start:
+            if not _same_start(proc, identity):
                 return None  # PID reused by another process
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None  # ended; its parent (init after a controller restart) has not reaped it yet
@@ -296,42 +367,123 @@ class ProcessRuntime:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
+    def _status(self, handle: EngineHandle) -> dict[str, object] | None:
+        """The shim's status file: written when the engine's main process ended (`complete` false
+        while leftovers are reaped), rewritten once the group is empty."""
         status_path = self._run_dir(handle) / STATUS_FILE
         try:
             status = json.loads(status_path.read_text())
         except FileNotFoundError:
-            status = None
+            return None
         except json.JSONDecodeError as exc:
             raise RuntimeError_(f"{status_path} is corrupt: {exc}") from exc
+        return status if isinstance(status, dict) else None
+
+    @staticmethod
+    def _info(status: dict[str, object]) -> ExitInfo:
+        code, sig = status.get("exit_code"), status.get("signal")
+        return ExitInfo(
+            running=False,
+            exit_code=code if isinstance(code, int) else None,
+            signal=sig if isinstance(sig, int) else None,
+        )
+
+    def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
+        status = self._status(handle)
         if status is not None:
-            return ExitInfo(running=False, exit_code=status.get("exit_code"), signal=status.get("signal"))
-        if shim_returncode is not None:
-            # The shim died without writing (it was SIGKILLed itself): its own status is all we have.
-            code, sig = exit_code_of(shim_returncode)
-            return ExitInfo(running=False, exit_code=code, signal=sig)
-        # Not our child and no status file: the exit status of a non-child is unknowable.
+            return self._info(status)
+        # No status: the shim itself was killed (SIGKILL, OOM killer) before its engine ended. Its
+        # own exit code is not the engine's (issue 9: "exited 137" was recorded while the engine
+        # still served). The engine got TERM from the kernel (parent-death signal); whatever is left
+        # of the group is ended here, and the run directory says what happened.
+        if shim_returncode is None and _pid_taken(handle.ref):
+            return ExitInfo(running=False)  # its PID belongs to another process now: nothing to say
+        how = "" if shim_returncode is None else f" ({_describe_returncode(shim_returncode)})"
+        left = self._orphaned_group(handle)
+        self._runtime_note(
+            handle,
+            f"the shim (pid {handle.ref}) ended without recording the engine's status{how}; "
+            f"{len(left)} process(es) left in its group: TERM, then KILL after {self._orphan_grace_s:g} s",
+        )
+        _signal_all(left, signal.SIGTERM)
+        error = f"the engine's shim (pid {handle.ref}) was killed{how}"
+        _write_status(self._run_dir(handle) / STATUS_FILE, None, None, error, complete=not left)
+        if left:
+            self._kill_later(handle)
         return ExitInfo(running=False)
 
     def inspect(self, handle: EngineHandle) -> ExitInfo:
+        """Running until the engine's main process ended (the shim may still be reaping what it
+        left behind: `start` and `stop` wait for that, the supervisor need not)."""
         child = self._children.get(handle.launch_id)
         if child is not None:
             returncode = child.poll()  # also reaps it
-            return ExitInfo(running=True) if returncode is None else self._ended(handle, returncode)
-        if self._shim(handle) is not None:
-            return ExitInfo(running=True)
-        return self._ended(handle, None)
+            if returncode is not None:
+                return self._ended(handle, returncode)
+        elif self._shim(handle) is None:
+            return self._ended(handle, None)
+        status = self._status(handle)
+        return ExitInfo(running=True) if status is None else self._info(status)
 
     def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        """Block until the engine's main process ends (or `timeout_s`). Not a poll loop: it sleeps
+        on pidfds of the shim and of the engine's main process, so a death is seen at once."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            info = self.inspect(handle)
+            left = deadline - time.monotonic()
+            if not info.running or left <= 0:
+                return info
+            self._sleep_on_exit(handle, min(left, 5.0))
+
+    def _sleep_on_exit(self, handle: EngineHandle, timeout_s: float) -> None:
+        fds = self._exit_fds(handle)
+        if not fds:
+            time.sleep(min(timeout_s, 0.02))  # a short poll (no pidfd, or a moment of transition)
+            return
+        try:
+            ready, _, _ = select.select(fds, [], [], timeout_s)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if ready:
+            # A process ended; the shim writes the status a moment after it reaped the engine.
+            time.sleep(0.01)
+
+    def _exit_fds(self, handle: EngineHandle) -> list[int]:
+        """pidfds of the shim and of the engine's main process (its child), identity-checked after
+        opening so that a reused PID is never watched."""
+        shim = self._shim(handle)
+        if shim is None or not hasattr(os, "pidfd_open"):
+            return []
+        try:
+            children = shim.children()
+        except psutil.NoSuchProcess:
+            return []
+        if not children:
+            return []  # the engine is not started yet, or just reaped: its status is moments away
+        watched = [shim, *children]
+        fds: list[int] = []
+        for proc in watched:
+            try:
+                fd = os.pidfd_open(proc.pid)
+            except OSError:
+                continue  # ended meanwhile: the next inspect sees it
+            fds.append(fd)
+        if self._shim(handle) is None:  # the shim's PID could have been reused before we opened it
+            for fd in fds:
+                os.close(fd)
+            return []
+        return fds
+
+    def _wait_gone(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        """Wait until the shim ended (it ends after the engine's leftovers): nothing of it remains."""
+        deadline = time.monotonic() + timeout_s
         child = self._children.get(handle.launch_id)
         if child is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=max(timeout_s, 0.0))
-            except subprocess.TimeoutExpired:
-                return ExitInfo(running=True)
-            return self.inspect(handle)
-        # Not our child: poll (psutil's wait would count a not-yet-reaped zombie as alive).
-        deadline = time.monotonic() + timeout_s
+            return self.inspect(handle) if child.poll() is not None else ExitInfo(running=True)
         delay = 0.02
         while self._shim(handle) is not None:
             if time.monotonic() >= deadline:
@@ -340,29 +492,95 @@ class ProcessRuntime:
             delay = min(delay * 2, 0.25)
         return self._ended(handle, None)
 
+    # -- a shim that died before its engine ----------------------------------------------------
+
+    def _orphaned_group(self, handle: EngineHandle) -> list[psutil.Process]:
+        """What is left of a dead shim's process group. Its PGID is the shim's PID, which the kernel
+        does not hand out again while the group has members; members created before the shim are
+        not ours (belt and braces against a reused PID)."""
+        identity = self._identity(handle)
+        if identity is None:
+            return []
+        try:
+            leader = psutil.Process(identity.pid)
+            if leader.status() != psutil.STATUS_ZOMBIE or not _same_start(leader, identity):
+                return []  # a live leader: not an orphaned group (or the PID is another process's)
+        except psutil.NoSuchProcess:
+            pass  # the shim is gone: a group with its id can only be what it left
+        out: list[psutil.Process] = []
+        for proc in group_members(identity.pid, exclude=identity.pid):
+            try:
+                if identity.started_after_boot is not None:
+                    if started_after_boot(proc) + START_TOLERANCE_S < identity.started_after_boot:
+                        continue
+                elif proc.create_time() + START_TOLERANCE_S < identity.create_time:
+                    continue
+            except psutil.NoSuchProcess:
+                continue
+            out.append(proc)
+        return out
+
+    def _kill_later(self, handle: EngineHandle) -> None:
+        def kill() -> None:
+            left = self._orphaned_group(handle)
+            if left:
+                self._runtime_note(handle, f"KILL to {[p.pid for p in left]} (still alive after TERM)")
+                _signal_all(left, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                status = self._status(handle) or {}
+                _write_status(self._run_dir(handle) / STATUS_FILE, None, None,
+                              str(status.get("error") or ""), complete=True)
+
+        timer = threading.Timer(self._orphan_grace_s, kill)
+        timer.daemon = True
+        timer.start()
+
+    def _end_orphaned_group(self, handle: EngineHandle, grace_s: float) -> bool:
+        """TERM, wait `grace_s`, KILL what is left of a dead shim's group. True when none is left."""
+        left = self._orphaned_group(handle)
+        if not left:
+            return True
+        _signal_all(left, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = self._orphaned_group(handle)
+        _signal_all(left, signal.SIGKILL)
+        deadline = time.monotonic() + self._kill_wait_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = self._orphaned_group(handle)
+        return not left
+
+    def _runtime_note(self, handle: EngineHandle, message: str) -> None:
+        """A line in the engine log, so that the launch's own evidence says what the runtime did."""
+        log.warning("launch %s: %s", handle.launch_id, message)
+        path = Path(handle.log_path) if handle.log_path else self._run_dir(handle) / LOG_FILE
+        with contextlib.suppress(OSError), path.open("a") as f:
+            f.write(f"{RUNTIME_TAG} {message}\n")
+
     # -- stop ----------------------------------------------------------------------------------
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
         """TERM via the shim (which relays it once to every process of the group), wait `grace_s`,
-        then KILL the engine's processes by PID, then the shim if it has not recorded the status."""
+        then KILL the engine's processes by PID, then the shim if it has not recorded the status.
+        Returns once nothing of the engine is left (or everything was KILLed)."""
         shim = self._shim(handle)  # identity-checked: a reused PID is never signalled
         if shim is None:
-            return self.inspect(handle)
+            info = self.inspect(handle)
+            self._end_orphaned_group(handle, grace_s)
+            return info
         try:
             shim.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
-            return self.wait(handle, self._kill_wait_s)
-        info = self.wait(handle, grace_s)
+            return self._wait_gone(handle, self._kill_wait_s)
+        info = self._wait_gone(handle, grace_s)
         if not info.running:
             return info
         log.warning("launch %s did not stop within %.0f s of TERM: KILL", handle.launch_id, grace_s)
         # KILL the engine but not the shim, so that the shim reaps it and records "signal 9".
-        for proc in self._engine_processes(shim):
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                continue
-        info = self.wait(handle, self._kill_wait_s)
+        _signal_all(self._engine_processes(shim), signal.SIGKILL)
+        info = self._wait_gone(handle, self._kill_wait_s)
         if not info.running:
             return info
         log.warning(
@@ -372,7 +590,7 @@ class ProcessRuntime:
         )
         with contextlib.suppress(ProcessLookupError):  # everything ended in between
             os.killpg(shim.pid, signal.SIGKILL)  # the shim leads its own group: PGID == its PID
-        return self.wait(handle, self._kill_wait_s)
+        return self._wait_gone(handle, self._kill_wait_s)
 
     # -- logs, adoption, accounting ------------------------------------------------------------
 

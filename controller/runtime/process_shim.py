@@ -18,6 +18,15 @@ imported by the controller. It exists for three reasons:
    worker still holding host memory or VRAM) gets TERM, a grace period, then KILL — DOMAIN §7:
    "TERM, wait for VRAM release, then KILL", by PID, never by pattern. On a host that can hold only
    one engine (DOMAIN §3), a leftover worker would make the next launch OOM.
+4. **The engine dies with its shim.** The engine's main process is started with a parent-death
+   signal (`PR_SET_PDEATHSIG` = TERM, set between fork and exec): if the shim itself is SIGKILLed,
+   the kernel TERMs the engine, and vLLM's own TERM handler takes its engine core and workers down
+   (issue 9: a killed shim left the vLLM server orphaned on its port, answering the next launch's
+   probes). The runtime ends whatever is left of the group when it sees the shim gone.
+
+The status is written as soon as the engine's main process ends — before the orphans are reaped —
+so that the controller learns of a death at once (it takes the engine out of the gateway), and the
+file is rewritten with `"complete": true` once the group is empty.
 
 The shim runs with `-I` (isolated mode), so the engine's PYTHONPATH/PYTHONHOME in its environment do
 not affect it; it passes the environment it was exec'd with to the engine unchanged.
@@ -26,6 +35,7 @@ not affect it; it passes the environment it was exec'd with to the engine unchan
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -48,6 +58,8 @@ RELAYED_SIGNALS = (
 EXEC_FAILED = 127  # the shell's code for "command not found / not executable"
 SHIM_TAG = "[appliance-shim]"
 NATURAL_EXIT_S = 3.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_DEATH_SIGNAL = signal.SIGTERM  # vLLM's TERM handler stops its engine core and workers too
 
 
 def _say(msg: str) -> None:
@@ -55,9 +67,14 @@ def _say(msg: str) -> None:
     print(f"{SHIM_TAG} {msg}", flush=True)
 
 
-def write_status(path: Path, exit_code: int | None, sig: int | None, error: str | None = None) -> None:
-    """Atomically write the engine's exit status (tmp + rename: a reader never sees half a file)."""
-    payload = {"exit_code": exit_code, "signal": sig, "ended_at": time.time(), "error": error}
+def write_status(
+    path: Path, exit_code: int | None, sig: int | None, error: str | None = None, *, complete: bool = True
+) -> None:
+    """Atomically write the engine's exit status (tmp + rename: a reader never sees half a file).
+    `complete` is False while processes the engine left behind are still being reaped."""
+    payload = {
+        "exit_code": exit_code, "signal": sig, "ended_at": time.time(), "error": error, "complete": complete,
+    }
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload) + "\n")
     os.replace(tmp, path)
@@ -115,6 +132,22 @@ def reap_orphans(pgid: int, me: int, grace_s: float) -> None:
     left = _wait_gone(pgid, me, 5.0)
     if left:
         _say(f"processes still alive after KILL: {[p.pid for p in left]}")
+
+
+def die_with_parent(parent_pid: int, sig: int = PARENT_DEATH_SIGNAL) -> None:
+    """In the engine child, between fork and exec: ask the kernel for `sig` when the shim dies.
+
+    The setting survives exec (not of set-uid programs) and belongs to the child, so it holds even
+    when the shim is SIGKILLed. If the shim died before the call, the signal would never come:
+    then the child signals itself."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return  # never fail the launch over it: the runtime still ends the group (process.py)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
 
 
 def exit_code_of(returncode: int) -> tuple[int, int | None]:
@@ -175,7 +208,11 @@ def main(argv: list[str]) -> int:
         # LC_CTYPE=C.UTF-8 into its own os.environ at start-up (PEP 538), which the engine would
         # inherit — and its environment must be exactly the spec's.
         exec_env = psutil.Process().environ()
-        child = subprocess.Popen(args.command, stdin=subprocess.DEVNULL, env=exec_env)
+        child = subprocess.Popen(
+            args.command, stdin=subprocess.DEVNULL, env=exec_env,
+            # The shim is single-threaded, so a preexec_fn is safe here.
+            preexec_fn=lambda: die_with_parent(me),
+        )
     except OSError as exc:
         _say(f"could not start the engine: {exc}")
         write_status(args.status, EXEC_FAILED, None, error=str(exc))
@@ -187,6 +224,9 @@ def main(argv: list[str]) -> int:
     code, sig = exit_code_of(returncode)
     how = f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}"
     _say(f"engine (pid {child.pid}) ended: {how}")
+    # First word to the controller now (it takes the engine out of the gateway); the final status
+    # once the group is empty (a relaunch waits for that: one engine per host, DOMAIN §3).
+    write_status(args.status, code, sig, complete=False)
     reap_orphans(pgid, me, args.orphan_grace)
     write_status(args.status, code, sig)
     return code

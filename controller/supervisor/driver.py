@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.phase_record import event_label
 from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
-from controller.store import Provenance, Store
+from controller.runtime.ports import PortInUse
+from controller.store import REDACTED, Provenance, Store
+from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, recipe_key
 from controller.supervisor.follow import LogFollower
 from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
@@ -41,11 +44,13 @@ from controller.supervisor.probes import Prober, reachable_url
 from controller.supervisor.signals import (
     Action,
     Adopted,
+    ApplyOutcome,
     ClearUpstream,
     CpuSample,
     Drained,
     DrainGateway,
     Exited,
+    ExitSeen,
     Failure,
     HealthLost,
     Launched,
@@ -105,6 +110,10 @@ class DriverConfig:
     # While ready: ask the gateway (GET /admin/upstream) whether it still routes to the engine. A
     # gateway restarted under a running controller has no slot and answers 503 until told again.
     gateway_check_interval_s: float = 10.0
+    # A thread per engine blocks in Runtime.wait (pidfd / docker) so that a death is known at once,
+    # not at the next poll (issue 9); it re-checks that its launch is still current this often.
+    watch_exits: bool = True
+    exit_watch_s: float = 30.0
 
 
 def failure_of(d: Diagnosis) -> Failure:
@@ -156,6 +165,10 @@ class Driver:
         self._cache_seen: dict[str, CacheOutcome] = {}
         self._engine_seen: dict[str, dict[str, object]] = {}
         self._recorded_ready_s: dict[str, float] = {}  # adopted engines: their start as recorded
+        # The per-launch engine API key (engine_key.py): in memory only, never stored or printed.
+        self._engine_keys: dict[str, str | None] = {}
+        self._exit_seen: dict[str, ExitInfo] = {}
+        self._watched: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self._gateway_lock = asyncio.Lock()
@@ -307,14 +320,52 @@ class Driver:
         self.store.set_cache(launch.launch_id, outcome.value)
 
     async def _watch_exit(self, launch: Launch) -> None:
+        """The poll-time look (the fallback: the exit watcher normally saw it first)."""
         handle = launch.handle
         if handle is None or self.m.state is State.STOPPING or launch.launch_id in self._exiting:
             return
         info = await asyncio.to_thread(self._runtime(handle).inspect, handle)
-        if info.running:
+        if not info.running:
+            self._exit_noticed(launch.launch_id, info)
+
+    def _exit_noticed(self, launch_id: str, info: ExitInfo) -> None:
+        """The engine ended: out of the gateway now (ExitSeen), classified after the OOM settle."""
+        launch = self.m.launch
+        if (launch is None or launch.launch_id != launch_id or self.m.state is State.STOPPING
+                or launch_id in self._exiting):
             return
-        self._exiting.add(launch.launch_id)
-        self._spawn(self._classify_exit(launch, info), f"classify-exit {launch.launch_id}")
+        self._exiting.add(launch_id)
+        self._exit_seen[launch_id] = info
+        self.submit(ExitSeen(launch_id, info))
+        self._spawn(self._classify_exit(launch, info), f"classify-exit {launch_id}")
+
+    def _watch_death(self, handle: EngineHandle) -> None:
+        """A daemon thread blocked in Runtime.wait for this engine (a daemon: a controller exit is
+        never held up by it; the engine is adopted next time). It reports back on the loop."""
+        if not self.config.watch_exits or handle.launch_id in self._watched:
+            return
+        loop = asyncio.get_running_loop()
+        self._watched.add(handle.launch_id)
+        rt = self._runtime(handle)
+
+        def current() -> bool:
+            launch = self.m.launch
+            return launch is not None and launch.launch_id == handle.launch_id and not loop.is_closed()
+
+        def watch() -> None:
+            try:
+                while current():
+                    info = rt.wait(handle, self.config.exit_watch_s)
+                    if not info.running:
+                        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                            loop.call_soon_threadsafe(self._exit_noticed, handle.launch_id, info)
+                        return
+            except (RuntimeError_, OSError) as exc:
+                log.warning("exit watch of %s ended: %s (the poll still sees it)", handle.launch_id, exc)
+            finally:
+                self._watched.discard(handle.launch_id)
+
+        threading.Thread(target=watch, name=f"exit-watch {handle.launch_id}", daemon=True).start()
 
     async def _classify_exit(self, launch: Launch, info: ExitInfo) -> None:
         await self.clock.sleep(self.config.oom_settle_s)
@@ -363,7 +414,9 @@ class Driver:
         try:
             error = await self.prober.health(launch.spec)
             if error is None:
-                error = await self.prober.completion(launch.spec)
+                # With this launch's key: an engine left over from another launch answers 401 here,
+                # so a ready is never an orphan's (issue 9).
+                error = await self.prober.completion(launch.spec, self._engine_keys.get(launch.launch_id))
         finally:
             self._probing = False
         if error is None:
@@ -412,7 +465,7 @@ class Driver:
         try:
             found = await self.gateway.current()
             if not same_upstream(found, url, model):
-                await self.gateway.point_to(url, model)
+                await self.gateway.point_to(url, model, self._engine_keys.get(launch.launch_id))
         except GatewayError as exc:
             if not self._gateway_unreachable:  # said once per outage, not every check
                 self._gateway_unreachable = True
@@ -459,6 +512,15 @@ class Driver:
                        "spec is unknown: left alone, not supervised", handle.launch_id)
             return
         self._followers[handle.launch_id] = LogFollower(handle.launch_id, started_at=handle.started_at)
+        # The key lives only in the engine's environment: read it back from there (or the recipe's
+        # own `--api-key`, when the spec at hand still holds it: a stored spec is redacted).
+        key: str | None = None
+        try:
+            key = await asyncio.to_thread(self._runtime(handle).engine_env_value, handle, ENGINE_KEY_ENV)
+        except RuntimeError_ as exc:
+            self.note("adopt-key-unknown", f"cannot read the engine's API key: {exc}", handle.launch_id)
+        own = recipe_key(spec)
+        self._engine_keys[handle.launch_id] = key or (own if own != REDACTED else None)
         record = self.store.get_launch(handle.launch_id)
         if record is not None and record.ready_s is not None:
             self._recorded_ready_s[handle.launch_id] = record.ready_s
@@ -467,6 +529,7 @@ class Driver:
             await asyncio.to_thread(self.on_launch, spec)
         launch = self.m.launch
         if launch is not None and launch.launch_id == handle.launch_id:
+            self._watch_death(handle)
             await self._follow(launch, replay=True)  # rebuild the phase picture without re-recording it
 
     # ------------------------------------------------------------------------------------------
@@ -528,9 +591,17 @@ class Driver:
             await asyncio.to_thread(self.on_launch, spec)
         if self.m.failures > 0 and self.m.last_failure is not None:
             metrics.record_restart(spec.recipe, self.m.last_failure.code)
+        key, secret_env = launch_key(spec)
         try:
             rt = self._runtime(spec)
-            handle = await asyncio.to_thread(rt.start, spec, action.launch_id)
+            handle = await asyncio.to_thread(rt.start, spec, action.launch_id, secret_env)
+        except PortInUse as exc:
+            # Retryable: the holder may be an engine of ours that is still going away.
+            self.submit(LaunchFailed(action.launch_id, Failure(
+                DiagnosisCode.PORT_IN_USE.value, str(exc),
+                "stop the process that holds the port (by PID), or give the recipe another engine.port",
+                retryable=True)))
+            return
         except RuntimeError_ as exc:
             self.submit(LaunchFailed(action.launch_id, Failure(
                 "launch_failed", f"the {spec.runtime} runtime could not start the engine: {exc}",
@@ -541,9 +612,13 @@ class Driver:
             self.submit(LaunchFailed(action.launch_id, Failure(
                 "launch_failed", f"could not start the engine: {exc}", "", retryable=True)))
             return
+        self._engine_keys[action.launch_id] = key
         self.store.set_handle(action.launch_id, handle, self.clock.now())
         self._followers[action.launch_id].started_at = self.clock.now()
         self.submit(Launched(action.launch_id, handle))
+        launch = self.m.launch
+        if launch is not None and launch.launch_id == action.launch_id:
+            self._watch_death(handle)
 
     async def _stop(self, action: StopEngine) -> None:
         rt = self._runtime(action.handle)
@@ -581,7 +656,8 @@ class Driver:
             if launch is None or launch.launch_id != launch_id or self.m.state is not State.READY:
                 return  # it stopped being ready before we got here
             try:
-                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name)
+                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name,
+                                            self._engine_keys.get(launch_id))
             except GatewayError as exc:
                 self.note("gateway-error", f"{what}: {exc}", launch_id)
 
@@ -639,7 +715,8 @@ class Driver:
             self.last_diagnosis = diag_dict
         self.store.mark_ended(action.launch_id, now, action.status, info, diag_dict,
                               follower.tail_text() if follower else None)
-        for table in (self._probe_error, self._cache_seen, self._cache_empty, self._recorded_ready_s):
+        for table in (self._probe_error, self._cache_seen, self._cache_empty, self._recorded_ready_s,
+                      self._engine_keys, self._exit_seen):
             table.pop(action.launch_id, None)
         self._exiting.discard(action.launch_id)
 
@@ -688,6 +765,7 @@ class Driver:
             "max_failures": m.policy.max_failures,
             "backoff_remaining_s": round(m.backoff_until - now, 1) if m.backoff_until is not None else None,
             "last_diagnosis": self._last_diagnosis(),
+            "last_apply": _apply_dict(m.apply),
             "launch": None,
         }
         if launch is not None:
@@ -713,6 +791,8 @@ class Driver:
                 ] if tracker else [],
                 "cache": tracker.cache_outcome.value if tracker else None,
                 "probe_error": self._probe_error.get(launch.launch_id),
+                # Set once the runtime said the engine ended (state `exited`, then backoff/failed).
+                "exit": _exit_dict(self._exit_seen.get(launch.launch_id)),
             }
         out["progress"] = progress(m, now)
         return out
@@ -721,6 +801,19 @@ class Driver:
 # The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's
 # re-diagnosis over the evidence and the machine's own verdict use one spelling.
 _MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})
+
+
+def _exit_dict(info: ExitInfo | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"exit_code": info.exit_code, "signal": info.signal, "oom_killed": info.oom_killed}
+
+
+def _apply_dict(outcome: ApplyOutcome | None) -> dict[str, Any] | None:
+    if outcome is None:
+        return None
+    return {"token": outcome.token, "recipe": outcome.recipe, "outcome": outcome.outcome,
+            "failure": _failure_dict(outcome.failure) if outcome.failure else None}
 
 
 def _failure_dict(f: Failure) -> dict[str, Any]:

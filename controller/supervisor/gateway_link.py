@@ -34,8 +34,9 @@ def same_upstream(current: GatewayUpstream | None, url: str, served_model: str) 
 
 
 class GatewayLink(Protocol):
-    async def point_to(self, url: str, served_model: str) -> None:
-        """New requests go to this engine."""
+    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
+        """New requests go to this engine, with `Authorization: Bearer <api_key>` (the engine's
+        per-launch key, engine_key.py) instead of the client's own header."""
         ...
 
     async def drain(self, deadline_s: float, retry_after_s: float) -> None:
@@ -57,7 +58,7 @@ class NoGateway:
     def __init__(self) -> None:
         self._upstream: GatewayUpstream | None = None
 
-    async def point_to(self, url: str, served_model: str) -> None:
+    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
         self._upstream = GatewayUpstream(url, served_model)
 
     async def drain(self, deadline_s: float, retry_after_s: float) -> None:
@@ -77,8 +78,10 @@ class ControlGateway:
         self.url = url
         self._token = token
 
-    async def point_to(self, url: str, served_model: str) -> None:
-        await control.set_upstream(self.url, self._token, url, served_model, drain_deadline_s=0.0)
+    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
+        await control.set_upstream(
+            self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key
+        )
 
     async def drain(self, deadline_s: float, retry_after_s: float) -> None:
         await control.set_upstream(

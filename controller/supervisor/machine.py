@@ -10,6 +10,8 @@ States and arrows (every arrow in `transition` carries the same label in a comme
       ▲                │ failed           │ exit / budget / stall      │ exit / health lost
       │                ▼                  ▼                            ▼
       │             failed ◀─N failures─ backoff ◀──────────────── (failure)
+      │                                   ▲
+      │                                   └── exited ◀── death seen (starting/ready), classified
       │                                   │ delay over → preflight
       └── stopping ◀── draining ◀── stop / restart / apply of another recipe (from ready)
 
@@ -38,11 +40,13 @@ from controller.supervisor.signals import (
     Action,
     Adopted,
     Apply,
+    ApplyOutcome,
     ClearUpstream,
     CpuSample,
     Drained,
     DrainGateway,
     Exited,
+    ExitSeen,
     Failure,
     HealthLost,
     Launched,
@@ -77,10 +81,13 @@ class State(StrEnum):
     STOPPING = "stopping"
     BACKOFF = "backoff"
     FAILED = "failed"
+    # The engine died on its own; it is out of the gateway and its exit is being classified (the
+    # kernel's OOM record can trail the death by up to the driver's oom_settle_s), then backoff.
+    EXITED = "exited"
 
 
 # A start is "in progress" in these states: a second apply/restart is a conflict (API 409).
-BUSY = frozenset({State.PREFLIGHT, State.STARTING, State.DRAINING, State.STOPPING})
+BUSY = frozenset({State.PREFLIGHT, State.STARTING, State.DRAINING, State.STOPPING, State.EXITED})
 
 
 class AfterStop(StrEnum):
@@ -139,6 +146,9 @@ class Machine:
     backoff_until: float | None = None
     drain_until: float | None = None
     last_failure: Failure | None = None
+    apply: ApplyOutcome | None = None  # what became of the latest apply request
+    force: bool = False  # the pending apply restarts even an identical ready launch
+    halt: bool = False  # stop requested while the exit of a dead engine was being classified
 
 
 def backoff_delay(failures: int, policy: Policy) -> float:
@@ -181,6 +191,8 @@ def transition(m: Machine, obs: Observation, now: float) -> tuple[Machine, list[
             return _ready(m, obs, now)
         case HealthLost():
             return _health_lost(m, obs)
+        case ExitSeen():
+            return _exit_seen(m, obs)
         case Exited():
             return _exited(m, obs, now)
         case Drained():
@@ -206,7 +218,8 @@ def _apply(m: Machine, obs: Apply) -> tuple[Machine, list[Action]]:
     token = m.token + 1
     m2 = replace(
         m, state=State.PREFLIGHT, recipe=obs.recipe, token=token, failures=0, backoff_until=None,
-        next_kind=None, pending=None,
+        next_kind=None, pending=None, apply=ApplyOutcome(token, obs.recipe, "pending"),
+        force=obs.force or obs.fresh_cache,
     )
     return m2, [
         Notify("apply", f"apply {obs.recipe}", data={"recipe": obs.recipe, "fresh_cache": obs.fresh_cache}),
@@ -248,6 +261,9 @@ def _stop(m: Machine, now: float) -> tuple[Machine, list[Action]]:
     if m.state in (State.DRAINING, State.STOPPING):
         # draining/stopping + stop → same state, but nothing follows the stop.
         return replace(m, after_stop=AfterStop.IDLE, pending=None), [Notify("stop", "stop requested")]
+    if m.state is State.EXITED:
+        # exited + stop → exited; once classified, idle instead of backoff.
+        return replace(m, halt=True), [Notify("stop", "stop requested")]
     if m.state is State.IDLE:
         # idle + stop → idle (nothing to do).
         return m, []
@@ -263,6 +279,21 @@ def _stop(m: Machine, now: float) -> tuple[Machine, list[Action]]:
 def _preflight_ok(m: Machine, obs: PreflightOk, now: float) -> tuple[Machine, list[Action]]:
     if m.state is not State.PREFLIGHT or obs.token != m.token:
         return m, []  # an answer to a preflight that was superseded or cancelled
+    ours = m.apply is not None and m.apply.token == obs.token
+    current = m.launch
+    if (ours and not m.force and current is not None and current.handle is not None
+            and current.spec.recipe == obs.spec.recipe and current.spec.spec_hash == obs.spec.spec_hash):
+        # preflight ok for exactly the launch that is ready → ready, nothing restarted (an apply of
+        # the running recipe cost 95 s of 503 without a word, issue 9; `--force` restarts it).
+        message = (f"{obs.spec.recipe} is already running with this exact launch spec "
+                   f"({obs.spec.spec_hash}): nothing restarted (use --force to restart it)")
+        assert m.apply is not None
+        m2 = replace(m, state=State.READY, recipe=current.spec.recipe, force=False,
+                     apply=replace(m.apply, outcome="unchanged"))
+        return m2, [Notify("unchanged", message, current.launch_id)]
+    if ours:
+        assert m.apply is not None
+        m = replace(m, apply=replace(m.apply, outcome="started"), force=False)
     if m.launch is not None:
         # preflight ok while the old engine serves → draining it; the new launch waits.
         return _begin_drain(replace(m, pending=obs, after_stop=AfterStop.LAUNCH), m.launch, now)
@@ -273,6 +304,8 @@ def _preflight_ok(m: Machine, obs: PreflightOk, now: float) -> tuple[Machine, li
 def _preflight_failed(m: Machine, obs: PreflightFailed, now: float) -> tuple[Machine, list[Action]]:
     if m.state is not State.PREFLIGHT or obs.token != m.token:
         return m, []
+    if m.apply is not None and m.apply.token == obs.token:
+        m = replace(m, apply=replace(m.apply, outcome="refused", failure=obs.failure), force=False)
     note = Notify("preflight-failed", obs.failure.summary, data=_failure_data(obs.failure))
     if m.launch is not None:
         # preflight failed while the old engine serves → ready (keep serving the old recipe).
@@ -403,6 +436,24 @@ def _health_lost(m: Machine, obs: HealthLost) -> tuple[Machine, list[Action]]:
     ]
 
 
+def _exit_seen(m: Machine, obs: ExitSeen) -> tuple[Machine, list[Action]]:
+    launch = m.launch
+    if launch is None or launch.launch_id != obs.launch_id:
+        return m, []
+    how = (f"exit code {obs.exit.exit_code}" if obs.exit.exit_code is not None else "exit status unknown")
+    note = Notify("exit-seen", f"the engine ended ({how}); out of the gateway, classifying the exit",
+                  launch.launch_id, {"exit_code": obs.exit.exit_code, "signal": obs.exit.signal})
+    clear = ClearUpstream("engine exited", m.policy.retry_after_s)
+    if m.state in (State.READY, State.STARTING):
+        # ready/starting + death seen → exited: the gateway answers 503 + Retry-After at once,
+        # not 502 "cannot connect" while the exit is classified (issue 9: ~12 s of 502).
+        return replace(m, state=State.EXITED, halt=False), [note, clear]
+    if m.state is State.PREFLIGHT:
+        # preflight (old engine serving) + death seen → preflight; the old engine leaves the gateway.
+        return m, [note, clear]
+    return m, []  # draining (already out of the gateway), stopping (our own stop), exited
+
+
 def _exited(m: Machine, obs: Exited, now: float) -> tuple[Machine, list[Action]]:
     launch = m.launch
     if launch is None or launch.launch_id != obs.launch_id:
@@ -420,7 +471,12 @@ def _exited(m: Machine, obs: Exited, now: float) -> tuple[Machine, list[Action]]
     if m.state is State.PREFLIGHT:
         # preflight (old engine serving) + exited → preflight; the new launch replaces it anyway.
         return replace(m2, last_failure=obs.failure), [ended, note, clear]
-    # starting/ready + exited → backoff or failed.
+    if m.state is State.EXITED and m.halt:
+        # exited (a stop was requested meanwhile) + classified → idle.
+        halted = replace(m2, halt=False, after_stop=AfterStop.IDLE, last_failure=obs.failure)
+        m3, actions = _after_stopped(halted, now)
+        return m3, [ended, note, clear, *actions]
+    # starting/ready/exited + exited → backoff or failed.
     m3, actions = _fail(m2, obs.failure, now)
     return m3, [ended, note, clear, *actions]
 

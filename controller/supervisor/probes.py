@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from appliance.launch_spec import LaunchSpec
+from controller.supervisor.engine_key import bearer
 
 
 class Prober(Protocol):
@@ -20,8 +21,9 @@ class Prober(Protocol):
         """None when `/health` answered 200, else what went wrong (for the diagnosis)."""
         ...
 
-    async def completion(self, spec: LaunchSpec) -> str | None:
-        """None when one chat completion succeeded, else what went wrong."""
+    async def completion(self, spec: LaunchSpec, api_key: str | None = None) -> str | None:
+        """None when one chat completion succeeded, else what went wrong. `api_key`: this launch's
+        engine key (engine_key.py), sent as a bearer token — vLLM guards /v1 with it."""
         ...
 
 
@@ -61,7 +63,7 @@ class HttpProber:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return f"GET {spec.probes.health_path}: {_describe(exc)}"
 
-    async def completion(self, spec: LaunchSpec) -> str | None:
+    async def completion(self, spec: LaunchSpec, api_key: str | None = None) -> str | None:
         p = spec.probes
         url = reachable_url(spec) + p.completion_path
         body: dict[str, Any] = {
@@ -70,9 +72,15 @@ class HttpProber:
             "max_tokens": p.completion_max_tokens,
             "temperature": 0,
         }
+        headers = {"Authorization": bearer(api_key)} if api_key else None
+        timeout = self._completion_timeout
         try:
-            async with self._s().post(url, json=body, timeout=self._completion_timeout) as resp:
+            async with self._s().post(url, json=body, headers=headers, timeout=timeout) as resp:
                 text = await resp.text()
+                if resp.status == 401:
+                    # Not this launch's engine (another one holds the port), or a key mismatch.
+                    return (f"POST {p.completion_path} → 401: the engine answering on {reachable_url(spec)} "
+                            "does not accept this launch's key (is another engine on its port?)")
                 if resp.status != 200:
                     return f"POST {p.completion_path} → {resp.status}: {text[:200]}"
                 data = await resp.json(content_type=None)

@@ -45,6 +45,8 @@ class Apply:
 
     recipe: str
     fresh_cache: bool = False  # empty the recipe's cache root first (forces the warm-up flow)
+    # Restart even when the very same launch spec is already ready (otherwise: a no-op, said so).
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,15 @@ class HealthLost:
 
 
 @dataclass(frozen=True)
+class ExitSeen:
+    """The runtime says the engine ended — before the exit is classified (the kernel's OOM record
+    may trail the death). Enough to take it out of the gateway at once (issue 9)."""
+
+    launch_id: str
+    exit: ExitInfo
+
+
+@dataclass(frozen=True)
 class Exited:
     """The engine ended on its own; the driver has already classified how."""
 
@@ -155,7 +166,7 @@ class Tick:
 
 Observation = (
     Apply | Restart | Stop | PreflightOk | PreflightFailed | Launched | LaunchFailed | PhaseSeen | CpuSample
-    | ReadyProbed | HealthLost | Exited | Drained | Stopped | Adopted | Tick
+    | ReadyProbed | HealthLost | ExitSeen | Exited | Drained | Stopped | Adopted | Tick
 )
 
 
@@ -168,6 +179,17 @@ class Reject:
     """The request conflicts with what is happening (the API answers 409)."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What became of one apply request (its preflight token): shown by `status`, so that
+    `appliance apply` can say "refused" or "unchanged" instead of "ready: <the old recipe>"."""
+
+    token: int
+    recipe: str
+    outcome: str  # "pending" | "started" | "refused" | "unchanged"
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True)

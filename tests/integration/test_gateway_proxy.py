@@ -145,7 +145,9 @@ async def test_headers_auth_not_forwarded_request_id_and_model_alias(
             assert r.status == 404
 
 
-async def test_connect_failure_is_502_with_reason(store: KeyStore, key: str) -> None:
+async def test_connect_failure_is_503_with_retry_after_and_reason(store: KeyStore, key: str) -> None:
+    """Nothing listens where the engine was (it died; the controller is taking it out of the slot):
+    the client is told to come back, like for "no engine" — not 502 (issue 9)."""
     sock_owner = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     port = sock_owner.sockets[0].getsockname()[1]
     sock_owner.close()
@@ -153,8 +155,29 @@ async def test_connect_failure_is_502_with_reason(store: KeyStore, key: str) -> 
     cfg = GatewayConfig(keys_db=store.path, port=0, upstream_url=f"http://127.0.0.1:{port}")
     async with serve_in_loop(cfg) as gw, aiohttp.ClientSession() as s:
         r = await s.post(f"{gw.url}/v1/chat/completions", json={}, headers=h(key))
-        assert r.status == 502
+        assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
         assert "cannot connect to upstream" in (await r.json())["error"]["message"]
+
+
+async def test_the_engine_key_goes_upstream_instead_of_the_clients(
+    gateway: RunningGateway, upstream: SyntheticUpstream, key: str
+) -> None:
+    """The engine's own door (issue 9): the gateway sends the engine's per-launch key upstream, never
+    the client's key, and never shows the engine key back."""
+    async with aiohttp.ClientSession() as s:
+        await control.set_upstream(gateway.url, ADMIN, upstream.url, "served-name", drain_deadline_s=0,
+                                   upstream_key="eng_secret-1", session=s)
+        async with s.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}, headers=h(key)) as r:
+            assert r.status == 200
+        assert upstream.requests[-1].headers["authorization"] == "Bearer eng_secret-1"
+        view = await control.get_upstream(gateway.url, ADMIN, session=s)
+        assert "eng_secret-1" not in json.dumps(view)
+        # A relaunch on the same URL with a new key is a real switch: the new key is used at once.
+        await control.set_upstream(gateway.url, ADMIN, upstream.url, "served-name", drain_deadline_s=0,
+                                   upstream_key="eng_secret-2", session=s)
+        async with s.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}, headers=h(key)) as r:
+            assert r.status == 200
+        assert upstream.requests[-1].headers["authorization"] == "Bearer eng_secret-2"
 
 
 async def _raw_request(

@@ -25,6 +25,7 @@ import pytest
 from appliance.launch_spec import LaunchSpec
 from controller.runtime import make_runtime
 from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
+from controller.runtime.ports import PortInUse, port_is_free
 from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, STATUS_FILE, ProcessRuntime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,6 +260,58 @@ def test_engine_survives_the_controller_being_killed(runs: Path) -> None:
     assert (info.running, info.exit_code) == (False, 9)
 
 
+def _gone(pids: list[int], timeout_s: float = LIVENESS_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_killing_the_shim_takes_the_engine_down_and_frees_its_port(rt: ProcessRuntime) -> None:
+    """Issue 9 (high): `kill -9` of the shim left the vLLM server running, reparented to init and
+    holding its port; every relaunch then failed with `Address already in use`."""
+    port = _free_port()
+    spec = fake_spec("--workers", "1", "--listen", str(port), port=port)
+    handle = rt.start(spec, "shim-killed")
+    main, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
+    assert not port_is_free("127.0.0.1", port)
+    with pytest.raises(PortInUse, match=rf"127.0.0.1:{port} is already in use by pid {main}"):
+        rt.start(spec, "second-on-the-same-port")  # proven before launching, with who holds it
+
+    os.kill(int(handle.ref), signal.SIGKILL)
+    # The kernel TERMs the engine's main process when its shim dies (parent-death signal): the
+    # runtime is not even asked yet.
+    assert _gone([main]), "the engine outlived its shim"
+    info = rt.wait(handle, LIVENESS_S)
+    # Ended, and not recorded as the engine's "exit 137": that was the shim's status, not its engine's.
+    assert (info.running, info.exit_code) == (False, None)
+    assert _gone(workers), "a worker outlived its shim and engine"  # the runtime ended the group
+    assert port_is_free("127.0.0.1", port)
+    text, _ = rt.read_logs(handle, 0)
+    assert "the shim (pid" in text and "ended without recording" in text
+
+    again = rt.start(spec, "relaunch")  # the port is ours again
+    wait_for_log(rt, again, r"READY")
+    assert not rt.stop(again, grace_s=LIVENESS_S).running
+
+
+def test_the_engine_death_is_reported_before_its_leftovers_are_reaped(runs: Path) -> None:
+    """The supervisor hears of a death at once (it takes the engine out of the gateway); the shim
+    still reaps what the engine left, and stop() waits for that."""
+    rt = ProcessRuntime(runs, orphan_grace_s=LIVENESS_S, kill_wait_s=5.0)
+    handle = rt.start(fake_spec("--workers", "1", "--worker-ignores-term"), "leftovers")
+    main, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
+    os.kill(main, signal.SIGKILL)
+    info = rt.wait(handle, LIVENESS_S)
+    assert (info.running, info.exit_code, info.signal) == (False, 137, 9)
+    assert alive(workers[0])  # ignores TERM: the shim's grace is still running
+    # stop() returns only once nothing of the engine is left (here: KILL after its own grace).
+    assert rt.stop(handle, grace_s=1.0).exit_code == 137
+    assert not alive(workers[0])
+
+
 @pytest.mark.parametrize("field", ["started_after_boot", "cmdline"])
 def test_pid_reuse_is_not_adopted_nor_signalled(rt: ProcessRuntime, runs: Path, field: str) -> None:
     handle = rt.start(fake_spec(), "reused")
@@ -387,7 +440,9 @@ def test_real_cpu_vllm_engine_starts_answers_is_adopted_and_stops(runs: Path, tm
         )
         with urllib.request.urlopen(request, timeout=120) as resp:
             answer = json.load(resp)
-        assert answer["choices"][0]["message"]["content"].strip()
+        # A completion was produced; its words are the model's business (they differ between CPUs).
+        assert isinstance(answer["choices"][0]["message"]["content"], str)
+        assert answer["usage"]["completion_tokens"] >= 1
 
         pids = rt.engine_pids(handle)
         assert len(pids) >= 2  # API server + engine core

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from appliance.launch_spec import LaunchSpec
@@ -62,11 +63,13 @@ class FakeEngine:
     signal: int | None = None
     oom_killed: bool | None = None
     healthy: bool = False
+    ended: threading.Event = field(default_factory=threading.Event)
 
     def die(self, signal: int | None = None, exit_code: int | None = None) -> None:
         self.running = False
         self.signal = signal
         self.exit_code = exit_code if exit_code is not None else (128 + signal if signal else None)
+        self.ended.set()
 
 
 @dataclass
@@ -77,8 +80,12 @@ class FakeRuntime:
     started: list[tuple[str, float]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     on_start: Callable[[FakeEngine], None] | None = None
+    secret_envs: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+    def start(
+        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
+    ) -> EngineHandle:
+        self.secret_envs[launch_id] = dict(secret_env or {})
         handle = EngineHandle(launch_id=launch_id, runtime="process", ref=str(1000 + len(self.started)),
                               recipe=spec.recipe, spec_hash=spec.spec_hash, started_at=self.clock.now())
         engine = FakeEngine(handle)
@@ -102,6 +109,7 @@ class FakeRuntime:
         return self._exit(self.engines[handle.launch_id])
 
     def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
+        self.engines[handle.launch_id].ended.wait(timeout_s)  # blocks like the real ones (pidfd)
         return self.inspect(handle)
 
     def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:
@@ -110,6 +118,9 @@ class FakeRuntime:
 
     def adopt(self) -> list[EngineHandle]:
         return [e.handle for e in self.engines.values() if e.running]
+
+    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
+        return self.secret_envs.get(handle.launch_id, {}).get(name)
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:
         return [int(handle.ref)]
@@ -124,6 +135,7 @@ class FakeRuntime:
 class FakeProber:
     def __init__(self, runtime: FakeRuntime) -> None:
         self.rt = runtime
+        self.keys: list[str | None] = []  # the engine key each completion probe sent
 
     def _engine(self) -> FakeEngine | None:
         running = [e for e in self.rt.engines.values() if e.running]
@@ -133,7 +145,8 @@ class FakeProber:
         e = self._engine()
         return None if e is not None and e.healthy else "GET /health: connection refused"
 
-    async def completion(self, spec: LaunchSpec) -> str | None:
+    async def completion(self, spec: LaunchSpec, api_key: str | None = None) -> str | None:
+        self.keys.append(api_key)
         return await self.health(spec)
 
 
@@ -160,6 +173,7 @@ class RecordingGateway:
         self.upstream: GatewayUpstream | None = None
         self.down = False
         self.checks = 0
+        self.keys: list[str | None] = []  # the engine key each point_to carried
 
     def _reach(self) -> None:
         if self.down:
@@ -168,8 +182,9 @@ class RecordingGateway:
     def restart(self) -> None:
         self.upstream = None
 
-    async def point_to(self, url: str, served_model: str) -> None:
+    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
         self.calls.append(("point_to", url))
+        self.keys.append(api_key)
         self._reach()
         self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
 

@@ -138,7 +138,7 @@ async def test_unknown_things_are_404(client: httpx.AsyncClient) -> None:
         ({"recipe": 12}, "recipe"),
         ({"recipe": "Not A Name!"}, "recipe"),
         ({"recipe": "cpu-smollm2", "fresh_cache": "maybe"}, "fresh_cache"),
-        ({"recipe": "cpu-smollm2", "force": True}, "force"),
+        ({"recipe": "cpu-smollm2", "forcefully": True}, "forcefully"),  # unknown fields (`force` is one now)
     ],
 )
 async def test_bad_bodies_are_422_naming_the_field(client: httpx.AsyncClient, body: dict[str, object],

@@ -86,3 +86,16 @@ async def test_drain_without_abort_reports_remaining() -> None:
     slot.track(up, lambda: None)
     result = await slot.drain(0.02, abort=False)
     assert not result.drained and result.remaining == 1 and result.aborted == 0
+
+
+async def test_the_engine_key_header_is_built_once_per_switch_and_never_shown() -> None:
+    slot = Slot()
+    up = slot.set("http://127.0.0.1:9", "m", upstream_key="eng_k1")
+    assert up is not None and up.authorization == "Bearer eng_k1"
+    assert "eng_k1" not in repr(up)
+    same, _ = await slot.switch("http://127.0.0.1:9", "m", drain_deadline_s=0, upstream_key="eng_k1")
+    assert same is up  # re-asserting the same upstream and key changes nothing
+    new, _ = await slot.switch("http://127.0.0.1:9", "m", drain_deadline_s=0, upstream_key="eng_k2")
+    assert new is not None and new.generation > up.generation and new.authorization == "Bearer eng_k2"
+    bare = slot.set("http://127.0.0.1:9", "m")
+    assert bare is not None and bare.authorization is None

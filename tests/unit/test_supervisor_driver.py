@@ -72,7 +72,9 @@ def make_rig(tmp_path: Path, spec: LaunchSpec | None = None, policy: Policy | No
     driver = Driver(
         runtimes={"process": runtime}, store=store, preflight=preflight, prober=FakeProber(runtime),
         gateway=gateway, clock=clock, policy=policy or Policy(),
-        config=DriverConfig(poll_interval_s=10, probe_interval_s=10, health_interval_s=10, oom_settle_s=0.5),
+        # The exit-watch thread is tested on its own (real time); here the poll alone sees exits.
+        config=DriverConfig(poll_interval_s=10, probe_interval_s=10, health_interval_s=10, oom_settle_s=0.5,
+                            watch_exits=False),
         oom_events=lambda launch_id: ooms.get(launch_id, []),
     )
     return Rig(clock, runtime, store, preflight, gateway, driver, ooms)

@@ -14,16 +14,19 @@ from controller.supervisor.signals import (
     Action,
     Adopted,
     Apply,
+    ApplyOutcome,
     ClearUpstream,
     CpuSample,
     Drained,
     DrainGateway,
     Exited,
+    ExitSeen,
     Failure,
     HealthLost,
     Launched,
     MarkEnded,
     MarkReady,
+    Notify,
     Observation,
     PhaseSeen,
     PreflightFailed,
@@ -242,7 +245,7 @@ def test_apply_over_a_ready_engine_drains_stops_then_starts_the_new_one() -> Non
     r.feed(Apply("test-recipe"), 0)
     old = r.start(0)
     r.feed(ReadyProbed(old), 50)
-    r.feed(Apply("test-recipe"), 100)
+    r.feed(Apply("test-recipe", force=True), 100)  # the same spec: only --force restarts it
     assert r.m.state is State.PREFLIGHT and r.m.launch is not None  # old one keeps serving
     new = r.preflight_ok(101)
     assert r.m.state is State.DRAINING
@@ -422,3 +425,64 @@ def test_the_machines_own_failures_carry_diagnosis_codes() -> None:
     r2.feed(CpuSample(lid, 1.0), 0)
     r2.feed(Tick(), 120)
     assert r2.m.stop_failure is not None and r2.m.stop_failure.code == DiagnosisCode.STALLED
+
+
+def test_apply_of_the_ready_launch_spec_is_a_no_op_that_says_so() -> None:
+    """Issue 9: `apply` of the recipe already running restarted it (95 s of 503) without a word."""
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    lid = r.start(0)
+    r.feed(ReadyProbed(lid), 50)
+    r.feed(Apply("test-recipe"), 100)
+    token = r.m.token
+    assert r.m.apply == ApplyOutcome(token, "test-recipe", "pending")
+    r.preflight_ok(101)
+    assert r.m.state is State.READY and r.m.launch is not None and r.m.launch.launch_id == lid
+    assert r.m.apply == ApplyOutcome(token, "test-recipe", "unchanged")
+    assert not r.of(DrainGateway) and not r.of(StopEngine)
+    assert "already running with this exact launch spec" in r.of(Notify)[-1].message
+    # fresh_cache (a cold start on purpose) is a restart, as is --force.
+    r.feed(Apply("test-recipe", fresh_cache=True), 200)
+    r.preflight_ok(201)
+    assert r.m.state is State.DRAINING and r.m.apply is not None and r.m.apply.outcome == "started"
+
+
+def test_a_refused_apply_over_a_ready_engine_is_recorded_as_refused() -> None:
+    """Issue 9: `apply X --follow` refused by admission printed "ready: <old recipe>" and exit 0."""
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    lid = r.start(0)
+    r.feed(ReadyProbed(lid), 50)
+    r.feed(Apply("too-big"), 100)
+    refusal = Failure("admission_refused", "needs 80 GiB, the host has 16", retryable=False)
+    r.feed(PreflightFailed(r.m.token, refusal), 101)
+    assert r.m.state is State.READY and r.m.recipe == "test-recipe"  # the old engine keeps serving
+    assert r.m.apply == ApplyOutcome(r.m.token, "too-big", "refused", refusal)
+
+
+def test_a_death_takes_the_engine_out_of_the_gateway_before_it_is_classified() -> None:
+    """Issue 9: after kill -9 of the engine, ~12 s of 502 while `status` said ready."""
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    lid = r.start(0)
+    r.feed(ReadyProbed(lid), 50)
+    r.actions.clear()
+    r.feed(ExitSeen(lid, ExitInfo(running=False, exit_code=137, signal=9)), 100)
+    assert r.m.state is State.EXITED
+    assert r.actions[-1] == ClearUpstream("engine exited", 10.0)
+    assert isinstance(r.feed(Apply("test-recipe"), 100.1)[0], Reject)  # one thing at a time
+    r.feed(Exited(lid, ExitInfo(running=False, exit_code=137, signal=9), CRASH), 101)
+    assert r.m.state is State.BACKOFF and r.m.launch is None
+    assert MarkEnded(lid, "exited", CRASH) in r.actions
+
+
+def test_stop_while_the_exit_is_classified_ends_idle_not_in_backoff() -> None:
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    lid = r.start(0)
+    r.feed(ReadyProbed(lid), 50)
+    r.feed(ExitSeen(lid, ExitInfo(running=False, exit_code=137, signal=9)), 100)
+    r.feed(Stop(), 100.5)
+    assert r.m.state is State.EXITED
+    r.feed(Exited(lid, ExitInfo(running=False, exit_code=137, signal=9), CRASH), 101)
+    assert r.m.state is State.IDLE and r.m.backoff_until is None

@@ -1,0 +1,51 @@
+"""The engine's own door: a secret API key per launch (issue 9).
+
+The engine listens on loopback, but any local user could reach it there and bypass the gateway's
+keys and limits. Each launch therefore gets a fresh random key, handed to vLLM through its
+environment (`VLLM_API_KEY`, which vLLM reads when no `--api-key` is given) — never in argv (any
+user can read `/proc/PID/cmdline`), never in a launch record (the store redacts `*_KEY` values),
+never printed. Only the controller's readiness probe and the gateway (told with the upstream) know
+it. The key also proves that the engine answering a probe is the one this launch started: an
+engine left over from an earlier launch has another key and answers 401.
+
+vLLM guards only its OpenAI paths with the key (`/v1`, `/v2`, `/inference`, `/cohere`); `/health`
+and its other non-`/v1` routes stay open on loopback (see README "The engine's own door").
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from appliance.launch_spec import LaunchSpec
+
+ENGINE_KEY_ENV = "VLLM_API_KEY"
+_API_KEY_FLAG = "--api-key"
+
+
+def new_engine_key() -> str:
+    return "eng_" + secrets.token_urlsafe(32)
+
+
+def recipe_key(spec: LaunchSpec) -> str | None:
+    """A key the recipe itself sets (its env, or `--api-key` in argv, which vLLM prefers)."""
+    argv = list(spec.argv)
+    for i, arg in enumerate(argv):
+        if arg == _API_KEY_FLAG and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(_API_KEY_FLAG + "="):
+            return arg.split("=", 1)[1]
+    return spec.env.get(ENGINE_KEY_ENV) or None
+
+
+def launch_key(spec: LaunchSpec) -> tuple[str, dict[str, str]]:
+    """The key this launch's engine will accept, and the secret environment that gives it one
+    (empty when the recipe brings its own key: that one is used, not replaced)."""
+    own = recipe_key(spec)
+    if own is not None:
+        return own, {}
+    key = new_engine_key()
+    return key, {ENGINE_KEY_ENV: key}
+
+
+def bearer(key: str) -> str:
+    return f"Bearer {key}"

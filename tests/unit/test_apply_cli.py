@@ -1,0 +1,141 @@
+"""`appliance apply | up | down` against a scripted controller (the CLI's API client is the seam):
+what a refused, an unchanged and a started apply print and return; the parse-friendly answer line
+of `up`; the key hint `up` prints; `down` leaves no gateway token behind (issue 9)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from controller import admin_token
+from controller.cli import keys_cmd, service_cmd
+
+REFUSAL = {"code": "admission_refused", "summary": "predicted peak 80 GiB > RAM + swap 40 GiB",
+           "hint": "use a smaller recipe", "retryable": False}
+
+
+class ScriptedClient:
+    """Answers POST /apply with an apply id and GET /status from a script (last one repeats)."""
+
+    base = "http://127.0.0.1:1"
+    token = "t"
+
+    def __init__(self, statuses: list[dict[str, Any]]) -> None:
+        self.statuses = statuses
+        self.posted: list[dict[str, Any] | None] = []
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        self.posted.append(body)
+        return {"accepted": True, "state": "preflight", "recipe": (body or {}).get("recipe"), "apply_id": 7}
+
+    def get(self, path: str) -> Any:
+        assert path == "/status"
+        return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+
+def status(state: str, recipe: str, outcome: str, failure: dict[str, Any] | None = None,
+           token: int = 7) -> dict[str, Any]:
+    return {"state": state, "recipe": recipe, "launch": {"engine_url": "http://127.0.0.1:8000"},
+            "last_apply": {"token": token, "recipe": "big", "outcome": outcome, "failure": failure}}
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+    service_cmd.register(app)
+    keys_cmd.register(app)
+    return app
+
+
+def run(app: typer.Typer, monkeypatch: pytest.MonkeyPatch, client: ScriptedClient, *args: str) -> Any:
+    monkeypatch.setattr(service_cmd, "_client", lambda api: client)
+    follow = pytest.fail  # a refused or unchanged apply must not follow anything
+    monkeypatch.setattr(service_cmd, "_follow", lambda c, timeout_s=None: follow("followed"))
+    return CliRunner().invoke(app, list(args))
+
+
+def test_a_refused_apply_prints_the_refusal_and_exits_non_zero(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = ScriptedClient([status("preflight", "big", "pending"),
+                             status("ready", "cpu-smollm2", "refused", REFUSAL)])
+    result = run(app, monkeypatch, client, "apply", "big", "--follow")
+    assert result.exit_code == 1, result.output
+    assert "REFUSED: big: predicted peak 80 GiB" in result.output and "use a smaller recipe" in result.output
+    assert "keeps serving cpu-smollm2" in result.output
+    assert "ready:" not in result.output
+
+
+def test_an_apply_of_the_running_launch_is_a_no_op_that_says_so(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = ScriptedClient([status("ready", "big", "unchanged")])
+    result = run(app, monkeypatch, client, "apply", "big", "--follow")
+    assert result.exit_code == 0, result.output
+    assert "unchanged: big is already running" in result.output and "--force" in result.output
+    assert client.posted[-1] == {"recipe": "big", "fresh_cache": False, "force": False}
+    run(app, monkeypatch, ScriptedClient([status("ready", "big", "unchanged")]), "apply", "big", "--force")
+
+
+def test_a_follow_that_ends_ready_on_another_recipe_is_not_success(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the verdict wait cannot see (another apply superseded ours): still never "ready: X"."""
+    client = ScriptedClient([status("ready", "cpu-smollm2", "refused", REFUSAL)])
+    with pytest.raises(typer.Exit) as exc:
+        service_cmd._end_of_follow(client, "ready", "big")  # type: ignore[arg-type]
+    assert exc.value.exit_code == 1
+
+
+def test_up_prints_the_answer_as_json_and_the_key_hint_that_works(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ready = {"state": "ready", "recipe": "r", "launch": {"engine_url": "http://e", "served_model_name": "m"}}
+    client = ScriptedClient([ready])
+    answer = {"status": 200, "answer": "L'Étoile, \"la Marseillaise\"\nParis", "completion_tokens": 9}
+    monkeypatch.setattr(service_cmd, "_gateway_completion", lambda url, key, body: answer)
+    monkeypatch.setattr(service_cmd, "_first_key_once", lambda c: "k")
+    service_cmd._print_where(client, "http://gw", None)  # type: ignore[arg-type]
+    line = next(x for x in capsys.readouterr().out.splitlines() if "through the gateway:" in x)
+    assert json.loads(line.split("through the gateway:", 1)[1]) == answer
+
+    monkeypatch.setattr(service_cmd, "_first_key_once", lambda c: None)
+    service_cmd._print_where(client, "http://gw", None)  # type: ignore[arg-type]
+    hint = next(x for x in capsys.readouterr().out.splitlines() if "keys create" in x)
+    suggested = hint.split("`")[1].split()  # appliance keys create --name NAME
+    assert suggested[:3] == ["appliance", "keys", "create"]
+    result = CliRunner().invoke(app, [*suggested[1:], "--keys", str(tmp_path / "keys.db")])
+    assert result.exit_code == 0, result.output  # the command as suggested is accepted
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path))
+    monkeypatch.delenv(admin_token.TOKEN_ENV, raising=False)
+    yield tmp_path
+
+
+def test_down_removes_the_gateway_control_token(home: Path) -> None:
+    admin_token.write_gateway_token(home / "run")
+    token_file = home / "run" / admin_token.GATEWAY_TOKEN_FILE
+    assert token_file.exists()
+    service_cmd.down(keep_engine=False, grace=1.0)
+    assert not token_file.exists()
+
+
+def test_status_says_the_engine_exited_and_is_out_of_the_gateway(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = {"state": "exited", "recipe": "r", "failures": 0, "max_failures": 5, "backoff_remaining_s": None,
+         "last_diagnosis": None, "progress": None, "last_apply": None,
+         "launch": {"id": "L1", "kind": "normal", "runtime": "process", "ref": "1", "engine_url": "http://e",
+                    "served_model_name": "m", "ready_s": 3.0, "cache": "hit", "phases": [],
+                    "exit": {"exit_code": 137, "signal": 9, "oom_killed": None}}}
+    result = run(app, monkeypatch, ScriptedClient([s]), "status")
+    assert result.exit_code == 0, result.output
+    assert "state:      exited" in result.output
+    assert "exit code 137, signal 9; out of the gateway" in result.output
