@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -216,6 +217,22 @@ def _hint(explanation: str) -> str:
     return ""
 
 
+def port_free_or_raise(host: str, port: int) -> None:
+    """An engine on the host network binds the host's port itself; if something holds it, the engine
+    would import for a minute and then die with EADDRINUSE. Refuse before creating anything. (On a
+    bridge network the daemon refuses the publish itself: "port is already allocated".) Run by a
+    controller on the host or on the host network (compose.yaml), this sees the host's ports."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError_(
+                f"port {port} on {host} is already in use on this host ({exc.strerror}): the engine runs "
+                "on the host network and cannot listen there — stop what holds it or change engine.port"
+            ) from None
+
+
 class DockerRuntime:
     """Runs LaunchSpecs with `runtime: docker` through the docker SDK (never the CLI)."""
 
@@ -311,6 +328,8 @@ class DockerRuntime:
             return self.client.containers.create(**kwargs)
 
     def start(self, spec: LaunchSpec, launch_id: str) -> EngineHandle:
+        if spec.network_mode == "host":
+            port_free_or_raise(spec.host, spec.port)
         ensure_cache_dirs(spec)
         container = self.create(spec, launch_id)
         try:
@@ -438,7 +457,8 @@ class DockerRuntime:
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:
         """Host PIDs: the container's PID 1 (State.Pid) and its descendants. State.Pid is in the
-        daemon's PID namespace, so this is right when the controller runs on the host (as it does)."""
+        daemon's PID namespace, so this is right when the controller runs on the host or in a
+        container with the host's PID namespace (compose.yaml: `pid: host`)."""
         return sorted(p.pid for p in self._processes(handle))
 
     def cpu_seconds(self, handle: EngineHandle) -> float:

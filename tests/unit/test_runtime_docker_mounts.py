@@ -106,3 +106,23 @@ def test_runtime_on_a_host_translates_nothing(tmp_path: Path) -> None:
     rt.mountinfo.write_text(MOUNTINFO_ON_HOST)
     assert rt.host_mounts() == []
     assert client.api.asked == []
+
+
+def test_host_network_engine_port_taken_is_refused_before_anything_is_created() -> None:
+    import socket
+
+    import pytest
+
+    from controller.runtime.base import RuntimeError_
+
+    class NoCreate:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the daemon must not be asked anything ({name})")
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        s = spec().model_copy(update={"port": port, "host": "127.0.0.1"})
+        with pytest.raises(RuntimeError_, match=rf"^port {port} on 127.0.0.1 is already in use on this host"):
+            DockerRuntime(NoCreate()).start(s, "L1")  # type: ignore[arg-type]
