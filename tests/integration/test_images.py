@@ -73,3 +73,17 @@ def test_engine_image_imports_vllm_with_its_cpu_torch_and_carries_the_model_sour
     """)
     assert "+cpu" in res.stdout and "GGUF-OK" in res.stdout, res.stdout + res.stderr
     assert "TORCHVISION-PRESENT" not in res.stdout and "SECRET-LEFT" not in res.stdout
+
+
+def test_host_plan_from_the_image_against_a_bind_mounted_host_root(tmp_path: Path) -> None:
+    """README "Run it as containers": host setup stays a host action, run from the image with the
+    host's root bind-mounted and `--host-root`; here on a fixture tree (the reference GPU host)."""
+    from tests.fixtures.host_setup.tree import make_host
+
+    host = make_host(tmp_path)
+    res = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "-v", f"{host.root.base}:/host:ro",
+         APPLIANCE_IMAGE, "host", "plan", "gfx906-c-tp4-graph-piecewise", "--host-root", "/host"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "swap.swapfile" in res.stdout and "vm.swappiness = 60" in res.stdout, res.stdout
