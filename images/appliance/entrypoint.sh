@@ -28,6 +28,12 @@ case "$role" in
   controller)
     shift || true
     prepare_home
+    # The gateway container writes its control token at its start; compose starts it first
+    # (depends_on) but does not wait for it. The controller reads the token once, at start.
+    for _ in $(seq 1 "${APPLIANCE_GATEWAY_TOKEN_WAIT_S:-30}"); do
+      [ -s "$home/run/gateway-control.token" ] && break
+      sleep 1
+    done
     apply=()
     [ -n "${APPLIANCE_APPLY:-}" ] && apply=(--apply "$APPLIANCE_APPLY")
     exec appliance serve --host 127.0.0.1 --port "$admin_port" \
