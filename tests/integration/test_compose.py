@@ -376,7 +376,8 @@ def test_controller_without_the_docker_socket_says_so() -> None:
     client = docker.from_env()
     port = _free_port()
     c = client.containers.run(APPLIANCE_IMAGE, ["controller"], detach=True, network_mode="host",
-                              environment={"APPLIANCE_ADMIN_PORT": str(port)})
+                              environment={"APPLIANCE_ADMIN_PORT": str(port),
+                                           "APPLIANCE_GATEWAY_TOKEN_WAIT_S": "0"})
     try:
         _until("the socketless controller", lambda: _http("GET", f"http://127.0.0.1:{port}/healthz"), 120, 1)
         logs = c.logs().decode(errors="replace")
