@@ -295,6 +295,7 @@ def test_grants_present_and_bad_input_is_one_sentence_with_nothing_left(stack: S
         filters={"label": "appliance.recipe=ctest-exits-at-once"}) == [], 60, 1)
 
 
+@pytest.mark.timeout(START_LIVENESS_S + 300)
 def test_controller_applies_the_docker_recipe_and_the_gateway_answers(stack: Stack) -> None:
     stack.apply(RECIPE)
     s = stack.wait_ready()
@@ -323,6 +324,7 @@ def test_controller_applies_the_docker_recipe_and_the_gateway_answers(stack: Sta
     print(f"[compose] prometheus targets: {_until('prometheus to scrape all three targets', all_up, 90)}")
 
 
+@pytest.mark.timeout(START_LIVENESS_S + 300)
 def test_engine_killed_is_diagnosed_and_relaunched_warm(stack: Stack) -> None:
     before = stack.status()["launch"]["id"]
     [engine] = stack.engines()
