@@ -22,6 +22,7 @@ Waits are liveness bounds, not speed assertions; the model's words are never com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -56,6 +57,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.engine, pytest.mark.slow]
 TOKEN = "adm_compose-integration-test"
 START_LIVENESS_S = 1500.0  # a cold start on a busy 2-core machine; ~90 s when quiet
 RECIPE = "ctest-smollm2-docker"
+PERSISTENT_VOLUME = "appliance-ctest-home"
 
 
 def _free_port() -> int:
@@ -179,8 +181,10 @@ def _write_recipes(into: Path, engine_port: int) -> None:
     into.mkdir()
     for f in (REPO / "recipes").glob("*.yaml"):
         shutil.copy(f, into / f.name)
+    # The shipped Docker recipe on a free port, with the start budget of a busy shared machine.
     (into / f"{RECIPE}.yaml").write_text(
-        f"name: {RECIPE}\nextends: cpu-smollm2-docker\nengine:\n  port: {engine_port}\n")
+        f"name: {RECIPE}\nextends: cpu-smollm2-docker\nengine:\n  port: {engine_port}\n"
+        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n")
     # Bad input, one recipe each.
     (into / "ctest-missing-image.yaml").write_text(
         "name: ctest-missing-image\nextends: cpu-smollm2-docker\n"
@@ -229,7 +233,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     project = f"ctest{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        "APPLIANCE_VOLUME": f"{project}-home",
+        # One volume kept across runs (like test_controller_engine's cache root): the model is
+        # converted once and only the first run on a machine pays the cold compile.
+        "APPLIANCE_VOLUME": PERSISTENT_VOLUME,
         "APPLIANCE_ADMIN_PORT": str(admin),
         "APPLIANCE_GATEWAY_PORT": str(gateway),
         "PROMETHEUS_PORT": str(prom),
@@ -249,9 +255,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for c in client.containers.list(all=True, filters={"label": "appliance.managed=true"}):
             if str(c.labels.get("appliance.recipe", "")).startswith("ctest-"):
                 c.remove(force=True)
-        s.run("down", "-v", "--remove-orphans", check=False)
-        with __import__("contextlib").suppress(docker.errors.NotFound):
-            client.volumes.get(f"{project}-home").remove(force=True)
+        s.run("down", "--remove-orphans", check=False)
+        with contextlib.suppress(docker.errors.NotFound):
+            client.volumes.get(f"{project}_prometheus-data").remove(force=True)
 
 
 def _blind_warnings(text: str) -> list[str]:
