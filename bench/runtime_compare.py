@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import socket
 import statistics
 import sys
@@ -132,9 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--runtimes", default="process,docker")
+    ap.add_argument("--keep", action="store_true", help="Keep the compile caches (deleted by default).")
     args = ap.parse_args(argv)
     kinds = [k for k in args.runtimes.split(",") if k]
-    work = Path(tempfile.mkdtemp(prefix="runtime-compare-", dir=paths().cache.parent))
+    # Under APPLIANCE_HOME: the docker runtime binds these paths into the engine container.
+    work = Path(tempfile.mkdtemp(prefix="runtime-compare-", dir=paths().home))
     rows: list[dict[str, Any]] = []
     print(f"runtime_compare: {', '.join(RECIPES[k] for k in kinds)}; caches under {work}")
     for kind in kinds:
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps({"rows": rows, "summary": summary, "tokens": args.tokens,
                                "reps": args.reps}, indent=2) + "\n")
     print(f"results: {out}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
