@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test setup setup-system engine check unit
+.PHONY: up test setup setup-system engine images check unit
 
 ## Set everything up on a fresh machine and run the appliance on its embedded default (CPU engine).
 up: setup engine
@@ -12,6 +12,7 @@ up: setup engine
 ## Set everything up and run the whole test suite (what .ci/run runs).
 test: setup setup-system engine
 	bash scripts/start-dockerd.sh
+	PYTHON=$(BIN)/python bash scripts/build-images.sh
 	$(MAKE) check
 	$(BIN)/python -m pytest -ra --durations=15 tests
 
@@ -23,6 +24,11 @@ setup-system:
 
 engine: setup
 	$(BIN)/appliance engine setup
+
+## The appliance's images (appliance, cpu-vllm, prometheus); skips those whose inputs did not change.
+images: setup
+	bash scripts/start-dockerd.sh
+	PYTHON=$(BIN)/python bash scripts/build-images.sh
 
 check:
 	$(BIN)/ruff check appliance host_setup controller tests bench

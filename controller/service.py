@@ -77,6 +77,19 @@ def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], str |
     return runtimes, None
 
 
+def container_grant_warnings(docker_note: str | None) -> list[str]:
+    """In a container (compose.yaml), one sentence per missing grant naming what is blind
+    (controller.watch.grants). On a host there are no grants to miss; the kmsg follower and the
+    docker runtime already say when they cannot work."""
+    from controller.watch import grants
+
+    if not (grants.in_container() or os.environ.get("APPLIANCE_CHECK_GRANTS") == "1"):
+        return []
+    checks = grants.check_grants(grants.grant_paths_from_env(),
+                                 docker_ping=lambda: docker_note)
+    return [c.detail for c in checks if not c.ok]
+
+
 def make_gateway(cfg: ServiceConfig, paths: Paths) -> tuple[GatewayLink, str | None]:
     if not cfg.gateway_url:
         return NoGateway(), None
@@ -113,6 +126,9 @@ async def serve(cfg: ServiceConfig) -> None:
     for note in (docker_note, gateway_note):
         if note:
             driver.note("controller", note)
+    for missing in container_grant_warnings(docker_note):
+        log.warning("%s", missing)
+        driver.note("grant", missing)
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard),), listen_host=cfg.host))

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # System packages the test suite uses for real: a Docker daemon (MEASURED.md: Debian's docker.io
 # works here with the vfs storage driver), Prometheus' promtool for rule and query tests, nginx
-# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images, docker-compose
-# to read rendered compose files back, and Debian's chromium + chromium-driver for the operator console's
+# as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images,
+# debootstrap to make a local Debian base image where no registry is reachable
+# (scripts/make-base-image.sh), Debian bookworm's docker-compose 1.29 for compose.yaml and to read
+# rendered compose files back, and Debian's chromium + chromium-driver for the operator console's
 # browser tests (Selenium drives them by path: no browser download at test time).
 set -euo pipefail
 need=()
@@ -10,8 +12,8 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
 [ -x /bin/busybox ] || need+=(busybox-static)
-# compose reads back `recipes render --format compose` (tests/unit/test_formats_run.py); Debian's 1.29
-docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -eq 0 ]; then

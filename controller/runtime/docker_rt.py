@@ -27,9 +27,10 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -93,14 +94,44 @@ def _bind(mount_source: str, target: str, read_only: bool) -> str:
     return f"{mount_source}:{target}:{'ro' if read_only else 'rw'}"
 
 
+# The hostname/hosts/resolv.conf files docker bind-mounts into every container it runs live under
+# <data-root>/containers/<id>/: the one reliable trace of our own container id in /proc/self/mountinfo
+# (HOSTNAME is the host's name under network_mode: host; cgroup v2 namespaces hide /docker/<id>).
+_OWN_ID = re.compile(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf)\s")
+
+
+def own_container_id(mountinfo: str) -> str | None:
+    """The id of the container this process runs in, from /proc/self/mountinfo; None on a host."""
+    match = _OWN_ID.search(mountinfo)
+    return match.group(1) if match else None
+
+
+def translate_source(source: str, host_mounts: Sequence[tuple[str, str]]) -> str:
+    """A path as this controller sees it → the path the daemon must bind (pure).
+
+    A containerised controller (compose.yaml) sees APPLIANCE_HOME through a volume mounted at
+    /var/lib/appliance; the daemon that creates the sibling engine container resolves bind sources
+    on the host, where the same files are under the volume's own directory
+    (/var/lib/docker/volumes/<name>/_data). `host_mounts` is (destination, source) of our own mounts;
+    the longest destination that contains `source` wins. On a host it is empty: paths pass through.
+    """
+    for dest, host_src in sorted(host_mounts, key=lambda m: len(m[0]), reverse=True):
+        d = dest.rstrip("/") or "/"
+        if source == d or source.startswith(d.rstrip("/") + "/"):
+            return host_src.rstrip("/") + source[len(d.rstrip("/")):]
+    return source
+
+
 def container_create_kwargs(
     spec: LaunchSpec,
     launch_id: str,
     publish_address: str = "127.0.0.1",
     secret_env: Mapping[str, str] | None = None,
+    host_mounts: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     """Keyword arguments for `client.containers.create` — pure; tested by dict equality.
-    `secret_env` (the per-launch engine API key) joins the container's environment only."""
+    `secret_env` (the per-launch engine API key) joins the container's environment only.
+    `host_mounts`: the controller's own mounts when it runs in a container (`translate_source`)."""
     if spec.image is None:
         raise RuntimeError_(f"recipe {spec.recipe!r} has no image: the docker runtime needs one")
     command = spec.command()
@@ -111,7 +142,8 @@ def container_create_kwargs(
         "command": list(command[1:]),
         "environment": {**spec.env, **(secret_env or {})},
         "labels": engine_labels(spec, launch_id),
-        "volumes": [_bind(m.source, m.target, m.read_only) for m in spec.mounts],
+        "volumes": [_bind(translate_source(m.source, host_mounts), m.target, m.read_only)
+                    for m in spec.mounts],
         "devices": list(spec.devices),
         "group_add": list(spec.group_add),
         "security_opt": list(spec.security_opt),
@@ -204,6 +236,28 @@ class DockerRuntime:
         self._client = client
         self.publish_address = publish_address
         self._kill_wait_s = kill_wait_s
+        self._host_mounts: list[tuple[str, str]] | None = None
+        self.mountinfo = Path("/proc/self/mountinfo")
+
+    def host_mounts(self) -> list[tuple[str, str]]:
+        """(destination, host source) of this controller's own bind and volume mounts when it runs
+        in a container managed by the same daemon; [] on a host. Looked up once."""
+        if self._host_mounts is None:
+            try:
+                own = own_container_id(self.mountinfo.read_text())
+            except OSError:
+                own = None
+            mounts: list[tuple[str, str]] = []
+            if own is not None:
+                with self._daemon(f"inspect the controller's own container {own[:12]}"):
+                    try:
+                        attrs = self.client.api.inspect_container(own)
+                    except docker.errors.NotFound:
+                        attrs = {"Mounts": []}  # another daemon's container: paths pass through
+                mounts = [(str(m["Destination"]), str(m["Source"])) for m in attrs.get("Mounts") or []
+                          if m.get("Type") in ("bind", "volume") and m.get("Source")]
+            self._host_mounts = mounts
+        return self._host_mounts
 
     @contextmanager
     def _daemon(self, action: str, *, pass_not_found: bool = True) -> Iterator[None]:
@@ -249,7 +303,8 @@ class DockerRuntime:
             raise RuntimeError_(
                 f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'docker'"
             )
-        kwargs = container_create_kwargs(spec, launch_id, self.publish_address, secret_env)
+        kwargs = container_create_kwargs(spec, launch_id, self.publish_address, secret_env,
+                                         self.host_mounts())
         with self._daemon(f"look up image {spec.image}"):
             try:
                 self.client.images.get(kwargs["image"])
@@ -408,7 +463,8 @@ class DockerRuntime:
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:
         """Host PIDs: the container's PID 1 (State.Pid) and its descendants. State.Pid is in the
-        daemon's PID namespace, so this is right when the controller runs on the host (as it does)."""
+        daemon's PID namespace, so this is right when the controller runs on the host or in a
+        container with the host's PID namespace (compose.yaml: `pid: host`)."""
         return sorted(p.pid for p in self._processes(handle))
 
     def cpu_seconds(self, handle: EngineHandle) -> float:

@@ -17,6 +17,7 @@ HOME = "/var/lib/appliance"
 
 SHIPPED = (
     "cpu-smollm2",
+    "cpu-smollm2-docker",
     "cuda-generic",
     "cuda-smollm2-eager",
     "cuda-smollm2-graph",

