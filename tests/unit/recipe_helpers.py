@@ -17,6 +17,7 @@ HOME = "/var/lib/appliance"
 
 SHIPPED = (
     "cpu-smollm2",
+    "cpu-smollm2-eager",
     "cuda-generic",
     "gfx906-a-tp2-graph",
     "gfx906-b-tp4-eager",
