@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.recipe_loader import RecipeError, load_recipes
 from controller import admin_token, metrics
+from controller.evaluation.router import evaluation_router
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
 from controller.supervisor.driver import Driver
@@ -264,6 +265,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home)))
     for router in ctx.extra_routers:
         app.include_router(router)
     return app

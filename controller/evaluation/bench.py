@@ -153,12 +153,16 @@ async def run_bench(
     api_key: str | None = None,
     progress: Progress = _quiet,
     client: EngineClient | None = None,
+    plan: TierPlan | None = None,
 ) -> BenchResult:
     """Bench the engine at `launch.engine_url`. Raises EngineNotReady / NoTierFits before sending
-    a single measured request, so a refusal leaves nothing behind."""
+    a single measured request, so a refusal leaves nothing behind.
+
+    `plan` fixes the tiers (a compare plans once, from the baseline's context, so both arms get the
+    same prompts: a candidate with a smaller context then fails the requests it cannot hold)."""
     async with client or EngineClient(launch.engine_url, api_key) as c:
         _, max_model_len = await c.discover()
-        plan = plan_tiers(max_model_len, params.output_tokens)
+        plan = plan or plan_tiers(max_model_len, params.output_tokens)
         progress(
             {
                 "phase": "plan",

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.bench_result import BenchResult, ProofResult
+from appliance.bench_tiers import TierPlan, plan_tiers
 from appliance.gate import GateResult, Verdict, decide
 from controller.evaluation.bench import BenchParams, LaunchInfo, Progress, _quiet, run_bench
+from controller.evaluation.client import EngineClient
 from controller.evaluation.store import EvalStore
 
 
@@ -150,12 +152,17 @@ async def compare(
     if rounds < 1:
         raise CompareError("rounds must be at least 1")
     arms: dict[str, list[BenchResult]] = {baseline: [], candidate: []}
+    plan: TierPlan | None = None
     for r in range(rounds):
         for recipe in (baseline, candidate):
             info = await control.switch(recipe, warm=warm, timeout_s=ready_timeout_s, progress=progress)
+            if plan is None:  # the baseline's context decides the tiers for every arm (same prompts)
+                async with EngineClient(info.engine_url, api_key) as c:
+                    _, max_model_len = await c.discover()
+                plan = plan_tiers(max_model_len, params.output_tokens)
             progress({"phase": "bench", "recipe": recipe, "round": r + 1, "rounds": rounds})
             arms[recipe].append(
-                await run_bench(info, params, api_key=api_key, progress=_tagged(progress, recipe))
+                await run_bench(info, params, api_key=api_key, progress=_tagged(progress, recipe), plan=plan)
             )
     # The gate compares the median-score run of each arm (one run each with rounds=1); a failure in
     # any run of the candidate still rejects: failures are summed into the arm that is gated.
