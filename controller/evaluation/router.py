@@ -163,9 +163,7 @@ def evaluation_router(
     )
     async def start_compare(body: CompareBody) -> dict[str, Any]:
         if body.baseline == body.candidate:
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_ENTITY, "baseline and candidate are the same recipe"
-            )
+            raise HTTPException(422, "baseline and candidate are the same recipe")
         if any(j.state == "running" for j in jobs.values()):
             raise HTTPException(status.HTTP_409_CONFLICT, "a compare is already running")
         job = CompareJob(id=f"cmpjob-{uuid.uuid4().hex[:12]}", body=body)
