@@ -164,19 +164,26 @@ class EngineClient:
         )
 
     async def tokens(self, prompt: str, max_tokens: int) -> Completion:
-        """A greedy completion and its output token ids (vLLM `return_token_ids`), for fingerprints."""
-        body = self._body(prompt, max_tokens, True, False)
-        body["return_token_ids"] = True
-        async with self.session.post(f"{self.base_url}/v1/completions", json=body) as r:
+        """A greedy chat completion and its output token ids (vLLM `return_token_ids`, which vLLM
+        0.32 offers on chat completions only), for fingerprints."""
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        async with self.session.post(f"{self.base_url}/v1/chat/completions", json=body) as r:
             if r.status != 200:
-                raise ClientError(f"completion answered HTTP {r.status}: {(await r.text())[:300]}")
+                raise ClientError(f"chat completion answered HTTP {r.status}: {(await r.text())[:300]}")
             data = await r.json()
         choice = data["choices"][0]
         ids = choice.get("token_ids")
         if ids is None:
             raise ClientError("the engine returned no token_ids (vLLM `return_token_ids` unsupported)")
         return Completion(
-            text=choice.get("text", ""),
+            text=(choice.get("message") or {}).get("content") or "",
             token_ids=[int(t) for t in ids],
             finish_reason=choice.get("finish_reason"),
         )

@@ -17,13 +17,17 @@ from appliance.fingerprint import Comparison, Fingerprint, check_declared
 from appliance.gate import decide
 from controller import metrics
 from controller.evaluation.store import EvalStore
-from tests.unit.test_api import AUTH, Rig, client, home, rig  # noqa: F401 — fixtures
+from tests.unit import test_api as _api
+from tests.unit.test_api import AUTH, Rig
 from tests.unit.test_gate import _result
+
+# test_api.py's fixtures, shared
+home, rig, client = _api.home, _api.rig, _api.client
 
 BODY = {"baseline": "cpu-smollm2", "candidate": "cpu-smollm2-eager", "ready_timeout_s": 1}
 
 
-async def test_compare_needs_the_admin_token(client: httpx.AsyncClient) -> None:  # noqa: F811
+async def test_compare_needs_the_admin_token(client: httpx.AsyncClient) -> None:
     assert (await client.post("/compare", json=BODY)).status_code == 401
     wrong = await client.post("/compare", json=BODY, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 403
@@ -40,7 +44,7 @@ async def test_compare_needs_the_admin_token(client: httpx.AsyncClient) -> None:
 )
 async def test_bad_compare_bodies_are_422(
     client: httpx.AsyncClient,
-    body: dict[str, object],  # noqa: F811
+    body: dict[str, object],
     field: str | None,
 ) -> None:
     r = await client.post("/compare", json=body, headers=AUTH)
@@ -51,7 +55,7 @@ async def test_bad_compare_bodies_are_422(
 
 async def test_a_compare_whose_arm_never_gets_ready_fails_with_its_reason_and_stores_nothing(
     rig: Rig, client: httpx.AsyncClient
-) -> None:  # noqa: F811
+) -> None:
     started = await client.post("/compare", json=BODY, headers=AUTH)
     assert started.status_code == 202
     job = started.json()["id"]
@@ -77,7 +81,7 @@ async def test_a_compare_whose_arm_never_gets_ready_fails_with_its_reason_and_st
 
 async def test_stored_results_are_listed_shown_and_exported_as_metrics(
     rig: Rig, client: httpx.AsyncClient
-) -> None:  # noqa: F811
+) -> None:
     evals = EvalStore(rig.store.path)
     base, cand = _result("cpu-smollm2"), _result("cpu-smollm2-eager", duration_s=(9, 9, 9))
     evals.add_comparison("cmp-1", [base], [cand], decide(base, cand))
