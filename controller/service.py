@@ -23,6 +23,7 @@ from appliance.recipe_loader import RecipeError
 from appliance.render import RenderError
 from controller import admin_token
 from controller.api import AdminGuard, ApiContext, create_app
+from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.keys_api import keys_router
 from controller.runtime.base import Runtime, RuntimeError_
 from controller.runtime.process import ProcessRuntime
@@ -103,6 +104,7 @@ async def serve(cfg: ServiceConfig) -> None:
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
     )
     watch.driver = driver
+    driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
     for note in (docker_note, gateway_note):
         if note:
             driver.note("controller", note)
