@@ -62,18 +62,29 @@ class BenchParams:
 
 
 class PromptCache:
-    """Prompts trimmed to exact token counts with the engine's tokenizer; one tokenize per prompt."""
+    """Prompts trimmed to exact token counts with the engine's tokenizer, tokenized once.
 
-    def __init__(self, client: EngineClient) -> None:
+    A compare shares one cache between its arms: the candidate gets the very token ids the
+    baseline's tokenizer produced (same prompts, DOMAIN §7), whatever its own context can hold.
+    """
+
+    def __init__(self, client: EngineClient | None = None) -> None:
         self.client = client
+        self._ids: dict[tuple[str, int, int], list[int]] = {}
 
     async def ids(self, tier: str, index: int, length: int) -> list[int]:
-        words = length + 16
-        while True:
-            ids = await self.client.tokenize(bench_prompt(tier, index, words))
-            if len(ids) >= length:
-                return ids[:length]
-            words *= 2
+        key = (tier, index, length)
+        if key not in self._ids:
+            if self.client is None:
+                raise RuntimeError("PromptCache needs a client for prompts it has not tokenized yet")
+            words = length + 16
+            while True:
+                ids = await self.client.tokenize(bench_prompt(tier, index, words))
+                if len(ids) >= length:
+                    break
+                words *= 2
+            self._ids[key] = ids[:length]
+        return self._ids[key]
 
 
 async def run_tier(
@@ -154,6 +165,7 @@ async def run_bench(
     progress: Progress = _quiet,
     client: EngineClient | None = None,
     plan: TierPlan | None = None,
+    prompts: PromptCache | None = None,
 ) -> BenchResult:
     """Bench the engine at `launch.engine_url`. Raises EngineNotReady / NoTierFits before sending
     a single measured request, so a refusal leaves nothing behind.
@@ -171,7 +183,8 @@ async def run_bench(
                 "max_model_len": max_model_len,
             }
         )
-        prompts = PromptCache(c)
+        prompts = prompts or PromptCache()
+        prompts.client = c  # only for prompts not tokenized yet: a shared cache keeps the first arm's ids
         started = time.time()
         tiers = [await run_tier(c, prompts, t, params, progress) for t in plan.tiers]
         single = await run_single_stream(c, prompts, plan, params, progress) if params.single_stream else None

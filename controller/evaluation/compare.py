@@ -24,7 +24,7 @@ from typing import Any
 from appliance.bench_result import BenchResult, ProofResult
 from appliance.bench_tiers import TierPlan, plan_tiers
 from appliance.gate import GateResult, Verdict, decide
-from controller.evaluation.bench import BenchParams, LaunchInfo, Progress, _quiet, run_bench
+from controller.evaluation.bench import BenchParams, LaunchInfo, Progress, PromptCache, _quiet, run_bench
 from controller.evaluation.client import EngineClient
 from controller.evaluation.store import EvalStore
 
@@ -153,6 +153,7 @@ async def compare(
         raise CompareError("rounds must be at least 1")
     arms: dict[str, list[BenchResult]] = {baseline: [], candidate: []}
     plan: TierPlan | None = None
+    prompts = PromptCache()  # tokenized by the baseline, sent unchanged to the candidate
     for r in range(rounds):
         for recipe in (baseline, candidate):
             info = await control.switch(recipe, warm=warm, timeout_s=ready_timeout_s, progress=progress)
@@ -162,7 +163,14 @@ async def compare(
                 plan = plan_tiers(max_model_len, params.output_tokens)
             progress({"phase": "bench", "recipe": recipe, "round": r + 1, "rounds": rounds})
             arms[recipe].append(
-                await run_bench(info, params, api_key=api_key, progress=_tagged(progress, recipe), plan=plan)
+                await run_bench(
+                    info,
+                    params,
+                    api_key=api_key,
+                    progress=_tagged(progress, recipe),
+                    plan=plan,
+                    prompts=prompts,
+                )
             )
     # The gate compares the median-score run of each arm (one run each with rounds=1); a failure in
     # any run of the candidate still rejects: failures are summed into the arm that is gated.
