@@ -29,8 +29,11 @@ COMPILE_MARKERS = frozenset(
     }
 )
 # vLLM prefixes worker lines with the process name: "(VllmWorker TP1 pid=…)", "(Worker_TP3 pid=…)",
-# "(EngineCore_DP0 pid=…)"; lines without one come from the API server or a single-process engine.
-_RANK = re.compile(r"\((?:VllmWorker|Worker)[ _]?(?:TP|rank)?\s*(\d+)|\((EngineCore)(?:_DP\d+)?\s+pid=")
+# "(EngineCore_DP0 pid=…)"; torch's own loggers (TORCH_LOGS) prefix "[rank0]:". Lines without any
+# come from the API server or a single-process engine.
+_RANK = re.compile(
+    r"\((?:VllmWorker|Worker)[ _]?(?:TP|rank)?\s*(\d+)|\((EngineCore)(?:_DP\d+)?\s+pid=|^\[rank(\d+)\]:"
+)
 _VERSIONS = (
     ("vllm", re.compile(r"vLLM API server version (\S+)")),
     ("vllm_engine", re.compile(r"Initializing a V\d LLM engine \(v?([^)]*)\)")),
@@ -66,7 +69,9 @@ def rank_of(line: str) -> str:
     m = _RANK.search(line)
     if m is None:
         return "main"
-    return f"rank{m.group(1)}" if m.group(1) is not None else "engine-core"
+    if m.group(1) is not None or m.group(3) is not None:
+        return f"rank{m.group(1) or m.group(3)}"
+    return "engine-core"
 
 
 def per_rank_counts(lines: Sequence[str]) -> dict[str, RankCounts]:

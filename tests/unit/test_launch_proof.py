@@ -66,6 +66,11 @@ def test_loads_and_compiles_are_counted_per_rank() -> None:
         "engine-core": (1, 0),
     }
     assert rank_of("(Worker_TP3 pid=9) x") == "rank3" and rank_of("plain line") == "main"
+    torch_line = (
+        "[rank0]:I1130 08:44:59.35 3579 torch/_inductor/codecache.py:1] fx graph cache hit for key k1"
+    )
+    assert rank_of(torch_line) == "rank0"
+    assert {k: (v.loads, v.compiles) for k, v in per_rank_counts([torch_line]).items()} == {"rank0": (1, 0)}
     assert versions(LOG) == {"vllm": "0.32.0"}
 
 
