@@ -205,6 +205,24 @@ class Expectations(Strict):
         default=False, description="Warm the compile cache on an empty root, then restart (DOMAIN §4)."
     )
     notes: str = ""
+    # --- kernel-path and deployment proof (DOMAIN §7; owned by the evaluation work, issue 11) ---
+    # Checked at ready and kept with the launch; a missing marker or a digest mismatch is a warning
+    # at ready and fails `appliance compare` (controller/evaluation/proof.py).
+    markers: tuple[str, ...] = Field(
+        default=(), description="Log text that proves the intended path ran (e.g. a '… selected.' line)."
+    )
+    checksums: dict[str, str] = Field(
+        default_factory=dict,
+        description="Engine-side file path → its sha256 (e.g. _C_stable_libtorch, never to be rolled back).",
+    )
+
+    @field_validator("checksums")
+    @classmethod
+    def _sha256(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = sorted(p for p, d in value.items() if not re.fullmatch(r"[0-9a-fA-F]{64}", d))
+        if bad:
+            raise ValueError(f"checksums must be sha256 hex digests (64 hex characters): {bad}")
+        return {p: d.lower() for p, d in value.items()}
 
 
 class CachePolicy(Strict):

@@ -56,7 +56,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -389,6 +390,63 @@ def observe_gpus(samples: Iterable[GpuSample]) -> None:
             gpu_mem_total.labels(*labels).set(s.total_bytes)
         if s.busy_percent is not None:
             gpu_utilization.labels(*labels).set(s.busy_percent / 100.0)
+
+
+# --- benchmarks and fingerprints (controller/evaluation/) ---------------------------------------------
+# Read from the store at scrape time, so results recorded by `appliance bench|compare|fingerprint`
+# (which write the database directly) show up as well as those of `POST /compare`.
+#   appliance_bench_score{recipe}                         latest weighted score (output tokens/s, DOMAIN §7)
+#   appliance_bench_p99_ttft_seconds{recipe}, appliance_bench_p99_tpot_seconds{recipe}
+#   appliance_bench_decode_seconds_per_token{recipe}      single-stream decode median
+#   appliance_bench_last_timestamp_seconds{recipe}
+#   appliance_reproducibility_mismatch{recipe,measured}   1 when the latest fingerprint contradicts
+#                                                         the recipe's declared expect.reproducibility
+
+EvaluationSource = Callable[[], dict[str, dict[str, Any]]]
+
+
+class _EvaluationCollector(Collector):
+    def __init__(self) -> None:
+        self.source: EvaluationSource | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        latest = self.source() if self.source is not None else {}
+        fams = {
+            "score": GaugeMetricFamily("appliance_bench_score", "Latest benchmark score "
+                                       "0.20*thr(4-8K)+0.50*thr(8-16K)+0.30*thr(16-32K), output tokens/s.",
+                                       labels=["recipe"]),
+            "ttft": GaugeMetricFamily("appliance_bench_p99_ttft_seconds", "Latest benchmark P99 TTFT.",
+                                      labels=["recipe"]),
+            "tpot": GaugeMetricFamily("appliance_bench_p99_tpot_seconds", "Latest benchmark P99 TPOT.",
+                                      labels=["recipe"]),
+            "decode": GaugeMetricFamily("appliance_bench_decode_seconds_per_token",
+                                        "Latest single-stream decode median per token.", labels=["recipe"]),
+            "at": GaugeMetricFamily("appliance_bench_last_timestamp_seconds", "When the latest bench ended.",
+                                    labels=["recipe"]),
+            "mismatch": GaugeMetricFamily("appliance_reproducibility_mismatch",
+                                          "1: latest fingerprint contradicts the declared reproducibility.",
+                                          labels=["recipe", "measured"]),
+        }
+        for recipe, row in sorted(latest.items()):
+            if row.get("score") is not None:
+                fams["score"].add_metric([recipe], float(row["score"]))
+                fams["at"].add_metric([recipe], float(row["created_at"]))
+            columns = (("ttft", "p99_ttft_ms"), ("tpot", "p99_tpot_ms"), ("decode", "decode_ms_median"))
+            for key, col in columns:
+                if row.get(col) is not None:
+                    fams[key].add_metric([recipe], float(row[col]) / 1000.0)
+            if "mismatch" in row:
+                fams["mismatch"].add_metric([recipe, str(row["measured"])], 1.0 if row["mismatch"] else 0.0)
+        yield from fams.values()
+
+
+_evaluation = _EvaluationCollector()
+REGISTRY.register(_evaluation)
+
+
+def set_evaluation_source(source: EvaluationSource | None) -> None:
+    """Where the benchmark gauges come from (the evaluation store's latest rows per recipe)."""
+    _evaluation.source = source
 
 
 def render() -> tuple[bytes, str]:

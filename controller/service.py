@@ -23,6 +23,7 @@ from appliance.recipe_loader import RecipeError
 from appliance.render import RenderError
 from controller import admin_token, logsetup
 from controller.api import AdminGuard, ApiContext, create_app
+from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.keys_api import keys_router
 from controller.runtime.base import Runtime, RuntimeError_
 from controller.runtime.process import ProcessRuntime
@@ -123,6 +124,7 @@ async def serve(cfg: ServiceConfig) -> None:
     watch.driver = driver
     gpu_watch = GpuWatchLink(store)
     gpu_watch.driver = driver
+    driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
     for note in (docker_note, gateway_note):
         if note:
             driver.note("controller", note)

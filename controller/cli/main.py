@@ -17,6 +17,7 @@ def _register() -> None:
     from controller.cli import (
         doctor_cmd,
         engine_cmd,
+        evaluation_cmd,
         gateway_cmd,
         host_cmd,
         keys_cmd,
@@ -24,7 +25,8 @@ def _register() -> None:
         service_cmd,
     )
 
-    for module in (recipes_cmd, doctor_cmd, engine_cmd, service_cmd, host_cmd, gateway_cmd, keys_cmd):
+    for module in (recipes_cmd, doctor_cmd, engine_cmd, service_cmd, host_cmd, gateway_cmd, keys_cmd,
+                   evaluation_cmd):
         module.register(app)
 
 

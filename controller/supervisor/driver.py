@@ -172,6 +172,9 @@ class Driver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self._gateway_lock = asyncio.Lock()
+        # Called (as a task) when a launch becomes ready: the kernel-path/deployment proof
+        # (controller/evaluation/proof.py, DOMAIN §7). None: nothing extra at ready.
+        self.on_ready: Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]] | None = None
         metrics.set_engine_state(self.m.state.value)
 
     # ------------------------------------------------------------------------------------------
@@ -678,6 +681,8 @@ class Driver:
         cold = launch.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
         start = "cold" if cold else "warm"
         metrics.record_ready(launch.spec.recipe, start, action.ready_s)
+        if self.on_ready is not None and launch.handle is not None:
+            self._spawn(self.on_ready(action.launch_id, launch.spec, launch.handle), "on-ready hook")
         outcome = follower.tracker.cache_outcome if follower else CacheOutcome.UNKNOWN
         metrics.record_compile_cache(launch.spec.recipe, start, outcome.value)
         if launch.kind is StartKind.WARM and outcome is not CacheOutcome.HIT:

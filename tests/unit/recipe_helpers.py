@@ -18,6 +18,7 @@ HOME = "/var/lib/appliance"
 SHIPPED = (
     "cpu-smollm2",
     "cpu-smollm2-docker",
+    "cpu-smollm2-eager",
     "cuda-generic",
     "cuda-smollm2-eager",
     "cuda-smollm2-graph",

@@ -141,7 +141,8 @@ def test_shipped_recipes_have_no_lint_errors(name: str) -> None:
 def test_shipped_findings_are_the_expected_warnings() -> None:
     found = {n: sorted(f.rule for f in lint(shipped()[n])) for n in SHIPPED}
     assert found == {
-        "cpu-smollm2": [], "cpu-smollm2-docker": [], "cuda-generic": [], "gfx906-a-tp2-graph": [],
+        "cpu-smollm2": [], "cpu-smollm2-docker": [], "cpu-smollm2-eager": ["eval-batch-not-fixed"],
+        "cuda-generic": [], "gfx906-a-tp2-graph": [],
         "cuda-smollm2-graph": [], "cuda-smollm2-eager": [], "cuda-smollm2-piecewise": [],
         B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
         "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],

@@ -194,7 +194,7 @@ def test_every_state_label_in_monitoring_is_a_real_supervisor_state() -> None:
 
 def test_dashboards_are_well_formed() -> None:
     assert {p.name for p in DASHBOARDS} == {
-        "host-memory.json", "engine-startup.json", "engine-serving.json", "gateway.json"}
+        "host-memory.json", "engine-startup.json", "engine-serving.json", "gateway.json", "evaluation.json"}
     uids = set()
     for path in DASHBOARDS:
         doc = json.loads(path.read_text())

@@ -1,0 +1,108 @@
+"""The two ways a compare (or a bench) reaches the engine's controller.
+
+- `http_control`: the CLI, through the admin API (`POST /apply`, `POST /restart`, `GET /status`).
+- `driver_control`: the admin API's own `POST /compare`, through the supervisor in-process.
+
+Both answer `describe(status)` with the LaunchInfo a result is tied to (recipe, spec hash, cache
+vintage and root, the recipe's declared reproducibility, and the launch's kernel-path proof).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from appliance.recipe_loader import RecipeError
+from controller.cli.service_client import ApiError, Client
+from controller.evaluation.bench import LaunchInfo
+from controller.evaluation.compare import CompareError, Control, launch_info
+from controller.evaluation.proof import proof_from_events
+from controller.store import Store
+from controller.supervisor.driver import Driver
+from controller.supervisor.preflight import Preflight, UnknownRecipe
+from controller.supervisor.signals import Apply, Restart
+
+
+def http_control(client: Client) -> Control:
+    async def call(method: str, path: str) -> Any:
+        try:
+            if method == "GET":
+                return await asyncio.to_thread(client.get, path)
+            return await asyncio.to_thread(client.post, path, {})
+        except ApiError as exc:
+            raise CompareError(f"{method} {path}: {exc}") from exc
+
+    async def apply(recipe: str) -> None:
+        try:
+            await asyncio.to_thread(client.post, "/apply", {"recipe": recipe})
+        except ApiError as exc:
+            raise CompareError(f"apply {recipe}: {exc}") from exc
+
+    async def restart() -> None:
+        await call("POST", "/restart")
+
+    async def status() -> dict[str, Any]:
+        result: dict[str, Any] = await call("GET", "/status")
+        return result
+
+    async def describe(s: dict[str, Any]) -> LaunchInfo:
+        return await describe_http(client, s)
+
+    return Control(apply=apply, restart=restart, status=status, describe=describe)
+
+
+async def describe_http(client: Client, s: dict[str, Any]) -> LaunchInfo:
+    launch = s.get("launch") or {}
+    if not launch.get("id"):
+        raise CompareError(f"no engine launch (state {s.get('state')})")
+    try:
+        record = await asyncio.to_thread(client.get, f"/launches/{launch['id']}")
+        shown = await asyncio.to_thread(client.get, f"/recipes/{record['recipe']}")
+    except ApiError as exc:
+        if exc.status == 404:  # a recipe that is gone from the directory: the launch record still counts
+            return launch_info(s, record, None, None, proof_from_events(record.get("events") or []))
+        raise CompareError(str(exc)) from exc
+    rendered = shown.get("rendered") or {}
+    return launch_info(
+        s,
+        record,
+        shown.get("recipe"),
+        rendered.get("cache_root"),
+        proof_from_events(record.get("events") or []),
+    )
+
+
+def driver_control(driver: Driver, store: Store, preflight: Preflight) -> Control:
+    async def apply(recipe: str) -> None:
+        rejected = driver.submit(Apply(recipe))
+        if rejected is not None:
+            raise CompareError(f"apply {recipe}: {rejected.reason}")
+
+    async def restart() -> None:
+        rejected = driver.submit(Restart())
+        if rejected is not None:
+            raise CompareError(f"restart: {rejected.reason}")
+
+    async def status() -> dict[str, Any]:
+        return driver.status()
+
+    async def describe(s: dict[str, Any]) -> LaunchInfo:
+        launch = s.get("launch") or {}
+        if not launch.get("id"):
+            raise CompareError(f"no engine launch (state {s.get('state')})")
+        record = await asyncio.to_thread(store.get_launch, launch["id"])
+        if record is None:
+            raise CompareError(f"no launch record {launch['id']}")
+        spec = await asyncio.to_thread(store.get_spec, launch["id"])
+        try:
+            recipe: dict[str, Any] | None = (
+                await asyncio.to_thread(preflight.recipe, record.recipe)
+            ).model_dump(mode="json")
+        except (UnknownRecipe, RecipeError):  # a recipe gone from the directory: the record still counts
+            recipe = None
+        data = record.model_dump(mode="json")
+        return launch_info(
+            s, data, recipe, spec.cache_root if spec else None, proof_from_events(data.get("events") or [])
+        )
+
+    return Control(apply=apply, restart=restart, status=status, describe=describe)

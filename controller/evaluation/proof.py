@@ -1,0 +1,197 @@
+"""Kernel-path and deployment proof, gathered at ready and kept with the launch (DOMAIN §7).
+
+When a launch becomes ready the supervisor calls the hook made by `ready_hook`: it reads the
+engine's whole log and the files the recipe declares (`expect.markers`, `expect.checksums`; on the
+host for the process runtime, inside the container for docker), digests the compile-cache artifacts
+under the launch's cache root, counts loads/compiles per rank, notes the engine's reported versions
+and the host's swap total and swappiness, and records all of it as one `kernel-proof` event on the
+launch. A missing marker or a digest mismatch is also a `kernel-proof-warning` event (the warning at
+ready); a bench reads the proof back from the launch record, and the gate rejects on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import logging
+import tarfile
+from collections.abc import Callable, Coroutine, Iterable
+from pathlib import Path
+from typing import Any
+
+from appliance.bench_result import ProofResult
+from appliance.launch_proof import LaunchProof, evaluate
+from appliance.launch_spec import LaunchSpec
+from appliance.recipe_loader import RecipeError
+from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
+from controller.supervisor.preflight import UnknownRecipe
+
+log = logging.getLogger("appliance.evaluation.proof")
+
+PROOF_EVENT = "kernel-proof"
+WARNING_EVENT = "kernel-proof-warning"
+MAX_LOG_BYTES = 256 * 1024 * 1024
+MAX_DIGEST_FILE = 64 * 1024 * 1024  # compile-cache files larger than this are listed by size only
+MAX_LISTED_ARTIFACTS = 50
+
+
+def proof_from_events(events: Iterable[dict[str, Any]]) -> ProofResult:
+    """The latest `kernel-proof` event of a launch record; empty when the recipe declares nothing."""
+    latest: dict[str, Any] | None = None
+    for event in events:
+        if event.get("kind") == PROOF_EVENT:
+            latest = event.get("data") or {}
+    if latest is None:
+        return ProofResult()
+    return ProofResult(
+        markers=dict(latest.get("markers") or {}), checksums=dict(latest.get("checksums") or {})
+    )
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_whole_log(runtime: Runtime, handle: EngineHandle) -> str:
+    parts: list[str] = []
+    offset, size = 0, 0
+    while size < MAX_LOG_BYTES:
+        text, offset_next = runtime.read_logs(handle, offset)
+        if not text or offset_next == offset:
+            break
+        parts.append(text)
+        size += len(text)
+        offset = offset_next
+    return "".join(parts)
+
+
+def engine_file_digests(
+    runtime: Runtime, handle: EngineHandle, paths: Iterable[str]
+) -> dict[str, str | None]:
+    """sha256 of each file as the engine sees it; None when it cannot be read (a mismatch)."""
+    out: dict[str, str | None] = {}
+    client = getattr(runtime, "client", None) if handle.runtime == "docker" else None
+    for path in paths:
+        try:
+            if client is None:
+                out[path] = _sha256_file(Path(path))
+                continue
+            stream, _ = client.containers.get(handle.ref).get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                data = tar.extractfile(member) if member is not None else None
+                out[path] = hashlib.sha256(data.read()).hexdigest() if data is not None else None
+        except Exception as exc:  # noqa: BLE001 — any failure to read is recorded as "unreadable"
+            log.info("cannot digest %s: %s", path, exc)
+            out[path] = None
+    return out
+
+
+def compile_cache_digest(root: str) -> dict[str, object]:
+    """The compile-cache artifacts under the launch's cache root: count, bytes, one aggregate sha256
+    over (path, size, sha256) and the first files (DOMAIN §4/S14e: "same artifact md5")."""
+    base = Path(root)
+    if not base.is_dir():
+        return {"root": root, "files": 0}
+    files = sorted(p for p in base.rglob("*") if p.is_file() and not p.is_symlink())
+    agg = hashlib.sha256()
+    listed: dict[str, str] = {}
+    total = 0
+    for p in files:
+        rel = str(p.relative_to(base))
+        try:
+            size = p.stat().st_size
+            digest = _sha256_file(p) if size <= MAX_DIGEST_FILE else f"size:{size}"
+        except OSError:
+            continue  # removed while walking (the engine still writes its caches)
+        total += size
+        agg.update(f"{rel}\0{size}\0{digest}\n".encode())
+        if len(listed) < MAX_LISTED_ARTIFACTS:
+            listed[rel] = digest
+    return {"root": root, "files": len(files), "bytes": total, "sha256": agg.hexdigest(), "first": listed}
+
+
+def host_swap(proc: Path = Path("/proc")) -> dict[str, int | None]:
+    """Swap total (bytes) and vm.swappiness, as the seed records them for every run (DOMAIN §3)."""
+    swap: int | None = None
+    swappiness: int | None = None
+    try:
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("SwapTotal:"):
+                swap = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    with contextlib.suppress(OSError, ValueError):
+        swappiness = int((proc / "sys" / "vm" / "swappiness").read_text().strip())
+    return {"swap_total_bytes": swap, "swappiness": swappiness}
+
+
+def collect(
+    runtime: Runtime,
+    handle: EngineHandle,
+    spec: LaunchSpec,
+    markers: tuple[str, ...],
+    checksums: dict[str, str],
+) -> LaunchProof:
+    """Blocking (file reads, hashing): run it in a thread."""
+    text = read_whole_log(runtime, handle)
+    proof = evaluate(text, markers, checksums, engine_file_digests(runtime, handle, checksums))
+    return proof.model_copy(
+        update={"compile_cache": compile_cache_digest(spec.cache_root), "host": host_swap()}
+    )
+
+
+Note = Callable[[str, str, str | None, dict[str, Any] | None], None]
+ReadyHook = Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]]
+
+
+def ready_hook(
+    runtimes: dict[str, Runtime],
+    expectations: Callable[[str], tuple[tuple[str, ...], dict[str, str]]],
+    note: Note,
+) -> ReadyHook:
+    """The supervisor's on-ready hook. `expectations(recipe)` → (markers, checksums) of the recipe."""
+
+    async def on_ready(launch_id: str, spec: LaunchSpec, handle: EngineHandle) -> None:
+        runtime = runtimes.get(handle.runtime)
+        if runtime is None:
+            return
+        try:
+            markers, checksums = await asyncio.to_thread(expectations, spec.recipe)
+        except (RecipeError, UnknownRecipe, KeyError, OSError, ValueError):
+            markers, checksums = (), {}  # a recipe gone from the directory: record what can be seen
+        try:
+            proof = await asyncio.to_thread(collect, runtime, handle, spec, markers, checksums)
+        except (RuntimeError_, OSError) as exc:
+            note(WARNING_EVENT, f"kernel-path proof could not be gathered: {exc}", launch_id, None)
+            return
+        problems = proof.problems
+        summary = (
+            f"{len(markers)} marker(s), {len(checksums)} checksum(s) declared; "
+            f"{'; '.join(problems) if problems else 'all proven'}; "
+            f"compile cache {proof.compile_cache.get('files')} file(s); "
+            f"loads/compiles per rank { ({k: (v.loads, v.compiles) for k, v in proof.ranks.items()}) }"
+        )
+        note(PROOF_EVENT, summary, launch_id, proof.model_dump(mode="json"))
+        if problems:
+            note(WARNING_EVENT, "; ".join(problems), launch_id, {"problems": problems})
+
+    return on_ready
+
+
+def recipe_expectations(
+    recipe_of: Callable[[str], Any],
+) -> Callable[[str], tuple[tuple[str, ...], dict[str, str]]]:
+    """(markers, checksums) of a recipe, from a `Preflight.recipe`-like lookup."""
+
+    def lookup(name: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        expect = recipe_of(name).expect
+        return tuple(expect.markers), dict(expect.checksums)
+
+    return lookup

@@ -1,0 +1,212 @@
+"""Admin API routes for benchmarks, comparisons and fingerprints (included by controller/api.py).
+
+    GET  /benchmarks[?recipe=&limit=]     stored bench results (newest first)
+    GET  /benchmarks/{id}                 one result with every request
+    GET  /comparisons, /fingerprints      stored verdicts and fingerprints
+    POST /compare                         {"baseline", "candidate", ...}: 202, runs in the controller
+    GET  /compare/{id}                    state, verdict, reasons
+    GET  /compare/{id}/events             progress as server-sent events, until the verdict
+
+`POST /compare` switches recipes, so it carries the API's admin dependency (handed in by
+create_app: the same guard as every other mutating route). One compare at a time: a second gets
+409. The compare drives the supervisor in-process (controller/evaluation/controls.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.bench_result import BenchResult
+from appliance.bench_tiers import FIRST_N, NoTierFits
+from controller import metrics
+from controller.evaluation.bench import BenchParams
+from controller.evaluation.client import ClientError, EngineNotReady
+from controller.evaluation.compare import CompareError, compare
+from controller.evaluation.controls import driver_control
+from controller.evaluation.store import EvalStore
+from controller.store import Store
+from controller.supervisor.driver import Driver
+from controller.supervisor.preflight import Preflight
+
+SSE_HEARTBEAT_S = 15.0
+_NAME = r"^[a-z0-9][a-z0-9._-]*$"
+
+
+class CompareBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    baseline: str = Field(min_length=1, max_length=200, pattern=_NAME)
+    candidate: str = Field(min_length=1, max_length=200, pattern=_NAME)
+    requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
+    concurrency: int = Field(default=5, ge=1, le=256)
+    output_tokens: int = Field(default=64, ge=1, le=32768)
+    ignore_eos: bool = True
+    single_stream: bool = True
+    rounds: int = Field(default=1, ge=1, le=10)
+    warm: bool = True
+    ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
+
+
+@dataclass
+class CompareJob:
+    id: str
+    body: CompareBody
+    started_at: float = field(default_factory=time.time)
+    state: str = "running"  # running / done / failed
+    events: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    def publish(self, event: dict[str, Any]) -> None:
+        self.events.append({"at": time.time(), **event})
+        self.changed.set()
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "baseline": self.body.baseline,
+            "candidate": self.body.candidate,
+            "started_at": self.started_at,
+            "events": len(self.events),
+            "result": self.result,
+            "error": self.error,
+        }
+
+
+def evaluation_router(
+    driver: Driver, store: Store, preflight: Preflight, require_admin: Callable[..., Any]
+) -> APIRouter:
+    evals = EvalStore(store.path)
+    metrics.set_evaluation_source(evals.latest_by_recipe)
+    router = APIRouter(tags=["evaluation"])
+    jobs: dict[str, CompareJob] = {}
+
+    @router.get("/benchmarks")
+    async def benchmarks(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50, recipe: str | None = None
+    ) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(evals.benchmarks, limit, recipe)
+
+    @router.get("/benchmarks/{bench_id}", response_model=BenchResult)
+    async def benchmark(bench_id: str) -> BenchResult:
+        found = await asyncio.to_thread(evals.benchmark, bench_id)
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no benchmark {bench_id!r}")
+        return found
+
+    @router.get("/comparisons")
+    async def comparisons(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(evals.comparisons, limit)
+
+    @router.get("/fingerprints")
+    async def fingerprints(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50, recipe: str | None = None
+    ) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(evals.fingerprints, limit, recipe)
+
+    async def run(job: CompareJob) -> None:
+        b = job.body
+        params = BenchParams(
+            output_tokens=b.output_tokens,
+            requests_per_tier=b.requests_per_tier,
+            concurrency=b.concurrency,
+            ignore_eos=b.ignore_eos,
+            single_stream=b.single_stream,
+        )
+        try:
+            outcome = await compare(
+                driver_control(driver, store, preflight),
+                b.baseline,
+                b.candidate,
+                params,
+                evals,
+                rounds=b.rounds,
+                warm=b.warm,
+                ready_timeout_s=b.ready_timeout_s,
+                progress=job.publish,
+            )
+        except (CompareError, EngineNotReady, NoTierFits, ClientError) as exc:
+            job.error, job.state = f"{type(exc).__name__}: {exc} (nothing stored)", "failed"
+            job.publish({"phase": "failed", "error": job.error})
+            return
+        except Exception as exc:  # an unexpected bug must still end the job visibly, not hang its stream
+            job.error, job.state = f"{type(exc).__name__}: {exc} (nothing stored)", "failed"
+            job.publish({"phase": "failed", "error": job.error})
+            raise
+        job.result = {
+            "comparison_id": outcome.id,
+            "gate": outcome.gate.model_dump(mode="json"),
+            "baselines": [r.summary() for r in outcome.baselines],
+            "candidates": [r.summary() for r in outcome.candidates],
+        }
+        job.state = "done"
+        job.publish({"phase": "done", "verdict": outcome.gate.verdict.value})
+
+    @router.post(
+        "/compare",
+        status_code=status.HTTP_202_ACCEPTED,
+        dependencies=[Depends(require_admin)],
+        responses={409: {}, 422: {}},
+    )
+    async def start_compare(body: CompareBody) -> dict[str, Any]:
+        if body.baseline == body.candidate:
+            raise HTTPException(422, "baseline and candidate are the same recipe")
+        if any(j.state == "running" for j in jobs.values()):
+            raise HTTPException(status.HTTP_409_CONFLICT, "a compare is already running")
+        job = CompareJob(id=f"cmpjob-{uuid.uuid4().hex[:12]}", body=body)
+        jobs[job.id] = job
+        job.task = asyncio.get_running_loop().create_task(run(job), name=f"compare {job.id}")
+        return job.view()
+
+    def _job(job_id: str) -> CompareJob:
+        job = jobs.get(job_id)
+        if job is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no compare {job_id!r}")
+        return job
+
+    @router.get("/compare/{job_id}")
+    async def compare_status(job_id: str) -> dict[str, Any]:
+        return _job(job_id).view()
+
+    @router.get("/compare/{job_id}/events", response_class=StreamingResponse)
+    async def compare_events(request: Request, job_id: str) -> StreamingResponse:
+        job = _job(job_id)
+
+        async def stream() -> AsyncIterator[bytes]:
+            sent = 0
+            while True:
+                job.changed.clear()  # before flushing: an event published during a yield wakes the wait
+                while sent < len(job.events):
+                    data = json.dumps(job.events[sent], default=str)
+                    yield f"id: {sent}\nevent: progress\ndata: {data}\n\n".encode()
+                    sent += 1
+                if job.state != "running":
+                    yield f"event: end\ndata: {json.dumps(job.view(), default=str)}\n\n".encode()
+                    return
+                if await request.is_disconnected():
+                    return
+                try:
+                    await asyncio.wait_for(job.changed.wait(), timeout=SSE_HEARTBEAT_S)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return router

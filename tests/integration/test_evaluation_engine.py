@@ -1,0 +1,214 @@
+"""Bench, fingerprint and compare against the real vLLM CPU engine, through a real controller.
+
+One controller and one engine start are shared by the whole module (CPU is scarce), and the
+scenarios run in order: a bench of the running eager recipe; a fingerprint, a restart and a second
+fingerprint (across-restart evidence); a compare against a candidate whose context is half the
+baseline's (so its long-tier requests fail mid-run → reject, everything stored together); a bench
+whose output length leaves no tier (refused, nothing stored); and a bench with the engine stopped
+(refused, nothing stored). Request counts and output lengths are small; nothing asserts on the
+model's words or on timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.test_controller_engine import (
+    ENGINE,
+    ENGINE_HOME,
+    REPO,
+    START_LIVENESS_S,
+    TOKEN,
+    Controller,
+    _free_port,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+BASE, SHORT = "itest-eval-eager", "itest-eval-short"
+SMALL = ["--requests", "5", "--concurrency", "5", "--output-tokens", "8"]
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
+    from controller import engine_setup
+
+    if not (
+        ENGINE.engine_python.exists()
+        and engine_setup.model_files_present(ENGINE.models / engine_setup.MODEL_DIR_NAME)
+    ):
+        pytest.skip(f"the CPU engine is not installed under {ENGINE_HOME}")
+    base = tmp_path_factory.mktemp("evaluation")
+    home, recipes = base / "home", base / "recipes"
+    home.mkdir()
+    recipes.mkdir()
+    for name in ("cpu-smollm2", "cpu-smollm2-eager"):
+        (recipes / f"{name}.yaml").write_text((REPO / "recipes" / f"{name}.yaml").read_text())
+    engine_port = _free_port()
+    (recipes / f"{BASE}.yaml").write_text(
+        f"name: {BASE}\nextends: cpu-smollm2-eager\n"
+        f"runtime:\n  kind: process\n  python: {ENGINE.engine_python}\n"
+        f"model:\n  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n  served_name: smollm2\n"
+        f"engine:\n  port: {engine_port}\n"
+        f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
+        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n  reproducibility: bitwise\n"
+    )
+    # Half the baseline's context: the baseline-planned 16-32K tier (992-1984 tokens) cannot fit.
+    (recipes / f"{SHORT}.yaml").write_text(
+        f"name: {SHORT}\nextends: {BASE}\nengine:\n  max_model_len: 1024\n"
+    )
+    c = Controller(home, recipes, _free_port(), engine_port, recipe=BASE)
+    c.start()
+    try:
+        yield c
+    finally:
+        try:
+            c.post("/stop")
+            c.wait(lambda: c.status()["state"] == "idle", 120, "the engine to stop")
+        finally:
+            c.stop()
+
+
+def _cli(c: Controller, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "APPLIANCE_HOME": str(c.home),
+        "APPLIANCE_ADMIN_TOKEN": TOKEN,
+        "APPLIANCE_RECIPES": str(c.recipes),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "controller.cli.main", *args, "--api", c.url],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _rows(c: Controller, table: str) -> list[dict[str, Any]]:
+    db = sqlite3.connect(c.home / "appliance.sqlite3")
+    db.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in db.execute(f"SELECT * FROM {table} ORDER BY created_at")]
+    except sqlite3.OperationalError:
+        return []  # the table does not exist yet: nothing was ever stored
+    finally:
+        db.close()
+
+
+@pytest.mark.timeout(3600)
+def test_bench_measures_every_tier_prints_streams_and_stores_tied_to_the_launch(
+    controller: Controller,
+) -> None:
+    launch = controller.wait_ready(START_LIVENESS_S)["launch"]
+    out = controller.home / "b.json"
+    r = _cli(controller, "bench", *SMALL, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "4-8K: 5/5" in r.stderr and "16-32K: 5/5" in r.stderr  # progress, request by request
+    assert "score 0.20·thr(4-8K)+0.50·thr(8-16K)+0.30·thr(16-32K)" in r.stdout
+    assert "scaled ×" in r.stdout  # the 2048-token context: the rule is stated
+    result = json.loads(out.read_text())
+    assert result["launch_id"] == launch["id"] and result["recipe"] == BASE
+    assert result["spec_hash"] and result["cache_root"]
+    assert [t["tier"]["name"] for t in result["tiers"]] == ["4-8K", "8-16K", "16-32K"]
+    for tier in result["tiers"]:
+        assert len(tier["requests"]) == 5
+        assert all(q["ok"] and q["output_tokens"] == 8 and q["ttft_ms"] > 0 for q in tier["requests"])
+        lengths = [q["input_tokens"] for q in tier["requests"]]
+        assert all(tier["tier"]["lo"] <= n <= tier["tier"]["hi"] for n in lengths)
+    assert result["tiers"][2]["tier"]["hi"] + 8 <= 2048
+    ss = result["single_stream"]
+    assert (
+        len(ss["decode_ms_samples"]) >= 5
+        and len(ss["ttft_ms_by_input"]) == 2
+        and ss["conc8_tokens_per_s"] > 0
+    )
+    stored = _rows(controller, "eval_benchmarks")
+    assert [s["id"] for s in stored] == [result["id"]]
+    assert stored[0]["failed"] == 0 and stored[0]["score"] > 0 and stored[0]["launch_id"] == launch["id"]
+
+
+@pytest.mark.timeout(3600)
+def test_fingerprint_then_restart_compares_the_streams_across_restarts(controller: Controller) -> None:
+    first_launch = controller.wait_ready(START_LIVENESS_S)["launch"]["id"]
+    r = _cli(
+        controller, "fingerprint", "--max-tokens", "12", "--restart", "--json", "--ready-timeout", "1500"
+    )
+    assert r.returncode == 0, r.stderr
+    runs = json.loads(r.stdout)
+    assert len(runs) == 2
+    one, two = runs
+    assert one["launch_id"] == first_launch and two["launch_id"] != first_launch
+    for run in runs:
+        fp = run["fingerprint"]
+        assert len(fp["serial_set_hash"]) == 64 and len(fp["stream_hashes"]) == 8
+        assert run["measured"] in (
+            "bitwise-reproducible",
+            "varies-across-batch",
+            "varies-across-restarts",
+            "nondeterministic",
+        )
+        assert run["check"]["declared"] == "bitwise"
+    assert one["fingerprint"]["restarts"] is None  # nothing earlier on this cache root in this home
+    assert two["fingerprint"]["restart_reference"] == first_launch
+    restarts = two["fingerprint"]["restarts"]
+    assert restarts["identical"] == (
+        one["fingerprint"]["serial_set_hash"] == two["fingerprint"]["serial_set_hash"]
+    )
+    # A mismatch with the declaration is recorded on the launch (`appliance launches ID`).
+    events = [e["kind"] for e in controller.get(f"/launches/{two['launch_id']}")["events"]]
+    assert ("reproducibility-mismatch" in events) == two["check"]["mismatch"]
+    assert len(_rows(controller, "eval_fingerprints")) == 2
+
+
+@pytest.mark.timeout(3600)
+def test_compare_with_a_candidate_failing_requests_mid_run_rejects_and_stores_it_whole(
+    controller: Controller,
+) -> None:
+    controller.wait_ready(START_LIVENESS_S)
+    before = len(_rows(controller, "eval_benchmarks"))
+    r = _cli(controller, "compare", BASE, SHORT, *SMALL, "--no-single-stream", "--ready-timeout", "1500")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "VERDICT: REJECT" in r.stdout
+    assert f"candidate {SHORT} failed 5 request(s)" in r.stdout  # the whole 16-32K tier, nothing earlier
+    assert f"[{SHORT}] switch" in r.stderr and f"[{BASE}] switch" not in r.stderr  # the baseline ran already
+    comparisons = _rows(controller, "eval_comparisons")
+    assert len(comparisons) == 1 and comparisons[0]["verdict"] == "reject"
+    benches = _rows(controller, "eval_benchmarks")[before:]
+    assert sorted(b["recipe"] for b in benches) == [BASE, SHORT]
+    assert all(b["comparison_id"] == comparisons[0]["id"] for b in benches)
+    short = json.loads(next(b for b in benches if b["recipe"] == SHORT)["result_json"])
+    failed_tiers = [t["tier"]["name"] for t in short["tiers"] if any(not q["ok"] for q in t["requests"])]
+    assert failed_tiers == ["16-32K"]
+    assert controller.status()["recipe"] == SHORT
+
+
+@pytest.mark.timeout(1200)
+def test_a_context_that_fits_no_tier_is_refused_and_nothing_is_stored(controller: Controller) -> None:
+    controller.wait_ready(START_LIVENESS_S)
+    before = len(_rows(controller, "eval_benchmarks"))
+    r = _cli(controller, "bench", "--output-tokens", "1000")  # 1024-token context: 24 input tokens left
+    assert r.returncode == 2
+    assert "NoTierFits" in r.stderr and "no tier fits" in r.stderr and "nothing stored" in r.stderr
+    assert len(_rows(controller, "eval_benchmarks")) == before
+
+
+@pytest.mark.timeout(1200)
+def test_an_engine_that_is_not_ready_is_refused_and_nothing_is_stored(controller: Controller) -> None:
+    controller.post("/stop")
+    controller.wait(lambda: controller.status()["state"] == "idle", 120, "idle")
+    before = len(_rows(controller, "eval_benchmarks"))
+    r = _cli(controller, "bench", *SMALL)
+    assert r.returncode == 2
+    assert "EngineNotReady" in r.stderr and "idle" in r.stderr
+    r = _cli(controller, "bench", "--engine-url", f"http://127.0.0.1:{controller.engine_port}", *SMALL)
+    assert r.returncode == 2 and "EngineNotReady" in r.stderr
+    assert len(_rows(controller, "eval_benchmarks")) == before

@@ -1,0 +1,125 @@
+"""Kernel-path and deployment proof: the pure evaluation of log + digests, the gathering at ready
+through the supervisor's hook (fake runtime at the declared seam, real files), and the read-back
+that fails the gate."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from appliance.launch_proof import evaluate, per_rank_counts, rank_of, versions
+from appliance.recipe_model import Expectations
+from controller.evaluation.proof import (
+    PROOF_EVENT,
+    WARNING_EVENT,
+    compile_cache_digest,
+    host_swap,
+    proof_from_events,
+    ready_hook,
+)
+from tests.unit import test_api as _api
+from tests.unit.test_api import AUTH, Rig
+
+home, rig, client = _api.home, _api.rig, _api.client
+
+LOG = """\
+(APIServer pid=10) INFO [api_server.py:1] vLLM API server version 0.32.0
+(VllmWorker TP0 pid=11) INFO [backends.py:2] Directly load AOT compilation from path /c/rank_0/model
+(VllmWorker TP1 pid=12) INFO [backends.py:3] Compiling a graph for dynamic shape takes 12.5 s
+(VllmWorker TP1 pid=12) INFO [codecache.py:4] fx graph cache miss for key abc123
+(EngineCore_DP0 pid=13) INFO [codecache.py:5] fx graph cache hit for key def456
+INFO [gfx906.py:9] GFX906 int8 sdot4 path selected.
+"""
+
+
+def test_markers_and_checksums_are_checked_as_declared() -> None:
+    good = "a" * 64
+    proof = evaluate(
+        LOG,
+        ["sdot4 path selected.", "triton attention selected."],
+        {"/lib/_C_stable_libtorch.so": good, "/lib/other.so": good, "/missing.so": good},
+        {"/lib/_C_stable_libtorch.so": good, "/lib/other.so": "b" * 64, "/missing.so": None},
+    )
+    assert proof.markers == {"sdot4 path selected.": True, "triton attention selected.": False}
+    assert proof.checksums == {
+        "/lib/_C_stable_libtorch.so": True,
+        "/lib/other.so": False,
+        "/missing.so": False,
+    }
+    assert proof.problems == [
+        "log marker not seen: 'triton attention selected.'",
+        "checksum mismatch: /lib/other.so (bbbbbbbbbbbbbbbb)",
+        "checksum mismatch: /missing.so (unreadable)",
+    ]
+    assert evaluate(LOG, [], {}, {}).problems == []
+
+
+def test_loads_and_compiles_are_counted_per_rank() -> None:
+    counts = per_rank_counts(LOG.splitlines())
+    assert {k: (v.loads, v.compiles) for k, v in counts.items()} == {
+        "rank0": (1, 0),
+        "rank1": (0, 2),
+        "engine-core": (1, 0),
+    }
+    assert rank_of("(Worker_TP3 pid=9) x") == "rank3" and rank_of("plain line") == "main"
+    torch_line = (
+        "[rank0]:I1130 08:44:59.35 3579 torch/_inductor/codecache.py:1] fx graph cache hit for key k1"
+    )
+    assert rank_of(torch_line) == "rank0"
+    assert {k: (v.loads, v.compiles) for k, v in per_rank_counts([torch_line]).items()} == {"rank0": (1, 0)}
+    assert versions(LOG) == {"vllm": "0.32.0"}
+
+
+def test_recipe_checksums_must_be_sha256() -> None:
+    ok = Expectations(ready_budget_s=60, markers=("x selected.",), checksums={"/f": "A" * 64})
+    assert ok.checksums == {"/f": "a" * 64}
+    with pytest.raises(ValidationError, match="sha256"):
+        Expectations(ready_budget_s=60, checksums={"/f": "md5:1234"})
+
+
+def test_compile_cache_digest_changes_with_an_artifact(tmp_path: Path) -> None:
+    (tmp_path / "inductor").mkdir()
+    (tmp_path / "inductor" / "a.py").write_text("x = 1\n")
+    first = compile_cache_digest(str(tmp_path))
+    assert first["files"] == 1 and first["first"] == {"inductor/a.py": hashlib.sha256(b"x = 1\n").hexdigest()}
+    (tmp_path / "inductor" / "a.py").write_text("x = 2\n")
+    assert compile_cache_digest(str(tmp_path))["sha256"] != first["sha256"]
+    assert compile_cache_digest(str(tmp_path / "absent")) == {"root": str(tmp_path / "absent"), "files": 0}
+
+
+def test_host_swap_reads_meminfo_and_swappiness(tmp_path: Path) -> None:
+    (tmp_path / "sys" / "vm").mkdir(parents=True)
+    (tmp_path / "meminfo").write_text("MemTotal: 32778164 kB\nSwapTotal:       4194300 kB\n")
+    (tmp_path / "sys" / "vm" / "swappiness").write_text("200\n")
+    assert host_swap(tmp_path) == {"swap_total_bytes": 4194300 * 1024, "swappiness": 200}
+
+
+async def test_the_proof_is_recorded_at_ready_and_a_missing_marker_warns_and_reads_back_as_a_problem(
+    rig: Rig, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    lib = tmp_path / "_C_stable_libtorch.so"
+    lib.write_bytes(b"packed silu fixed")
+    digest = hashlib.sha256(b"packed silu fixed").hexdigest()
+    declared = (("sdot4 path selected.", "never printed selected."), {str(lib): digest})
+    rig.driver.on_ready = ready_hook({"process": rig.runtime}, lambda name: declared, rig.driver.note)
+    assert (await client.post("/apply", json={"recipe": "cpu-smollm2"}, headers=AUTH)).status_code == 202
+    await rig.step(1)
+    rig.runtime.current().log = LOG
+    rig.runtime.current().healthy = True
+    for _ in range(3):
+        await rig.step(1)
+    launch_id = rig.driver.m.launch.launch_id if rig.driver.m.launch else ""
+    record = (await client.get(f"/launches/{launch_id}")).json()
+    kinds = [e["kind"] for e in record["events"]]
+    assert PROOF_EVENT in kinds and WARNING_EVENT in kinds
+    proof_event = next(e for e in record["events"] if e["kind"] == PROOF_EVENT)
+    assert proof_event["data"]["checksums"] == {str(lib): True}
+    assert proof_event["data"]["versions"] == {"vllm": "0.32.0"}
+    assert "swappiness" in proof_event["data"]["host"]
+    warning = next(e for e in record["events"] if e["kind"] == WARNING_EVENT)
+    assert warning["message"] == "log marker not seen: 'never printed selected.'"
+    assert proof_from_events(record["events"]).problems == ["log marker not seen: 'never printed selected.'"]
