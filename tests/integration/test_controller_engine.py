@@ -199,11 +199,12 @@ def _engine_process(c: Controller) -> psutil.Process:
     return children[0]
 
 
-def _chat(c: Controller) -> bool:
+def _chat(c: Controller, engine: psutil.Process | None = None) -> bool:
     """One completion straight to the engine, with its per-launch key (read from the engine's
     environment, as its own user can). True when one was produced — never judged by the model's
-    words (greedy output differs between CPUs, issue 9)."""
-    key = _engine_process(c).environ()[ENGINE_KEY_ENV]
+    words (greedy output differs between CPUs, issue 9). `engine`: the engine process, when the
+    controller (which knows it) is not running."""
+    key = (engine or _engine_process(c)).environ()[ENGINE_KEY_ENV]
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16, "temperature": 0}
     req = urllib.request.Request(
@@ -254,7 +255,7 @@ def test_a_restarted_controller_adopts_the_running_engine(controller: Controller
     launches_before = len(controller.get("/launches?limit=100"))
     controller.stop()
     assert engine.is_running(), "stopping the controller must not stop the engine"
-    assert _chat(controller)
+    assert _chat(controller, engine)
     controller.start()
     after = controller.wait_ready(timeout_s=300)["launch"]
     assert after["id"] == before["id"] and after["kind"] == "adopted"

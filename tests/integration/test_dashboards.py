@@ -36,6 +36,7 @@ from controller import metrics
 from controller.engine_cpu import launch_spec, prepare_cache_dirs
 from controller.gateway.metrics import GatewayMetrics
 from controller.settings import paths
+from controller.watch.gpu import GpuReader
 from controller.watch.procreader import ProcReader
 from controller.watch.sampler import HostSampler, Watermarks
 
@@ -211,6 +212,10 @@ def _serve(registry: CollectorRegistry) -> tuple[Any, threading.Thread, str]:
 def _set_controller_values() -> None:
     # Host values from the recipe-C-like fixture host: it has swap, PSI and an engine tree.
     sample = HostSampler(ProcReader(FIX / "procfs" / "tp4_graph_host" / "proc")).sample([1000])
+    # GPU panels (issue 12): the real amdgpu sysfs reader over the gfx906 fixture host (no GPU in CI).
+    gpus = GpuReader(FIX / "hosts" / "gfx906-gpumem", nvml=False).sample()
+    assert gpus, "the gfx906 fixture host should show its cards"
+    metrics.observe_gpus(gpus)
     now = time.time()
     metrics.begin_launch("recipe-c", "warm", ready_budget_s=600, min_mem_available_bytes=int(2.35 * 2**30),
                          started_at=now - 240)
