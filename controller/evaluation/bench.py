@@ -42,6 +42,9 @@ class LaunchInfo:
     reproducibility: str | None = None  # the recipe's declared expect.reproducibility
     max_num_seqs: int | None = None
     proof: ProofResult = field(default_factory=ProofResult)
+    # The launch's per-launch engine API key (issue 9: the engine's /v1 answers 401 without it). Kept
+    # out of repr and never written to a result; None for an engine given directly (then --key).
+    engine_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ async def run_bench(
 
     `plan` fixes the tiers (a compare plans once, from the baseline's context, so both arms get the
     same prompts: a candidate with a smaller context then fails the requests it cannot hold)."""
-    async with client or EngineClient(launch.engine_url, api_key) as c:
+    async with client or EngineClient(launch.engine_url, api_key or launch.engine_key) as c:
         _, max_model_len = await c.discover()
         plan = plan or plan_tiers(max_model_len, params.output_tokens)
         progress(

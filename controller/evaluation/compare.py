@@ -158,7 +158,7 @@ async def compare(
         for recipe in (baseline, candidate):
             info = await control.switch(recipe, warm=warm, timeout_s=ready_timeout_s, progress=progress)
             if plan is None:  # the baseline's context decides the tiers for every arm (same prompts)
-                async with EngineClient(info.engine_url, api_key) as c:
+                async with EngineClient(info.engine_url, api_key or info.engine_key) as c:
                     _, max_model_len = await c.discover()
                 plan = plan_tiers(max_model_len, params.output_tokens)
             progress({"phase": "bench", "recipe": recipe, "round": r + 1, "rounds": rounds})

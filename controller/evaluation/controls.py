@@ -10,12 +10,14 @@ vintage and root, the recipe's declared reproducibility, and the launch's kernel
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from appliance.recipe_loader import RecipeError
 from controller.cli.service_client import ApiError, Client
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.compare import CompareError, Control, launch_info
+from controller.evaluation.engine_key import read_engine_key
 from controller.evaluation.proof import proof_from_events
 from controller.store import Store
 from controller.supervisor.driver import Driver
@@ -63,13 +65,14 @@ async def describe_http(client: Client, s: dict[str, Any]) -> LaunchInfo:
             return launch_info(s, record, None, None, proof_from_events(record.get("events") or []))
         raise CompareError(str(exc)) from exc
     rendered = shown.get("rendered") or {}
-    return launch_info(
+    info = launch_info(
         s,
         record,
         shown.get("recipe"),
         rendered.get("cache_root"),
         proof_from_events(record.get("events") or []),
     )
+    return dataclasses.replace(info, engine_key=await asyncio.to_thread(read_engine_key, launch))
 
 
 def driver_control(driver: Driver, store: Store, preflight: Preflight) -> Control:
@@ -101,8 +104,9 @@ def driver_control(driver: Driver, store: Store, preflight: Preflight) -> Contro
         except (UnknownRecipe, RecipeError):  # a recipe gone from the directory: the record still counts
             recipe = None
         data = record.model_dump(mode="json")
-        return launch_info(
+        info = launch_info(
             s, data, recipe, spec.cache_root if spec else None, proof_from_events(data.get("events") or [])
         )
+        return dataclasses.replace(info, engine_key=driver.engine_key(launch["id"]))
 
     return Control(apply=apply, restart=restart, status=status, describe=describe)

@@ -46,7 +46,7 @@ async def measure(
     progress: Progress = _quiet,
     save: bool = True,
 ) -> FingerprintRun:
-    async with EngineClient(launch.engine_url, api_key) as c:
+    async with EngineClient(launch.engine_url, api_key or launch.engine_key) as c:
         await c.discover()
 
         async def serial(label: str) -> list[list[int]]:

@@ -486,6 +486,10 @@ class Driver:
     # ------------------------------------------------------------------------------------------
     # Adoption
 
+    def engine_key(self, launch_id: str) -> str | None:
+        """The launch's engine API key, for in-controller clients (POST /compare); never printed."""
+        return self._engine_keys.get(launch_id)
+
     async def adopt(self) -> None:
         """A controller restart never kills a healthy engine: find ours and supervise it again."""
         found: list[EngineHandle] = []
