@@ -256,8 +256,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         return page(request, "recipes.html", session, rows=rows, names=names, a=a, b=b, diff=diff,
                     current=driver.m.recipe)
 
-    @router.get("/recipes/{name}")
-    async def recipe(request: Request, name: str) -> Response:
+    async def plan_page(request: Request, name: str, template: str) -> Response:
+        """The recipe's preflight plan, on its own page or on the apply confirmation."""
         session = current(request)
         try:
             report = await asyncio.to_thread(preflight.report, name)
@@ -266,19 +266,15 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                            "/console/recipes")
         except UNREADABLE as exc:
             return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
-        return page(request, "recipe.html", session, report=views.plan_view(report, driver), name=name)
+        return page(request, template, session, report=views.plan_view(report, driver), name=name)
+
+    @router.get("/recipes/{name}")
+    async def recipe(request: Request, name: str) -> Response:
+        return await plan_page(request, name, "recipe.html")
 
     @router.get("/recipes/{name}/apply")
     async def apply_confirm(request: Request, name: str) -> Response:
-        session = current(request)
-        try:
-            report = await asyncio.to_thread(preflight.report, name)
-        except UnknownRecipe:
-            return problem(request, session, 404, "Unknown recipe", f"No launchable recipe named {name!r}.",
-                           "/console/recipes")
-        except UNREADABLE as exc:
-            return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
-        return page(request, "apply.html", session, report=views.plan_view(report, driver), name=name)
+        return await plan_page(request, name, "apply.html")
 
     @router.post("/recipes/{name}/apply")
     async def apply(request: Request, name: str) -> Response:
