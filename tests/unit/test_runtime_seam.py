@@ -12,7 +12,7 @@ import ast
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 import pytest
@@ -99,7 +99,8 @@ def _scan(root: Path) -> list[str]:
 
 def test_no_kind_comparisons_outside_a_runtimes_own_files() -> None:
     found = _scan(REPO)
-    assert found == [], "ask the runtime plug-in (appliance/runtimes/registry.py) instead:\n" + "\n".join(found)
+    hint = "ask the runtime plug-in (appliance/runtimes/registry.py) instead:\n"
+    assert found == [], hint + "\n".join(found)
 
 
 @pytest.mark.parametrize("code", [
@@ -170,13 +171,13 @@ def test_store_reads_a_record_written_before_issue_13(tmp_path: Path) -> None:
 
 class _Image:
     id = "sha256:" + "0" * 64
-    attrs: dict[str, Any] = {"RepoDigests": []}
+    attrs: ClassVar[dict[str, Any]] = {"RepoDigests": []}
 
 
 class _Container:
     name = "appliance-x"
     id = short_id = "c0ffee"
-    attrs: dict[str, Any] = {"State": {"StartedAt": "2026-11-29T07:21:40.5Z", "Running": True}}
+    attrs: ClassVar[dict[str, Any]] = {"State": {"StartedAt": "2026-11-29T07:21:40.5Z", "Running": True}}
 
     def start(self) -> None: ...
     def reload(self) -> None: ...
@@ -207,7 +208,10 @@ def _plain(kwargs: dict[str, Any]) -> Any:
     return json.loads(json.dumps(kwargs))
 
 
-@pytest.mark.parametrize("name", [n for n in SHIPPED if pure_registry.for_recipe(shipped()[n]).kind == "docker"])
+DOCKER_RECIPES = [n for n in SHIPPED if pure_registry.for_recipe(shipped()[n]).kind == "docker"]
+
+
+@pytest.mark.parametrize("name", DOCKER_RECIPES)
 def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,10 +251,13 @@ def test_formats_are_the_generic_ones_plus_every_plugins() -> None:
     assert {"docker", "docker-py", "compose", "shell", "vllm-config", "json"} <= expected
 
 
-def test_a_new_plugins_format_is_available_through_the_registry_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_plugins_format_is_available_through_the_registry_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     class Extra:
         kind = "extra"
-        formats = {"extra-fmt": lambda spec, recipe: f"{spec.recipe} {recipe.name if recipe else '-'}\n"}
+        formats: ClassVar[dict[str, Any]] = {
+            "extra-fmt": lambda spec, recipe: f"{spec.recipe} {recipe.name if recipe else '-'}\n"}
 
     plugins = {**pure_registry.PLUGINS, "extra": Extra()}
     monkeypatch.setattr(pure_registry, "PLUGINS", plugins)
