@@ -287,3 +287,46 @@ def test_make_runtime_imports_lazily_and_rejects_unknown_kinds(tmp_path: Path) -
     assert effect_registry.make_runtime("process", tmp_path).name == "process"
     with pytest.raises(ValueError, match="unknown runtime kind 'podman'"):
         effect_registry.make_runtime("podman", tmp_path)
+
+
+# -- optional capabilities of the effectful halves -----------------------------------------------------
+
+
+def test_capabilities_are_found_by_protocol_not_by_class(tmp_path: Path) -> None:
+    from controller.runtime.base import ContainerScoped, EngineFiles, ProvenanceSource
+
+    docker_rt = DockerRuntime(_Client())  # type: ignore[arg-type]
+    process_rt = effect_registry.make_runtime("process", tmp_path)
+    assert all(isinstance(docker_rt, c) for c in (ContainerScoped, ProvenanceSource, EngineFiles))
+    assert isinstance(process_rt, ProvenanceSource)
+    assert not isinstance(process_rt, ContainerScoped | EngineFiles)  # its engine sees this host
+
+
+def test_proof_digests_a_file_inside_the_container_through_the_runtime() -> None:
+    import hashlib
+    import io
+    import tarfile
+
+    from controller.evaluation.proof import engine_file_digests
+    from controller.runtime.base import EngineHandle
+
+    payload = b"kernel library"
+    blob = io.BytesIO()
+    with tarfile.open(fileobj=blob, mode="w") as tar:
+        info = tarfile.TarInfo("lib.so")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+
+    client = _Client()
+
+    class Stored:
+        def get_archive(self, path: str) -> tuple[list[bytes], dict[str, Any]]:
+            if path != "/opt/lib.so":
+                raise FileNotFoundError(path)
+            return [blob.getvalue()], {}
+
+    client.containers.get = lambda ref: Stored()  # type: ignore[attr-defined]
+    handle = EngineHandle(launch_id="L1", runtime="docker", ref="c0ffee", recipe="r", spec_hash="h",
+                          started_at=0.0)
+    digests = engine_file_digests(DockerRuntime(client), handle, ["/opt/lib.so", "/opt/missing"])  # type: ignore[arg-type]
+    assert digests == {"/opt/lib.so": hashlib.sha256(payload).hexdigest(), "/opt/missing": None}
