@@ -45,10 +45,11 @@ from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, recipe_key
 from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
-from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
+from controller.supervisor.gateway_link import GatewayLink
+from controller.supervisor.gateway_sync import GatewaySync
 from controller.supervisor.launch_run import LaunchRun, LaunchRuns
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
-from controller.supervisor.probes import Prober, reachable_url
+from controller.supervisor.probes import Prober
 from controller.supervisor.signals import (
     Action,
     Adopted,
@@ -138,7 +139,6 @@ class Driver:
         self.store = store
         self.preflight = preflight
         self.prober = prober
-        self.gateway = gateway
         self.clock = clock or SystemClock()
         self.config = config or DriverConfig()
         self.provenance = provenance
@@ -152,16 +152,26 @@ class Driver:
         self._probing = False
         self._next_probe = 0.0
         self._health_failures = 0
-        self._checking_gateway = False
-        self._next_gateway_check = 0.0
-        self._gateway_unreachable = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._gateway_lock = asyncio.Lock()
+        self.gateway_sync = GatewaySync(
+            gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
+            check_interval_s=self.config.gateway_check_interval_s)
         # Called (as a task) when a launch becomes ready: the kernel-path/deployment proof
         # (controller/evaluation/proof.py, DOMAIN §7). None: nothing extra at ready.
         self.on_ready: Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]] | None = None
         self.metrics.set_engine_state(self.m.state.value)
+
+    @property
+    def gateway(self) -> GatewayLink:
+        return self.gateway_sync.gateway
+
+    @gateway.setter
+    def gateway(self, link: GatewayLink) -> None:
+        self.gateway_sync.gateway = link
+
+    def _ready_launch(self) -> Launch | None:
+        return self.m.launch if self.m.state is State.READY else None
 
     # ------------------------------------------------------------------------------------------
     # The machine
@@ -428,43 +438,8 @@ class Driver:
             self.submit(HealthLost(launch.launch_id, detail))
 
     def _watch_gateway(self, launch: Launch) -> None:
-        now = self.clock.now()
-        if self.m.state is not State.READY or self._checking_gateway or now < self._next_gateway_check:
-            return
-        self._checking_gateway = True
-        self._next_gateway_check = now + self.config.gateway_check_interval_s
-        self._spawn(self._check_gateway(launch), f"gateway check {launch.launch_id}")
-
-    async def _check_gateway(self, launch: Launch) -> None:
-        """Re-send the upstream when the gateway routes elsewhere or nowhere (it restarted, or the
-        point_to at ready time failed). Under the gateway lock: a drain or clear is never undone."""
-        try:
-            async with self._gateway_lock:
-                current = self.m.launch.launch_id if self.m.launch is not None else None
-                if self.m.state is State.READY and current == launch.launch_id:
-                    await self._reassert_upstream(launch)
-        finally:
-            self._checking_gateway = False
-
-    async def _reassert_upstream(self, launch: Launch) -> None:
-        url, model = reachable_url(launch.spec), launch.spec.served_model_name
-        try:
-            found = await self.gateway.current()
-            if not same_upstream(found, url, model):
-                await self.gateway.point_to(url, model, self.engine_key(launch.launch_id))
-        except GatewayError as exc:
-            if not self._gateway_unreachable:  # said once per outage, not every check
-                self._gateway_unreachable = True
-                self.note("gateway-error", f"upstream check: {exc}", launch.launch_id)
-            return
-        if self._gateway_unreachable:
-            self._gateway_unreachable = False
-            self.note("gateway-reachable", "the gateway answers again", launch.launch_id)
-        if not same_upstream(found, url, model):
-            was = {"url": found.url, "served_model": found.served_model} if found else None
-            self.note("gateway-upstream-restored",
-                      f"the gateway routed to {found.url if found else 'nothing'}: upstream {url} sent again",
-                      launch.launch_id, {"found": was, "url": url, "served_model": model})
+        if self.m.state is State.READY and self.gateway_sync.check_due(self.clock.now()):
+            self._spawn(self.gateway_sync.check(launch), f"gateway check {launch.launch_id}")
 
     # ------------------------------------------------------------------------------------------
     # Adoption
@@ -541,9 +516,9 @@ class Driver:
             case DrainGateway():
                 self._spawn(self._drain(action), f"drain {action.launch_id}")
             case SetUpstream():
-                self._spawn(self._gateway_call("point_to", action.launch_id), "gateway point")
+                self._spawn(self.gateway_sync.point_to(action.launch_id), "gateway point")
             case ClearUpstream():
-                self._spawn(self._gateway_clear(action), "gateway clear")
+                self._spawn(self.gateway_sync.clear(action.retry_after_s, action.reason), "gateway clear")
             case MarkReady():
                 self._mark_ready(action)
             case MarkEnded():
@@ -640,30 +615,8 @@ class Driver:
         self._forget_unless_current(action.launch_id)
 
     async def _drain(self, action: DrainGateway) -> None:
-        async with self._gateway_lock:
-            try:
-                await self.gateway.drain(action.deadline_s, self.m.policy.retry_after_s)
-            except GatewayError as exc:
-                self.note("gateway-error", f"drain: {exc}", action.launch_id)
+        await self.gateway_sync.drain(action.launch_id, action.deadline_s, self.m.policy.retry_after_s)
         self.submit(Drained(action.launch_id))
-
-    async def _gateway_call(self, what: str, launch_id: str) -> None:
-        async with self._gateway_lock:
-            launch = self.m.launch
-            if launch is None or launch.launch_id != launch_id or self.m.state is not State.READY:
-                return  # it stopped being ready before we got here
-            try:
-                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name,
-                                            self.engine_key(launch_id))
-            except GatewayError as exc:
-                self.note("gateway-error", f"{what}: {exc}", launch_id)
-
-    async def _gateway_clear(self, action: ClearUpstream) -> None:
-        async with self._gateway_lock:
-            try:
-                await self.gateway.clear(action.retry_after_s)
-            except GatewayError as exc:
-                self.note("gateway-error", f"clear ({action.reason}): {exc}")
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()
