@@ -256,7 +256,7 @@ class Driver:
     # Watching the current engine
 
     def _runtime(self, handle_or_spec: EngineHandle | LaunchSpec) -> Runtime:
-        kind = handle_or_spec.runtime
+        kind = handle_or_spec.kind
         rt = self.runtimes.get(kind)
         if rt is None:
             raise RuntimeError_(f"no {kind!r} runtime is configured in this controller")
@@ -571,7 +571,7 @@ class Driver:
                 retryable=True)
         except RuntimeError_ as exc:
             failure = Failure(
-                "launch_failed", f"the {spec.runtime} runtime could not start the engine: {exc}",
+                "launch_failed", f"the {spec.kind} runtime could not start the engine: {exc}",
                 "see the message: a missing interpreter, image or device is an installation problem",
                 retryable=False)
         except OSError as exc:

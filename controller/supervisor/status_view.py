@@ -43,7 +43,7 @@ def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str
     return {
         "id": launch.launch_id,
         "kind": launch.kind.value,
-        "runtime": launch.spec.runtime,
+        "runtime": launch.spec.kind,
         "ref": launch.handle.ref if launch.handle else None,
         "engine_url": reachable_url(launch.spec),
         "served_model_name": launch.spec.served_model_name,
