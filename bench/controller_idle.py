@@ -68,10 +68,11 @@ def _engine(children: int, mappings: int, resident_mb: int) -> None:
 
 def _measure(policy_name: str, root_pid: int, seconds: float, warmup: float) -> None:
     import controller.service  # noqa: F401  — the controller's import set, for a faithful RSS
-    from controller import metrics
+    from controller.metrics import ControllerMetrics
     from controller.watch.sample_policy import ALWAYS, SamplingPolicy
     from controller.watch.sampler import HostSample, HostSampler, Watermarks, run_sampler
 
+    metrics = ControllerMetrics()
     policy = ALWAYS if policy_name == "old" else SamplingPolicy()
     sampler = HostSampler(policy=policy)
     marks = Watermarks("bench")

@@ -40,9 +40,12 @@ from prometheus_client import start_http_server  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from appliance.kmsg import KmsgRecord, OomEvent, OomEventKind, parse_record  # noqa: E402
-from controller import metrics  # noqa: E402
+from controller.metrics import ControllerMetrics  # noqa: E402
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower  # noqa: E402
 from tests.integration.images import busybox_image  # noqa: E402
+
+# The controller's metrics object (service.py builds one per controller; here, one for the bench).
+metrics = ControllerMetrics()
 
 HOG = "while [ ! -e /tmp/go ]; do sleep 0.02; done; exec tail /dev/zero"
 
@@ -171,7 +174,7 @@ async def main_async(runs: int, json_out: Path | None) -> int:
     client = docker.from_env()
     client.ping()
     image = busybox_image(client)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.REGISTRY)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
     url = f"http://127.0.0.1:{server.server_port}/metrics"
     results: list[Run] = []
     try:

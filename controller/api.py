@@ -10,7 +10,7 @@ machine's own refusal, so two concurrent applies get one 202 and one 409), 422 a
 the offending field in `detail[].loc`).
 
     GET  /healthz                  the controller answers
-    GET  /metrics                  Prometheus (controller/metrics.py)
+    GET  /metrics                  Prometheus (controller/metrics.py, the driver's ControllerMetrics)
     GET  /recipes                  what can be applied
     GET  /recipes/{name}           one recipe and its rendering on this host
     POST /recipes/{name}/plan      lint + admission + rendering, nothing started
@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.recipe_loader import RecipeError, load_recipes
-from controller import metrics
 from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
@@ -142,7 +141,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/metrics", tags=["meta"], response_class=Response)
     async def get_metrics() -> Response:
-        body, content_type = metrics.render()
+        body, content_type = ctx.driver.metrics.render()
         return Response(content=body, media_type=content_type)
 
     @app.get("/recipes", tags=["recipes"], response_model=list[RecipeSummary])

@@ -4,7 +4,11 @@ The dashboards (`monitoring/grafana/dashboards/`) and alert rules (`monitoring/p
 query exactly these names; the gateway has its own (`appliance_gateway_*`,
 `controller/gateway/metrics.py`); the engine exports vLLM's own `vllm:*`.
 
-The supervisor and the watchers call these functions (nothing else touches the metric objects):
+One `ControllerMetrics` object holds them, each with its own registry (as the gateway's
+`GatewayMetrics`): `controller/service.py` builds one and hands it to the Driver, the host watch
+(`HostWatchLink`), the GPU watch and the evaluation router; `GET /metrics` renders it. A unit test
+builds a fresh one and asserts on its values. The supervisor and the watchers call these methods
+(nothing else touches the metric objects):
 
 - `set_engine_state(state)` → `appliance_engine_state{state}`: 1 for the current state, 0 for the
   others. The states are the supervisor's own (`controller.supervisor.machine.State`: idle,
@@ -18,11 +22,15 @@ The supervisor and the watchers call these functions (nothing else touches the m
   latest, 0 for earlier ones) and `appliance_engine_phase_reached_seconds{recipe,phase}`.
 - `record_ready(recipe, cache, seconds)` → histogram `appliance_engine_ready_seconds{recipe,cache}`,
   `appliance_engine_last_ready_seconds{recipe,cache}`, `appliance_engine_ready{recipe}` = 1.
+- `adopt_launch(recipe, *, min_mem_available_bytes)` → an adopted engine: `appliance_engine_ready{recipe}`
+  = 0 until it answers, and the recipe's MemAvailable target (its start time and budget were the
+  launching controller's). `set_mem_available_target(recipe, bytes)` sets the target alone (None clears).
 - `set_engine_ready(recipe)` → `appliance_engine_ready{recipe}` = 1 without a ready-time sample (an
   adopted engine: its start was measured by the controller that launched it).
 - `end_launch(recipe)` → the engine is gone (exited, stopped, never started):
-  `appliance_engine_ready{recipe}` = 0, and the start timestamp / ready budget series are dropped, so
-  "not ready past its budget" cannot fire for an engine that no longer exists.
+  `appliance_engine_ready{recipe}` = 0, and the start timestamp / ready budget / MemAvailable target
+  series are dropped, so "not ready past its budget" and "MemAvailable below the recipe's target"
+  cannot fire for an engine that no longer exists.
 - `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
   (start: cold/warm; result: hit/miss/unknown, as `appliance.log_phases.CacheOutcome`).
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
@@ -70,8 +78,6 @@ from appliance.procfs import ProcessMemory
 from controller.supervisor.machine import State
 from controller.watch.sampler import HostSample, Watermarks
 
-REGISTRY = CollectorRegistry(auto_describe=True)
-
 # The supervisor's states, from the state machine itself: alert rules and dashboards select these
 # label values (tests/unit/test_monitoring_rules.py checks them against State). Unknown states are
 # added on use.
@@ -80,113 +86,6 @@ CACHE_KINDS = ("cold", "warm")
 COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.log_phases.CacheOutcome values
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
 READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)
-
-# --- engine lifecycle -----------------------------------------------------------------------------
-
-engine_state = Gauge(
-    "appliance_engine_state", "Supervisor state of the engine slot: 1 for the current state.", ["state"],
-    registry=REGISTRY,
-)
-engine_phase = Gauge(
-    "appliance_engine_phase", "Start-up phase from the engine log: 1 for the latest phase reached.",
-    ["phase"], registry=REGISTRY,
-)
-engine_phase_reached_seconds = Gauge(
-    "appliance_engine_phase_reached_seconds",
-    "Seconds after launch at which the current launch reached each phase.", ["recipe", "phase"],
-    registry=REGISTRY,
-)
-engine_launches_total = Counter(
-    "appliance_engine_launches", "Engine launches by recipe and compile cache state (cold/warm).",
-    ["recipe", "cache"], registry=REGISTRY,
-)
-engine_restarts_total = Counter(
-    "appliance_engine_restarts", "Engine restarts by the supervisor, by reason.", ["recipe", "reason"],
-    registry=REGISTRY,
-)
-engine_launch_start = Gauge(
-    "appliance_engine_launch_start_timestamp_seconds", "Wall-clock start of the current launch.", ["recipe"],
-    registry=REGISTRY,
-)
-engine_ready_budget = Gauge(
-    "appliance_engine_ready_budget_seconds", "How long the current launch may take to become ready.",
-    ["recipe"], registry=REGISTRY,
-)
-engine_ready = Gauge(
-    "appliance_engine_ready", "1 once the current launch answered health and a real completion.", ["recipe"],
-    registry=REGISTRY,
-)
-engine_ready_seconds = Histogram(
-    "appliance_engine_ready_seconds", "Launch to ready, by recipe and cache state.", ["recipe", "cache"],
-    buckets=READY_BUCKETS, registry=REGISTRY,
-)
-engine_last_ready_seconds = Gauge(
-    "appliance_engine_last_ready_seconds", "Launch to ready of the latest launch per recipe and cache state.",
-    ["recipe", "cache"], registry=REGISTRY,
-)
-engine_compile_cache_total = Counter(
-    "appliance_engine_compile_cache",
-    "Compile cache outcome per start from the engine log (start: cold/warm; result: hit/miss/unknown).",
-    ["recipe", "start", "result"], registry=REGISTRY,
-)
-
-# --- OOM ------------------------------------------------------------------------------------------
-
-oom_kills_total = Counter(
-    "appliance_oom_kills", "Kernel OOM kills seen in /dev/kmsg, by constraint (global, cgroup, ...).",
-    ["constraint"], registry=REGISTRY,
-)
-oom_victim_kills_total = Counter(
-    "appliance_oom_victim_kills", "Kernel OOM kills by constraint and victim task name.",
-    ["constraint", "victim"], registry=REGISTRY,
-)
-oom_last_kill = Gauge(
-    "appliance_oom_last_kill_timestamp_seconds",
-    "Wall-clock time the latest OOM kill was seen, by constraint.", ["constraint"], registry=REGISTRY,
-)
-cgroup_oom_kills_total = Counter(
-    "appliance_cgroup_oom_kills", "OOM kills counted by the engine container's cgroup (memory.events).",
-    registry=REGISTRY,
-)
-kmsg_lost_records_total = Counter(
-    "appliance_kmsg_lost_records", "Kernel log records overwritten before the watcher read them.",
-    registry=REGISTRY,
-)
-
-# --- host memory ------------------------------------------------------------------------------------
-
-host_mem_total = Gauge("appliance_host_memory_total_bytes", "MemTotal.", registry=REGISTRY)
-host_mem_available = Gauge("appliance_host_memory_available_bytes", "MemAvailable.", registry=REGISTRY)
-host_swap_total = Gauge("appliance_host_swap_total_bytes", "Swap areas' total size.", registry=REGISTRY)
-host_swap_used = Gauge("appliance_host_swap_used_bytes", "Swap in use.", registry=REGISTRY)
-host_swappiness = Gauge("appliance_host_swappiness", "vm.swappiness (0..200).", registry=REGISTRY)
-host_pressure = Gauge(
-    "appliance_host_memory_pressure_ratio",
-    "Memory PSI: share of time some/all tasks stalled on memory, averaged over 10/60/300 s.",
-    ["kind", "window"], registry=REGISTRY,
-)
-launch_mem_available_min = Gauge(
-    "appliance_launch_memory_available_min_bytes", "Lowest MemAvailable seen during the current launch.",
-    ["recipe"], registry=REGISTRY,
-)
-launch_mem_available_target = Gauge(
-    "appliance_launch_memory_available_target_bytes",
-    "The recipe's floor for MemAvailable (expectations.min_mem_available_gib).", ["recipe"],
-    registry=REGISTRY,
-)
-launch_swap_peak = Gauge(
-    "appliance_launch_swap_used_peak_bytes", "Highest swap use seen during the current launch.", ["recipe"],
-    registry=REGISTRY,
-)
-launch_engine_anon_peak = Gauge(
-    "appliance_launch_engine_anon_peak_bytes",
-    "Highest summed RssAnon of the engine's processes during the current launch.", ["recipe"],
-    registry=REGISTRY,
-)
-launch_pressure_peak = Gauge(
-    "appliance_launch_memory_pressure_peak_ratio", "Highest memory PSI avg10 during the current launch.",
-    ["recipe", "kind"], registry=REGISTRY,
-)
 
 
 class _EngineProcessCollector(Collector):
@@ -225,171 +124,6 @@ class _EngineProcessCollector(Collector):
         if sampled:
             total.add_metric([], sum(p.anon_bytes for p in procs))
         yield total
-
-
-_engine_processes = _EngineProcessCollector()
-REGISTRY.register(_engine_processes)
-
-_lock = threading.Lock()
-_states_seen: set[str] = set(ENGINE_STATES)
-_phases_seen: set[str] = set()
-
-for _s in ENGINE_STATES:
-    engine_state.labels(_s).set(0)
-for _scope in OomScope:
-    oom_kills_total.labels(_scope.value)
-    oom_last_kill.labels(_scope.value).set(0)
-
-
-# --- functions the supervisor and the watchers call ------------------------------------------------
-
-
-def set_engine_state(state: str) -> None:
-    state = state.lower()
-    with _lock:
-        _states_seen.add(state)
-        for s in _states_seen:
-            engine_state.labels(s).set(1 if s == state else 0)
-
-
-def begin_launch(
-    recipe: str,
-    cache: str,
-    *,
-    ready_budget_s: float,
-    min_mem_available_bytes: int | None,
-    started_at: float,
-) -> None:
-    """A new launch of `recipe` starts (cache: "cold" or "warm"). Per-launch series of the previous
-    launch are dropped, so alerts compare against the current recipe only."""
-    with _lock:
-        for g in (engine_launch_start, engine_ready_budget, engine_ready, launch_mem_available_target,
-                  launch_mem_available_min, launch_swap_peak, launch_engine_anon_peak, launch_pressure_peak,
-                  engine_phase_reached_seconds, engine_phase):
-            g.clear()
-        _phases_seen.clear()
-    engine_launches_total.labels(recipe, cache).inc()
-    # Create the outcome series at 0 before the log says anything: a counter born at 1 is invisible
-    # to increase() (the warm-miss alert).
-    for start in CACHE_KINDS:
-        for result in COMPILE_RESULTS:
-            engine_compile_cache_total.labels(recipe, start, result)
-    engine_launch_start.labels(recipe).set(started_at)
-    engine_ready_budget.labels(recipe).set(ready_budget_s)
-    engine_ready.labels(recipe).set(0)
-    if min_mem_available_bytes is not None:
-        launch_mem_available_target.labels(recipe).set(min_mem_available_bytes)
-
-
-def set_mem_available_target(recipe: str, target_bytes: int | None) -> None:
-    """The running recipe's MemAvailable floor (`MemAvailableBelowRecipeTarget`); None clears it."""
-    with _lock:
-        launch_mem_available_target.clear()
-    if target_bytes is not None:
-        launch_mem_available_target.labels(recipe).set(target_bytes)
-
-
-def set_engine_phase(recipe: str, phase: str, since_start_s: float) -> None:
-    with _lock:
-        _phases_seen.add(phase)
-        for p in _phases_seen:
-            engine_phase.labels(p).set(1 if p == phase else 0)
-    engine_phase_reached_seconds.labels(recipe, phase).set(since_start_s)
-
-
-def record_ready(recipe: str, cache: str, seconds: float) -> None:
-    engine_ready_seconds.labels(recipe, cache).observe(seconds)
-    engine_last_ready_seconds.labels(recipe, cache).set(seconds)
-    engine_ready.labels(recipe).set(1)
-
-
-def set_engine_ready(recipe: str) -> None:
-    """The current launch of `recipe` serves (an adopted engine that answered its probes)."""
-    engine_ready.labels(recipe).set(1)
-
-
-def end_launch(recipe: str) -> None:
-    """The launch of `recipe` ended (exit, stop, failed start): not ready any more, and no start in
-    progress whose budget could run out."""
-    with _lock:
-        engine_ready.labels(recipe).set(0)
-        engine_launch_start.remove(recipe)  # absent series: nothing to do
-        engine_ready_budget.remove(recipe)
-
-
-def record_compile_cache(recipe: str, start: str, result: str) -> None:
-    """One start's compile cache outcome from the log (DOMAIN §4: a warm start must say `Directly
-    load AOT compilation`; `Source code has changed … Recompiling` is a miss)."""
-    engine_compile_cache_total.labels(recipe, start, result).inc()
-
-
-def record_restart(recipe: str, reason: str) -> None:
-    engine_restarts_total.labels(recipe, reason).inc()
-
-
-def record_oom_event(event: OomEvent, *, now: float | None = None) -> None:
-    """Count a kill (reaper confirmations are not kills and are ignored)."""
-    if event.kind is not OomEventKind.KILL:
-        return
-    constraint = event.scope.value
-    oom_kills_total.labels(constraint).inc()
-    oom_victim_kills_total.labels(constraint, event.task or "?").inc()
-    oom_last_kill.labels(constraint).set(time.time() if now is None else now)
-
-
-def record_cgroup_oom_kills(n: int) -> None:
-    if n > 0:
-        cgroup_oom_kills_total.inc(n)
-
-
-def record_kmsg_gap(gap: SeqGap) -> None:
-    kmsg_lost_records_total.inc(gap.lost)
-
-
-def observe_host(sample: HostSample) -> None:
-    host_mem_total.set(sample.meminfo.mem_total_bytes)
-    host_mem_available.set(sample.mem_available_bytes)
-    host_swap_total.set(sample.swap_total_bytes)
-    host_swap_used.set(sample.swap_used_bytes)
-    if sample.swappiness is not None:
-        host_swappiness.set(sample.swappiness)
-    if sample.pressure is not None:
-        lines = [("some", sample.pressure.some), ("full", sample.pressure.full)]
-        for kind, line in lines:
-            if line is None:
-                continue
-            host_pressure.labels(kind, "10s").set(line.avg10)
-            host_pressure.labels(kind, "60s").set(line.avg60)
-            host_pressure.labels(kind, "300s").set(line.avg300)
-    _engine_processes.set(sample.processes)
-
-
-def observe_watermarks(recipe: str, marks: Watermarks) -> None:
-    if marks.mem_available_min_bytes is not None:
-        launch_mem_available_min.labels(recipe).set(marks.mem_available_min_bytes)
-    launch_swap_peak.labels(recipe).set(marks.swap_used_peak_bytes)
-    launch_engine_anon_peak.labels(recipe).set(marks.engine_anon_peak_bytes)
-    launch_pressure_peak.labels(recipe, "some").set(marks.pressure_some_avg10_peak)
-    launch_pressure_peak.labels(recipe, "full").set(marks.pressure_full_avg10_peak)
-
-
-gpu_mem_used = Gauge("appliance_gpu_memory_used_bytes", "GPU memory in use (NVML / amdgpu sysfs).",
-                     ["gpu", "vendor"], registry=REGISTRY)
-gpu_mem_total = Gauge("appliance_gpu_memory_total_bytes", "GPU memory in total.", ["gpu", "vendor"],
-                      registry=REGISTRY)
-gpu_utilization = Gauge("appliance_gpu_utilization_ratio", "GPU busy, 0..1 (NVML utilization.gpu / "
-                        "amdgpu gpu_busy_percent).", ["gpu", "vendor"], registry=REGISTRY)
-
-
-def observe_gpus(samples: Iterable[GpuSample]) -> None:
-    for s in samples:
-        labels = (str(s.index), s.vendor)
-        if s.used_bytes is not None:
-            gpu_mem_used.labels(*labels).set(s.used_bytes)
-        if s.total_bytes is not None:
-            gpu_mem_total.labels(*labels).set(s.total_bytes)
-        if s.busy_percent is not None:
-            gpu_utilization.labels(*labels).set(s.busy_percent / 100.0)
 
 
 # --- benchmarks and fingerprints (controller/evaluation/) ---------------------------------------------
@@ -440,15 +174,297 @@ class _EvaluationCollector(Collector):
         yield from fams.values()
 
 
-_evaluation = _EvaluationCollector()
-REGISTRY.register(_evaluation)
+class ControllerMetrics:
+    """The controller's metrics in a registry of their own (one per instance: a unit test gets clean
+    series, and two controllers in one process do not share counters)."""
 
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry(auto_describe=True)
 
-def set_evaluation_source(source: EvaluationSource | None) -> None:
-    """Where the benchmark gauges come from (the evaluation store's latest rows per recipe)."""
-    _evaluation.source = source
+        # --- engine lifecycle
+        self.engine_state = Gauge(
+            "appliance_engine_state", "Supervisor state of the engine slot: 1 for the current state.",
+            ["state"], registry=r,
+        )
+        self.engine_phase = Gauge(
+            "appliance_engine_phase", "Start-up phase from the engine log: 1 for the latest phase reached.",
+            ["phase"], registry=r,
+        )
+        self.engine_phase_reached_seconds = Gauge(
+            "appliance_engine_phase_reached_seconds",
+            "Seconds after launch at which the current launch reached each phase.", ["recipe", "phase"],
+            registry=r,
+        )
+        self.engine_launches_total = Counter(
+            "appliance_engine_launches", "Engine launches by recipe and compile cache state (cold/warm).",
+            ["recipe", "cache"], registry=r,
+        )
+        self.engine_restarts_total = Counter(
+            "appliance_engine_restarts", "Engine restarts by the supervisor, by reason.",
+            ["recipe", "reason"], registry=r,
+        )
+        self.engine_launch_start = Gauge(
+            "appliance_engine_launch_start_timestamp_seconds", "Wall-clock start of the current launch.",
+            ["recipe"], registry=r,
+        )
+        self.engine_ready_budget = Gauge(
+            "appliance_engine_ready_budget_seconds", "How long the current launch may take to become ready.",
+            ["recipe"], registry=r,
+        )
+        self.engine_ready = Gauge(
+            "appliance_engine_ready", "1 once the current launch answered health and a real completion.",
+            ["recipe"], registry=r,
+        )
+        self.engine_ready_seconds = Histogram(
+            "appliance_engine_ready_seconds", "Launch to ready, by recipe and cache state.",
+            ["recipe", "cache"], buckets=READY_BUCKETS, registry=r,
+        )
+        self.engine_last_ready_seconds = Gauge(
+            "appliance_engine_last_ready_seconds",
+            "Launch to ready of the latest launch per recipe and cache state.", ["recipe", "cache"],
+            registry=r,
+        )
+        self.engine_compile_cache_total = Counter(
+            "appliance_engine_compile_cache",
+            "Compile cache outcome per start from the engine log "
+            "(start: cold/warm; result: hit/miss/unknown).",
+            ["recipe", "start", "result"], registry=r,
+        )
 
+        # --- OOM
+        self.oom_kills_total = Counter(
+            "appliance_oom_kills", "Kernel OOM kills seen in /dev/kmsg, by constraint (global, cgroup, ...).",
+            ["constraint"], registry=r,
+        )
+        self.oom_victim_kills_total = Counter(
+            "appliance_oom_victim_kills", "Kernel OOM kills by constraint and victim task name.",
+            ["constraint", "victim"], registry=r,
+        )
+        self.oom_last_kill = Gauge(
+            "appliance_oom_last_kill_timestamp_seconds",
+            "Wall-clock time the latest OOM kill was seen, by constraint.", ["constraint"], registry=r,
+        )
+        self.cgroup_oom_kills_total = Counter(
+            "appliance_cgroup_oom_kills",
+            "OOM kills counted by the engine container's cgroup (memory.events).",
+            registry=r,
+        )
+        self.kmsg_lost_records_total = Counter(
+            "appliance_kmsg_lost_records", "Kernel log records overwritten before the watcher read them.",
+            registry=r,
+        )
 
-def render() -> tuple[bytes, str]:
-    """The exposition body and its content type, for `GET /metrics`."""
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        # --- host memory
+        self.host_mem_total = Gauge("appliance_host_memory_total_bytes", "MemTotal.", registry=r)
+        self.host_mem_available = Gauge("appliance_host_memory_available_bytes", "MemAvailable.", registry=r)
+        self.host_swap_total = Gauge("appliance_host_swap_total_bytes", "Swap areas' total size.", registry=r)
+        self.host_swap_used = Gauge("appliance_host_swap_used_bytes", "Swap in use.", registry=r)
+        self.host_swappiness = Gauge("appliance_host_swappiness", "vm.swappiness (0..200).", registry=r)
+        self.host_pressure = Gauge(
+            "appliance_host_memory_pressure_ratio",
+            "Memory PSI: share of time some/all tasks stalled on memory, averaged over 10/60/300 s.",
+            ["kind", "window"], registry=r,
+        )
+        self.launch_mem_available_min = Gauge(
+            "appliance_launch_memory_available_min_bytes",
+            "Lowest MemAvailable seen during the current launch.",
+            ["recipe"], registry=r,
+        )
+        self.launch_mem_available_target = Gauge(
+            "appliance_launch_memory_available_target_bytes",
+            "The recipe's floor for MemAvailable (expectations.min_mem_available_gib).", ["recipe"],
+            registry=r,
+        )
+        self.launch_swap_peak = Gauge(
+            "appliance_launch_swap_used_peak_bytes", "Highest swap use seen during the current launch.",
+            ["recipe"], registry=r,
+        )
+        self.launch_engine_anon_peak = Gauge(
+            "appliance_launch_engine_anon_peak_bytes",
+            "Highest summed RssAnon of the engine's processes during the current launch.", ["recipe"],
+            registry=r,
+        )
+        self.launch_pressure_peak = Gauge(
+            "appliance_launch_memory_pressure_peak_ratio",
+            "Highest memory PSI avg10 during the current launch.",
+            ["recipe", "kind"], registry=r,
+        )
+
+        # --- GPUs
+        self.gpu_mem_used = Gauge("appliance_gpu_memory_used_bytes",
+                                  "GPU memory in use (NVML / amdgpu sysfs).", ["gpu", "vendor"], registry=r)
+        self.gpu_mem_total = Gauge("appliance_gpu_memory_total_bytes", "GPU memory in total.",
+                                   ["gpu", "vendor"], registry=r)
+        self.gpu_utilization = Gauge("appliance_gpu_utilization_ratio",
+                                     "GPU busy, 0..1 (NVML utilization.gpu / amdgpu gpu_busy_percent).",
+                                     ["gpu", "vendor"], registry=r)
+
+        self._engine_processes = _EngineProcessCollector()
+        r.register(self._engine_processes)
+        self._evaluation = _EvaluationCollector()
+        r.register(self._evaluation)
+
+        self._lock = threading.Lock()
+        self._states_seen: set[str] = set(ENGINE_STATES)
+        self._phases_seen: set[str] = set()
+        for s in ENGINE_STATES:
+            self.engine_state.labels(s).set(0)
+        for scope in OomScope:
+            self.oom_kills_total.labels(scope.value)
+            self.oom_last_kill.labels(scope.value).set(0)
+
+    # --- the supervisor ------------------------------------------------------------------------
+
+    def set_engine_state(self, state: str) -> None:
+        state = state.lower()
+        with self._lock:
+            self._states_seen.add(state)
+            for s in self._states_seen:
+                self.engine_state.labels(s).set(1 if s == state else 0)
+
+    def begin_launch(
+        self,
+        recipe: str,
+        cache: str,
+        *,
+        ready_budget_s: float,
+        min_mem_available_bytes: int | None,
+        started_at: float,
+    ) -> None:
+        """A new launch of `recipe` starts (cache: "cold" or "warm"). Per-launch series of the previous
+        launch are dropped, so alerts compare against the current recipe only."""
+        with self._lock:
+            for g in (self.engine_launch_start, self.engine_ready_budget, self.engine_ready,
+                      self.launch_mem_available_target, self.launch_mem_available_min, self.launch_swap_peak,
+                      self.launch_engine_anon_peak, self.launch_pressure_peak,
+                      self.engine_phase_reached_seconds, self.engine_phase):
+                g.clear()
+            self._phases_seen.clear()
+        self.engine_launches_total.labels(recipe, cache).inc()
+        # Create the outcome series at 0 before the log says anything: a counter born at 1 is invisible
+        # to increase() (the warm-miss alert).
+        for start in CACHE_KINDS:
+            for result in COMPILE_RESULTS:
+                self.engine_compile_cache_total.labels(recipe, start, result)
+        self.engine_launch_start.labels(recipe).set(started_at)
+        self.engine_ready_budget.labels(recipe).set(ready_budget_s)
+        self.engine_ready.labels(recipe).set(0)
+        if min_mem_available_bytes is not None:
+            self.launch_mem_available_target.labels(recipe).set(min_mem_available_bytes)
+
+    def adopt_launch(self, recipe: str, *, min_mem_available_bytes: int | None) -> None:
+        """An engine of `recipe` is adopted (a controller restart): the current launch again, not
+        ready until it answers its probes, with the recipe's MemAvailable floor. Its start time,
+        budget and ready time were the launching controller's and are not re-published."""
+        with self._lock:
+            for g in (self.engine_ready, self.launch_mem_available_target):
+                g.clear()
+        self.engine_ready.labels(recipe).set(0)
+        self.set_mem_available_target(recipe, min_mem_available_bytes)
+
+    def set_mem_available_target(self, recipe: str, target_bytes: int | None) -> None:
+        """The running recipe's MemAvailable floor (`MemAvailableBelowRecipeTarget`); None clears it."""
+        with self._lock:
+            self.launch_mem_available_target.clear()
+        if target_bytes is not None:
+            self.launch_mem_available_target.labels(recipe).set(target_bytes)
+
+    def set_engine_phase(self, recipe: str, phase: str, since_start_s: float) -> None:
+        with self._lock:
+            self._phases_seen.add(phase)
+            for p in self._phases_seen:
+                self.engine_phase.labels(p).set(1 if p == phase else 0)
+        self.engine_phase_reached_seconds.labels(recipe, phase).set(since_start_s)
+
+    def record_ready(self, recipe: str, cache: str, seconds: float) -> None:
+        self.engine_ready_seconds.labels(recipe, cache).observe(seconds)
+        self.engine_last_ready_seconds.labels(recipe, cache).set(seconds)
+        self.engine_ready.labels(recipe).set(1)
+
+    def set_engine_ready(self, recipe: str) -> None:
+        """The current launch of `recipe` serves (an adopted engine that answered its probes)."""
+        self.engine_ready.labels(recipe).set(1)
+
+    def end_launch(self, recipe: str) -> None:
+        """The launch of `recipe` ended (exit, stop, failed start): not ready any more, no start in
+        progress whose budget could run out, and no MemAvailable floor of an engine that is gone."""
+        with self._lock:
+            self.engine_ready.labels(recipe).set(0)
+            self.engine_launch_start.remove(recipe)  # absent series: nothing to do
+            self.engine_ready_budget.remove(recipe)
+            self.launch_mem_available_target.clear()
+
+    def record_compile_cache(self, recipe: str, start: str, result: str) -> None:
+        """One start's compile cache outcome from the log (DOMAIN §4: a warm start must say `Directly
+        load AOT compilation`; `Source code has changed … Recompiling` is a miss)."""
+        self.engine_compile_cache_total.labels(recipe, start, result).inc()
+
+    def record_restart(self, recipe: str, reason: str) -> None:
+        self.engine_restarts_total.labels(recipe, reason).inc()
+
+    # --- the host watch ------------------------------------------------------------------------
+
+    def record_oom_event(self, event: OomEvent, *, now: float | None = None) -> None:
+        """Count a kill (reaper confirmations are not kills and are ignored)."""
+        if event.kind is not OomEventKind.KILL:
+            return
+        constraint = event.scope.value
+        self.oom_kills_total.labels(constraint).inc()
+        self.oom_victim_kills_total.labels(constraint, event.task or "?").inc()
+        self.oom_last_kill.labels(constraint).set(time.time() if now is None else now)
+
+    def record_cgroup_oom_kills(self, n: int) -> None:
+        if n > 0:
+            self.cgroup_oom_kills_total.inc(n)
+
+    def record_kmsg_gap(self, gap: SeqGap) -> None:
+        self.kmsg_lost_records_total.inc(gap.lost)
+
+    def observe_host(self, sample: HostSample) -> None:
+        self.host_mem_total.set(sample.meminfo.mem_total_bytes)
+        self.host_mem_available.set(sample.mem_available_bytes)
+        self.host_swap_total.set(sample.swap_total_bytes)
+        self.host_swap_used.set(sample.swap_used_bytes)
+        if sample.swappiness is not None:
+            self.host_swappiness.set(sample.swappiness)
+        if sample.pressure is not None:
+            lines = [("some", sample.pressure.some), ("full", sample.pressure.full)]
+            for kind, line in lines:
+                if line is None:
+                    continue
+                self.host_pressure.labels(kind, "10s").set(line.avg10)
+                self.host_pressure.labels(kind, "60s").set(line.avg60)
+                self.host_pressure.labels(kind, "300s").set(line.avg300)
+        self._engine_processes.set(sample.processes)
+
+    def observe_watermarks(self, recipe: str, marks: Watermarks) -> None:
+        if marks.mem_available_min_bytes is not None:
+            self.launch_mem_available_min.labels(recipe).set(marks.mem_available_min_bytes)
+        self.launch_swap_peak.labels(recipe).set(marks.swap_used_peak_bytes)
+        self.launch_engine_anon_peak.labels(recipe).set(marks.engine_anon_peak_bytes)
+        self.launch_pressure_peak.labels(recipe, "some").set(marks.pressure_some_avg10_peak)
+        self.launch_pressure_peak.labels(recipe, "full").set(marks.pressure_full_avg10_peak)
+
+    def observe_gpus(self, samples: Iterable[GpuSample]) -> None:
+        for s in samples:
+            labels = (str(s.index), s.vendor)
+            if s.used_bytes is not None:
+                self.gpu_mem_used.labels(*labels).set(s.used_bytes)
+            if s.total_bytes is not None:
+                self.gpu_mem_total.labels(*labels).set(s.total_bytes)
+            if s.busy_percent is not None:
+                self.gpu_utilization.labels(*labels).set(s.busy_percent / 100.0)
+
+    # --- evaluation and exposition -------------------------------------------------------------
+
+    def set_evaluation_source(self, source: EvaluationSource | None) -> None:
+        """Where the benchmark gauges come from (the evaluation store's latest rows per recipe)."""
+        self._evaluation.source = source
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """One sample's value (tests, the console): None when the series does not exist."""
+        return self.registry.get_sample_value(name, labels or {})
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition body and its content type, for `GET /metrics`."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
@@ -25,6 +26,7 @@ from controller import admin_token, logsetup
 from controller.api import AdminGuard, ApiContext, create_app
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.keys_api import keys_router
+from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
 from controller.runtime.registry import available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths
@@ -90,13 +92,31 @@ def make_gateway(cfg: ServiceConfig, paths: Paths) -> tuple[GatewayLink, str | N
     return ControlGateway(cfg.gateway_url, token), None
 
 
-async def serve(cfg: ServiceConfig) -> None:
+@dataclass
+class Service:
+    """The controller's parts, wired (`build`); `serve` runs them."""
+
+    store: Store
+    driver: Driver
+    watch: HostWatchLink
+    gpu_watch: GpuWatchLink
+    prober: HttpProber
+    app: FastAPI
+    metrics: ControllerMetrics
+
+
+def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Service:
+    """Construct and wire everything, start nothing. `runtimes`: the engines' seam (tests pass fakes;
+    None: the host's, `make_runtimes`)."""
     paths = Paths(cfg.home)
     store = Store(paths.db)
-    runtimes, docker_note = make_runtimes(paths, cfg.docker)
+    metrics = ControllerMetrics()  # one registry, injected into everything that records (GET /metrics)
+    docker_note: str | None = None
+    if runtimes is None:
+        runtimes, docker_note = make_runtimes(paths, cfg.docker)
     gateway, gateway_note = make_gateway(cfg, paths)
     preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
-    watch = HostWatchLink(store, recipe_target=recipe_mem_target(preflight.recipe))
+    watch = HostWatchLink(store, metrics=metrics)
     prober = HttpProber()
 
     def spec_for_recipe(name: str) -> LaunchSpec | None:
@@ -108,10 +128,11 @@ async def serve(cfg: ServiceConfig) -> None:
     driver = Driver(
         runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway,
         policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
-        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, on_launch=watch.on_launch,
+        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
+        metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
     )
     watch.driver = driver
-    gpu_watch = GpuWatchLink(store)
+    gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.driver = driver
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
     for note in (docker_note, gateway_note):
@@ -123,6 +144,13 @@ async def serve(cfg: ServiceConfig) -> None:
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard),), listen_host=cfg.host))
+    return Service(store, driver, watch, gpu_watch, prober, app, metrics)
+
+
+async def serve(cfg: ServiceConfig) -> None:
+    svc = build(cfg)
+    store, driver, watch, gpu_watch, prober, app = (
+        svc.store, svc.driver, svc.watch, svc.gpu_watch, svc.prober, svc.app)
     # Our logging config again, as uvicorn's: its configure step must not replace ours (logsetup).
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                            log_config=logsetup.logging_config(cfg.log_level),

@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.bench_result import BenchResult
 from appliance.bench_tiers import FIRST_N, NoTierFits
-from controller import metrics
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, compare
@@ -90,7 +89,7 @@ def evaluation_router(
     driver: Driver, store: Store, preflight: Preflight, require_admin: Callable[..., Any]
 ) -> APIRouter:
     evals = EvalStore(store.path)
-    metrics.set_evaluation_source(evals.latest_by_recipe)
+    driver.metrics.set_evaluation_source(evals.latest_by_recipe)
     router = APIRouter(tags=["evaluation"])
     jobs: dict[str, CompareJob] = {}
 

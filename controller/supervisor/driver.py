@@ -12,6 +12,12 @@ the ready engine (a restarted gateway forgets its slot), then Tick. Slow work (r
 probes, preflight, gateway calls) runs in tasks that answer with observations; `submit` itself
 never awaits, so two concurrent API requests see one consistent machine (the second apply of a
 pair gets its 409 from the transition function, not from a race).
+
+What the driver knows per launch beyond the machine (its log follower, engine key, probe error,
+exit) is one `LaunchRun` (launch_run.py), created at start or adoption and dropped at `MarkEnded`.
+The metrics are an injected `ControllerMetrics` (controller/metrics.py); the launch facts they carry
+(cold/warm, ready budget, the recipe's MemAvailable target) are set here at start and adoption and
+cleared when the launch ends.
 """
 
 from __future__ import annotations
@@ -20,31 +26,33 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.phase_record import event_label
-from controller import metrics
+from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
 from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Provenance, Store
+from controller.supervisor import status_view
+from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, recipe_key
+from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
-from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
+from controller.supervisor.gateway_link import GatewayLink
+from controller.supervisor.gateway_sync import GatewaySync
+from controller.supervisor.launch_run import LaunchRun, LaunchRuns
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
-from controller.supervisor.probes import Prober, reachable_url
+from controller.supervisor.probes import Prober
 from controller.supervisor.signals import (
     Action,
     Adopted,
-    ApplyOutcome,
     ClearUpstream,
     CpuSample,
     Drained,
@@ -73,28 +81,17 @@ from controller.supervisor.signals import (
     Tick,
 )
 
+__all__ = ["Clock", "Driver", "DriverConfig", "SystemClock"]  # Clock/SystemClock: clock.py, re-exported
+
 log = logging.getLogger(__name__)
 
 PreflightFn = Callable[[int, str, bool], Awaitable[PreflightOk | PreflightFailed]]
 ProvenanceFn = Callable[[LaunchSpec], Provenance]
 SpecForRecipe = Callable[[str], LaunchSpec | None]
 OomSource = Callable[[str], Sequence[OomEvent]]
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    """Wall-clock seconds: launch records and adopted engines' start times are wall clock too."""
-
-    def now(self) -> float:
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+# recipe name → its MemAvailable floor in bytes (controller/watch/recipe_target.py; blocking: loads
+# the recipe), for `MemAvailableBelowRecipeTarget`.
+MemTarget = Callable[[str], int | None]
 
 
 @dataclass(frozen=True)
@@ -135,47 +132,46 @@ class Driver:
         provenance: ProvenanceFn | None = None,
         spec_for_recipe: SpecForRecipe | None = None,
         oom_events: OomSource | None = None,
-        on_launch: Callable[[LaunchSpec], None] | None = None,
+        metrics: ControllerMetrics | None = None,
+        mem_target: MemTarget | None = None,
     ) -> None:
         self.runtimes = dict(runtimes)
         self.store = store
         self.preflight = preflight
         self.prober = prober
-        self.gateway = gateway
         self.clock = clock or SystemClock()
         self.config = config or DriverConfig()
         self.provenance = provenance
         self.spec_for_recipe = spec_for_recipe
         self.oom_events = oom_events
-        self.on_launch = on_launch  # the host watch: publishes the recipe's MemAvailable target (blocking)
+        self.metrics = metrics if metrics is not None else ControllerMetrics()
+        self.mem_target = mem_target
         self.m = Machine(policy=policy or Policy())
         self.last_diagnosis: dict[str, Any] | None = None
-        self._followers: dict[str, LogFollower] = {}
-        self._exits: dict[str, ExitInfo] = {}
-        self._diagnoses: dict[str, Diagnosis] = {}
-        self._cache_empty: dict[str, bool] = {}
-        self._probe_error: dict[str, str] = {}
-        self._exiting: set[str] = set()
+        self.runs = LaunchRuns()  # per-launch state: one LaunchRun from start/adoption to MarkEnded
         self._probing = False
         self._next_probe = 0.0
         self._health_failures = 0
-        self._checking_gateway = False
-        self._next_gateway_check = 0.0
-        self._gateway_unreachable = False
-        self._cache_seen: dict[str, CacheOutcome] = {}
-        self._engine_seen: dict[str, dict[str, object]] = {}
-        self._recorded_ready_s: dict[str, float] = {}  # adopted engines: their start as recorded
-        # The per-launch engine API key (engine_key.py): in memory only, never stored or printed.
-        self._engine_keys: dict[str, str | None] = {}
-        self._exit_seen: dict[str, ExitInfo] = {}
-        self._watched: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._gateway_lock = asyncio.Lock()
+        self.gateway_sync = GatewaySync(
+            gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
+            check_interval_s=self.config.gateway_check_interval_s)
         # Called (as a task) when a launch becomes ready: the kernel-path/deployment proof
         # (controller/evaluation/proof.py, DOMAIN §7). None: nothing extra at ready.
         self.on_ready: Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]] | None = None
-        metrics.set_engine_state(self.m.state.value)
+        self.metrics.set_engine_state(self.m.state.value)
+
+    @property
+    def gateway(self) -> GatewayLink:
+        return self.gateway_sync.gateway
+
+    @gateway.setter
+    def gateway(self, link: GatewayLink) -> None:
+        self.gateway_sync.gateway = link
+
+    def _ready_launch(self) -> Launch | None:
+        return self.m.launch if self.m.state is State.READY else None
 
     # ------------------------------------------------------------------------------------------
     # The machine
@@ -196,11 +192,11 @@ class Driver:
 
     def _state_changed(self) -> None:
         m = self.m
-        metrics.set_engine_state(m.state.value)
+        self.metrics.set_engine_state(m.state.value)
         if m.state is State.READY and m.launch is not None:
             # Every way into ready, including an adopted engine (it has no MarkReady: its start was
             # measured by the controller that launched it).
-            metrics.set_engine_ready(m.launch.spec.recipe)
+            self.metrics.set_engine_ready(m.launch.spec.recipe)
         self._publish({
             "type": "state",
             "state": m.state.value,
@@ -268,9 +264,10 @@ class Driver:
 
     async def _follow(self, launch: Launch, replay: bool = False) -> None:
         handle = launch.handle
-        follower = self._followers.get(launch.launch_id)
-        if handle is None or follower is None:
+        run = self.runs.get(launch.launch_id)
+        if handle is None or run is None:
             return
+        follower = run.follower
         rt = self._runtime(handle)
         text, offset = await asyncio.to_thread(rt.read_logs, handle, follower.offset)
         now = self.clock.now()
@@ -280,8 +277,8 @@ class Driver:
                 follower.recorder.keep(event)  # recorded by the controller that saw it first
             else:
                 self._phase(launch, follower, event, now)
-        self._record_cache(launch, follower)
-        self._record_engine(launch, follower)
+        self._record_cache(launch, run)
+        self._record_engine(launch, run)
         if self.m.state is State.STARTING:
             cpu = await asyncio.to_thread(rt.cpu_seconds, handle)
             self.submit(CpuSample(launch.launch_id, cpu))
@@ -294,7 +291,7 @@ class Driver:
         keep = follower.recorder.keep(event)
         if keep:
             self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
-        metrics.set_engine_phase(launch.spec.recipe, event.phase.value, elapsed)
+        self.metrics.set_engine_phase(launch.spec.recipe, event.phase.value, elapsed)
         label = follower.tracker.describe()
         self.submit(PhaseSeen(launch.launch_id, event.phase.value, event_label(event), recorded=keep))
         self._publish({
@@ -303,29 +300,31 @@ class Driver:
             "elapsed_s": round(elapsed, 1), "progress": progress(self.m, now),
         })
 
-    def _record_engine(self, launch: Launch, follower: LogFollower) -> None:
+    def _record_engine(self, launch: Launch, run: LaunchRun) -> None:
         """Engine facts (appliance/engine_facts.py) and the start's own seconds → the launch record."""
+        follower = run.follower
         summary = follower.tracker.summary()
         seconds = {"weights_seconds": summary.weights_seconds, "weights_gib": summary.weights_gib,
                    "compile_seconds": summary.compile_seconds,
                    "init_engine_seconds": summary.init_engine_seconds}
         facts = {**follower.facts.facts.model_dump(mode="json", exclude_none=True),
                  **{k: v for k, v in seconds.items() if v is not None}}
-        if facts and facts != self._engine_seen.get(launch.launch_id):
-            self._engine_seen[launch.launch_id] = facts
+        if facts and facts != run.engine_seen:
+            run.engine_seen = facts
             self.store.set_engine_facts(launch.launch_id, facts)
 
-    def _record_cache(self, launch: Launch, follower: LogFollower) -> None:
-        outcome = follower.tracker.cache_outcome
-        if outcome is CacheOutcome.UNKNOWN or self._cache_seen.get(launch.launch_id) is outcome:
+    def _record_cache(self, launch: Launch, run: LaunchRun) -> None:
+        outcome = run.follower.tracker.cache_outcome
+        if outcome is CacheOutcome.UNKNOWN or run.cache_seen is outcome:
             return
-        self._cache_seen[launch.launch_id] = outcome
+        run.cache_seen = outcome
         self.store.set_cache(launch.launch_id, outcome.value)
 
     async def _watch_exit(self, launch: Launch) -> None:
         """The poll-time look (the fallback: the exit watcher normally saw it first)."""
         handle = launch.handle
-        if handle is None or self.m.state is State.STOPPING or launch.launch_id in self._exiting:
+        run = self.runs.get(launch.launch_id)
+        if handle is None or self.m.state is State.STOPPING or run is None or run.exiting:
             return
         info = await asyncio.to_thread(self._runtime(handle).inspect, handle)
         if not info.running:
@@ -334,54 +333,46 @@ class Driver:
     def _exit_noticed(self, launch_id: str, info: ExitInfo) -> None:
         """The engine ended: out of the gateway now (ExitSeen), classified after the OOM settle."""
         launch = self.m.launch
+        run = self.runs.get(launch_id)
         if (launch is None or launch.launch_id != launch_id or self.m.state is State.STOPPING
-                or launch_id in self._exiting):
+                or run is None or run.exiting):
             return
-        self._exiting.add(launch_id)
-        self._exit_seen[launch_id] = info
+        run.exiting = True
+        run.exit_seen = info
         self.submit(ExitSeen(launch_id, info))
         self._spawn(self._classify_exit(launch, info), f"classify-exit {launch_id}")
 
     def _watch_death(self, handle: EngineHandle) -> None:
-        """A daemon thread blocked in Runtime.wait for this engine (a daemon: a controller exit is
-        never held up by it; the engine is adopted next time). It reports back on the loop."""
-        if not self.config.watch_exits or handle.launch_id in self._watched:
+        """Block in Runtime.wait in a thread (exit_watch.py): a death is known at once."""
+        run = self.runs.get(handle.launch_id)
+        if not self.config.watch_exits or run is None or run.watched:
             return
-        loop = asyncio.get_running_loop()
-        self._watched.add(handle.launch_id)
-        rt = self._runtime(handle)
+        run.watched = True
 
         def current() -> bool:
             launch = self.m.launch
-            return launch is not None and launch.launch_id == handle.launch_id and not loop.is_closed()
+            return launch is not None and launch.launch_id == handle.launch_id
 
-        def watch() -> None:
-            try:
-                while current():
-                    info = rt.wait(handle, self.config.exit_watch_s)
-                    if not info.running:
-                        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                            loop.call_soon_threadsafe(self._exit_noticed, handle.launch_id, info)
-                        return
-            except (RuntimeError_, OSError) as exc:
-                log.warning("exit watch of %s ended: %s (the poll still sees it)", handle.launch_id, exc)
-            finally:
-                self._watched.discard(handle.launch_id)
+        def done() -> None:
+            run.watched = False
 
-        threading.Thread(target=watch, name=f"exit-watch {handle.launch_id}", daemon=True).start()
+        watch_exit(self._runtime(handle), handle, loop=asyncio.get_running_loop(), still_current=current,
+                   on_exit=self._exit_noticed, on_done=done, recheck_s=self.config.exit_watch_s)
 
     async def _classify_exit(self, launch: Launch, info: ExitInfo) -> None:
         await self.clock.sleep(self.config.oom_settle_s)
         await self._follow(launch)
-        diagnosis = self._diagnose(launch, info, self._followers.get(launch.launch_id))
-        self._exits[launch.launch_id] = info
-        self._diagnoses[launch.launch_id] = diagnosis
+        run = self.runs.get(launch.launch_id)
+        diagnosis = self._diagnose(launch, info, run)
+        if run is not None:  # kept for MarkEnded's record (gone already if the launch ended meanwhile)
+            run.exit, run.diagnosis = info, diagnosis
         self.submit(Exited(launch.launch_id, info, failure_of(diagnosis)))
 
     def _diagnose(
-        self, launch: Launch, info: ExitInfo | None, follower: LogFollower | None, *,
+        self, launch: Launch, info: ExitInfo | None, run: LaunchRun | None, *,
         stalled: bool = False, over_budget: bool = False,
     ) -> Diagnosis:
+        follower = run.follower if run is not None else None
         tracker = follower.tracker if follower else None
         now = self.clock.now()
         facts = FailureFacts(
@@ -396,7 +387,7 @@ class Driver:
             over_budget=over_budget,
             elapsed_s=now - launch.started_at,
             budget_s=float(launch.spec.ready_budget_s),
-            probe_error=self._probe_error.get(launch.launch_id),
+            probe_error=run.probe_error if run is not None else None,
         )
         return diagnose(facts)
 
@@ -419,15 +410,15 @@ class Driver:
             if error is None:
                 # With this launch's key: an engine left over from another launch answers 401 here,
                 # so a ready is never an orphan's (issue 9).
-                error = await self.prober.completion(launch.spec, self._engine_keys.get(launch.launch_id))
+                error = await self.prober.completion(launch.spec, self.engine_key(launch.launch_id))
         finally:
             self._probing = False
+        run = self.runs.get(launch.launch_id)
+        if run is not None:
+            run.probe_error = error
         if error is None:
-            self._probe_error.pop(launch.launch_id, None)
             await self._follow(launch)  # the phases up to "API up" belong to the start
             self.submit(ReadyProbed(launch.launch_id))
-        else:
-            self._probe_error[launch.launch_id] = error
 
     async def _probe_health(self, launch: Launch) -> None:
         try:
@@ -438,57 +429,25 @@ class Driver:
             self._health_failures = 0
             return
         self._health_failures += 1
-        self._probe_error[launch.launch_id] = error
+        run = self.runs.get(launch.launch_id)
+        if run is not None:
+            run.probe_error = error
         if self._health_failures >= self.config.health_failures:
             self._health_failures = 0
             detail = f"{self.config.health_failures} health probes failed: {error}"
             self.submit(HealthLost(launch.launch_id, detail))
 
     def _watch_gateway(self, launch: Launch) -> None:
-        now = self.clock.now()
-        if self.m.state is not State.READY or self._checking_gateway or now < self._next_gateway_check:
-            return
-        self._checking_gateway = True
-        self._next_gateway_check = now + self.config.gateway_check_interval_s
-        self._spawn(self._check_gateway(launch), f"gateway check {launch.launch_id}")
-
-    async def _check_gateway(self, launch: Launch) -> None:
-        """Re-send the upstream when the gateway routes elsewhere or nowhere (it restarted, or the
-        point_to at ready time failed). Under the gateway lock: a drain or clear is never undone."""
-        try:
-            async with self._gateway_lock:
-                current = self.m.launch.launch_id if self.m.launch is not None else None
-                if self.m.state is State.READY and current == launch.launch_id:
-                    await self._reassert_upstream(launch)
-        finally:
-            self._checking_gateway = False
-
-    async def _reassert_upstream(self, launch: Launch) -> None:
-        url, model = reachable_url(launch.spec), launch.spec.served_model_name
-        try:
-            found = await self.gateway.current()
-            if not same_upstream(found, url, model):
-                await self.gateway.point_to(url, model, self._engine_keys.get(launch.launch_id))
-        except GatewayError as exc:
-            if not self._gateway_unreachable:  # said once per outage, not every check
-                self._gateway_unreachable = True
-                self.note("gateway-error", f"upstream check: {exc}", launch.launch_id)
-            return
-        if self._gateway_unreachable:
-            self._gateway_unreachable = False
-            self.note("gateway-reachable", "the gateway answers again", launch.launch_id)
-        if not same_upstream(found, url, model):
-            was = {"url": found.url, "served_model": found.served_model} if found else None
-            self.note("gateway-upstream-restored",
-                      f"the gateway routed to {found.url if found else 'nothing'}: upstream {url} sent again",
-                      launch.launch_id, {"found": was, "url": url, "served_model": model})
+        if self.m.state is State.READY and self.gateway_sync.check_due(self.clock.now()):
+            self._spawn(self.gateway_sync.check(launch), f"gateway check {launch.launch_id}")
 
     # ------------------------------------------------------------------------------------------
     # Adoption
 
     def engine_key(self, launch_id: str) -> str | None:
         """The launch's engine API key, for in-controller clients (POST /compare); never printed."""
-        return self._engine_keys.get(launch_id)
+        run = self.runs.get(launch_id)
+        return run.engine_key if run is not None else None
 
     async def adopt(self) -> None:
         """A controller restart never kills a healthy engine: find ours and supervise it again."""
@@ -518,7 +477,7 @@ class Driver:
             self.note("adopt-skipped", f"engine {handle.ref} ({handle.recipe}) is running but its launch "
                        "spec is unknown: left alone, not supervised", handle.launch_id)
             return
-        self._followers[handle.launch_id] = LogFollower(handle.launch_id, started_at=handle.started_at)
+        run = LaunchRun(handle.launch_id, LogFollower(handle.launch_id, started_at=handle.started_at))
         # The key lives only in the engine's environment: read it back from there (or the recipe's
         # own `--api-key`, when the spec at hand still holds it: a stored spec is redacted).
         key: str | None = None
@@ -527,17 +486,21 @@ class Driver:
         except RuntimeError_ as exc:
             self.note("adopt-key-unknown", f"cannot read the engine's API key: {exc}", handle.launch_id)
         own = recipe_key(spec)
-        self._engine_keys[handle.launch_id] = key or (own if own != REDACTED else None)
+        run.engine_key = key or (own if own != REDACTED else None)
         record = self.store.get_launch(handle.launch_id)
         if record is not None and record.ready_s is not None:
-            self._recorded_ready_s[handle.launch_id] = record.ready_s
+            run.recorded_ready_s = record.ready_s
+        target = await self._mem_target(spec)
+        self.runs.begin(run)
         self.submit(Adopted(handle, spec))
-        if self.on_launch is not None:
-            await asyncio.to_thread(self.on_launch, spec)
         launch = self.m.launch
-        if launch is not None and launch.launch_id == handle.launch_id:
-            self._watch_death(handle)
-            await self._follow(launch, replay=True)  # rebuild the phase picture without re-recording it
+        if launch is None or launch.launch_id != handle.launch_id:
+            self.runs.end(handle.launch_id)  # the machine did not take it: nothing to keep
+            return
+        # Not ready until it answers; the running recipe's floor, as at a start.
+        self.metrics.adopt_launch(spec.recipe, min_mem_available_bytes=target)
+        self._watch_death(handle)
+        await self._follow(launch, replay=True)  # rebuild the phase picture without re-recording it
 
     # ------------------------------------------------------------------------------------------
     # Actions
@@ -553,9 +516,9 @@ class Driver:
             case DrainGateway():
                 self._spawn(self._drain(action), f"drain {action.launch_id}")
             case SetUpstream():
-                self._spawn(self._gateway_call("point_to", action.launch_id), "gateway point")
+                self._spawn(self.gateway_sync.point_to(action.launch_id), "gateway point")
             case ClearUpstream():
-                self._spawn(self._gateway_clear(action), "gateway clear")
+                self._spawn(self.gateway_sync.clear(action.retry_after_s, action.reason), "gateway clear")
             case MarkReady():
                 self._mark_ready(action)
             case MarkEnded():
@@ -567,8 +530,6 @@ class Driver:
 
     async def _preflight(self, action: RunPreflight) -> None:
         answer = await self.preflight(action.token, action.recipe, action.fresh_cache)
-        if isinstance(answer, PreflightOk):
-            self._cache_empty[answer.launch_id] = answer.cache_empty
         self.submit(answer)
 
     async def _start(self, action: StartEngine) -> None:
@@ -583,7 +544,8 @@ class Driver:
                 pass
             except OSError as exc:
                 self.note("cache-not-emptied", f"could not empty {root}: {exc}", action.launch_id)
-        self._followers[action.launch_id] = LogFollower(action.launch_id, started_at=now)
+        run = self.runs.begin(LaunchRun(action.launch_id, LogFollower(action.launch_id, started_at=now),
+                                        cache_empty=action.cache_empty))
         prov = Provenance()
         if self.provenance is not None:
             try:
@@ -591,37 +553,36 @@ class Driver:
             except (RuntimeError, OSError, ValueError) as exc:
                 self.note("provenance-error", f"could not record versions: {exc}", action.launch_id)
         self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now)
-        cold = action.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
-        metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
-                             min_mem_available_bytes=None, started_at=now)
-        if self.on_launch is not None:
-            await asyncio.to_thread(self.on_launch, spec)
+        cold = action.kind is StartKind.COLD_WARMUP or run.cache_empty
+        self.metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
+                                  min_mem_available_bytes=await self._mem_target(spec), started_at=now)
         if self.m.failures > 0 and self.m.last_failure is not None:
-            metrics.record_restart(spec.recipe, self.m.last_failure.code)
+            self.metrics.record_restart(spec.recipe, self.m.last_failure.code)
         key, secret_env = launch_key(spec)
+        failure: Failure | None = None
         try:
             rt = self._runtime(spec)
             handle = await asyncio.to_thread(rt.start, spec, action.launch_id, secret_env)
         except PortInUse as exc:
             # Retryable: the holder may be an engine of ours that is still going away.
-            self.submit(LaunchFailed(action.launch_id, Failure(
+            failure = Failure(
                 DiagnosisCode.PORT_IN_USE.value, str(exc),
                 "stop the process that holds the port (by PID), or give the recipe another engine.port",
-                retryable=True)))
-            return
+                retryable=True)
         except RuntimeError_ as exc:
-            self.submit(LaunchFailed(action.launch_id, Failure(
+            failure = Failure(
                 "launch_failed", f"the {spec.kind} runtime could not start the engine: {exc}",
                 "see the message: a missing interpreter, image or device is an installation problem",
-                retryable=False)))
-            return
+                retryable=False)
         except OSError as exc:
-            self.submit(LaunchFailed(action.launch_id, Failure(
-                "launch_failed", f"could not start the engine: {exc}", "", retryable=True)))
+            failure = Failure("launch_failed", f"could not start the engine: {exc}", "", retryable=True)
+        if failure is not None:
+            self.submit(LaunchFailed(action.launch_id, failure))
+            self._forget_unless_current(action.launch_id)  # a failure the machine ignored: no MarkEnded
             return
-        self._engine_keys[action.launch_id] = key
+        run.engine_key = key
         self.store.set_handle(action.launch_id, handle, self.clock.now())
-        self._followers[action.launch_id].started_at = self.clock.now()
+        run.follower.started_at = self.clock.now()
         self.submit(Launched(action.launch_id, handle))
         launch = self.m.launch
         if launch is not None and launch.launch_id == action.launch_id:
@@ -646,49 +607,32 @@ class Driver:
         launch = self.m.launch
         if launch is not None and launch.launch_id == action.launch_id:
             await self._follow(launch)
-        self._exits[action.launch_id] = info
+        run = self.runs.get(action.launch_id)
+        if run is not None:
+            run.exit = info
         self.submit(Stopped(action.launch_id, info))
+        # An engine nobody wanted any more (launched after its launch was replaced) has no MarkEnded.
+        self._forget_unless_current(action.launch_id)
 
     async def _drain(self, action: DrainGateway) -> None:
-        async with self._gateway_lock:
-            try:
-                await self.gateway.drain(action.deadline_s, self.m.policy.retry_after_s)
-            except GatewayError as exc:
-                self.note("gateway-error", f"drain: {exc}", action.launch_id)
+        await self.gateway_sync.drain(action.launch_id, action.deadline_s, self.m.policy.retry_after_s)
         self.submit(Drained(action.launch_id))
-
-    async def _gateway_call(self, what: str, launch_id: str) -> None:
-        async with self._gateway_lock:
-            launch = self.m.launch
-            if launch is None or launch.launch_id != launch_id or self.m.state is not State.READY:
-                return  # it stopped being ready before we got here
-            try:
-                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name,
-                                            self._engine_keys.get(launch_id))
-            except GatewayError as exc:
-                self.note("gateway-error", f"{what}: {exc}", launch_id)
-
-    async def _gateway_clear(self, action: ClearUpstream) -> None:
-        async with self._gateway_lock:
-            try:
-                await self.gateway.clear(action.retry_after_s)
-            except GatewayError as exc:
-                self.note("gateway-error", f"clear ({action.reason}): {exc}")
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()
         self.store.mark_ready(action.launch_id, now, action.ready_s)
         launch = self.m.launch
-        follower = self._followers.get(action.launch_id)
+        run = self.runs.get(action.launch_id)
+        follower = run.follower if run is not None else None
         if launch is None or launch.launch_id != action.launch_id:
             return
-        cold = launch.kind is StartKind.COLD_WARMUP or self._cache_empty.get(action.launch_id, False)
+        cold = launch.kind is StartKind.COLD_WARMUP or (run is not None and run.cache_empty)
         start = "cold" if cold else "warm"
-        metrics.record_ready(launch.spec.recipe, start, action.ready_s)
+        self.metrics.record_ready(launch.spec.recipe, start, action.ready_s)
         if self.on_ready is not None and launch.handle is not None:
             self._spawn(self.on_ready(action.launch_id, launch.spec, launch.handle), "on-ready hook")
         outcome = follower.tracker.cache_outcome if follower else CacheOutcome.UNKNOWN
-        metrics.record_compile_cache(launch.spec.recipe, start, outcome.value)
+        self.metrics.record_compile_cache(launch.spec.recipe, start, outcome.value)
         if launch.kind is StartKind.WARM and outcome is not CacheOutcome.HIT:
             # ARCHITECTURE "Warm-cache restart": verify the hit from the log; a miss is reported.
             evidence = list(follower.tracker.cache_evidence) if follower else []
@@ -697,13 +641,15 @@ class Driver:
 
     def _mark_ended(self, action: MarkEnded) -> None:
         now = self.clock.now()
-        info = self._exits.pop(action.launch_id, None)
-        diagnosis = self._diagnoses.pop(action.launch_id, None)
-        follower = self._followers.pop(action.launch_id, None)
+        # The one place a launch's state goes: all of it, whatever happens below.
+        run = self.runs.end(action.launch_id)
+        info = run.exit if run is not None else None
+        diagnosis = run.diagnosis if run is not None else None
+        follower = run.follower if run is not None else None
         failure = action.failure
         spec = self.store.get_spec(action.launch_id)
         if spec is not None:
-            metrics.end_launch(spec.recipe)  # exited, stopped or never started: not ready any more
+            self.metrics.end_launch(spec.recipe)  # exited, stopped or never started: not ready any more
         machine_diagnosed = failure is not None and failure.code in _MACHINE_DIAGNOSED
         if failure is not None and machine_diagnosed and diagnosis is None and spec is not None:
             # The machine decided (stall, budget): classify with the same rules over the same evidence
@@ -711,23 +657,31 @@ class Driver:
             started = follower.started_at if follower else now
             launch = Launch(action.launch_id, spec, StartKind.NORMAL, started_at=started)
             diagnosis = self._diagnose(
-                launch, info, follower, stalled=failure.code == DiagnosisCode.STALLED,
+                launch, info, run, stalled=failure.code == DiagnosisCode.STALLED,
                 over_budget=failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED,
             )
         diag_dict: dict[str, Any] | None = None
         if diagnosis is not None:
             diag_dict = diagnosis.model_dump(mode="json", exclude={"findings"})
         elif failure is not None:
-            diag_dict = _failure_dict(failure)
+            diag_dict = status_view.failure_dict(failure)
         if diag_dict is not None:
             diag_dict["launch_id"] = action.launch_id
             self.last_diagnosis = diag_dict
         self.store.mark_ended(action.launch_id, now, action.status, info, diag_dict,
                               follower.tail_text() if follower else None)
-        for table in (self._probe_error, self._cache_seen, self._cache_empty, self._recorded_ready_s,
-                      self._engine_keys, self._exit_seen):
-            table.pop(action.launch_id, None)
-        self._exiting.discard(action.launch_id)
+
+    def _forget_unless_current(self, launch_id: str) -> None:
+        """Drop a launch's state when the machine has no such launch (it ignored a late answer)."""
+        launch = self.m.launch
+        if launch is None or launch.launch_id != launch_id:
+            self.runs.end(launch_id)
+
+    async def _mem_target(self, spec: LaunchSpec) -> int | None:
+        """The recipe's MemAvailable floor (recipe_target.py), loaded off the loop."""
+        if self.mem_target is None:
+            return None
+        return await asyncio.to_thread(self.mem_target, spec.recipe)
 
     # ------------------------------------------------------------------------------------------
     # Events and status
@@ -752,78 +706,12 @@ class Driver:
         finally:
             self._subscribers.discard(queue)
 
-    def _ready_s(self, launch: Launch) -> float | None:
-        if launch.ready_at is None:
-            return None
-        recorded = self._recorded_ready_s.get(launch.launch_id)
-        return recorded if recorded is not None else round(launch.ready_at - launch.started_at, 1)
-
-    def _last_diagnosis(self) -> dict[str, Any] | None:
-        if self.last_diagnosis is not None:
-            return self.last_diagnosis
-        return _failure_dict(self.m.last_failure) if self.m.last_failure else None
-
     def status(self) -> dict[str, Any]:
-        m = self.m
-        now = self.clock.now()
-        launch = m.launch
-        out: dict[str, Any] = {
-            "state": m.state.value,
-            "recipe": m.recipe,
-            "failures": m.failures,
-            "max_failures": m.policy.max_failures,
-            "backoff_remaining_s": round(m.backoff_until - now, 1) if m.backoff_until is not None else None,
-            "last_diagnosis": self._last_diagnosis(),
-            "last_apply": _apply_dict(m.apply),
-            "launch": None,
-        }
-        if launch is not None:
-            follower = self._followers.get(launch.launch_id)
-            tracker = follower.tracker if follower else None
-            started = launch.handle is not None
-            out["launch"] = {
-                "id": launch.launch_id,
-                "kind": launch.kind.value,
-                "runtime": launch.spec.kind,
-                "ref": launch.handle.ref if launch.handle else None,
-                "engine_url": reachable_url(launch.spec),
-                "served_model_name": launch.spec.served_model_name,
-                "started_at": launch.started_at if started else None,
-                "elapsed_s": round(now - launch.started_at, 1) if started else None,
-                "ready_budget_s": launch.spec.ready_budget_s,
-                "ready_at": launch.ready_at,
-                "ready_s": self._ready_s(launch),
-                "phase": tracker.current.value if tracker and tracker.current else None,
-                "describe": tracker.describe() if tracker else None,
-                "phases": [
-                    {"phase": p.value, "label": PHASE_LABELS[p], "at": at} for p, at in tracker.phase_list()
-                ] if tracker else [],
-                "cache": tracker.cache_outcome.value if tracker else None,
-                "probe_error": self._probe_error.get(launch.launch_id),
-                # Set once the runtime said the engine ended (state `exited`, then backoff/failed).
-                "exit": _exit_dict(self._exit_seen.get(launch.launch_id)),
-            }
-        out["progress"] = progress(m, now)
-        return out
+        launch = self.m.launch
+        run = self.runs.get(launch.launch_id) if launch is not None else None
+        return status_view.status(self.m, run, self.clock.now(), self.last_diagnosis)
 
 
 # The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's
 # re-diagnosis over the evidence and the machine's own verdict use one spelling.
 _MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})
-
-
-def _exit_dict(info: ExitInfo | None) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    return {"exit_code": info.exit_code, "signal": info.signal, "oom_killed": info.oom_killed}
-
-
-def _apply_dict(outcome: ApplyOutcome | None) -> dict[str, Any] | None:
-    if outcome is None:
-        return None
-    return {"token": outcome.token, "recipe": outcome.recipe, "outcome": outcome.outcome,
-            "failure": _failure_dict(outcome.failure) if outcome.failure else None}
-
-
-def _failure_dict(f: Failure) -> dict[str, Any]:
-    return {"code": f.code, "summary": f.summary, "hint": f.hint, "retryable": f.retryable}

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from appliance.gpu_mem import GpuSample, PhasePeaks
-from controller import metrics
+from controller.metrics import ControllerMetrics
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.watch.gpu import GpuReader
@@ -22,8 +22,10 @@ from controller.watch.gpu import GpuReader
 
 class GpuWatchLink:
     def __init__(self, store: Store, reader: GpuReader | None = None, record_every_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 metrics: ControllerMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics if metrics is not None else ControllerMetrics()
         self.reader = reader or GpuReader()
         self.record_every_s = record_every_s
         self.clock = clock
@@ -34,7 +36,7 @@ class GpuWatchLink:
         self._last_record = 0.0
 
     def on_samples(self, samples: list[GpuSample]) -> None:
-        metrics.observe_gpus(samples)
+        self.metrics.observe_gpus(samples)
         launch = self.driver.m.launch if self.driver else None
         launch_id = launch.launch_id if launch else None
         if launch_id != self._launch_id:

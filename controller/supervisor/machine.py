@@ -327,7 +327,7 @@ def _start(m: Machine, ok: PreflightOk, now: float) -> tuple[Machine, list[Actio
         launch_id=ok.launch_id, spec=ok.spec, kind=kind, started_at=now, progress_at=now, cpu_at=now
     )
     m2 = replace(m, state=State.STARTING, launch=launch, pending=None, next_kind=None, stop_failure=None)
-    return m2, [StartEngine(ok.launch_id, ok.spec, kind, ok.empty_cache_first)]
+    return m2, [StartEngine(ok.launch_id, ok.spec, kind, ok.empty_cache_first, ok.cache_empty)]
 
 
 def _launched(m: Machine, obs: Launched, now: float) -> tuple[Machine, list[Action]]:

@@ -207,6 +207,7 @@ class StartEngine:
     spec: LaunchSpec
     kind: StartKind
     empty_cache_first: str | None = None
+    cache_empty: bool = False  # the preflight found the cache root empty: a cold start (metrics)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from appliance.kmsg import OomEvent, OomEventKind, SeqGap
-from appliance.launch_spec import LaunchSpec
 from appliance.oom_attribution import LaunchTarget, attribute_oom
-from controller import metrics
+from controller.metrics import ControllerMetrics
 from controller.runtime.base import ContainerScoped, EngineHandle
 from controller.store import Store
 from controller.supervisor.driver import Driver
@@ -41,9 +40,9 @@ KEEP_ENDED_S = 120.0  # an OOM record for a launch that just ended still finds i
 class HostWatchLink:
     def __init__(self, store: Store, sampler: HostSampler | None = None, record_every_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic,
-                 recipe_target: Callable[[str], int | None] | None = None) -> None:
+                 metrics: ControllerMetrics | None = None) -> None:
         self.store = store
-        self.recipe_target = recipe_target  # recipe name → MemAvailable floor in bytes (recipe_target.py)
+        self.metrics = metrics if metrics is not None else ControllerMetrics()
         self.sampler = sampler or HostSampler(policy=SamplingPolicy())
         self.record_every_s = record_every_s
         self.clock = clock
@@ -57,12 +56,6 @@ class HostWatchLink:
 
     def oom_events(self, launch_id: str) -> list[OomEvent]:
         return list(self._ooms.get(launch_id, ()))
-
-    def on_launch(self, spec: LaunchSpec) -> None:
-        """A launch of `spec.recipe` starts or is adopted (blocking: loads the recipe): publish its
-        MemAvailable floor so `MemAvailableBelowRecipeTarget` compares against the running recipe."""
-        target = self.recipe_target(spec.recipe) if self.recipe_target else None
-        metrics.set_mem_available_target(spec.recipe, target)
 
     # -- sampling
 
@@ -110,7 +103,7 @@ class HostWatchLink:
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
     def on_sample(self, sample: HostSample, current: tuple[str, str, list[int], str | None] | None) -> None:
-        metrics.observe_host(sample)
+        self.metrics.observe_host(sample)
         HOST_HISTORY.record(sample)  # the console's memory charts (controller/watch/history.py)
         if current is None:
             self._flush()
@@ -123,7 +116,7 @@ class HostWatchLink:
         driver = self.driver
         phase = driver.m.launch.phase if driver and driver.m.launch else None
         self._marks.update(sample, phase)
-        metrics.observe_watermarks(recipe, self._marks)
+        self.metrics.observe_watermarks(recipe, self._marks)
         self._targets[launch_id] = (
             LaunchTarget(launch_id=launch_id, recipe=recipe, container_id=container,
                          cgroup_paths=(f"/docker/{container}",) if container else (),
@@ -143,7 +136,7 @@ class HostWatchLink:
     # -- kernel OOM kills
 
     def on_oom(self, event: OomEvent) -> None:
-        metrics.record_oom_event(event)
+        self.metrics.record_oom_event(event)
         HOST_HISTORY.record_oom(event)  # OOM marks on the console's memory chart
         if event.kind is not OomEventKind.KILL:
             return
@@ -162,7 +155,7 @@ class HostWatchLink:
         self._note("oom-kill", summary + f" (matched by {hit.matched_by.value})", launch_id)
 
     def on_gap(self, gap: SeqGap) -> None:
-        metrics.record_kmsg_gap(gap)
+        self.metrics.record_kmsg_gap(gap)
 
     def _note(self, kind: str, message: str, launch_id: str | None) -> None:
         if self.driver is not None:

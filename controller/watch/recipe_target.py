@@ -2,9 +2,10 @@
 
 The alert compares `appliance_host_memory_available_bytes` with
 `appliance_launch_memory_available_target_bytes{recipe}`; issue 9 found nothing in production set the
-target, so the alert could never fire. The supervisor calls `HostWatchLink.on_launch(spec)` when a
-launch starts or an engine is adopted; this turns the recipe's `expect.min_mem_available_gib`
-(DOMAIN §3: the bar recipe C met was min MemAvailable 2.35 GiB) into bytes.
+target, so the alert could never fire. The supervisor's driver asks this (its `mem_target` seam) when a
+launch starts or an engine is adopted and sets the gauge through the injected `ControllerMetrics`
+(cleared when the launch ends); this turns the recipe's `expect.min_mem_available_gib` (DOMAIN §3:
+the bar recipe C met was min MemAvailable 2.35 GiB) into bytes.
 """
 
 from __future__ import annotations

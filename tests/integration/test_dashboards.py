@@ -32,13 +32,16 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
 from appliance.kmsg import SeqGap, oom_events, parse_stream
-from controller import metrics
 from controller.engine_cpu import launch_spec, prepare_cache_dirs
 from controller.gateway.metrics import GatewayMetrics
+from controller.metrics import ControllerMetrics
 from controller.settings import paths
 from controller.watch.gpu import GpuReader
 from controller.watch.procreader import ProcReader
 from controller.watch.sampler import HostSampler, Watermarks
+
+# The controller metrics this test exports (one registry of its own, as the controller builds).
+metrics = ControllerMetrics()
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "monitoring" / "grafana" / "dashboards"
@@ -249,7 +252,7 @@ def exporters() -> Iterator[dict[str, str]]:
     gw.keys_loaded.set(3)
     gw.switches.inc()
     _set_controller_values()
-    c_server, c_thread, c_addr = _serve(metrics.REGISTRY)
+    c_server, c_thread, c_addr = _serve(metrics.registry)
     g_server, g_thread, g_addr = _serve(gw.registry)
     traffic = Traffic(gw)
     traffic.thread.start()

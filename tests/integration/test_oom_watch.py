@@ -19,11 +19,14 @@ from docker.models.containers import Container
 
 from appliance.kmsg import OomEvent, OomEventKind, OomScope
 from appliance.oom_attribution import LaunchTarget, MatchKind, attribute_oom, diagnose_oom
-from controller import metrics
+from controller.metrics import ControllerMetrics
 from controller.watch.cgroup_witness import CgroupOomWitness, resolve_oom_file
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower
 from controller.watch.procreader import ProcReader
 from tests.integration.images import busybox_image
+
+# The controller metrics this test exports (one registry of its own, as the controller builds).
+metrics = ControllerMetrics()
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -70,7 +73,7 @@ def _hog(client: docker.DockerClient, made: list[Container], script: str,
 
 
 def _cgroup_kills() -> float:
-    value = metrics.REGISTRY.get_sample_value("appliance_oom_kills_total", {"constraint": "cgroup"})
+    value = metrics.value("appliance_oom_kills_total", {"constraint": "cgroup"})
     assert value is not None
     return value
 

@@ -15,8 +15,8 @@ import pytest
 
 from appliance.fingerprint import Comparison, Fingerprint, check_declared
 from appliance.gate import decide
-from controller import metrics
 from controller.evaluation.store import EvalStore
+from controller.metrics import ControllerMetrics
 from tests.unit import test_api as _api
 from tests.unit.test_api import AUTH, Rig
 from tests.unit.test_gate import _result
@@ -118,11 +118,9 @@ def test_a_fingerprint_mismatch_is_a_metric(tmp_path: Path) -> None:
     evals = EvalStore(tmp_path / "db.sqlite3")
     fp = _fp(identical_restart=False)
     evals.add_fingerprint("fp-1", "L2", "b", "h1", "/c", "warm", fp, [[1, 2]], check_declared("bitwise", fp))
+    metrics = ControllerMetrics()
     metrics.set_evaluation_source(evals.latest_by_recipe)
-    try:
-        body = metrics.render()[0].decode()
-    finally:
-        metrics.set_evaluation_source(None)
+    body = metrics.render()[0].decode()
     assert 'appliance_reproducibility_mismatch{measured="varies-across-restarts",recipe="b"} 1.0' in body
 
 

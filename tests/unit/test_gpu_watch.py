@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from appliance.gpu_mem import GpuSample, PhasePeaks, parse_amdgpu
-from controller import metrics
 from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.signals import Apply
 from controller.watch.gpu import GpuReader
@@ -97,6 +96,6 @@ async def test_the_launch_record_gets_gpu_peaks_by_phase_and_metrics_the_samples
     rec = rig.store.get_launch("L1")
     assert rec is not None
     assert rec.gpu_peaks["graph_capture"]["3"]["used_max_bytes"] == 31150000000
-    body = metrics.render()[0].decode()
+    body = link.metrics.render()[0].decode()
     assert 'appliance_gpu_memory_total_bytes{gpu="0",vendor="hygon"} 3.4342961152e+10' in body
     assert 'appliance_gpu_utilization_ratio{gpu="3",vendor="hygon"} 0.93' in body

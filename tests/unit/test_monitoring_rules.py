@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from controller import metrics
 from controller.gateway.metrics import GatewayMetrics
+from controller.metrics import ControllerMetrics
 from controller.supervisor.machine import State
 
 MON = Path(__file__).resolve().parents[2] / "monitoring"
@@ -147,7 +148,7 @@ def _dashboard_exprs() -> Iterator[tuple[str, str]]:
 
 
 def test_rules_and_dashboards_use_only_exported_appliance_metrics() -> None:
-    exported = _exported_names(metrics.REGISTRY) | _exported_names(GatewayMetrics().registry)
+    exported = _exported_names(ControllerMetrics().registry) | _exported_names(GatewayMetrics().registry)
     used: list[tuple[str, str]] = [(r.get("alert", r.get("record", "?")), r["expr"]) for r in _rules()]
     used += list(_dashboard_exprs())
     unknown = {
@@ -187,7 +188,7 @@ def test_every_state_label_in_monitoring_is_a_real_supervisor_state() -> None:
     assert not unknown, f"not a controller.supervisor.machine.State value: {unknown}"
     # And the controller exports exactly these states (present at 0 from start-up).
     assert set(metrics.ENGINE_STATES) == real
-    body = metrics.render()[0].decode()
+    body = ControllerMetrics().render()[0].decode()
     exported = {m.group(1) for m in re.finditer(r'^appliance_engine_state\{state="([^"]+)"\}', body, re.M)}
     assert exported >= real
 

@@ -1,6 +1,8 @@
 """Issue 9: the `MemAvailableBelowRecipeTarget` alert could never fire — nothing in production set
 `appliance_launch_memory_available_target_bytes`. Launching (or adopting) now publishes the running
-recipe's `expect.min_mem_available_gib`, and promtool fires the alert on what the controller exports."""
+recipe's `expect.min_mem_available_gib` through the driver's injected `ControllerMetrics` (issue 13),
+clears it when the launch ends, and promtool fires the alert on what the controller exports.
+The production wiring itself (controller/service.py `build`) is tested in test_service_metrics.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import metrics
+from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle
 from controller.store import Provenance, Store
 from controller.supervisor.driver import Driver, DriverConfig
@@ -39,7 +41,7 @@ TARGET = "appliance_launch_memory_available_target_bytes"
 PROMTOOL = shutil.which("promtool")
 
 
-def _targets() -> dict[str, float]:
+def _targets(metrics: ControllerMetrics) -> dict[str, float]:
     for family in text_string_to_metric_families(metrics.render()[0].decode()):
         if family.name == TARGET:
             return {s.labels["recipe"]: s.value for s in family.samples}
@@ -50,10 +52,13 @@ def _driver(tmp_path: Path, target_bytes: int | None) -> tuple[Driver, FakeRunti
     clock = FakeClock()
     runtime = FakeRuntime(clock)
     store = Store(tmp_path / "a.sqlite3")
-    link = HostWatchLink(store, HostSampler(ProcReader(TP4_HOST)), recipe_target=lambda name: target_bytes)
+    metrics = ControllerMetrics()
+    metrics.set_mem_available_target("stale-recipe", 1)  # whatever was there before this launch
+    link = HostWatchLink(store, HostSampler(ProcReader(TP4_HOST)), metrics=metrics)
     driver = Driver(runtimes={"process": runtime}, store=store, preflight=FakePreflight(make_spec()),
                     prober=FakeProber(runtime), gateway=RecordingGateway(), clock=clock,
-                    config=DriverConfig(oom_settle_s=0), oom_events=link.oom_events, on_launch=link.on_launch)
+                    config=DriverConfig(oom_settle_s=0, watch_exits=False), oom_events=link.oom_events,
+                    metrics=metrics, mem_target=lambda name: target_bytes)
     link.driver = driver
     return driver, runtime, store, link
 
@@ -65,25 +70,35 @@ def test_the_target_is_the_recipes_expectation() -> None:
 
 
 async def test_launching_sets_the_target_gauge(tmp_path: Path) -> None:
-    metrics.set_mem_available_target("stale-recipe", 1)
     driver, _, _, _ = _driver(tmp_path, int(2.35 * GIB))
     driver.submit(Apply("test-recipe"))
     await driver.step()
     await driver.settle()
-    assert _targets() == {"test-recipe": float(int(2.35 * GIB))}
+    assert _targets(driver.metrics) == {"test-recipe": float(int(2.35 * GIB))}
+
+
+async def test_the_target_is_cleared_when_the_launch_ends(tmp_path: Path) -> None:
+    driver, runtime, _, _ = _driver(tmp_path, int(2.35 * GIB))
+    driver.submit(Apply("test-recipe"))
+    await driver.step()
+    await driver.settle()
+    assert _targets(driver.metrics) == {"test-recipe": float(int(2.35 * GIB))}
+    runtime.current().die(signal=9)  # no engine, no floor to compare MemAvailable with
+    await driver.step()
+    await driver.settle()
+    assert driver.m.launch is None
+    assert _targets(driver.metrics) == {}
 
 
 async def test_a_recipe_without_a_target_clears_the_gauge(tmp_path: Path) -> None:
-    metrics.set_mem_available_target("stale-recipe", 1)
     driver, _, _, _ = _driver(tmp_path, None)
     driver.submit(Apply("test-recipe"))
     await driver.step()
     await driver.settle()
-    assert _targets() == {}
+    assert _targets(driver.metrics) == {}
 
 
 async def test_adopting_sets_the_target_gauge(tmp_path: Path) -> None:
-    metrics.set_mem_available_target("stale-recipe", 1)
     driver, runtime, store, _ = _driver(tmp_path, 3 * GIB)
     spec = make_spec()
     handle = EngineHandle(launch_id="Lrunning", runtime="process", ref="777", recipe="test-recipe",
@@ -92,7 +107,7 @@ async def test_adopting_sets_the_target_gauge(tmp_path: Path) -> None:
     store.create_launch("Lrunning", spec, "normal", Provenance(), 1.0)
     store.set_handle("Lrunning", handle, 1.0)
     await driver.adopt()
-    assert _targets() == {"test-recipe": float(3 * GIB)}
+    assert _targets(driver.metrics) == {"test-recipe": float(3 * GIB)}
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup-system.sh)")
@@ -105,7 +120,7 @@ async def test_promtool_fires_on_what_the_controller_exports(tmp_path: Path) -> 
     await driver.settle()
     link.on_sample(link.sampler.sample([1000]), None)
     series = []
-    for family in text_string_to_metric_families(metrics.render()[0].decode()):
+    for family in text_string_to_metric_families(driver.metrics.render()[0].decode()):
         if family.name in (TARGET, "appliance_host_memory_available_bytes"):
             for s in family.samples:
                 labels = {**s.labels, "job": "appliance-controller", "instance": "127.0.0.1:8090"}

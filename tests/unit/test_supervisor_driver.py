@@ -18,7 +18,6 @@ import pytest
 from appliance.diagnosis import DiagnosisCode, oom_events_in_text
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
-from controller import metrics
 from controller.runtime.base import EngineHandle, ExitInfo
 from controller.store import Provenance, Store
 from controller.supervisor.driver import Driver, DriverConfig
@@ -333,17 +332,17 @@ async def test_fresh_cache_is_emptied_only_when_the_new_engine_starts(tmp_path: 
 # --- seams: metrics, diagnosis codes, the gateway's slot --------------------------------------------
 
 
-def _ready_gauge(recipe: str = "test-recipe") -> float | None:
-    return metrics.REGISTRY.get_sample_value("appliance_engine_ready", {"recipe": recipe})
+# Each rig's driver has its own ControllerMetrics (a fresh registry): the gauges are that driver's.
+def _ready_gauge(rig: Rig, recipe: str = "test-recipe") -> float | None:
+    return rig.driver.metrics.value("appliance_engine_ready", {"recipe": recipe})
 
 
-def _launch_start(recipe: str = "test-recipe") -> float | None:
-    return metrics.REGISTRY.get_sample_value("appliance_engine_launch_start_timestamp_seconds",
-                                             {"recipe": recipe})
+def _launch_start(rig: Rig, recipe: str = "test-recipe") -> float | None:
+    return rig.driver.metrics.value("appliance_engine_launch_start_timestamp_seconds", {"recipe": recipe})
 
 
-def _state_gauge(state: str) -> float | None:
-    return metrics.REGISTRY.get_sample_value("appliance_engine_state", {"state": state})
+def _state_gauge(rig: Rig, state: str) -> float | None:
+    return rig.driver.metrics.value("appliance_engine_state", {"state": state})
 
 
 async def test_the_ready_gauge_falls_to_0_when_the_engine_exits_or_is_stopped(tmp_path: Path) -> None:
@@ -351,26 +350,25 @@ async def test_the_ready_gauge_falls_to_0_when_the_engine_exits_or_is_stopped(tm
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
     await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
-    assert _ready_gauge() == 1 and _state_gauge("ready") == 1
-    assert _launch_start() is not None
+    assert _ready_gauge(rig) == 1 and _state_gauge(rig, "ready") == 1
+    assert _launch_start(rig) is not None
     # The engine dies: not ready any more, and no start is in progress whose budget could run out
     # (ApplianceEngineNotReadyPastBudget must not fire for an engine that is gone).
     rig.runtime.current().die(signal=9)
     await rig.run_until(lambda: rig.driver.m.state is State.BACKOFF, 30)
-    assert _ready_gauge() == 0 and _state_gauge("backoff") == 1 and _state_gauge("ready") == 0
-    assert _launch_start() is None
+    assert _ready_gauge(rig) == 0 and _state_gauge(rig, "backoff") == 1 and _state_gauge(rig, "ready") == 0
+    assert _launch_start(rig) is None
     await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
-    assert _ready_gauge() == 1 and _launch_start() is not None
+    assert _ready_gauge(rig) == 1 and _launch_start(rig) is not None
     # An operator stop: drained, stopped, idle — 0 again.
     rig.driver.submit(Stop())
     await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
-    assert _ready_gauge() == 0 and _launch_start() is None and _state_gauge("idle") == 1
+    assert _ready_gauge(rig) == 0 and _launch_start(rig) is None and _state_gauge(rig, "idle") == 1
 
 
 async def test_an_adopted_engine_is_marked_ready_once_it_answers(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
     spec = make_spec()
-    metrics.end_launch("test-recipe")  # whatever an earlier test left: this controller just started
     handle = EngineHandle(launch_id="Ladopted", runtime="process", ref="778", recipe="test-recipe",
                           spec_hash=spec.spec_hash, started_at=rig.clock.t - 600)
     rig.runtime.engines["Ladopted"] = FakeEngine(handle, log="INFO Application startup complete.\n",
@@ -378,13 +376,13 @@ async def test_an_adopted_engine_is_marked_ready_once_it_answers(tmp_path: Path)
     rig.store.create_launch("Ladopted", spec, "normal", Provenance(), rig.clock.t - 600)
     rig.store.set_handle("Ladopted", handle, rig.clock.t - 600)
     await rig.driver.adopt()
-    assert rig.driver.m.state is State.STARTING and _ready_gauge() == 0
+    assert rig.driver.m.state is State.STARTING and _ready_gauge(rig) == 0
     await rig.step()
     assert rig.driver.m.state is State.READY
-    assert _ready_gauge() == 1 and _state_gauge("ready") == 1
+    assert _ready_gauge(rig) == 1 and _state_gauge(rig, "ready") == 1
     rig.runtime.engines["Ladopted"].die(signal=9)
     await rig.run_until(lambda: rig.driver.m.state is not State.READY, 30)
-    assert _ready_gauge() == 0
+    assert _ready_gauge(rig) == 0
 
 
 async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code(tmp_path: Path) -> None:

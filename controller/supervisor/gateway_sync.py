@@ -1,0 +1,105 @@
+"""Keeps the gateway's one upstream slot in step with the supervisor (the driver's gateway role).
+
+The driver's actions call `drain`, `point_to` and `clear`; while ready, `check` (every
+`check_interval_s`) re-sends the upstream when the gateway routes elsewhere or nowhere — a gateway
+restarted under a running controller has no slot and answers 503 until told again. Every call
+runs under one lock, so a periodic check never undoes a drain or clear that overtook it. A failed
+call is an event for the operator, never an exception for the supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
+from controller.supervisor.machine import Launch
+from controller.supervisor.probes import reachable_url
+
+NoteFn = Callable[[str, str, str | None, Mapping[str, object] | None], None]
+
+
+class GatewaySync:
+    def __init__(
+        self,
+        gateway: GatewayLink,
+        *,
+        ready_launch: Callable[[], Launch | None],
+        engine_key: Callable[[str], str | None],
+        note: NoteFn,
+        check_interval_s: float,
+    ) -> None:
+        self.gateway = gateway
+        self._ready_launch = ready_launch  # the current launch while the supervisor is ready, else None
+        self._engine_key = engine_key
+        self._note = note
+        self.check_interval_s = check_interval_s
+        self._lock = asyncio.Lock()
+        self._checking = False
+        self._next_check = 0.0
+        self._unreachable = False
+
+    async def drain(self, launch_id: str, deadline_s: float, retry_after_s: float) -> None:
+        async with self._lock:
+            try:
+                await self.gateway.drain(deadline_s, retry_after_s)
+            except GatewayError as exc:
+                self._note("gateway-error", f"drain: {exc}", launch_id, None)
+
+    async def point_to(self, launch_id: str, what: str = "point_to") -> None:
+        async with self._lock:
+            launch = self._ready_launch()
+            if launch is None or launch.launch_id != launch_id:
+                return  # it stopped being ready before we got here
+            try:
+                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name,
+                                            self._engine_key(launch_id))
+            except GatewayError as exc:
+                self._note("gateway-error", f"{what}: {exc}", launch_id, None)
+
+    async def clear(self, retry_after_s: float, reason: str) -> None:
+        async with self._lock:
+            try:
+                await self.gateway.clear(retry_after_s)
+            except GatewayError as exc:
+                self._note("gateway-error", f"clear ({reason}): {exc}", None, None)
+
+    def check_due(self, now: float) -> bool:
+        """Whether a check should start now (then it is counted as started: one at a time)."""
+        if self._checking or now < self._next_check:
+            return False
+        self._checking = True
+        self._next_check = now + self.check_interval_s
+        return True
+
+    async def check(self, launch: Launch) -> None:
+        """Re-send the upstream when the gateway routes elsewhere or nowhere (it restarted, or the
+        point_to at ready time failed). Under the lock: a drain or clear is never undone."""
+        try:
+            async with self._lock:
+                current = self._ready_launch()
+                if current is not None and current.launch_id == launch.launch_id:
+                    await self._reassert_upstream(launch)
+        finally:
+            self._checking = False
+
+    async def _reassert_upstream(self, launch: Launch) -> None:
+        url, model = reachable_url(launch.spec), launch.spec.served_model_name
+        try:
+            found = await self.gateway.current()
+            if not same_upstream(found, url, model):
+                await self.gateway.point_to(url, model, self._engine_key(launch.launch_id))
+        except GatewayError as exc:
+            if not self._unreachable:  # said once per outage, not every check
+                self._unreachable = True
+                self._note("gateway-error", f"upstream check: {exc}", launch.launch_id, None)
+            return
+        if self._unreachable:
+            self._unreachable = False
+            self._note("gateway-reachable", "the gateway answers again", launch.launch_id, None)
+        if not same_upstream(found, url, model):
+            was = {"url": found.url, "served_model": found.served_model} if found else None
+            routed = found.url if found else "nothing"
+            self._note("gateway-upstream-restored",
+                       f"the gateway routed to {routed}: upstream {url} sent again", launch.launch_id,
+                       {"found": was, "url": url, "served_model": model})

@@ -1,0 +1,82 @@
+"""`GET /status` and the launch record's diagnosis as plain dicts: the machine plus what the driver
+knows about the current launch (its `LaunchRun`), rendered without side effects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from appliance.log_phases import PHASE_LABELS
+from controller.runtime.base import ExitInfo
+from controller.supervisor.launch_run import LaunchRun
+from controller.supervisor.machine import Launch, Machine, progress
+from controller.supervisor.probes import reachable_url
+from controller.supervisor.signals import ApplyOutcome, Failure
+
+
+def exit_dict(info: ExitInfo | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"exit_code": info.exit_code, "signal": info.signal, "oom_killed": info.oom_killed}
+
+
+def apply_dict(outcome: ApplyOutcome | None) -> dict[str, Any] | None:
+    if outcome is None:
+        return None
+    return {"token": outcome.token, "recipe": outcome.recipe, "outcome": outcome.outcome,
+            "failure": failure_dict(outcome.failure) if outcome.failure else None}
+
+
+def failure_dict(f: Failure) -> dict[str, Any]:
+    return {"code": f.code, "summary": f.summary, "hint": f.hint, "retryable": f.retryable}
+
+
+def ready_s(launch: Launch, run: LaunchRun | None) -> float | None:
+    if launch.ready_at is None:
+        return None
+    recorded = run.recorded_ready_s if run is not None else None
+    return recorded if recorded is not None else round(launch.ready_at - launch.started_at, 1)
+
+
+def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str, Any]:
+    tracker = run.follower.tracker if run is not None else None
+    started = launch.handle is not None
+    return {
+        "id": launch.launch_id,
+        "kind": launch.kind.value,
+        "runtime": launch.spec.kind,
+        "ref": launch.handle.ref if launch.handle else None,
+        "engine_url": reachable_url(launch.spec),
+        "served_model_name": launch.spec.served_model_name,
+        "started_at": launch.started_at if started else None,
+        "elapsed_s": round(now - launch.started_at, 1) if started else None,
+        "ready_budget_s": launch.spec.ready_budget_s,
+        "ready_at": launch.ready_at,
+        "ready_s": ready_s(launch, run),
+        "phase": tracker.current.value if tracker and tracker.current else None,
+        "describe": tracker.describe() if tracker else None,
+        "phases": [
+            {"phase": p.value, "label": PHASE_LABELS[p], "at": at} for p, at in tracker.phase_list()
+        ] if tracker else [],
+        "cache": tracker.cache_outcome.value if tracker else None,
+        "probe_error": run.probe_error if run is not None else None,
+        # Set once the runtime said the engine ended (state `exited`, then backoff/failed).
+        "exit": exit_dict(run.exit_seen if run is not None else None),
+    }
+
+
+def status(m: Machine, run: LaunchRun | None, now: float,
+           last_diagnosis: dict[str, Any] | None) -> dict[str, Any]:
+    """`run`: the current launch's (None without one)."""
+    if last_diagnosis is None and m.last_failure is not None:
+        last_diagnosis = failure_dict(m.last_failure)
+    return {
+        "state": m.state.value,
+        "recipe": m.recipe,
+        "failures": m.failures,
+        "max_failures": m.policy.max_failures,
+        "backoff_remaining_s": round(m.backoff_until - now, 1) if m.backoff_until is not None else None,
+        "last_diagnosis": last_diagnosis,
+        "last_apply": apply_dict(m.apply),
+        "launch": launch_status(m.launch, run, now) if m.launch is not None else None,
+        "progress": progress(m, now),
+    }
