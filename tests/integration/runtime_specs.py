@@ -11,8 +11,9 @@ spec changes (issue 13's `runtime:` sub-model), this is the one place the tests 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,6 +21,7 @@ from appliance.host_facts import HostFacts
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import parse_recipes
 from appliance.render import render
+from tests.unit.spec_helpers import launch_spec
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "tests" / "fixtures" / "engines" / "standin"
@@ -81,11 +83,23 @@ def standin_spec(kind: str, home: Path, port: int, *, image: str | None = None,
     return render(recipe, facts(home))
 
 
-def with_argv(spec: LaunchSpec, argv: tuple[str, ...]) -> LaunchSpec:
+def process_spec(argv: Sequence[str], *, env: Mapping[str, str], **common: Any) -> LaunchSpec:
+    """A hand-built process launch; argv[0] is the engine's interpreter."""
+    fields: dict[str, Any] = {"recipe": "fake-engine", "spec_hash": "0123456789abcdef", "port": 1,
+                              "served_model_name": "fake", "cache_root": "/tmp", **common}
+    return launch_spec("process", {"python": argv[0]}, argv=tuple(argv), env=dict(env), **fields)
+
+
+def docker_spec(image: str, argv: Sequence[str], *, env: Mapping[str, str],
+                docker: Mapping[str, Any] | None = None, **common: Any) -> LaunchSpec:
+    """A hand-built docker launch; `docker`: the container's options (mounts, devices, ipc_mode,
+    published_ports...), the LaunchSpec's docker `runtime:` sub-model."""
+    fields: dict[str, Any] = {"recipe": "busybox-engine", "spec_hash": "00112233aabbccdd", "port": 8000,
+                              "served_model_name": "fake", "cache_root": "/cache", **common}
+    return launch_spec("docker", {"image": image, **(docker or {})}, argv=tuple(argv), env=dict(env),
+                       **fields)
+
+
+def with_argv(spec: LaunchSpec, argv: Sequence[str]) -> LaunchSpec:
     """The same launch running another command (a start error the recipe cannot express)."""
-    return spec.model_copy(update={"argv": argv})
-
-
-def host_listen_port(spec: LaunchSpec) -> int:
-    """The host port the engine answers on (the spec's base_url)."""
-    return spec.port
+    return spec.model_copy(update={"argv": tuple(argv)})
