@@ -21,6 +21,7 @@ from appliance.host_facts import HostFacts
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import parse_recipes
 from appliance.render import render
+from appliance.runtimes.docker import DockerLaunch
 from tests.unit.spec_helpers import launch_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,3 +104,11 @@ def docker_spec(image: str, argv: Sequence[str], *, env: Mapping[str, str],
 def with_argv(spec: LaunchSpec, argv: Sequence[str]) -> LaunchSpec:
     """The same launch running another command (a start error the recipe cannot express)."""
     return spec.model_copy(update={"argv": tuple(argv)})
+
+
+def docker_options(spec: LaunchSpec) -> DockerLaunch:
+    """The container options of a docker spec (its `runtime:` sub-model)."""
+    options = spec.runtime
+    if not isinstance(options, DockerLaunch):
+        raise TypeError(f"{spec.recipe} is not a docker launch ({options.kind})")
+    return options
