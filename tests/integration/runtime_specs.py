@@ -30,7 +30,8 @@ STANDIN_DIR = REPO / "tests" / "fixtures" / "engines" / "standin"
 STANDIN_MOUNT = "/opt/standin"
 RECIPE_NAME = "contract-standin"
 SERVED_NAME = "standin"
-KINDS = ("process", "docker")
+# Runtime kinds with a stand-in launch here → the pytest markers their tests carry.
+STANDIN_KINDS: dict[str, tuple[str, ...]] = {"process": (), "docker": ("docker",)}
 
 
 def standin_recipe(kind: str, port: int, *, image: str | None = None,

@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from appliance.launch_spec import LaunchSpec
-from controller.runtime import make_runtime
+from controller.runtime import KINDS, make_runtime
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     EngineHandle,
@@ -43,7 +43,7 @@ from controller.runtime.base import (
 )
 from controller.runtime.ports import PortInUse, port_is_free
 from tests.integration.images import APPLIANCE_IMAGE
-from tests.integration.runtime_specs import SERVED_NAME, standin_spec
+from tests.integration.runtime_specs import SERVED_NAME, STANDIN_KINDS, standin_spec
 
 LIVENESS_S = 60.0
 KEY_NAME = "VLLM_API_KEY"  # the per-launch engine key (README "The engine's own door")
@@ -175,7 +175,20 @@ def docker_image_or_skip() -> str:
     return APPLIANCE_IMAGE
 
 
-@pytest.fixture(params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+def _kinds() -> list[Any]:
+    """Every kind in the controller's registry: those with a stand-in launch run here, the others
+    (a cluster runtime) are reported as not runnable on this machine rather than silently absent."""
+    out: list[Any] = []
+    for kind in KINDS:
+        if kind not in STANDIN_KINDS:
+            reason = f"the {kind} runtime cannot run on this machine (no stand-in launch for it)"
+            out.append(pytest.param(kind, marks=pytest.mark.skip(reason=reason)))
+        else:
+            out.append(pytest.param(kind, marks=[getattr(pytest.mark, m) for m in STANDIN_KINDS[kind]]))
+    return out
+
+
+@pytest.fixture(params=_kinds())
 def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     kind = str(request.param)
     harness = Harness(kind, tmp_path, docker_image_or_skip() if kind == "docker" else None)
