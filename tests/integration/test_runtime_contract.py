@@ -70,15 +70,82 @@ def alive(pid: int) -> bool:
         return False
 
 
-class Harness:
-    """One runtime kind and what its tests need: specs, unique launch ids, a key, and cleanup of
-    everything started (by PID file / container id, never by pattern)."""
+class ProcessSide:
+    """What the contract checks look at beside the Runtime protocol, for the process runtime: its
+    run directory (`runs/<launch id>/`)."""
 
-    def __init__(self, kind: str, tmp_path: Path, image: str | None) -> None:
+    image = None
+
+    def __init__(self, runs: Path) -> None:
+        self.runs = runs
+
+    def records(self, handle: EngineHandle) -> str:
+        run_dir = self.runs / handle.launch_id
+        return "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.iterdir()) if p.is_file())
+
+    def created(self, launch_id: str) -> bool:
+        return (self.runs / launch_id).exists()
+
+    def cleanup(self, rt: Runtime, launch_ids: list[str]) -> None:
+        for handle in rt.adopt():  # by the PID files in this test's own runs directory
+            rt.stop(handle, grace_s=1.0)
+
+
+class DockerSide:
+    """The same for the Docker runtime: the daemon's containers, found by their launch-id label
+    (never others' containers on the same daemon)."""
+
+    def __init__(self, runs: Path) -> None:
+        import docker
+        import docker.errors
+
+        try:
+            self.client = docker.from_env()
+            self.client.ping()
+        except docker.errors.DockerException as exc:
+            pytest.skip(f"no Docker daemon ({exc}): start one with `bash scripts/start-dockerd.sh`")
+        try:
+            self.client.images.get(APPLIANCE_IMAGE)
+        except docker.errors.ImageNotFound:
+            pytest.skip(f"{APPLIANCE_IMAGE} not built (the stand-in needs its Python): "
+                        "bash scripts/build-images.sh")
+        self.image = APPLIANCE_IMAGE
+
+    def _containers(self, launch_id: str) -> list[Any]:
+        label = {"label": f"{LABEL_LAUNCH_ID}={launch_id}"}
+        return list(self.client.containers.list(all=True, filters=label))
+
+    def records(self, handle: EngineHandle) -> str:
+        attrs = self.client.api.inspect_container(handle.ref)
+        attrs["Config"].pop("Env", None)  # the engine's environment: where the key belongs
+        return json.dumps(attrs)
+
+    def created(self, launch_id: str) -> bool:
+        return bool(self._containers(launch_id))
+
+    def cleanup(self, rt: Runtime, launch_ids: list[str]) -> None:
+        import docker.errors
+
+        for launch_id in launch_ids:
+            for container in self._containers(launch_id):
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True)
+        self.client.close()
+
+
+SIDES: dict[str, type[ProcessSide] | type[DockerSide]] = {"process": ProcessSide, "docker": DockerSide}
+
+
+class Harness:
+    """One runtime kind and what its tests need: specs rendered for it, unique launch ids, the
+    per-launch key, and cleanup of everything started (by PID file / container id, never by
+    pattern)."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
         self.kind = kind
         self.home = tmp_path / "home"  # APPLIANCE_HOME: the cache roots render pins live here
         self.runs = self.home / "runs"
-        self.image = image
+        self.side = SIDES[kind](self.runs)
         self.key = secrets.token_urlsafe(24)
         self.launch_ids: list[str] = []
 
@@ -87,7 +154,7 @@ class Harness:
         return make_runtime(self.kind, self.runs)
 
     def spec(self, **env: str) -> LaunchSpec:
-        return standin_spec(self.kind, self.home, free_port(), image=self.image, env=env)
+        return standin_spec(self.kind, self.home, free_port(), image=self.side.image, env=env)
 
     def launch_id(self) -> str:
         launch_id = f"contract-{uuid.uuid4().hex[:12]}"
@@ -116,63 +183,15 @@ class Harness:
         return {} if key is None else {"Authorization": f"Bearer {key}"}
 
     def records(self, handle: EngineHandle) -> str:
-        """Everything the runtime keeps about a launch besides the engine's own environment: the
-        process runtime's run directory; the container's inspect data without Config.Env."""
-        if self.kind == "process":
-            run_dir = self.runs / handle.launch_id
-            return "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.iterdir()) if p.is_file())
-        attrs = _docker().api.inspect_container(handle.ref)
-        attrs["Config"].pop("Env", None)
-        return json.dumps(attrs)
+        """Everything the runtime keeps about a launch besides the engine's own environment."""
+        return self.side.records(handle)
 
     def created(self, launch_id: str) -> bool:
         """Whether anything was made for `launch_id` (a run directory, a container)."""
-        if self.kind == "process":
-            return (self.runs / launch_id).exists()
-        label = {"label": f"{LABEL_LAUNCH_ID}={launch_id}"}
-        return bool(_docker().containers.list(all=True, filters=label))
+        return self.side.created(launch_id)
 
     def cleanup(self) -> None:
-        if self.kind == "process":
-            rt = self.runtime()
-            for handle in rt.adopt():
-                rt.stop(handle, grace_s=1.0)
-            return
-        import docker.errors
-
-        client = _docker()
-        for launch_id in self.launch_ids:
-            for c in client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"}):
-                with contextlib.suppress(docker.errors.NotFound):
-                    c.remove(force=True)
-
-
-_CLIENT: Any = None
-
-
-def _docker() -> Any:
-    global _CLIENT
-    if _CLIENT is None:
-        import docker
-
-        _CLIENT = docker.from_env()
-    return _CLIENT
-
-
-def docker_image_or_skip() -> str:
-    try:
-        import docker.errors
-
-        client = _docker()
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 (any failure to reach the daemon means: no docker here)
-        pytest.skip(f"no Docker daemon ({exc}): start one with `bash scripts/start-dockerd.sh`")
-    try:
-        client.images.get(APPLIANCE_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"{APPLIANCE_IMAGE} not built (the stand-in needs its Python): "
-                    "bash scripts/build-images.sh")
-    return APPLIANCE_IMAGE
+        self.side.cleanup(self.runtime(), self.launch_ids)
 
 
 def _kinds() -> list[Any]:
@@ -180,7 +199,7 @@ def _kinds() -> list[Any]:
     (a cluster runtime) are reported as not runnable on this machine rather than silently absent."""
     out: list[Any] = []
     for kind in KINDS:
-        if kind not in STANDIN_KINDS:
+        if kind not in STANDIN_KINDS or kind not in SIDES:
             reason = f"the {kind} runtime cannot run on this machine (no stand-in launch for it)"
             out.append(pytest.param(kind, marks=pytest.mark.skip(reason=reason)))
         else:
@@ -191,7 +210,7 @@ def _kinds() -> list[Any]:
 @pytest.fixture(params=_kinds())
 def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     kind = str(request.param)
-    harness = Harness(kind, tmp_path, docker_image_or_skip() if kind == "docker" else None)
+    harness = Harness(kind, tmp_path)
     try:
         yield harness
     finally:
