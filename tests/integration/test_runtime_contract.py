@@ -80,8 +80,12 @@ class ProcessSide:
         self.runs = runs
 
     def records(self, handle: EngineHandle) -> str:
+        """The run directory's files and the shim's command line (the shim is not an engine PID)."""
         run_dir = self.runs / handle.launch_id
-        return "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.iterdir()) if p.is_file())
+        texts = [p.read_text(errors="replace") for p in sorted(run_dir.iterdir()) if p.is_file()]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            texts.append(" ".join(psutil.Process(int(handle.ref)).cmdline()))
+        return "\n".join(texts)
 
     def created(self, launch_id: str) -> bool:
         return (self.runs / launch_id).exists()
