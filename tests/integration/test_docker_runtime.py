@@ -11,6 +11,7 @@ containers other people run on the same daemon are never touched (adoption is fi
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -35,6 +36,7 @@ from controller.runtime.base import (
     RuntimeError_,
 )
 from controller.runtime.docker_rt import DockerRuntime
+from controller.runtime.ports import PortInUse
 from tests.integration.images import busybox_image
 from tests.integration.runtime_specs import docker_options, docker_spec
 
@@ -293,3 +295,21 @@ def test_missing_image_is_an_operator_error(rt: DockerRuntime, made: Tracker) ->
     spec = busybox_spec("appliance-test/never-built:nope", "true")
     with pytest.raises(RuntimeError_, match=r"not present on this host.*never pulls.*images/README.md"):
         rt.start(spec, made.launch_id())
+
+
+def test_a_held_published_port_is_refused_before_any_container(
+    rt: DockerRuntime, image: str, made: Tracker
+) -> None:
+    # Bridge networking: the port to prove free is the published host port, not the engine's own
+    # (the contract suite covers host networking, where the engine binds the host's port itself).
+    host_port = _free_port()
+    spec = busybox_spec(image, "sleep 300", docker={"network_mode": "bridge",
+                                                    "published_ports": {8000: host_port}})
+    launch_id = made.launch_id()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", host_port))
+        squatter.listen()
+        held = rf"127\.0\.0\.1:{host_port} is already in use by pid {os.getpid()}\b"
+        with pytest.raises(PortInUse, match=held):
+            rt.start(spec, launch_id)
+    assert rt.client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"}) == []
