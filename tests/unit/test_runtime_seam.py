@@ -159,9 +159,10 @@ def test_store_reads_a_record_written_before_issue_13(tmp_path: Path) -> None:
         store.create_launch("L1", spec, "cold", Provenance(), 0.0)
         # rewrite the stored JSON as the old controller wrote it
         store._db.execute("UPDATE launches SET spec_json = ? WHERE id = 'L1'", (json.dumps(old),))
-        rows = store._db.execute("SELECT spec_json, image, runtime FROM launches").fetchall()
-        assert rows[0][1] == old["image"] and rows[0][2] == "docker"
-        assert LaunchSpec.model_validate_json(rows[0][0]).runtime == spec.runtime
+        rows = store._db.execute("SELECT image, runtime FROM launches").fetchall()
+        assert tuple(rows[0]) == (old["image"], "docker")  # the columns the record always had
+        read = store.get_spec("L1")  # what an adopting controller reads back
+        assert read is not None and read.runtime == spec.runtime and read.kind == "docker"
     finally:
         store.close()
 
