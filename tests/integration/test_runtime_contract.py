@@ -14,6 +14,7 @@ Waits are liveness bounds (how long before calling it a failure), never speed as
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -253,15 +255,50 @@ def outcome(info: ExitInfo) -> tuple[bool, int | None, int | None]:
     return info.running, info.exit_code, info.signal
 
 
-# -- start ---------------------------------------------------------------------------------------
+# -- one running engine per kind: what reading it proves --------------------------------------------
 
 
-def test_start_runs_the_rendered_command_and_answers(h: Harness) -> None:
-    rt = h.runtime()
-    spec, handle = h.start(rt)
+@dataclass
+class Served:
+    """A stand-in started once per kind for the checks that only look at a running engine."""
+
+    h: Harness
+    rt: Runtime
+    spec: LaunchSpec
+    handle: EngineHandle
+    cache_dirs_before_start: list[bool]  # whether each host cache dir existed before start()
+    controller_log: str  # what the controller's own loggers said while starting it
+
+
+@pytest.fixture(scope="module", params=_kinds())
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    h = Harness(str(request.param), tmp_path_factory.mktemp(f"served-{request.param}"))
+    try:
+        rt = h.runtime()
+        spec = h.spec()
+        before = [d.exists() for d in host_cache_dirs(spec)]
+        captured = io.StringIO()
+        handler = logging.StreamHandler(captured)
+        handler.setLevel(logging.DEBUG)
+        root = logging.getLogger()
+        level = root.level
+        root.addHandler(handler)
+        root.setLevel(logging.DEBUG)
+        try:
+            spec, handle = h.start(rt, spec)
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(level)
+        yield Served(h, rt, spec, handle, before, captured.getvalue())
+    finally:
+        h.cleanup()
+
+
+def test_start_runs_the_rendered_command_and_answers(served: Served) -> None:
+    h, rt, spec, handle = served.h, served.rt, served.spec, served.handle
     assert (handle.runtime, handle.recipe, handle.spec_hash) == (rt.name, spec.recipe, spec.spec_hash)
     assert rt.name == h.kind
-    assert handle.launch_id == h.launch_ids[-1]
+    assert handle.launch_id == h.launch_ids[0]
     assert rt.inspect(handle).running
     assert rt.wait(handle, 0.1).running  # a wait that times out says "still running"
 
@@ -276,10 +313,8 @@ def test_start_runs_the_rendered_command_and_answers(h: Harness) -> None:
     assert answer["usage"]["completion_tokens"] >= 1
 
 
-def test_the_key_is_only_in_the_engine_environment(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG)
-    rt = h.runtime()
-    spec, handle = h.start(rt)
+def test_the_key_is_only_in_the_engine_environment(served: Served) -> None:
+    h, rt, spec, handle = served.h, served.rt, served.spec, served.handle
     # The engine has it (and enforces it), and the runtime reads it back (after an adoption, too).
     assert h.get(spec, "/v1/models", key=None).status_code == 401
     assert h.get(spec, "/v1/models", key="not-the-key").status_code == 401
@@ -296,12 +331,12 @@ def test_the_key_is_only_in_the_engine_environment(h: Harness, caplog: pytest.Lo
     assert h.key not in handle.model_dump_json()
     assert h.key not in spec.model_dump_json()
     assert h.key not in rt.read_logs(handle, 0)[0]
-    assert h.key not in caplog.text
+    assert served.controller_log  # the runtime did log its start; the key was not in it
+    assert h.key not in served.controller_log
 
 
-def test_engine_pids_hold_its_port_and_cpu_seconds_count_its_work(h: Harness) -> None:
-    rt = h.runtime()
-    spec, handle = h.start(rt)
+def test_engine_pids_hold_its_port_and_cpu_seconds_count_its_work(served: Served) -> None:
+    h, rt, spec, handle = served.h, served.rt, served.spec, served.handle
     holder = port_holder_pid(spec.port)
     pids = rt.engine_pids(handle)
     assert holder is not None and holder in pids
@@ -313,7 +348,7 @@ def test_engine_pids_hold_its_port_and_cpu_seconds_count_its_work(h: Harness) ->
     assert after - before >= 0.45  # CPU time the engine spent, not wall time (10 ms ticks)
 
 
-def test_the_port_is_proven_free_first_and_its_holder_named(h: Harness) -> None:
+def test_a_port_held_by_another_process_is_refused_naming_it(h: Harness) -> None:
     rt = h.runtime()
     spec = h.spec()
     with socket.socket() as squatter:
@@ -325,8 +360,10 @@ def test_the_port_is_proven_free_first_and_its_holder_named(h: Harness) -> None:
             rt.start(spec, launch_id, secret_env={KEY_NAME: h.key})
         assert not h.created(launch_id)  # refused before anything was made
 
-    # The usual holder: the previous engine, still running (issue 9).
-    spec, handle = h.start(rt, spec)
+
+def test_a_port_held_by_the_previous_engine_is_refused_naming_it(served: Served) -> None:
+    # The usual holder (issue 9): the previous engine, still running.
+    h, rt, spec, handle = served.h, served.rt, served.spec, served.handle
     holder = port_holder_pid(spec.port)
     assert holder in rt.engine_pids(handle)
     second = h.launch_id()
@@ -336,24 +373,21 @@ def test_the_port_is_proven_free_first_and_its_holder_named(h: Harness) -> None:
     assert rt.inspect(handle).running  # the refusal did not touch the running engine
 
 
-def test_cache_dirs_exist_before_the_engine_starts(h: Harness) -> None:
-    rt = h.runtime()
-    spec = h.spec()
+def test_cache_dirs_exist_before_the_engine_starts(served: Served) -> None:
+    h, spec = served.h, served.spec
     dirs = host_cache_dirs(spec)
     assert len(dirs) == len(spec.cache_dirs()) == 4  # VLLM_CACHE_ROOT, inductor, triton, TMPDIR
-    assert not any(d.exists() for d in dirs)
-    spec, _ = h.start(rt, spec)
+    assert served.cache_dirs_before_start == [False] * 4  # start() made them...
     assert all(d.is_dir() for d in dirs)
-    # The engine saw its TMPDIR in place: tempfile falls back to /tmp silently when it is missing.
+    # ...before the engine ran: it saw its TMPDIR in place (tempfile falls back to /tmp silently).
     assert h.get(spec, "/standin/info").json()["tmpdir"] == spec.env["TMPDIR"]
 
 
 # -- logs ----------------------------------------------------------------------------------------
 
 
-def test_logs_are_read_by_byte_offset(h: Harness) -> None:
-    rt = h.runtime()
-    spec, handle = h.start(rt)
+def test_logs_are_read_by_byte_offset(served: Served) -> None:
+    h, rt, spec, handle = served.h, served.rt, served.spec, served.handle
     first, end = wait_for_log(rt, handle, r"startup complete")
     assert "standin: héllo wörld ✓\n" in first
     assert "a line on stderr\n" in first  # stderr goes to the same log
