@@ -1,5 +1,6 @@
 """The Runtime contract (controller/runtime/base.py), written once and run against every runtime
-that can run here: the process runtime and the Docker runtime.
+in the controller's registry that can run here — the process runtime and the Docker runtime; a kind
+without a stand-in launch here (a cluster runtime) is listed as skipped.
 
 The engine is a stand-in (tests/fixtures/engines/standin) that speaks vLLM's HTTP surface and its
 API-key check and ends on request; its LaunchSpec is rendered by the real `render()` from a recipe
@@ -8,7 +9,9 @@ would show. What only one runtime has (the process shim's run directory and pare
 docker's create options, OOMKilled, missing images) stays in test_process_runtime.py and
 test_docker_runtime.py; the real vLLM engine runs in test_process_runtime.py.
 
-Waits are liveness bounds (how long before calling it a failure), never speed assertions.
+Checks that only read a running engine share one stand-in per kind (the `served` fixture); every
+check that ends an engine starts its own. Waits are liveness bounds (how long before calling it a
+failure), never speed assertions.
 """
 
 from __future__ import annotations
