@@ -1,4 +1,9 @@
-"""DockerRuntime against the real daemon (busybox image imported locally, tests/integration/images.py).
+"""What only the Docker runtime has, against the real daemon (busybox image imported locally,
+tests/integration/images.py): the container is created with exactly the spec's options and they take
+effect, memlock=-1 or an operator hint, OOMKilled in a memory-limited container, a missing image.
+
+What every runtime must do (start, the key, ports, logs, exit info, stop, adoption) is written once
+in test_runtime_contract.py and runs against this runtime there.
 
 Every container a test creates is removed by id in teardown. Launch ids are unique per test so that
 containers other people run on the same daemon are never touched (adoption is filtered to ours).
@@ -6,6 +11,7 @@ containers other people run on the same daemon are never touched (adoption is fi
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -20,7 +26,6 @@ import psutil
 import pytest
 
 from appliance.launch_spec import LaunchSpec, Mount, Ulimit
-from controller.runtime import make_runtime
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
@@ -31,7 +36,9 @@ from controller.runtime.base import (
     RuntimeError_,
 )
 from controller.runtime.docker_rt import DockerRuntime
+from controller.runtime.ports import PortInUse
 from tests.integration.images import busybox_image
+from tests.integration.runtime_specs import docker_options, docker_spec
 
 pytestmark = pytest.mark.docker
 
@@ -93,23 +100,9 @@ def rt(client: docker.DockerClient) -> DockerRuntime:
     return DockerRuntime(client, kill_wait_s=30.0)
 
 
-def busybox_spec(image: str, script: str, **extra: object) -> LaunchSpec:
-    fields: dict[str, object] = {
-        "recipe": "busybox-engine",
-        "spec_hash": "00112233aabbccdd",
-        "platform": "cpu",
-        "runtime": "docker",
-        "image": image,
-        "argv": ("sh", "-c", script),
-        "env": {"ENGINE_MODE": "test", "WITH_SPACE": "a b", "EMPTY": ""},
-        "port": 8000,
-        "served_model_name": "fake",
-        "cache_root": "/cache",
-        "ready_budget_s": 60,
-        "stall_window_s": 60,
-    }
-    fields.update(extra)
-    return LaunchSpec.model_validate(fields)
+def busybox_spec(image: str, script: str, **common: object) -> LaunchSpec:
+    return docker_spec(image, ("sh", "-c", script),
+                       env={"ENGINE_MODE": "test", "WITH_SPACE": "a b", "EMPTY": ""}, **common)
 
 
 def wait_for_log(rt: Runtime, handle: EngineHandle, pattern: str, timeout_s: float = LIVENESS_S) -> str:
@@ -136,24 +129,27 @@ def full_spec(image: str, tmp_path: Path, script: str, ulimits: tuple[Ulimit, ..
     data = tmp_path / "model"
     data.mkdir(exist_ok=True)
     (data / "weights.txt").write_text("weights\n")
-    return busybox_spec(
+    return docker_spec(
         image,
-        script,
-        mounts=(Mount(source=str(data), target="/models/m", read_only=True),),
-        devices=("/dev/zero:/dev/fakegpu:rwm",),
-        group_add=("44",),  # numeric: busybox has no /etc/group
-        ipc_mode="shareable",  # not the daemon default ("private"), so a dropped option would show
-        shm_size="96m",
-        network_mode="bridge",
-        security_opt=("no-new-privileges",),
+        ("sh", "-c", script),
+        env={"ENGINE_MODE": "test", "WITH_SPACE": "a b", "EMPTY": ""},
+        docker={
+            "mounts": (Mount(source=str(data), target="/models/m", read_only=True),),
+            "devices": ("/dev/zero:/dev/fakegpu:rwm",),
+            "group_add": ("44",),  # numeric: busybox has no /etc/group
+            "ipc_mode": "shareable",  # not the daemon default ("private"), so a dropped option would show
+            "shm_size": "96m",
+            "network_mode": "bridge",
+            "security_opt": ("no-new-privileges",),
+            "published_ports": {8000: _free_port()},
+        },
         ulimits=ulimits,
-        published_ports={8000: _free_port()},
         labels={"team": "serving"},
     )
 
 
 def expected_host_config(spec: LaunchSpec, tmp_path: Path) -> dict[str, object]:
-    host_port = spec.runtime.published_ports[8000]  # type: ignore[attr-defined]
+    host_port = docker_options(spec).published_ports[8000]
     return {
         "Ulimits": [{"Name": u.name, "Soft": u.soft, "Hard": u.hard} for u in spec.ulimits],
         "Memory": 0,  # DOMAIN §3: created without a memory limit
@@ -268,81 +264,6 @@ def test_memlock_unlimited_runs_or_fails_with_an_operator_hint(
         assert left == []  # the container that failed to start was removed
 
 
-def test_logs_stream_by_offset(rt: DockerRuntime, image: str, made: Tracker) -> None:
-    # stdout and stderr are separate pipes into the daemon: their order is only defined across a pause.
-    script = (
-        "echo first; sleep 0.3; echo to-stderr >&2; sleep 0.3; "
-        "echo 'ünïcödé ✓'; echo second; echo DONE; sleep 300"
-    )
-    handle = rt.start(busybox_spec(image, script), made.launch_id())
-    made.container_ids.append(handle.ref)
-    text = wait_for_log(rt, handle, r"DONE")
-    assert text == "first\nto-stderr\nünïcödé ✓\nsecond\nDONE\n"
-    whole, end = rt.read_logs(handle, 0)
-    assert whole == text and end == len(text.encode())
-    assert rt.read_logs(handle, end) == ("", end)
-    first_len = len(b"first\n")
-    assert rt.read_logs(handle, first_len) == (text[len("first\n") :], end)
-
-
-def test_exit_code_and_signal(rt: DockerRuntime, image: str, made: Tracker) -> None:
-    handle = rt.start(busybox_spec(image, "exit 3"), made.launch_id())
-    made.container_ids.append(handle.ref)
-    info = rt.wait(handle, LIVENESS_S)
-    assert (info.running, info.exit_code, info.signal, info.oom_killed) == (False, 3, None, False)
-
-    # PID 1 ignores signals it has no handler for, so the abort happens in a child (`; exit $?` keeps
-    # busybox from exec'ing it as PID 1); the shell then
-    # exits 128+6 like docker reports any signal death (DOMAIN §5: SIGABRT = "exit 134").
-    handle = rt.start(busybox_spec(image, "sh -c 'kill -ABRT $$'; exit $?"), made.launch_id())
-    made.container_ids.append(handle.ref)
-    info = rt.wait(handle, LIVENESS_S)
-    assert (info.running, info.exit_code, info.signal) == (False, 134, int(signal.SIGABRT))
-
-
-def test_stop_with_term_handled(rt: DockerRuntime, image: str, made: Tracker) -> None:
-    script = "trap 'echo got TERM; exit 7' TERM; echo READY; while true; do sleep 0.2; done"
-    handle = rt.start(busybox_spec(image, script), made.launch_id())
-    made.container_ids.append(handle.ref)
-    wait_for_log(rt, handle, r"READY")
-    info = rt.stop(handle, grace_s=LIVENESS_S)
-    assert (info.running, info.exit_code, info.signal, info.oom_killed) == (False, 7, None, False)
-    assert "got TERM" in rt.read_logs(handle, 0)[0]
-    assert rt.engine_pids(handle) == []
-
-
-def test_stop_escalates_to_kill(rt: DockerRuntime, image: str, made: Tracker) -> None:
-    script = "trap '' TERM; echo READY; while true; do sleep 0.2; done"
-    handle = rt.start(busybox_spec(image, script), made.launch_id())
-    made.container_ids.append(handle.ref)
-    wait_for_log(rt, handle, r"READY")
-    info = rt.stop(handle, grace_s=1.0)
-    assert (info.running, info.exit_code, info.signal) == (False, 137, int(signal.SIGKILL))
-
-
-def test_adopted_by_label_from_a_new_runtime(rt: DockerRuntime, image: str, made: Tracker) -> None:
-    ticking = busybox_spec(image, "echo READY; while true; do echo tick; sleep 0.5; done")
-    handle = rt.start(ticking, made.launch_id())
-    made.container_ids.append(handle.ref)
-    wait_for_log(rt, handle, r"tick")
-    ended = rt.start(busybox_spec(image, "exit 0"), made.launch_id())
-    made.container_ids.append(ended.ref)
-    rt.wait(ended, LIVENESS_S)
-
-    restarted = DockerRuntime()  # a fresh client too: nothing shared with the first runtime
-    ours = [h for h in restarted.adopt() if h.launch_id in made.launch_ids]
-    assert [h.ref for h in ours] == [handle.ref]  # the ended one is not adopted
-    assert ours[0].model_dump(exclude={"started_at"}) == handle.model_dump(exclude={"started_at"})
-    assert ours[0].started_at == pytest.approx(handle.started_at, abs=1e-3)
-
-    pids = restarted.engine_pids(handle)
-    state_pid = rt.client.api.inspect_container(handle.ref)["State"]["Pid"]
-    assert pids[0] == state_pid or state_pid in pids
-    assert all(psutil.pid_exists(p) for p in pids)
-    assert restarted.cpu_seconds(handle) >= 0.0
-    assert not restarted.stop(handle, grace_s=1.0).running
-
-
 def test_memory_hog_in_a_memory_limited_container_is_oom_killed(
     rt: DockerRuntime, client: docker.DockerClient, image: str, made: Tracker
 ) -> None:
@@ -376,6 +297,19 @@ def test_missing_image_is_an_operator_error(rt: DockerRuntime, made: Tracker) ->
         rt.start(spec, made.launch_id())
 
 
-def test_make_runtime_docker(tmp_path: Path) -> None:
-    rt = make_runtime("docker", tmp_path)
-    assert isinstance(rt, DockerRuntime) and isinstance(rt, Runtime)
+def test_a_held_published_port_is_refused_before_any_container(
+    rt: DockerRuntime, image: str, made: Tracker
+) -> None:
+    # Bridge networking: the port to prove free is the published host port, not the engine's own
+    # (the contract suite covers host networking, where the engine binds the host's port itself).
+    host_port = _free_port()
+    spec = busybox_spec(image, "sleep 300", docker={"network_mode": "bridge",
+                                                    "published_ports": {8000: host_port}})
+    launch_id = made.launch_id()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", host_port))
+        squatter.listen()
+        held = rf"127\.0\.0\.1:{host_port} is already in use by pid {os.getpid()}\b"
+        with pytest.raises(PortInUse, match=held):
+            rt.start(spec, launch_id)
+    assert rt.client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"}) == []

@@ -1,5 +1,10 @@
-"""ProcessRuntime against real processes: a small Python "engine" (tests/fixtures/engines) and, when
-it is installed, the real vLLM CPU engine.
+"""What only the process runtime has, against real processes: its run directory and PID identity,
+the exact environment rule, the shim (one TERM to the group, leftovers reaped, the engine dies with
+its shim, the status of an engine that outlived its controller), PID-reuse guards — with the small
+fake engine (tests/fixtures/engines/fake_engine.py) — and the one real vLLM CPU engine case.
+
+What every runtime must do (start, the key, ports, logs, exit info, stop, adoption) is written once
+in test_runtime_contract.py and runs against this runtime there.
 
 Waits below are liveness bounds (how long to wait for a line before calling it a failure), never
 speed assertions.
@@ -23,10 +28,10 @@ import psutil
 import pytest
 
 from appliance.launch_spec import LaunchSpec
-from controller.runtime import make_runtime
 from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
-from controller.runtime.ports import PortInUse, port_is_free
-from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, STATUS_FILE, ProcessRuntime
+from controller.runtime.ports import port_is_free
+from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, ProcessRuntime
+from tests.integration.runtime_specs import process_spec, with_argv
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = REPO / "tests" / "fixtures" / "engines" / "fake_engine.py"
@@ -36,21 +41,8 @@ LIVENESS_S = 60.0
 
 
 def fake_spec(*args: str, env: dict[str, str] | None = None, **extra: object) -> LaunchSpec:
-    fields: dict[str, object] = {
-        "recipe": "fake-engine",
-        "spec_hash": "0123456789abcdef",
-        "platform": "cpu",
-        "runtime": "process",
-        "argv": (sys.executable, str(FAKE_ENGINE), *args),
-        "env": {"FAKE_ENGINE": "1"} if env is None else env,
-        "port": 1,
-        "served_model_name": "fake",
-        "cache_root": "/tmp",
-        "ready_budget_s": 60,
-        "stall_window_s": 60,
-    }
-    fields.update(extra)
-    return LaunchSpec.model_validate(fields)
+    return process_spec((sys.executable, str(FAKE_ENGINE), *args),
+                        env={"FAKE_ENGINE": "1"} if env is None else env, **extra)
 
 
 def wait_for_log(rt: Runtime, handle: EngineHandle, pattern: str, timeout_s: float = LIVENESS_S) -> str:
@@ -100,8 +92,8 @@ def rt(runs: Path) -> ProcessRuntime:
     return ProcessRuntime(runs, orphan_grace_s=1.0, kill_wait_s=5.0)
 
 
-def test_start_records_logs_and_pids(rt: ProcessRuntime, runs: Path) -> None:
-    handle = rt.start(fake_spec("--lines", "3", "--workers", "2", "--text", "héllo wörld ✓"), "launch-1")
+def test_run_directory_identity_and_process_group(rt: ProcessRuntime, runs: Path) -> None:
+    handle = rt.start(fake_spec("--workers", "2"), "launch-1")
     text = wait_for_log(rt, handle, r"READY")
     engine_pid, workers = ready_pids(text)
 
@@ -116,20 +108,11 @@ def test_start_records_logs_and_pids(rt: ProcessRuntime, runs: Path) -> None:
     assert os.getpgid(shim.pid) == shim.pid and os.getsid(shim.pid) == shim.pid  # own session + group
     assert os.getpgid(engine_pid) == shim.pid
 
-    for i in range(3):
-        assert f"fake engine line {i}\n" in text
-    assert "fake engine stderr line\n" in text  # stderr goes to the same log
-    assert "héllo wörld ✓\n" in text
-
     pids = rt.engine_pids(handle)
-    assert engine_pid in pids and set(workers) <= set(pids)
+    assert engine_pid in pids and set(workers) <= set(pids)  # the whole group, workers included
     assert shim.pid not in pids
-    assert rt.inspect(handle).running
-
-    # Offsets: reading from the end returns nothing new; from 0 returns the same bytes again.
     _, end = rt.read_logs(handle, 0)
-    assert rt.read_logs(handle, end) == ("", end)
-    assert end == (run_dir / "engine.log").stat().st_size
+    assert end == (run_dir / "engine.log").stat().st_size  # the log is the run directory's file
 
 
 def test_environment_is_exactly_the_spec_plus_path_and_home(rt: ProcessRuntime, tmp_path: Path) -> None:
@@ -159,40 +142,11 @@ def test_source_files_are_sourced_before_the_engine(rt: ProcessRuntime, tmp_path
     assert engine_pid in rt.engine_pids(handle)  # `exec "$@"`: bash became the engine
 
 
-def test_exit_code_is_recorded(rt: ProcessRuntime) -> None:
+def test_the_shim_says_in_the_log_how_the_engine_ended(rt: ProcessRuntime) -> None:
     handle = rt.start(fake_spec("--exit", "3"), "exit-3")
     info = rt.wait(handle, LIVENESS_S)
-    assert (info.running, info.exit_code, info.signal, info.oom_killed) == (False, 3, None, None)
+    assert (info.running, info.exit_code, info.oom_killed) == (False, 3, None)  # no OOM record here
     assert "[appliance-shim] engine" in wait_for_log(rt, handle, r"ended: exit code 3")
-
-
-def test_death_by_signal_is_recorded_like_docker(rt: ProcessRuntime) -> None:
-    # SIGABRT is what importing vllm before torch produces (DOMAIN §5: std::bad_alloc, exit 134).
-    handle = rt.start(fake_spec("--self-signal", str(int(signal.SIGABRT))), "abrt")
-    info = rt.wait(handle, LIVENESS_S)
-    assert (info.running, info.exit_code, info.signal) == (False, 134, int(signal.SIGABRT))
-
-
-def test_stop_sends_term_once_and_returns_the_engine_exit_code(rt: ProcessRuntime) -> None:
-    handle = rt.start(fake_spec("--term-exit", "7"), "term-7")
-    wait_for_log(rt, handle, r"READY")
-    info = rt.stop(handle, grace_s=LIVENESS_S)
-    assert (info.running, info.exit_code, info.signal) == (False, 7, None)
-    text, _ = rt.read_logs(handle, 0)
-    assert text.count("got signal 15") == 1
-    assert rt.engine_pids(handle) == []
-    assert json.loads((rt.runs_dir / "term-7" / STATUS_FILE).read_text())["exit_code"] == 7
-
-
-def test_stop_escalates_to_kill_when_term_is_ignored(rt: ProcessRuntime) -> None:
-    handle = rt.start(fake_spec("--ignore-term"), "stubborn")
-    engine_pid, _ = ready_pids(wait_for_log(rt, handle, r"READY"))
-    info = rt.stop(handle, grace_s=1.0)
-    assert (info.running, info.exit_code, info.signal) == (False, 137, int(signal.SIGKILL))
-    text, _ = rt.read_logs(handle, 0)
-    assert text.count("got signal 15") == 1  # TERM was delivered (once) and ignored
-    assert "killed by signal 9 (SIGKILL)" in text
-    assert not alive(engine_pid)
 
 
 def test_processes_left_behind_by_the_engine_are_reaped(rt: ProcessRuntime) -> None:
@@ -205,24 +159,6 @@ def test_processes_left_behind_by_the_engine_are_reaped(rt: ProcessRuntime) -> N
     assert not any(alive(w) for w in workers)
     text, _ = rt.read_logs(handle, 0)
     assert "2 process(es) left in its group" in text
-
-
-def test_adopted_by_a_new_runtime_with_known_exit_code(rt: ProcessRuntime, runs: Path) -> None:
-    handle = rt.start(fake_spec("--term-exit", "5", "--workers", "1"), "adopt-me")
-    wait_for_log(rt, handle, r"READY")
-
-    restarted = ProcessRuntime(runs)  # a controller restart: no Popen, only the files
-    assert restarted.adopt() == [handle]
-    assert restarted.inspect(handle).running
-    assert restarted.engine_pids(handle) == rt.engine_pids(handle)
-    text, offset = restarted.read_logs(handle, 0)
-    assert "READY" in text and offset > 0
-
-    info = restarted.stop(handle, grace_s=LIVENESS_S)
-    # Not the new runtime's child, yet the exit code is known: the shim recorded it.
-    assert (info.running, info.exit_code, info.signal) == (False, 5, None)
-    assert restarted.adopt() == []
-    assert rt.inspect(handle).exit_code == 5
 
 
 _CONTROLLER = """
@@ -277,8 +213,6 @@ def test_killing_the_shim_takes_the_engine_down_and_frees_its_port(rt: ProcessRu
     handle = rt.start(spec, "shim-killed")
     main, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
     assert not port_is_free("127.0.0.1", port)
-    with pytest.raises(PortInUse, match=rf"127.0.0.1:{port} is already in use by pid {main}"):
-        rt.start(spec, "second-on-the-same-port")  # proven before launching, with who holds it
 
     os.kill(int(handle.ref), signal.SIGKILL)
     # The kernel TERMs the engine's main process when its shim dies (parent-death signal): the
@@ -334,36 +268,31 @@ def test_pid_reuse_is_not_adopted_nor_signalled(rt: ProcessRuntime, runs: Path, 
         assert not rt.stop(handle, grace_s=5.0).running
 
 
-def test_cpu_seconds_counts_the_engine_processes(rt: ProcessRuntime) -> None:
-    handle = rt.start(fake_spec("--burn", "0.5"), "burner")
-    wait_for_log(rt, handle, r"READY")
-    first = rt.cpu_seconds(handle)
-    assert first >= 0.45  # the engine burned 0.5 s of CPU before READY (10 ms tick resolution)
-    assert rt.cpu_seconds(handle) >= first
-
-
-def test_start_errors_are_operator_readable(rt: ProcessRuntime, runs: Path) -> None:
-    missing = fake_spec().model_copy(update={"argv": ("/nonexistent/engine/venv/bin/python", "-m", "vllm")})
+def test_a_missing_engine_venv_is_an_operator_error(rt: ProcessRuntime, runs: Path) -> None:
+    missing = with_argv(fake_spec(), ("/nonexistent/engine/venv/bin/python", "-m", "vllm"))
     with pytest.raises(RuntimeError_, match="appliance engine setup"):
         rt.start(missing, "missing")
     assert not (runs / "missing").exists()
 
-    handle = rt.start(fake_spec("--exit", "0"), "once")
-    rt.wait(handle, LIVENESS_S)
-    with pytest.raises(RuntimeError_, match="already used"):
-        rt.start(fake_spec(), "once")
 
-
-def test_stop_of_an_ended_engine_returns_its_status(rt: ProcessRuntime) -> None:
-    handle = rt.start(fake_spec("--exit", "4"), "ended")
-    rt.wait(handle, LIVENESS_S)
-    assert rt.stop(handle, grace_s=1.0).exit_code == 4
-    assert ProcessRuntime(rt.runs_dir).stop(handle, grace_s=1.0).exit_code == 4
-
-
-def test_make_runtime_process(runs: Path) -> None:
-    rt = make_runtime("process", runs)
-    assert isinstance(rt, ProcessRuntime) and isinstance(rt, Runtime)
+@pytest.mark.xfail(strict=True, reason=(
+    "runtime bug (controller/runtime/process.py, ProcessRuntime.adopt): it adopts a launch whose shim "
+    "is alive, even after the engine's main process ended and the shim wrote its status (it is "
+    "reaping what the engine left); inspect() calls the same handle ended. base.Runtime.adopt: "
+    "'engines ... that are still running'. DockerRuntime.adopt filters status=running."))
+def test_an_ended_engine_is_not_adopted_while_its_shim_reaps_leftovers(runs: Path) -> None:
+    rt = ProcessRuntime(runs, orphan_grace_s=LIVENESS_S, kill_wait_s=5.0)
+    handle = rt.start(fake_spec("--workers", "1", "--worker-ignores-term"), "reaping")
+    main, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
+    try:
+        os.kill(main, signal.SIGKILL)
+        assert not rt.wait(handle, LIVENESS_S).running
+        restarted = ProcessRuntime(runs)
+        assert not restarted.inspect(handle).running
+        assert [h for h in restarted.adopt() if not restarted.inspect(h).running] == []
+    finally:
+        rt.stop(handle, grace_s=1.0)
+        assert not alive(workers[0])
 
 
 # -- the real CPU vLLM engine -------------------------------------------------------------------
@@ -383,13 +312,8 @@ def test_real_cpu_vllm_engine_starts_answers_is_adopted_and_stops(runs: Path, tm
     if not (ENGINE_MODEL / "config.json").exists():
         pytest.skip(f"model not converted ({ENGINE_MODEL}/config.json missing): run `appliance engine setup`")
     port = _free_port()
-    spec = LaunchSpec(
-        recipe="cpu-smollm2-test",
-        spec_hash="feedfacecafebeef",
-        platform="cpu",
-        runtime="process",
-        python=str(ENGINE_PYTHON),
-        argv=(
+    spec = process_spec(
+        (
             str(ENGINE_PYTHON),
             "-m",
             "vllm.entrypoints.openai.api_server",
@@ -415,6 +339,8 @@ def test_real_cpu_vllm_engine_starts_answers_is_adopted_and_stops(runs: Path, tm
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         },
+        recipe="cpu-smollm2-test",
+        spec_hash="feedfacecafebeef",
         port=port,
         served_model_name="smollm2",
         cache_root=str(tmp_path / "vllm-cache"),

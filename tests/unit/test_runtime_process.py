@@ -24,24 +24,20 @@ from controller.runtime.process import (
     started_after_boot,
 )
 from controller.runtime.process_shim import exit_code_of, parse_args
+from tests.unit.spec_helpers import launch_spec
 
 
 def spec(**extra: object) -> LaunchSpec:
     fields: dict[str, object] = {
         "recipe": "cpu-smollm2",
         "spec_hash": "0123456789abcdef",
-        "platform": "cpu",
-        "runtime": "process",
         "argv": (sys.executable, "-c", "pass"),
         "env": {"A": "1"},
-        "port": 8000,
         "served_model_name": "smollm2",
         "cache_root": "/tmp",
-        "ready_budget_s": 60,
-        "stall_window_s": 60,
+        **extra,
     }
-    fields.update(extra)
-    return LaunchSpec.model_validate(fields)
+    return launch_spec("process", {"python": sys.executable}, **fields)
 
 
 # -- environment ---------------------------------------------------------------------------------
@@ -204,7 +200,7 @@ def test_identity_file_must_agree_with_the_handle(tmp_path: Path) -> None:
 def test_start_refuses_docker_specs_bad_ids_missing_programs_and_workdirs(tmp_path: Path) -> None:
     rt = ProcessRuntime(tmp_path)
     with pytest.raises(RuntimeError_, match="'docker' runtime"):
-        rt.start(spec(runtime="docker", image="x"), "l1")
+        rt.start(launch_spec("docker", {"image": "x"}), "l1")
     with pytest.raises(RuntimeError_, match="safe directory name"):
         rt.start(spec(), "../escape")
     with pytest.raises(RuntimeError_, match=r"not an executable.*appliance engine setup"):
