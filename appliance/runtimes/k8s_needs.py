@@ -136,4 +136,4 @@ def comment_lines(recipe: Recipe) -> list[str]:
 
 def node_requirements(recipe: Recipe) -> list[str]:
     """One line per need: what the node that runs the engine must have (host-plan notes)."""
-    return [f"{n.node} ({n.field}; {n.fact})" for n in needs(recipe)]
+    return [f"the node needs {n.node} ({n.field}; {n.fact})" for n in needs(recipe)]

@@ -170,8 +170,10 @@ class KubernetesPlugin:
     kind = "kubernetes"
     section = KubernetesSection
     launch = KubernetesLaunch
-    # The pod's container runtime sets its limits at creation (not inherited from this controller);
-    # the pod has a cgroup of its own; and another node runs it: the host plan names that node's needs.
+    # The engine's limits are fixed where the pod is created (the node's container runtime), not
+    # inherited from this controller — but not from the spec either: a pod has no ulimits, so this
+    # host's admission cannot judge memlock; lint (k8s-memlock) and the host-plan notes say what the
+    # node must give. The pod has a cgroup of its own; another node runs it (placement REMOTE).
     traits = RuntimeTraits(sets_own_memlock=True, own_cgroup=True, placement=Placement.REMOTE,
                            console_script=True)
     formats: Mapping[str, Format] = {"k8s": _k8s, "helm-values": _helm}
@@ -222,7 +224,8 @@ class KubernetesPlugin:
 
     def host_plan_notes(self, recipe: Recipe) -> list[str]:
         gpu = GPU_RESOURCE.get(recipe.platform.value)
-        plugin = [f"a GPU device plugin advertising {gpu} (≥ {recipe.workers} on one node)"] if gpu else []
+        plugin = [f"the node needs a GPU device plugin advertising {gpu} (≥ {recipe.workers} on one node)"] \
+            if gpu else []
         return plugin + node_requirements(recipe)
 
     def host_cache_dirs(self, spec: LaunchSpec) -> list[str]:

@@ -255,7 +255,7 @@ def test_not_expressible_needs_are_comments_findings_and_node_notes() -> None:
     assert "DOMAIN §3" in findings["k8s-memory-limit"].fact
     assert not [f for f in lint(k8s_recipe) if f.severity == "error"]
     notes = k8s.PLUGIN.host_plan_notes(k8s_recipe)
-    assert notes[0].startswith("a GPU device plugin advertising amd.com/gpu (≥ 4")
+    assert notes[0].startswith("the node needs a GPU device plugin advertising amd.com/gpu (≥ 4")
     assert any("LimitMEMLOCK=infinity" in n for n in notes)
 
 
@@ -265,3 +265,32 @@ def test_docker_only_options_are_findings_only_for_docker_sections() -> None:
     assert "[k8s-group-add] runtime.group_add" in text
     assert "[k8s-device-paths] runtime.device_paths: device nodes /dev/mkfd" in text
     assert "[k8s-group-add]" not in k8s.PLUGIN.formats["k8s"](_spec(K8S_RECIPE), shipped()[K8S_RECIPE])
+
+
+def test_cli_renders_k8s_refuses_a_process_recipe_in_one_sentence_and_takes_image(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from controller.cli import recipes_cmd
+    from tests.unit.recipe_helpers import HOSTS, RECIPES_DIR
+
+    monkeypatch.setenv("APPLIANCE_RECIPES", str(RECIPES_DIR))
+    monkeypatch.setenv("APPLIANCE_HOME", "/var/lib/appliance")
+    app = typer.Typer()
+    recipes_cmd.register(app)
+    runner = CliRunner()
+    host = ["--host-root", str(HOSTS / "reference")]
+
+    ok = runner.invoke(app, ["recipes", "render", K8S_RECIPE, *host])  # the kind's default: k8s
+    assert ok.exit_code == 0 and [d["kind"] for d in yaml.safe_load_all(ok.stdout)][-1] == "Service"
+    refused = runner.invoke(app, ["recipes", "render", "cuda-smollm2-graph", "-f", "k8s", *host])
+    assert refused.exit_code == 2
+    assert refused.stderr.count("\n") == 1 and "--image" in refused.stderr
+    given = runner.invoke(app, ["recipes", "render", "cuda-smollm2-graph", "-f", "helm-values",
+                                "--image", AN_IMAGE, *host])
+    assert given.exit_code == 0
+    (model,) = yaml.safe_load(given.stdout)["servingEngineSpec"]["modelSpec"]
+    assert model["repository"] == "vllm/vllm-openai"
+    wrong = runner.invoke(app, ["recipes", "render", "cuda-generic", "-f", "docker", "--image", "x", *host])
+    assert wrong.exit_code == 2 and "--image applies to" in wrong.stderr
