@@ -100,7 +100,12 @@ def test_k8s_render_matches_golden(name: str) -> None:
 def test_the_kubernetes_recipe_renders_a_kubernetes_launch() -> None:
     spec = _spec(K8S_RECIPE)
     assert spec.runtime.kind == "kubernetes"
-    assert spec.host == "0.0.0.0" or spec.argv[spec.argv.index("--host") + 1] == "0.0.0.0"
+    assert spec.argv[spec.argv.index("--host") + 1] == "0.0.0.0"  # the pod IP
+    assert spec.host == "appliance-gfx906-b-tp4-eager-k8s.llm.svc"  # the Service, for the controller
+    assert isinstance(spec.runtime, k8s.KubernetesLaunch)
+    # S14d: B's RAM demand 4 × (4.52 + 0.19) + 3.1 + 2.62 = 24.56 GiB → a 25Gi request
+    assert spec.runtime.memory_request == "25Gi"
+    assert _container(_docs(K8S_RECIPE))["resources"]["requests"]["memory"] == "25Gi"
     docs = _docs(K8S_RECIPE)
     kinds = [d["kind"] for d in docs]
     # the model comes from an existing claim: only the cache claim is created
@@ -294,3 +299,54 @@ def test_cli_renders_k8s_refuses_a_process_recipe_in_one_sentence_and_takes_imag
     assert model["repository"] == "vllm/vllm-openai"
     wrong = runner.invoke(app, ["recipes", "render", "cuda-generic", "-f", "docker", "--image", "x", *host])
     assert wrong.exit_code == 2 and "--image applies to" in wrong.stderr
+
+
+def test_every_section_option_renders_schema_valid() -> None:
+    runtime = {
+        "kind": "kubernetes", "image": "registry.example:5000/vllm", "digest": "sha256:" + "a" * 64,
+        "namespace": "serving", "cache": {"claim": "shared-cache"},
+        "model": {"size": "200Gi", "storage_class": "fast-ssd", "access_mode": "ReadOnlyMany",
+                  "sub_path": "qwen"},
+        "node_selector": {"example.com/pool": "gpu"},
+        "tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}],
+        "shm_size": "8Gi", "host_ipc": False, "runtime_class": "nvidia", "service_type": "NodePort",
+        "cpu_request": "6", "memory_request": "40Gi", "image_pull_secret": "regcred",
+    }
+    recipe = with_changes(shipped()["cuda-generic"], runtime=runtime, model__host_path=None)
+    docs = k8s.manifests(render(recipe, fixed_facts()), launch_id=LAUNCH_ID)
+    for doc in docs:
+        _validate(doc)
+    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "Deployment", "Service"]
+    claim = docs[0]["spec"]
+    assert (claim["storageClassName"], claim["accessModes"]) == ("fast-ssd", ["ReadOnlyMany"])
+    pod = docs[1]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"example.com/pool": "gpu"}  # replaces the platform default
+    assert pod["containers"][0]["image"] == "registry.example:5000/vllm@sha256:" + "a" * 64
+    assert pod["containers"][0]["resources"]["requests"]["cpu"] == "6"
+    assert "hostIPC" not in pod
+    assert next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")["subPath"] == "qwen"
+    assert next(v for v in pod["volumes"] if v["name"] == "cache")["persistentVolumeClaim"] == {
+        "claimName": "shared-cache"}
+    assert docs[2]["spec"]["type"] == "NodePort"
+
+
+@pytest.mark.parametrize(("storage", "message"), [
+    ({"claim": "a", "size": "1Gi"}, "exactly one"),
+    ({}, "exactly one"),
+    ({"claim": "a", "storage_class": "x"}, "storage_class"),
+    ({"size": "lots"}, "pattern"),
+])
+def test_storage_is_an_existing_claim_or_a_size(storage: dict[str, str], message: str) -> None:
+    from pydantic import ValidationError
+
+    from appliance.runtimes.k8s_model import Storage
+
+    with pytest.raises(ValidationError, match=message):
+        Storage.model_validate(storage)
+
+
+def test_node_selector_must_be_labels() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="not a Kubernetes label"):
+        k8s.KubernetesSection.model_validate({"image": "x", "node_selector": {"bad key!": "v"}})
