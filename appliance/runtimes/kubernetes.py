@@ -126,6 +126,12 @@ def k8s_text(spec: LaunchSpec, recipe: Recipe | None, *, image: str | None = Non
         f"(the controller judges a slow start first).",
         f"# Image: {target.image_ref}.",
     ]
+    requests = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["resources"]["requests"]
+    if "memory" not in requests:
+        head.append("# No memory request (the recipe has no memory model): the pod is BestEffort, the first "
+                    "the kubelet evicts under node memory pressure; give the recipe `memory:` or the "
+                    "kubernetes section `memory_request`.")
     if image is not None:
         head.append(f"# The image was given with --image ({image}): the recipe runs as a process and names "
                     f"none; its paths under the appliance home refer to that host.")

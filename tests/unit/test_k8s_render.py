@@ -147,6 +147,12 @@ def test_gpus_are_extended_resources_counted_from_tp(name: str, resource: str, c
     assert not {e["name"] for e in container["env"]} & set(DEVICE_ENV)
 
 
+def test_a_missing_memory_request_is_said() -> None:
+    """Without a request the pod is BestEffort: evicted first on a memory-starved node (DOMAIN §3)."""
+    assert "No memory request" in k8s.PLUGIN.formats["k8s"](_spec("cuda-generic"), shipped()["cuda-generic"])
+    assert "No memory request" not in k8s.PLUGIN.formats["k8s"](_spec(K8S_RECIPE), shipped()[K8S_RECIPE])
+
+
 def test_cpu_recipe_asks_for_no_gpu() -> None:
     container = _container(_docs("cpu-smollm2-docker"))
     assert "limits" not in container["resources"]
