@@ -16,18 +16,17 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from appliance.runtimes.k8s_manifests import (
+from appliance.runtimes.k8s_manifests import PROBE_PERIOD_S, startup_failure_threshold
+from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, key_secret_name
+from appliance.runtimes.k8s_spec import (
     CACHE_DIR_ENV,
     DEVICE_ENV,
     PLATFORM_NODE_SELECTOR,
-    PROBE_PERIOD_S,
     cluster_target,
     gpu_resource,
     model_path,
-    startup_failure_threshold,
     tensor_parallel_size,
 )
-from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, key_secret_name
 
 if TYPE_CHECKING:
     from appliance.launch_spec import LaunchSpec

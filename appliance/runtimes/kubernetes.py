@@ -5,6 +5,8 @@ Its effectful half is controller/runtime/kubernetes.py (the official `kubernetes
 The pieces, each a small module beside this one:
 - k8s_model.py: the recipe section (`runtime: {kind: kubernetes, image, namespace, cache, model,
   node_selector, …}`) and the LaunchSpec sub-model;
+- k8s_spec.py: what the render reads from a spec (cluster options of any spec with an image, TP, model);
+- k8s_names.py: object names and labels (sanitised to Kubernetes syntax);
 - k8s_manifests.py: spec → PVCs, Deployment (why not a StatefulSet: its docstring), Service;
 - k8s_needs.py: what Kubernetes cannot express (memlock, swap, swappiness, ACS, boot parameters, a
   LimitRange's memory limit) → YAML comments, lint findings and host-plan notes;
@@ -28,15 +30,10 @@ from appliance.runtimes.base import Format, FormatError, Placement, RuntimeTrait
 from appliance.runtimes.k8s_helm import comment_lines as helm_comments
 from appliance.runtimes.k8s_helm import helm_values, memory_request
 from appliance.runtimes.k8s_manifests import (
-    GPU_RESOURCE,
     PROBE_PERIOD_S,
-    K8sRenderError,
-    cluster_target,
     engine_key_secret,
-    gpu_resource,
     manifests,
     startup_failure_threshold,
-    tensor_parallel_size,
 )
 from appliance.runtimes.k8s_model import KubernetesLaunch, KubernetesSection
 from appliance.runtimes.k8s_names import (
@@ -49,14 +46,20 @@ from appliance.runtimes.k8s_names import (
 )
 from appliance.runtimes.k8s_needs import LINT_RULES, needs, node_requirements
 from appliance.runtimes.k8s_needs import comment_lines as needs_comments
+from appliance.runtimes.k8s_spec import (
+    ANY_ADDRESS,
+    GPU_RESOURCE,
+    K8sRenderError,
+    cluster_target,
+    gpu_resource,
+    tensor_parallel_size,
+)
 
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
     from appliance.launch_spec import LaunchSpec
     from appliance.lint import Finding
     from appliance.recipe_model import Recipe
-
-ANY_ADDRESS = "0.0.0.0"
 
 
 def _section(recipe: Recipe) -> KubernetesSection:

@@ -22,8 +22,9 @@ from appliance.lint import lint
 from appliance.render import render
 from appliance.runtimes import kubernetes as k8s
 from appliance.runtimes.base import FormatError
-from appliance.runtimes.k8s_manifests import DEVICE_ENV, startup_failure_threshold
+from appliance.runtimes.k8s_manifests import startup_failure_threshold
 from appliance.runtimes.k8s_model import LABEL_KEY_RE, LABEL_VALUE_RE
+from appliance.runtimes.k8s_spec import DEVICE_ENV
 from tests.unit.recipe_helpers import REPO, fixed_facts, shipped, with_changes
 
 GOLDEN = REPO / "tests" / "fixtures" / "k8s"
