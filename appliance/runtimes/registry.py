@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
-from appliance.runtimes import docker, process
+from appliance.runtimes import docker, kubernetes, process
 from appliance.runtimes.base import Format, LaunchRuntime, RuntimePlugin, RuntimeSection
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 _ALL: tuple[RuntimePlugin, ...] = (
     docker.PLUGIN,
     process.PLUGIN,
+    kubernetes.PLUGIN,
 )
 PLUGINS: Mapping[str, RuntimePlugin] = {p.kind: p for p in _ALL}
 KINDS: tuple[str, ...] = tuple(PLUGINS)

@@ -26,6 +26,7 @@ from appliance.recipe_loader import RecipeError, load_recipes
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
 from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.kubernetes import render_with_image
 from controller.settings import paths, recipes_dir
 from host_setup.facts import HostFactsError, gather_facts
 
@@ -112,15 +113,20 @@ def render_cmd(
     fmt: Annotated[str, typer.Option(
         "--format", "-f", help=f"One of: {', '.join(FORMATS)} (default: the runtime's own).")] = "",
     host_root: HostRootOpt = Path("/"),
+    image: Annotated[str | None, typer.Option(
+        "--image", help="The container image for --format k8s/helm-values of a process recipe "
+        "(it names none of its own).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The exact launch: a docker command, docker SDK kwargs, compose, shell, vLLM config, JSON, or
-    what another runtime plug-in adds."""
+    what another runtime plug-in adds (k8s manifests, helm-values)."""
     with _bad_input():
         recipe = _get(name)
         spec = render(recipe, _facts(host_root))
         shown = "json" if as_json else fmt or runtime_registry.for_recipe(recipe).default_format
-        typer.echo(format_spec(spec, shown, recipe), nl=False)
+        text = format_spec(spec, shown, recipe) if image is None else \
+            render_with_image(shown, spec, recipe, image)
+        typer.echo(text, nl=False)
 
 
 @recipes_app.command("lint")
