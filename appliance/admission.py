@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict
 
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.lint import DEFAULT_MEMLOCK_BYTES, pinned_bytes_per_worker
-from appliance.recipe_model import AcsState, DockerRuntime, GraphMode, Platform, Recipe
+from appliance.recipe_model import AcsState, GraphMode, Platform, Recipe
+from appliance.runtimes import registry as runtime_registry
 
 Verdict = Literal["admit", "warn", "refuse"]
 _RANK: dict[Verdict, int] = {"admit": 0, "warn": 1, "refuse": 2}
@@ -141,8 +142,9 @@ def _memlock_check(recipe: Recipe, facts: HostFacts) -> Check | None:
     pinned = pinned_bytes_per_worker(recipe)
     if pinned is None:
         return None
-    if isinstance(recipe.runtime, DockerRuntime):
-        # The container gets what render asks for at creation (--ulimit memlock=-1), else docker's default.
+    if runtime_registry.for_recipe(recipe).traits.sets_own_memlock:
+        # The container gets what render asks for at creation (--ulimit memlock=-1), else the
+        # runtime's default.
         limit = UNLIMITED if recipe.host.memlock_unlimited else DEFAULT_MEMLOCK_BYTES
         source = "container ulimit (render)"
     else:
@@ -189,12 +191,13 @@ def _requirement_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
               f"vm.swappiness is {facts.swappiness}, recipe needs ≥ {req.swappiness}",
               "S14c: swappiness 60→200 raised the memory margin 0.29→2.71 GiB at zero decode cost",
               swappiness=facts.swappiness, required=req.swappiness)
-    if req.memlock_unlimited and not isinstance(recipe.runtime, DockerRuntime):
+    traits = runtime_registry.for_recipe(recipe).traits
+    if req.memlock_unlimited and not traits.sets_own_memlock:
         ok = facts.memlock_hard_bytes == UNLIMITED
         check("memlock-unlimited", ok, "refuse",
               f"hard RLIMIT_MEMLOCK is {facts.memlock_hard_bytes}; the process engine cannot raise it",
               "S11f §10.1: pinned host memory vs memlock", memlock_hard_bytes=facts.memlock_hard_bytes)
-    if req.no_cgroup_memory_limit and not isinstance(recipe.runtime, DockerRuntime):
+    if req.no_cgroup_memory_limit and not traits.own_cgroup:
         limit = facts.cgroup_memory_limit_bytes
         check("cgroup-memory-limit", limit is None, "refuse",
               "no cgroup memory limit" if limit is None else

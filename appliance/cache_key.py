@@ -38,7 +38,8 @@ import json
 from typing import Any
 
 from appliance.host_facts import HostFacts
-from appliance.recipe_model import DockerRuntime, Recipe
+from appliance.recipe_model import Recipe
+from appliance.runtimes import registry as runtime_registry
 
 # Every EngineArgs field is in exactly one of these two sets (tests/unit/test_cache_key.py checks it,
 # so a new field must be placed on purpose).
@@ -68,11 +69,7 @@ def compile_env(name: str) -> bool:
 
 def cache_key_inputs(recipe: Recipe) -> dict[str, Any]:
     """The recipe values the key is computed from (shown by `appliance plan`)."""
-    runtime: dict[str, Any]
-    if isinstance(recipe.runtime, DockerRuntime):
-        runtime = {"kind": "docker", "image": recipe.runtime.image, "digest": recipe.runtime.digest}
-    else:
-        runtime = {"kind": "process", "python": recipe.runtime.python}
+    runtime = runtime_registry.for_recipe(recipe).cache_key_inputs(recipe)
     engine = {k: v for k, v in recipe.engine.model_dump(mode="json").items() if k in COMPILE_ENGINE_FIELDS}
     return {
         "platform": recipe.platform.value,

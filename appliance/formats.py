@@ -1,153 +1,57 @@
-"""Print a LaunchSpec in the forms operators use: `format_spec(spec, fmt) -> str`. Pure.
+"""Print a LaunchSpec in the forms operators use: `format_spec(spec, fmt, recipe) -> str`. Pure.
 
-Every format says the same launch (argv, env, mounts, ulimits, ports, labels) so a hand-run
-`docker run` and the appliance's own launch cannot drift apart. None of them sets a memory limit:
-DOMAIN §3 — a cgroup limit counts page cache (29 GB of mmapped weights), and `docker update
---memory=0` means "unchanged", so the container must be *created* without one.
+Generic formats (shell, vllm-config, json) live here; each runtime plug-in adds its own through the
+registry (docker, docker-py, compose: appliance/runtimes/docker.py, written from the very kwargs the
+Docker runtime creates the container with). Every format says the same launch (argv, env, mounts,
+ulimits, ports, labels) so a hand-run `docker run` and the appliance's own launch cannot drift
+apart. None of them sets a memory limit: DOMAIN §3 — a cgroup limit counts page cache (29 GB of
+mmapped weights), and `docker update --memory=0` means "unchanged", so the container must be
+*created* without one.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from appliance.launch_spec import LaunchSpec, Ulimit
+from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.base import Format
+from appliance.runtimes.base import FormatError as FormatError  # re-exported: callers catch it here
 
-FORMATS = ("docker", "docker-py", "compose", "shell", "vllm-config", "json")
+if TYPE_CHECKING:
+    from appliance.recipe_model import Recipe
+
+# Formats of every kind; each runtime plug-in adds its own (docker, docker-py, compose, ...).
+GENERIC_FORMATS = ("shell", "vllm-config", "json")
 
 
-class FormatError(ValueError):
-    """A format that does not apply to this spec, or an unknown format name."""
-
-
-def format_spec(spec: LaunchSpec, fmt: str) -> str:
-    writers: dict[str, Callable[[LaunchSpec], str]] = {
-        "docker": _docker, "docker-py": _docker_py, "compose": _compose, "shell": _shell,
-        "vllm-config": _vllm_config, "json": lambda s: s.model_dump_json(indent=2) + "\n",
+def writers() -> dict[str, Format]:
+    """Generic formats first, then every runtime plug-in's (appliance/runtimes/registry.py)."""
+    generic: dict[str, Format] = {
+        "shell": lambda s, r: _shell(s), "vllm-config": lambda s, r: _vllm_config(s),
+        "json": lambda s, r: s.model_dump_json(indent=2) + "\n",
     }
-    if fmt not in writers:
-        raise FormatError(f"unknown format '{fmt}'; choose one of: {', '.join(FORMATS)}")
-    return writers[fmt](spec)
+    plugged = runtime_registry.formats()
+    clash = sorted(set(generic) & set(plugged))
+    if clash:
+        raise RuntimeError(f"runtime plug-ins redefine the generic formats {clash}")
+    return {**generic, **plugged}
 
 
-def _need_image(spec: LaunchSpec, fmt: str) -> str:
-    if spec.image is None:
-        raise FormatError(f"format '{fmt}' needs a docker recipe; '{spec.recipe}' runs as a process "
-                          f"(use --format shell or json)")
-    return spec.image
+FORMATS: tuple[str, ...] = tuple(writers())
 
 
-def _ulimit_text(u: Ulimit) -> str:
-    return f"{u.name}={u.soft}:{u.hard}"
-
-
-def container_name(spec: LaunchSpec) -> str:
-    return f"appliance-{spec.recipe}"
-
-
-def _docker(spec: LaunchSpec) -> str:
-    image = _need_image(spec, "docker")
-    cmd = spec.command()
-    opts: list[list[str]] = [["--name", container_name(spec)], ["--restart", "no"]]
-    opts += [["--label", f"{k}={v}"] for k, v in sorted(spec.labels.items())]
-    if spec.network_mode:
-        opts.append([f"--network={spec.network_mode}"])
-    if spec.ipc_mode:
-        opts.append([f"--ipc={spec.ipc_mode}"])
-    if spec.shm_size:
-        opts.append([f"--shm-size={spec.shm_size}"])
-    opts += [[f"--device={d}"] for d in spec.devices]
-    if spec.gpus:
-        opts.append(["--gpus", spec.gpus])
-    opts += [["--group-add", g] for g in spec.group_add]
-    opts += [["--security-opt", s] for s in spec.security_opt]
-    opts += [["--ulimit", _ulimit_text(u)] for u in spec.ulimits]
-    opts += [["-p", f"{spec.host}:{hp}:{port}"] for port, hp in sorted(spec.published_ports.items())]
-    opts += [["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")] for m in spec.mounts]
-    opts += [["-e", f"{k}={v}"] for k, v in spec.env.items()]
-    opts += [["--entrypoint", cmd[0]]]
-    lines = ["# no --memory: the container must be created without a memory limit (DOMAIN §3)",
-             "docker run -d \\"]
-    lines += [f"  {shlex.join(o)} \\" for o in opts]
-    lines.append(f"  {shlex.quote(image)} \\")
-    lines.append("  " + shlex.join(cmd[1:]))
-    return "\n".join(lines) + "\n"
-
-
-def docker_py_kwargs(spec: LaunchSpec) -> dict[str, Any]:
-    """Keyword arguments for docker SDK `containers.run(**kwargs)` (ulimits/device_requests as dicts)."""
-    image = _need_image(spec, "docker-py")
-    kwargs: dict[str, Any] = {
-        "image": image,
-        "name": container_name(spec),
-        "entrypoint": list(spec.command()),
-        "command": [],
-        "environment": dict(spec.env),
-        "volumes": {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts},
-        "devices": [f"{d}:{d}:rwm" for d in spec.devices],
-        "group_add": list(spec.group_add),
-        "ipc_mode": spec.ipc_mode,
-        "shm_size": spec.shm_size,
-        "network_mode": spec.network_mode,
-        "security_opt": list(spec.security_opt),
-        "ulimits": [{"Name": u.name, "Soft": u.soft, "Hard": u.hard} for u in spec.ulimits],
-        "ports": {f"{p}/tcp": [spec.host, hp] for p, hp in sorted(spec.published_ports.items())},
-        "labels": dict(spec.labels),
-        "restart_policy": {"Name": spec.restart_policy},
-        "detach": True,
-    }
-    if spec.gpus:
-        kwargs["device_requests"] = [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]
-    return kwargs
-
-
-def _docker_py(spec: LaunchSpec) -> str:
-    return json.dumps(docker_py_kwargs(spec), indent=2) + "\n"
-
-
-def _compose(spec: LaunchSpec) -> str:
-    image = _need_image(spec, "compose")
-    service: dict[str, Any] = {
-        "image": image,
-        "container_name": container_name(spec),
-        "entrypoint": list(spec.command()),
-        "environment": dict(spec.env),
-        "volumes": [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in spec.mounts],
-        "restart": "no",
-        "labels": dict(spec.labels),
-    }
-    optional: dict[str, Any] = {
-        "devices": list(spec.devices), "group_add": list(spec.group_add), "ipc": spec.ipc_mode,
-        "shm_size": spec.shm_size, "network_mode": spec.network_mode,
-        "security_opt": list(spec.security_opt),
-        "ulimits": {u.name: {"soft": u.soft, "hard": u.hard} for u in spec.ulimits},
-        "ports": [f"{spec.host}:{hp}:{p}" for p, hp in sorted(spec.published_ports.items())],
-    }
-    service.update({k: v for k, v in optional.items() if v})
-    if spec.gpus:
-        service["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
-    doc = {"services": {"engine": compose_escape(service)}}
-    header = ("# compose service for recipe '{}' (spec {}); no mem_limit by design (DOMAIN §3)\n"
-              "# every '$' is written '$$': compose interpolates values, this file states them literally\n")
-    return header.format(spec.recipe, spec.spec_hash) + yaml.safe_dump(doc, sort_keys=False, width=200)
-
-
-def compose_escape(value: Any) -> Any:
-    """Every string value with `$` doubled: compose would read `$HOME` as the caller's variable and
-    `$(` or `$@` (the sourcing wrapper's `exec "$@"`) as an interpolation error, so the file would
-    not describe the launch the other formats describe. Keys are names (POSIX env names, label keys)."""
-    if isinstance(value, str):
-        return value.replace("$", "$$")
-    if isinstance(value, dict):
-        return {k: compose_escape(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [compose_escape(v) for v in value]
-    return value
+def format_spec(spec: LaunchSpec, fmt: str, recipe: Recipe | None = None) -> str:
+    """`spec` in format `fmt`; `recipe` is the recipe it was rendered from (a format that needs more
+    than the spec, e.g. Kubernetes' probes and volumes, raises FormatError without it)."""
+    table = writers()
+    if fmt not in table:
+        raise FormatError(f"unknown format '{fmt}'; choose one of: {', '.join(table)}")
+    return table[fmt](spec, recipe)
 
 
 def _shell(spec: LaunchSpec) -> str:

@@ -10,11 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from appliance.recipe_model import is_env_name
+from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.base import LaunchRuntime
+from appliance.runtimes.base import Mount as Mount  # re-exported: callers build specs with it
+
+if TYPE_CHECKING:
+    RuntimeLaunch = LaunchRuntime
+else:
+    RuntimeLaunch = runtime_registry.launch_union()
 
 # Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
 # Defined here because render writes them and `appliance` may not import `controller`;
@@ -30,12 +38,6 @@ CACHE_DIR_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Mount(Frozen):
-    source: str
-    target: str
-    read_only: bool = False
 
 
 class Ulimit(Frozen):
@@ -58,29 +60,17 @@ class LaunchSpec(Frozen):
     recipe: str
     spec_hash: str = Field(description="sha256 over everything below except labels; first 16 hex chars.")
     platform: str
-    runtime: Literal["docker", "process"]
-    image: str | None = None
-    python: str | None = None
+    runtime: RuntimeLaunch = Field(
+        description="The runtime kind's own launch options, discriminated by `kind` (appliance/runtimes/)."
+    )
     workdir: str | None = None
     argv: tuple[str, ...] = Field(description="The engine command itself (without the sourcing wrapper).")
     source_files: tuple[str, ...] = ()
     env: dict[str, str]
-    mounts: tuple[Mount, ...] = ()
-    devices: tuple[str, ...] = ()
-    gpus: str | None = Field(
-        default=None,
-        description="NVIDIA device request (`--gpus all`); which cards is CUDA_VISIBLE_DEVICES in env.",
-    )
-    group_add: tuple[str, ...] = ()
-    ipc_mode: str | None = None
-    shm_size: str | None = None
-    network_mode: str | None = None
-    security_opt: tuple[str, ...] = ()
     ulimits: tuple[Ulimit, ...] = ()
     memory_limit: None = Field(
         default=None, description="Always none: DOMAIN §3, a cgroup limit counts page cache and kills TP=4."
     )
-    published_ports: dict[int, int] = Field(default_factory=dict, description="container port → host port")
     labels: dict[str, str] = Field(default_factory=dict)
     restart_policy: Literal["no"] = "no"  # the controller owns restarts
     host: str = "127.0.0.1"
@@ -90,6 +80,34 @@ class LaunchSpec(Frozen):
     ready_budget_s: int
     stall_window_s: int
     probes: Probes = Field(default_factory=Probes)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate_flat_runtime(cls, data: Any) -> Any:
+        """A launch record written before issue 13 has `runtime: "docker"|"process"` and the runtime's
+        options as flat fields beside it (image, mounts, python, ...): move them into the sub-model.
+        Flat fields the kind does not have were written empty (None, (), {}) and are dropped; a
+        non-empty one is left where it is, so validation names it instead of losing it."""
+        if not isinstance(data, dict) or not isinstance(data.get("runtime"), str):
+            return data
+        kind = data["runtime"]
+        launch_fields = set(runtime_registry.plugin(kind).launch.model_fields) - {"kind"}
+        out: dict[str, Any] = {}
+        sub: dict[str, Any] = {"kind": kind}
+        for key, value in data.items():
+            if key in launch_fields:
+                sub[key] = value
+            elif key in _FLAT_LEGACY and key not in cls.model_fields and not value:
+                continue
+            elif key != "runtime":
+                out[key] = value
+        out["runtime"] = sub
+        return out
+
+    @property
+    def kind(self) -> str:
+        """The runtime kind (`runtime.kind`): the key of both runtime registries."""
+        return self.runtime.kind
 
     @field_validator("env")
     @classmethod
@@ -119,6 +137,13 @@ class LaunchSpec(Frozen):
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+# Every runtime option an old, flat launch record may carry (see LaunchSpec._migrate_flat_runtime).
+_FLAT_LEGACY = runtime_registry.launch_field_names() | {
+    "image", "python", "mounts", "devices", "gpus", "group_add", "ipc_mode", "shm_size", "network_mode",
+    "security_opt", "published_ports",
+}
 
 
 def spec_hash(fields: dict[str, object]) -> str:

@@ -13,7 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from appliance.host_facts import MIB
-from appliance.recipe_model import DockerRuntime, GraphMode, Platform, Recipe, Reproducibility
+from appliance.recipe_model import GraphMode, Platform, Recipe, Reproducibility
+from appliance.runtimes import registry as runtime_registry
 
 Severity = Literal["error", "warning", "info"]
 _ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -182,15 +183,9 @@ def _custom_all_reduce(r: Recipe) -> list[Finding]:
                          "hipErrorOutOfMemory); stating it is harmless")]
 
 
-def _loopback_bridge(r: Recipe) -> list[Finding]:
-    rt = r.runtime
-    if not isinstance(rt, DockerRuntime) or rt.network != "bridge" \
-            or r.engine.host not in ("127.0.0.1", "localhost", "::1"):
-        return []
-    return [Finding(rule="loopback-bind-bridge", severity="error", field="engine.host",
-                    message=f"--host {r.engine.host} inside a bridge-network container: use 0.0.0.0",
-                    fact="DOMAIN §5: the in-container curl works but the host gets `connection reset "
-                         "by peer`")]
+def _runtime_rules(r: Recipe) -> list[Finding]:
+    """Findings only the recipe's runtime kind can make (its plug-in's `lint`, e.g. loopback-bind-bridge)."""
+    return runtime_registry.for_recipe(r).lint(r)
 
 
 def _default_full_graph(r: Recipe) -> list[Finding]:
@@ -327,14 +322,15 @@ def _flag_values(r: Recipe, flag: str) -> list[str]:
 
 _RULES: tuple[Rule, ...] = (
     _dtype_auto, _debug_logging, _devices, _cache_root, _forbidden_env, _attention_backend,
-    _custom_all_reduce, _loopback_bridge, _default_full_graph, _graph_budget, _pinned_memlock,
+    _custom_all_reduce, _runtime_rules, _default_full_graph, _graph_budget, _pinned_memlock,
     _torch_first, _gfx906_env, _int8_sdot4_off, _mem_available_bar, _reproducibility, _cgroup_limit,
 )
 RULE_IDS = (
     "dtype-auto", "debug-logging", "gpu-devices-unpinned", "devices-fewer-than-tp", "devices-in-env",
     "cache-root-missing", "cache-root-unstable", "forbidden-env", "attention-backend-gfx906",
-    "custom-all-reduce-gfx906", "loopback-bind-bridge", "default-full-graph-gfx906",
+    "custom-all-reduce-gfx906", "default-full-graph-gfx906",
     "ready-budget-default-graph", "pinned-memory-memlock", "no-torch-first-wrapper", "gfx906-env",
     "graph-claims-bitwise", "eval-batch-not-fixed", "cgroup-memory-limit-allowed", "int8-sdot4-off",
     "mem-available-bar",
+    *runtime_registry.lint_rule_ids(),
 )

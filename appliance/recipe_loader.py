@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from appliance.recipe_model import Recipe
+from appliance.runtimes import registry as runtime_registry
 
 _NOT_INHERITED = ("name", "extends", "abstract", "description")
 # The largest shipped recipe is ~8 KB; 256 KiB leaves room for comments and long `why`s.
@@ -279,7 +280,7 @@ def _explain(exc: ValidationError, chain: list[_RawRecipe]) -> RecipeError:
 
 def _clean_loc(loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
     """Drop pydantic's union-tag part (runtime.docker.image → runtime.image), as written in YAML."""
-    if len(loc) >= 2 and loc[0] == "runtime" and loc[1] in ("docker", "process"):
+    if len(loc) >= 2 and loc[0] == "runtime" and loc[1] in runtime_registry.KINDS:
         return (loc[0], *loc[2:])
     return tuple(loc)
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.base import RuntimeSection
 
 # POSIX portable environment variable names (IEEE Std 1003.1 §8.1). A name is written unquoted into
 # `export NAME=…` (shell render), `-e NAME=…` (docker) and compose's `environment:` — anything else
@@ -34,28 +37,13 @@ class Platform(StrEnum):
     CPU = "cpu"
 
 
-class DockerRuntime(Strict):
-    kind: Literal["docker"] = "docker"
-    image: str
-    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
-    # DOMAIN §1: the production engine runs on a bridge network; that is why `--host 0.0.0.0` matters.
-    network: Literal["bridge", "host"] = "bridge"
-    ipc: Literal["host", "private", "shareable"] = "host"
-    shm_size: str | None = None
-    group_add: tuple[str, ...] = ()
-    device_paths: tuple[str, ...] = Field(
-        default=(), description="Host device nodes passed through, e.g. /dev/kfd, /dev/dri."
-    )
-    security_opt: tuple[str, ...] = ()
-
-
-class ProcessRuntime(Strict):
-    kind: Literal["process"] = "process"
-    python: str = Field(description="Interpreter that runs the engine; ${APPLIANCE_HOME} is substituted.")
-    workdir: str | None = None
-
-
-Runtime = Annotated[DockerRuntime | ProcessRuntime, Field(discriminator="kind")]
+# The `runtime:` section: one model per runtime kind, owned by its plug-in (appliance/runtimes/),
+# discriminated by `kind`. Typed as the plug-ins' common base: callers ask the kind's plug-in
+# (appliance.runtimes.registry.for_recipe) instead of checking the section's class.
+if TYPE_CHECKING:
+    Runtime = RuntimeSection
+else:
+    Runtime = runtime_registry.section_union()
 
 
 class ModelSpec(Strict):

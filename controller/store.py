@@ -299,10 +299,11 @@ class Store:
                 "spec_json, image, image_id, image_digest, interpreter, packages_json, created_at) "
                 "VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    launch_id, spec.recipe, spec.spec_hash, kind, spec.runtime,
+                    launch_id, spec.recipe, spec.spec_hash, kind, spec.kind,
                     json.dumps(list(safe.command())), json.dumps(safe.env, sort_keys=True),
-                    safe.model_dump_json(), provenance.image or spec.image, provenance.image_id,
-                    provenance.image_digest, provenance.interpreter or spec.python,
+                    safe.model_dump_json(), provenance.image or spec.runtime.engine_image(),
+                    provenance.image_id, provenance.image_digest,
+                    provenance.interpreter or spec.runtime.engine_python(),
                     json.dumps(provenance.packages, sort_keys=True), now,
                 ),
             )

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from appliance.host_facts import parse_cgroup_limit
+from appliance.runtimes.base import Placement
 from host_setup.commands import Commands
 from host_setup.memlock import DAEMON_JSON
 from host_setup.model import Area, Finding, HostSetupError, Severity
@@ -44,7 +45,7 @@ def docker_info_via(commands: Commands) -> DockerInfo:
 
 @dataclass(frozen=True)
 class RuntimeState:
-    runtime: Literal["docker", "process"]
+    placement: Placement
     cgroup_version: int | None
     cgroup_driver: str | None
     source: str  # where the two above came from
@@ -56,15 +57,15 @@ class RuntimeState:
 
 def read_runtime_state(
     root: HostRoot,
-    runtime: Literal["docker", "process"],
+    placement: Placement,
     docker_info: DockerInfo | None,
     own_limit: int | None,
 ) -> RuntimeState:
     fs_version = 2 if (root.sys / "fs" / "cgroup" / "cgroup.controllers").exists() else None
     if fs_version is None and (root.sys / "fs" / "cgroup" / "memory").is_dir():
         fs_version = 1
-    if runtime == "process":
-        return RuntimeState(runtime, fs_version, None, "/sys/fs/cgroup", None, None, None, own_limit)
+    if placement is not Placement.LOCAL_DAEMON:
+        return RuntimeState(placement, fs_version, None, "/sys/fs/cgroup", None, None, None, own_limit)
     daemon = _daemon_json(root)
     info: dict[str, Any] | None = None
     error: str | None = None
@@ -85,13 +86,15 @@ def read_runtime_state(
         )
     parent = _container_parent(daemon, driver)
     limit = _parent_limit(root, version, parent)
-    return RuntimeState(runtime, version, driver, source, error, parent, limit, own_limit)
+    return RuntimeState(placement, version, driver, source, error, parent, limit, own_limit)
 
 
 def plan_runtime(state: RuntimeState, no_limit_required: bool) -> list[Finding]:
     """Pure."""
     findings: list[Finding] = []
-    if state.runtime == "docker":
+    if state.placement is Placement.REMOTE:
+        return findings  # nothing on this host is above the engine: the node's notes say the rest
+    if state.placement is Placement.LOCAL_DAEMON:
         driver = state.cgroup_driver or "unknown driver"
         version = f"cgroup v{state.cgroup_version}" if state.cgroup_version else "unknown cgroup version"
         findings.append(
@@ -121,7 +124,7 @@ def plan_runtime(state: RuntimeState, no_limit_required: bool) -> list[Finding]:
                 why=WHY,
             )
         )
-    if state.runtime == "docker":
+    if state.placement is Placement.LOCAL_DAEMON:
         if state.parent_limit is not None:
             findings.append(
                 Finding(

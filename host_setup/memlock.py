@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from appliance.host_facts import UNLIMITED, parse_memlock
+from appliance.runtimes.base import Placement
 from host_setup.commands import HostContext
 from host_setup.files import atomic_write, restore_file
 from host_setup.model import (
@@ -56,7 +57,7 @@ Limit = tuple[int | None, int | None]  # (soft, hard) bytes; -1 = unlimited; Non
 
 @dataclass(frozen=True)
 class MemlockState:
-    runtime: Literal["docker", "process"]
+    placement: Placement  # who sets the engine's limit: dockerd (creation), or us (inherited)
     daemon_json: dict[str, Any] | None  # None: no file
     daemon_json_error: str | None
     dockerd_limit: Limit | None  # dockerd's own limit: what containers get without default-ulimits
@@ -71,7 +72,7 @@ class MemlockState:
         return _int_or_none(entry.get("Soft")), _int_or_none(entry.get("Hard"))
 
 
-def read_memlock_state(root: HostRoot, runtime: Literal["docker", "process"]) -> MemlockState:
+def read_memlock_state(root: HostRoot, placement: Placement) -> MemlockState:
     daemon_text = read_text(root.path(DAEMON_JSON))
     daemon: dict[str, Any] | None = None
     error: str | None = None
@@ -85,7 +86,7 @@ def read_memlock_state(root: HostRoot, runtime: Literal["docker", "process"]) ->
         except json.JSONDecodeError as exc:
             error = f"{exc.msg} at line {exc.lineno}"
     return MemlockState(
-        runtime=runtime,
+        placement=placement,
         daemon_json=daemon,
         daemon_json_error=error,
         dockerd_limit=_dockerd_limit(root),
@@ -101,8 +102,10 @@ def plan_memlock(
     None = the launch sets none / unknown)."""
     if not unlimited_required:
         return [], []
-    if state.runtime == "docker":
+    if state.placement is Placement.LOCAL_DAEMON:
         return _plan_docker(state, container_memlock)
+    if state.placement is Placement.REMOTE:
+        return [], []  # another node runs the engine: its plug-in's host-plan notes say what it needs
     return _plan_process(state)
 
 

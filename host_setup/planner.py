@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 from appliance.host_facts import HostFacts
-from appliance.recipe_model import AcsState, DockerRuntime, Recipe
+from appliance.recipe_model import AcsState, Recipe
 from appliance.render import RenderError, render
+from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.base import Placement
 from host_setup import acs, boot, container_runtime, memlock, swap, sysctl
 from host_setup.commands import HostContext
 from host_setup.facts import HostFactsError, gather_facts
@@ -35,8 +36,8 @@ def plan_host(
 ) -> HostPlan:
     root = ctx.root
     req = recipe.host
-    docker = isinstance(recipe.runtime, DockerRuntime)
-    runtime: Literal["docker", "process"] = "docker" if docker else "process"
+    plugin = runtime_registry.for_recipe(recipe)
+    placement = plugin.traits.placement
     facts = _facts(ctx, appliance_home)
     changes: list[Change] = []
     findings: list[Finding] = []
@@ -54,7 +55,7 @@ def plan_host(
 
     add(
         memlock.plan_memlock(
-            memlock.read_memlock_state(root, runtime),
+            memlock.read_memlock_state(root, placement),
             req.memlock_unlimited,
             _container_memlock(recipe, facts),
         )
@@ -68,12 +69,15 @@ def plan_host(
     module = req.kernel_module or boot.default_driver(recipe.platform, read_text(root.proc / "cpuinfo"))
     findings.extend(boot.plan_boot(boot.read_boot_state(root, module), req.boot_params))
 
-    if docker_info is None and runtime == "docker" and root.is_real:
+    if docker_info is None and placement is Placement.LOCAL_DAEMON and root.is_real:
         # Only the running host has a daemon to ask; a copied tree is judged from its files.
         docker_info = container_runtime.docker_info_via(ctx.commands)
     own_limit = facts.cgroup_memory_limit_bytes if facts else None
-    rt = container_runtime.read_runtime_state(root, runtime, docker_info, own_limit)
+    rt = container_runtime.read_runtime_state(root, placement, docker_info, own_limit)
     findings.extend(container_runtime.plan_runtime(rt, req.no_cgroup_memory_limit))
+    # What the node that runs the engine must have, where this host's plan cannot change it.
+    findings.extend(Finding(area=Area.RUNTIME, severity=Severity.INFO, message=note)
+                    for note in plugin.host_plan_notes(recipe))
 
     return HostPlan(
         recipe=recipe.name, host_root=str(root.base), changes=tuple(changes), findings=tuple(findings)
@@ -123,7 +127,7 @@ def _sysctls(swappiness: int | None, extra: Mapping[str, str]) -> tuple[dict[str
 
 def _container_memlock(recipe: Recipe, facts: HostFacts | None) -> int | None:
     """The memlock soft limit the rendered launch gives the container (None: none, or unknown)."""
-    if facts is None or not isinstance(recipe.runtime, DockerRuntime):
+    if facts is None or not runtime_registry.for_recipe(recipe).traits.sets_own_memlock:
         return None
     try:
         spec = render(recipe, facts)

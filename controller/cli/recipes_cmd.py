@@ -25,6 +25,8 @@ from appliance.lint import Finding, has_errors, lint
 from appliance.recipe_loader import RecipeError, load_recipes
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
+from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.kubernetes import render_with_image
 from controller.settings import paths, recipes_dir
 from host_setup.facts import HostFactsError, gather_facts
 
@@ -108,14 +110,23 @@ def show_cmd(name: str, as_json: JsonOpt = False) -> None:
 @recipes_app.command("render")
 def render_cmd(
     name: str,
-    fmt: Annotated[str, typer.Option("--format", "-f", help=f"One of: {', '.join(FORMATS)}.")] = "docker",
+    fmt: Annotated[str, typer.Option(
+        "--format", "-f", help=f"One of: {', '.join(FORMATS)} (default: the runtime's own).")] = "",
     host_root: HostRootOpt = Path("/"),
+    image: Annotated[str | None, typer.Option(
+        "--image", help="The container image for --format k8s/helm-values of a process recipe "
+        "(it names none of its own).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The exact launch, as a docker command, docker SDK kwargs, compose, shell, vLLM config or JSON."""
+    """The exact launch: a docker command, docker SDK kwargs, compose, shell, vLLM config, JSON, or
+    what another runtime plug-in adds (k8s manifests, helm-values)."""
     with _bad_input():
-        spec = render(_get(name), _facts(host_root))
-        typer.echo(format_spec(spec, "json" if as_json else fmt), nl=False)
+        recipe = _get(name)
+        spec = render(recipe, _facts(host_root))
+        shown = "json" if as_json else fmt or runtime_registry.for_recipe(recipe).default_format
+        text = format_spec(spec, shown, recipe) if image is None else \
+            render_with_image(shown, spec, recipe, image)
+        typer.echo(text, nl=False)
 
 
 @recipes_app.command("lint")
@@ -182,8 +193,8 @@ def plan_cmd(
         recipe = _get(name)
         facts = _facts(host_root)
         spec = render(recipe, facts)
-        shown_fmt = fmt or ("docker" if spec.runtime == "docker" else "shell")
-        launch_text = format_spec(spec, shown_fmt)
+        shown_fmt = fmt or runtime_registry.for_recipe(recipe).default_format
+        launch_text = format_spec(spec, shown_fmt, recipe)
     findings = lint(recipe)
     admission = admit(recipe, facts)
     failed = has_errors(findings) or admission.verdict == "refuse"

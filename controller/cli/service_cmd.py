@@ -354,11 +354,12 @@ def _port_of(controller_d: Daemon) -> int:
 
 
 def _stop_engines_by_pid(home: Path, grace: float) -> None:
-    from controller.runtime.process import ProcessRuntime
+    from controller.runtime.registry import make_runtime
     from controller.store import Store
 
     paths = Paths(home)
-    runtime = ProcessRuntime(paths.runs)
+    # Only engines that are our children die with us by PID; containers outlive `appliance down`.
+    runtime = make_runtime("process", paths.runs)
     store = Store(paths.db)
     try:
         for handle in runtime.adopt():

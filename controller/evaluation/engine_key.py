@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import psutil
-
+from controller.runtime.registry import env_value_of
 from controller.supervisor.engine_key import ENGINE_KEY_ENV
 
 
@@ -21,22 +20,7 @@ def read_engine_key(launch: dict[str, Any]) -> str | None:
     ref = launch.get("ref")
     if not ref:
         return None
-    if launch.get("runtime") == "docker":
-        return _container_env(str(ref))
-    try:  # the process runtime: ref is the shim's PID; the shim carries the engine's environment
-        return psutil.Process(int(ref)).environ().get(ENGINE_KEY_ENV)
-    except (ValueError, psutil.Error):
-        return None
-
-
-def _container_env(container_id: str) -> str | None:
     try:
-        import docker  # optional: a host without the SDK runs only the process runtime (issue 12)
-    except ImportError:
+        return env_value_of(str(launch.get("runtime") or ""), str(ref), ENGINE_KEY_ENV)
+    except (ValueError, ImportError):  # unknown kind, or its SDK is not on this host (issue 12)
         return None
-    try:
-        env = docker.from_env().containers.get(container_id).attrs["Config"]["Env"] or []
-    except docker.errors.DockerException:
-        return None
-    prefix = ENGINE_KEY_ENV + "="
-    return next((e[len(prefix):] for e in env if e.startswith(prefix)), None)

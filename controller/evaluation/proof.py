@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import io
 import logging
-import tarfile
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from appliance.bench_result import ProofResult
 from appliance.launch_proof import LaunchProof, evaluate
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
-from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
+from controller.runtime.base import EngineFiles, EngineHandle, Runtime, RuntimeError_
 from controller.supervisor.preflight import UnknownRecipe
 
 log = logging.getLogger("appliance.evaluation.proof")
@@ -76,17 +74,14 @@ def engine_file_digests(
 ) -> dict[str, str | None]:
     """sha256 of each file as the engine sees it; None when it cannot be read (a mismatch)."""
     out: dict[str, str | None] = {}
-    client = getattr(runtime, "client", None) if handle.runtime == "docker" else None
+    # A runtime whose engine sees another filesystem (a container) reads the file there.
+    files = runtime if isinstance(runtime, EngineFiles) else None
     for path in paths:
         try:
-            if client is None:
+            if files is None:
                 out[path] = _sha256_file(Path(path))
                 continue
-            stream, _ = client.containers.get(handle.ref).get_archive(path)
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                data = tar.extractfile(member) if member is not None else None
-                out[path] = hashlib.sha256(data.read()).hexdigest() if data is not None else None
+            out[path] = hashlib.sha256(files.engine_file(handle, path)).hexdigest()
         except Exception as exc:  # noqa: BLE001 — any failure to read is recorded as "unreadable"
             log.info("cannot digest %s: %s", path, exc)
             out[path] = None

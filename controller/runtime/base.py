@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from appliance.launch_spec import LaunchSpec
+from appliance.runtimes import registry as runtime_registry
+
+if TYPE_CHECKING:
+    from controller.store import Provenance
 
 # Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
 LABEL_MANAGED = "appliance.managed"
@@ -30,12 +34,17 @@ class EngineHandle(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     launch_id: str
-    runtime: str  # "process" | "docker"
-    ref: str  # PID (process) or container id (docker)
+    runtime: str  # the runtime kind (LaunchSpec.kind): the key of controller/runtime/registry.py
+    ref: str  # the runtime's own id: a PID (process), a container id (docker)...
     recipe: str
     spec_hash: str
     log_path: str | None = None
     started_at: float  # wall clock, seconds since the epoch
+
+    @property
+    def kind(self) -> str:
+        """The runtime kind, as LaunchSpec.kind names it."""
+        return self.runtime
 
 
 class ExitInfo(BaseModel):
@@ -103,6 +112,33 @@ class Runtime(Protocol):
         ...
 
 
+# -- optional capabilities: a runtime has them or not; callers check with isinstance(rt, Capability)
+# (never the runtime's class), so test fakes need not grow every method.
+
+
+@runtime_checkable
+class ContainerScoped(Protocol):
+    def container_id(self, handle: EngineHandle) -> str | None:
+        """The container whose cgroup the host watch attributes memory and OOM kills to; None when
+        the engine runs in no container of its own."""
+        ...
+
+
+@runtime_checkable
+class ProvenanceSource(Protocol):
+    def provenance(self, spec: LaunchSpec) -> Provenance:
+        """Where the engine comes from (image id and digest, or interpreter and package versions).
+        Raises ValueError when it cannot be told (recorded as unknown)."""
+        ...
+
+
+@runtime_checkable
+class EngineFiles(Protocol):
+    def engine_file(self, handle: EngineHandle, path: str) -> bytes:
+        """A file as the engine sees it (inside its container); raises on any failure to read."""
+        ...
+
+
 def host_cache_dirs(spec: LaunchSpec) -> list[Path]:
     """Host paths of the compile-cache directories the engine's env points at.
 
@@ -111,17 +147,7 @@ def host_cache_dirs(spec: LaunchSpec) -> list[Path]:
     per-variant cache isolation. For a container, a path under a mount target maps to the mount's
     host source; a path on no mount lives in the container layer and is not ours to create.
     """
-    out: list[Path] = []
-    for inside in spec.cache_dirs():
-        if spec.runtime == "process":
-            out.append(Path(inside))
-            continue
-        for mount in spec.mounts:
-            target = mount.target.rstrip("/")
-            if inside == target or inside.startswith(target + "/"):
-                out.append(Path(mount.source + inside[len(target):]))
-                break
-    return out
+    return [Path(p) for p in runtime_registry.for_spec(spec).host_cache_dirs(spec)]
 
 
 def ensure_cache_dirs(spec: LaunchSpec) -> None:

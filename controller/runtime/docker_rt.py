@@ -1,6 +1,10 @@
-"""DockerRuntime: the engine in a container, created with exactly the LaunchSpec's options.
+"""DockerRuntime: the Docker runtime's effectful half — the engine in a container, created with
+exactly the LaunchSpec's options.
 
-What matters here is what the container is *created* with, because some of it cannot be fixed later:
+The create arguments are the docker plug-in's one translation (appliance/runtimes/docker.py
+`container_kwargs`, also what `appliance recipes render --format docker-py` prints); only the SDK's
+own types are made here (`to_sdk`). What matters is what the container is *created* with, because
+some of it cannot be fixed later:
 
 - **No memory limit** (DOMAIN §3): a cgroup limit counts page cache, so 29 GB of mmapped weights plus
   four TP workers hit it; and `docker update --memory=0` means "unchanged", not "unlimited". The
@@ -12,8 +16,8 @@ What matters here is what the container is *created* with, because some of it ca
 - Published ports bind to 127.0.0.1 unless configured: clients come in through the gateway.
 - The entrypoint is set explicitly to the spec's command (argv[0] as entrypoint, the rest as cmd), so
   an image ENTRYPOINT can never silently wrap what `appliance recipes render` shows.
-- NVIDIA cards (`spec.gpus`, docker's `--gpus` syntax) become a DeviceRequest; gfx906 cards are
-  plain device nodes (`/dev/kfd`, `/dev/dri`) in `spec.devices`.
+- NVIDIA cards (`gpus`, docker's `--gpus` syntax) become a DeviceRequest; gfx906 cards are
+  plain device nodes (`/dev/kfd`, `/dev/dri`) in `devices` (LaunchSpec.runtime).
 - The environment is exactly the spec's — plus whatever ENV the image itself declares (the daemon
   merges image ENV under the container's; the spec's values win).
 
@@ -23,9 +27,11 @@ when no daemon runs; every daemon failure surfaces as RuntimeError_ with an oper
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import re
+import tarfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +47,8 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
 from appliance.launch_spec import LaunchSpec
+from appliance.runtimes import docker as docker_plugin
+from appliance.runtimes.docker import translate_source as translate_source  # re-exported (tests)
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
@@ -53,11 +61,11 @@ from controller.runtime.base import (
 )
 from controller.runtime.log_offsets import slice_log
 from controller.runtime.ports import ensure_port_free
+from controller.runtime.registry import RuntimeContext
+from controller.store import Provenance
 
 log = logging.getLogger(__name__)
 
-_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-CONTAINER_PREFIX = "appliance-"
 # Hints for start failures the daemon reports in its own words (matched on its explanation text).
 _START_HINTS: tuple[tuple[str, str], ...] = (
     (
@@ -73,25 +81,10 @@ _START_HINTS: tuple[tuple[str, str], ...] = (
 
 
 def container_name(launch_id: str) -> str:
-    name = CONTAINER_PREFIX + launch_id
-    if not _NAME_OK.match(name):
-        raise RuntimeError_(f"launch id {launch_id!r} cannot be part of a container name ([A-Za-z0-9_.-])")
-    return name
-
-
-def engine_labels(spec: LaunchSpec, launch_id: str) -> dict[str, str]:
-    """The spec's labels plus the appliance's own (by which `adopt()` finds the engine again)."""
-    return {
-        **spec.labels,
-        LABEL_MANAGED: "true",
-        LABEL_LAUNCH_ID: launch_id,
-        LABEL_RECIPE: spec.recipe,
-        LABEL_SPEC_HASH: spec.spec_hash,
-    }
-
-
-def _bind(mount_source: str, target: str, read_only: bool) -> str:
-    return f"{mount_source}:{target}:{'ro' if read_only else 'rw'}"
+    try:
+        return docker_plugin.container_name(launch_id)
+    except ValueError as exc:
+        raise RuntimeError_(str(exc)) from None
 
 
 # The hostname/hosts/resolv.conf files docker bind-mounts into every container it runs live under
@@ -106,22 +99,6 @@ def own_container_id(mountinfo: str) -> str | None:
     return match.group(1) if match else None
 
 
-def translate_source(source: str, host_mounts: Sequence[tuple[str, str]]) -> str:
-    """A path as this controller sees it → the path the daemon must bind (pure).
-
-    A containerised controller (compose.yaml) sees APPLIANCE_HOME through a volume mounted at
-    /var/lib/appliance; the daemon that creates the sibling engine container resolves bind sources
-    on the host, where the same files are under the volume's own directory
-    (/var/lib/docker/volumes/<name>/_data). `host_mounts` is (destination, source) of our own mounts;
-    the longest destination that contains `source` wins. On a host it is empty: paths pass through.
-    """
-    for dest, host_src in sorted(host_mounts, key=lambda m: len(m[0]), reverse=True):
-        d = dest.rstrip("/") or "/"
-        if source == d or source.startswith(d.rstrip("/") + "/"):
-            return host_src.rstrip("/") + source[len(d.rstrip("/")):]
-    return source
-
-
 def container_create_kwargs(
     spec: LaunchSpec,
     launch_id: str,
@@ -129,57 +106,24 @@ def container_create_kwargs(
     secret_env: Mapping[str, str] | None = None,
     host_mounts: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Keyword arguments for `client.containers.create` — pure; tested by dict equality.
-    `secret_env` (the per-launch engine API key) joins the container's environment only.
-    `host_mounts`: the controller's own mounts when it runs in a container (`translate_source`)."""
-    if spec.image is None:
-        raise RuntimeError_(f"recipe {spec.recipe!r} has no image: the docker runtime needs one")
-    command = spec.command()
-    kwargs: dict[str, Any] = {
-        "image": spec.image,
-        "name": container_name(launch_id),
-        "entrypoint": [command[0]],
-        "command": list(command[1:]),
-        "environment": {**spec.env, **(secret_env or {})},
-        "labels": engine_labels(spec, launch_id),
-        "volumes": [_bind(translate_source(m.source, host_mounts), m.target, m.read_only)
-                    for m in spec.mounts],
-        "devices": list(spec.devices),
-        "group_add": list(spec.group_add),
-        "security_opt": list(spec.security_opt),
-        "ulimits": [Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in spec.ulimits],
-        "restart_policy": {"Name": spec.restart_policy},
-        "detach": True,
-        # Deliberately absent: mem_limit / memswap_limit (DOMAIN §3, see the module docstring).
-    }
-    if spec.workdir is not None:
-        kwargs["working_dir"] = spec.workdir
-    if spec.ipc_mode is not None:
-        kwargs["ipc_mode"] = spec.ipc_mode
-    if spec.shm_size is not None:
-        kwargs["shm_size"] = spec.shm_size
-    if spec.network_mode is not None:
-        kwargs["network_mode"] = spec.network_mode
-    if spec.gpus is not None:
-        kwargs["device_requests"] = [gpu_request(spec.gpus)]
-    # With host (or no) networking there is nothing to publish: the engine's port is the host's.
-    if spec.published_ports and spec.network_mode not in ("host", "none"):
-        kwargs["ports"] = {
-            f"{container_port}/tcp": (publish_address, host_port)
-            for container_port, host_port in sorted(spec.published_ports.items())
-        }
-    return kwargs
+    """Keyword arguments for `client.containers.create`: the docker plug-in's one translation
+    (`appliance.runtimes.docker.container_kwargs`, what `render --format docker-py` prints), with
+    its plain ulimit and device-request dicts made SDK types here, at the SDK edge."""
+    try:
+        kwargs = docker_plugin.container_kwargs(spec, launch_id, publish_address, secret_env, host_mounts)
+    except ValueError as exc:
+        raise RuntimeError_(str(exc)) from None
+    return to_sdk(kwargs)
 
 
-def gpu_request(gpus: str) -> DeviceRequest:
-    """`--gpus` syntax → the SDK's DeviceRequest: `all`, a count (`2`), or `device=0,2`."""
-    if gpus == "all":
-        return DeviceRequest(count=-1, capabilities=[["gpu"]])
-    if gpus.isdigit():
-        return DeviceRequest(count=int(gpus), capabilities=[["gpu"]])
-    if gpus.startswith("device="):
-        return DeviceRequest(device_ids=gpus.removeprefix("device=").split(","), capabilities=[["gpu"]])
-    raise RuntimeError_(f"gpus={gpus!r} is not `all`, a count, or `device=ID,...` (docker --gpus syntax)")
+def to_sdk(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain create kwargs → the docker SDK's types where it has them (Ulimit, DeviceRequest)."""
+    out = dict(kwargs)
+    if "ulimits" in out:
+        out["ulimits"] = [Ulimit(**u) for u in out["ulimits"]]
+    if "device_requests" in out:
+        out["device_requests"] = [DeviceRequest(**r) for r in out["device_requests"]]
+    return out
 
 
 def _parse_docker_time(value: str) -> float:
@@ -219,8 +163,13 @@ def _hint(explanation: str) -> str:
     return ""
 
 
+def make(ctx: RuntimeContext) -> DockerRuntime:
+    """The registry's factory (controller/runtime/registry.py)."""
+    return DockerRuntime()
+
+
 class DockerRuntime:
-    """Runs LaunchSpecs with `runtime: docker` through the docker SDK (never the CLI)."""
+    """Runs LaunchSpecs of kind `docker` through the docker SDK (never the CLI)."""
 
     name = "docker"
 
@@ -299,18 +248,14 @@ class DockerRuntime:
     ) -> Container:
         """Create (not start) the engine container. Separate from start() so that tests and
         `plan`-like tooling can `docker inspect` exactly what would run."""
-        if spec.runtime != "docker":
-            raise RuntimeError_(
-                f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'docker'"
-            )
         kwargs = container_create_kwargs(spec, launch_id, self.publish_address, secret_env,
                                          self.host_mounts())
-        with self._daemon(f"look up image {spec.image}"):
+        with self._daemon(f"look up image {kwargs['image']}"):
             try:
                 self.client.images.get(kwargs["image"])
             except docker.errors.ImageNotFound:
                 raise RuntimeError_(
-                    f"image {spec.image!r} is not present on this host and the appliance never pulls "
+                    f"image {kwargs['image']!r} is not present on this host and the appliance never pulls "
                     "(no registry is assumed): build or `docker load` it first — see images/README.md"
                 ) from None
         with self._daemon(f"create container {kwargs['name']}", pass_not_found=False):
@@ -319,12 +264,15 @@ class DockerRuntime:
     def start(
         self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
     ) -> EngineHandle:
+        rt = spec.runtime
+        if not isinstance(rt, docker_plugin.DockerLaunch):
+            raise RuntimeError_(f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'")
         ensure_cache_dirs(spec)
         # Prove the host port free first (issue 9: an orphan on it answered the next launch's probes).
-        if spec.network_mode == "host":  # the engine binds the host's port itself
+        if rt.network_mode == "host":  # the engine binds the host's port itself
             ensure_port_free(spec.host, spec.port)
-        elif spec.network_mode != "none":
-            for host_port in spec.published_ports.values():
+        elif rt.network_mode != "none":
+            for host_port in rt.published_ports.values():
                 ensure_port_free(self.publish_address, host_port)
         container = self.create(spec, launch_id, secret_env)
         try:
@@ -417,6 +365,44 @@ class DockerRuntime:
                 return value
         return None
 
+    def container_id(self, handle: EngineHandle) -> str | None:
+        """The container the host watch reads the engine's cgroup of (ContainerScoped)."""
+        return handle.ref
+
+    def provenance(self, spec: LaunchSpec) -> Provenance:
+        """The image's id and repo digest (ProvenanceSource); ValueError when the daemon cannot say."""
+        image = spec.runtime.engine_image()
+        if image is None:
+            return Provenance()
+        try:
+            found = self.client.images.get(image)
+        except (docker.errors.DockerException, RuntimeError_) as exc:
+            # Recorded as unknown; the start itself reports a missing image with its own message.
+            raise ValueError(f"image {image}: {exc}") from exc
+        digests = found.attrs.get("RepoDigests") or []
+        return Provenance(image=image, image_id=found.id, image_digest=digests[0] if digests else None)
+
+    def engine_file(self, handle: EngineHandle, path: str) -> bytes:
+        """A file as the engine sees it inside its container (EngineFiles)."""
+        stream, _ = self.client.containers.get(handle.ref).get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            data = tar.extractfile(member) if member is not None else None
+            if data is None:
+                raise FileNotFoundError(f"{path}: not a regular file in container {handle.ref[:12]}")
+            return data.read()
+
+    @staticmethod
+    def env_value_of(ref: str, name: str) -> str | None:
+        """A variable of container `ref`'s environment, for a CLI without a runtime object (the
+        engine key, controller/evaluation/engine_key.py); None when it cannot be read."""
+        try:
+            env = docker.from_env().containers.get(ref).attrs["Config"]["Env"] or []
+        except docker.errors.DockerException:
+            return None
+        prefix = name + "="
+        return next((e[len(prefix):] for e in env if e.startswith(prefix)), None)
+
     def adopt(self) -> list[EngineHandle]:
         """Running containers carrying the managed label."""
         with self._daemon("list managed containers"):
@@ -477,3 +463,6 @@ class DockerRuntime:
                 continue
             total += t.user + t.system + t.children_user + t.children_system
         return total
+
+
+env_value_of = DockerRuntime.env_value_of  # the registry's by-ref reader (controller/runtime/registry.py)

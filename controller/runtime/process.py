@@ -41,6 +41,8 @@ import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from appliance.launch_spec import LaunchSpec
+from appliance.runtimes.process import ProcessLaunch
+from controller.engine_setup import package_versions
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
@@ -54,6 +56,8 @@ from controller.runtime.base import (
 from controller.runtime.log_offsets import read_log_file
 from controller.runtime.ports import ensure_port_free
 from controller.runtime.process_shim import NATURAL_EXIT_S, exit_code_of, group_members, signal_name
+from controller.runtime.registry import RuntimeContext
+from controller.store import Provenance
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +158,13 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
+def make(ctx: RuntimeContext) -> ProcessRuntime:
+    """The registry's factory (controller/runtime/registry.py)."""
+    return ProcessRuntime(ctx.runs_dir)
+
+
 class ProcessRuntime:
-    """Runs LaunchSpecs with `runtime: process` as detached, adoptable host processes."""
+    """Runs LaunchSpecs of kind `process` as detached, adoptable host processes."""
 
     name = "process"
 
@@ -184,9 +193,9 @@ class ProcessRuntime:
     ) -> EngineHandle:
         """`secret_env` (the per-launch engine API key) goes into the engine's environment only:
         never into argv, the run directory's files or the launch record."""
-        if spec.runtime != "process":
+        if not isinstance(spec.runtime, ProcessLaunch):
             raise RuntimeError_(
-                f"recipe {spec.recipe!r} renders for the {spec.runtime!r} runtime, not 'process'"
+                f"recipe {spec.recipe!r} renders for the {spec.kind!r} runtime, not 'process'"
             )
         if not _LAUNCH_ID.match(launch_id):
             raise RuntimeError_(f"launch id {launch_id!r} is not a safe directory name ([A-Za-z0-9._-])")
@@ -292,6 +301,27 @@ class ProcessRuntime:
                     self.inspect(handle)  # records how it ended
             except (OSError, ValidationError, RuntimeError_) as exc:
                 log.warning("skipping %s: %s", handle_path, exc)
+
+    def provenance(self, spec: LaunchSpec) -> Provenance:
+        """The engine's own interpreter and package versions (ProvenanceSource), found with the
+        engine's own environment (PYTHONPATH included): where its packages really live (a vLLM under
+        PYTHONPATH is what runs, not the venv's)."""
+        python = spec.runtime.engine_python()
+        if python is None:
+            return Provenance()
+        env = engine_env(spec.env)
+        found = shutil.which(python, path=env.get("PATH"))
+        versions = package_versions(Path(found), env) if found else {}
+        return Provenance(interpreter=found or python, packages=versions)
+
+    @staticmethod
+    def env_value_of(ref: str, name: str) -> str | None:
+        """A variable of the shim `ref`'s environment (it carries the engine's), for a CLI without a
+        runtime object (the engine key, controller/evaluation/engine_key.py); None when unreadable."""
+        try:
+            return psutil.Process(int(ref)).environ().get(name)
+        except (ValueError, psutil.Error):
+            return None
 
     def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
         """A variable of the running engine's environment (the per-launch API key, for a controller
@@ -638,3 +668,6 @@ class ProcessRuntime:
                 continue
             total += t.user + t.system + t.children_user + t.children_system
         return total
+
+
+env_value_of = ProcessRuntime.env_value_of  # the registry's by-ref reader (controller/runtime/registry.py)

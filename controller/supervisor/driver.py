@@ -260,7 +260,7 @@ class Driver:
     # Watching the current engine
 
     def _runtime(self, handle_or_spec: EngineHandle | LaunchSpec) -> Runtime:
-        kind = handle_or_spec.runtime
+        kind = handle_or_spec.kind
         rt = self.runtimes.get(kind)
         if rt is None:
             raise RuntimeError_(f"no {kind!r} runtime is configured in this controller")
@@ -611,7 +611,7 @@ class Driver:
             return
         except RuntimeError_ as exc:
             self.submit(LaunchFailed(action.launch_id, Failure(
-                "launch_failed", f"the {spec.runtime} runtime could not start the engine: {exc}",
+                "launch_failed", f"the {spec.kind} runtime could not start the engine: {exc}",
                 "see the message: a missing interpreter, image or device is an installation problem",
                 retryable=False)))
             return
@@ -784,7 +784,7 @@ class Driver:
             out["launch"] = {
                 "id": launch.launch_id,
                 "kind": launch.kind.value,
-                "runtime": launch.spec.runtime,
+                "runtime": launch.spec.kind,
                 "ref": launch.handle.ref if launch.handle else None,
                 "engine_url": reachable_url(launch.spec),
                 "served_model_name": launch.spec.served_model_name,

@@ -24,7 +24,7 @@ from appliance.kmsg import OomEvent, OomEventKind, SeqGap
 from appliance.launch_spec import LaunchSpec
 from appliance.oom_attribution import LaunchTarget, attribute_oom
 from controller import metrics
-from controller.runtime.base import EngineHandle
+from controller.runtime.base import ContainerScoped, EngineHandle
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.machine import State
@@ -82,7 +82,8 @@ class HostWatchLink:
         if driver is None or launch is None or launch.handle is None:
             return None
         handle = launch.handle
-        container = handle.ref if handle.runtime == "docker" else None
+        runtime = driver.runtimes.get(handle.runtime)
+        container = runtime.container_id(handle) if isinstance(runtime, ContainerScoped) else None
         starting = driver.m.state is not State.READY
         return launch.launch_id, launch.spec.recipe, handle, container, starting
 

@@ -153,7 +153,7 @@ def full_spec(image: str, tmp_path: Path, script: str, ulimits: tuple[Ulimit, ..
 
 
 def expected_host_config(spec: LaunchSpec, tmp_path: Path) -> dict[str, object]:
-    host_port = spec.published_ports[8000]
+    host_port = spec.runtime.published_ports[8000]  # type: ignore[attr-defined]
     return {
         "Ulimits": [{"Name": u.name, "Soft": u.soft, "Hard": u.hard} for u in spec.ulimits],
         "Memory": 0,  # DOMAIN §3: created without a memory limit

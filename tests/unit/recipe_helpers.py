@@ -25,6 +25,7 @@ SHIPPED = (
     "cuda-smollm2-piecewise",
     "gfx906-a-tp2-graph",
     "gfx906-b-tp4-eager",
+    "gfx906-b-tp4-eager-k8s",
     "gfx906-c-prime-tp4-graph-default",
     "gfx906-c-tp4-graph-piecewise",
     "gfx906-fp8-tp4-eager",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from appliance.launch_spec import LaunchSpec
+from appliance.runtimes.process import ProcessLaunch
 from controller.gateway.control import GatewayControlError
 from controller.runtime.base import EngineHandle, ExitInfo
 from controller.supervisor.gateway_link import GatewayUpstream
@@ -21,8 +22,7 @@ def make_spec(
         recipe=recipe,
         spec_hash="0123456789abcdef",
         platform="cpu",
-        runtime="process",
-        python="/usr/bin/python3",
+        runtime=ProcessLaunch(python="/usr/bin/python3"),
         argv=("/usr/bin/python3", "-m", "engine", "--api-key", "not-printed"),
         env={"VLLM_LOGGING_LEVEL": "INFO", "HF_TOKEN": "hf_secret", "MY_API_KEY": "k", "PATH": "/usr/bin"},
         port=port,

@@ -18,7 +18,7 @@ def test_renders_for_the_process_runtime_with_the_measured_environment(name: str
     recipe = shipped()[name]
     assert not has_errors(lint(recipe))
     spec = render(recipe, fixed_facts())
-    assert spec.runtime == "process" and spec.platform == "cuda"
+    assert spec.kind == "process" and spec.platform == "cuda"
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0"
     assert spec.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"  # MEASURED.md: no flashinfer in the kit
     for k, v in MULTICAST_OFF.items():  # device KINDS.md: NVLink multicast stays off

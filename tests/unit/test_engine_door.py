@@ -18,6 +18,7 @@ from controller.store import REDACTED, redact_spec
 from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, new_engine_key, recipe_key
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
+from tests.unit.spec_helpers import with_runtime
 from tests.unit.supervisor_helpers import make_spec
 from tests.unit.test_supervisor_driver import make_rig
 
@@ -50,7 +51,7 @@ def test_the_key_is_redacted_from_records() -> None:
 
 
 def test_docker_puts_the_key_into_the_container_environment() -> None:
-    spec = _spec(runtime="docker", image="engine:1", env={"A": "1"})
+    spec = with_runtime(_spec(env={"A": "1"}), "docker", image="engine:1")
     kwargs = container_create_kwargs(spec, "L1", secret_env={ENGINE_KEY_ENV: "eng_k"})
     assert kwargs["environment"] == {"A": "1", ENGINE_KEY_ENV: "eng_k"}
     assert "eng_k" not in json.dumps(kwargs["command"]) + json.dumps(kwargs["entrypoint"])

@@ -28,7 +28,7 @@ def test_docker_command_round_trips_through_a_shell(gfx: LaunchSpec) -> None:
     text = format_spec(gfx, "docker")
     words = shlex.split(text.split("\n", 1)[1].replace("\\\n", " "))
     assert words[:3] == ["docker", "run", "-d"]
-    image_at = words.index(gfx.image or "")
+    image_at = words.index(gfx.runtime.engine_image() or "")
     assert words[image_at - 2:image_at] == ["--entrypoint", "bash"]
     assert tuple(words[image_at + 1:]) == gfx.command()[1:]
     assert "--memory" not in words
@@ -39,7 +39,10 @@ def test_docker_command_round_trips_through_a_shell(gfx: LaunchSpec) -> None:
 
 def test_docker_py_kwargs(gfx: LaunchSpec) -> None:
     kwargs = json.loads(format_spec(gfx, "docker-py"))
-    assert kwargs["entrypoint"] == list(gfx.command())
+    # The runtime's split (issue 13: the render used to pass the whole command as the entrypoint).
+    assert kwargs["entrypoint"] == [gfx.command()[0]]
+    assert kwargs["command"] == list(gfx.command()[1:])
+    assert kwargs["name"] == f"appliance-manual-{gfx.recipe}"
     assert kwargs["environment"] == gfx.env
     assert kwargs["ulimits"] == [{"Name": "memlock", "Soft": -1, "Hard": -1}]
     assert kwargs["ports"] == {"8000/tcp": ["127.0.0.1", 8000]}
@@ -50,8 +53,8 @@ def test_docker_py_kwargs(gfx: LaunchSpec) -> None:
 def test_compose_service(gfx: LaunchSpec) -> None:
     service = yaml.safe_load(format_spec(gfx, "compose"))["services"]["engine"]
     # `exec "$@"` of the sourcing wrapper is written `$$@`: compose reads it back as `$@`.
-    assert service["entrypoint"] == [a.replace("$", "$$") for a in gfx.command()]
-    assert any("$$@" in a for a in service["entrypoint"])
+    assert service["entrypoint"] + service["command"] == [a.replace("$", "$$") for a in gfx.command()]
+    assert any("$$@" in a for a in service["command"])
     assert service["restart"] == "no"
     assert service["ulimits"] == {"memlock": {"soft": -1, "hard": -1}}
     assert service["ports"] == ["127.0.0.1:8000:8000"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.runtimes.base import Placement
 from host_setup.executor import apply_plan, revert_entries
 from host_setup.memlock import DAEMON_JSON, LIMITS_CONF, plan_memlock, read_memlock_state
 from host_setup.model import HostPlan, PlanRefused, Severity
@@ -19,7 +20,8 @@ def host(tmp_path: Path) -> Host:
 
 
 def memlock_plan(host: Host, runtime: str, container: int | None, required: bool = True) -> HostPlan:
-    state = read_memlock_state(host.root, "docker" if runtime == "docker" else "process")
+    placement = Placement.LOCAL_DAEMON if runtime == "docker" else Placement.LOCAL_PROCESS
+    state = read_memlock_state(host.root, placement)
     return as_plan(host.root, plan_memlock(state, required, container))
 
 

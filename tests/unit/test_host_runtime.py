@@ -8,11 +8,14 @@ from typing import Any
 
 import pytest
 
+from appliance.runtimes.base import Placement
 from host_setup.commands import CommandResult
 from host_setup.container_runtime import docker_info_via, plan_runtime, read_runtime_state
 from host_setup.fixture_commands import FixtureCommands
 from host_setup.model import Finding, HostSetupError, Severity
 from tests.fixtures.host_setup.tree import Host, make_host, set_text
+
+PLACEMENT = {"docker": Placement.LOCAL_DAEMON, "process": Placement.LOCAL_PROCESS}
 
 
 @pytest.fixture
@@ -24,7 +27,7 @@ def check(
     host: Host, info: dict[str, Any] | None = None, runtime: str = "docker", own: int | None = None
 ) -> list[Finding]:
     state = read_runtime_state(
-        host.root, "docker" if runtime == "docker" else "process", (lambda: info) if info else None, own
+        host.root, PLACEMENT[runtime], (lambda: info) if info else None, own
     )
     return plan_runtime(state, no_limit_required=True)
 
@@ -81,7 +84,7 @@ def test_docker_info_failing_falls_back_to_the_files_and_says_so(host: Host) -> 
     def broken() -> dict[str, Any]:
         raise HostSetupError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
 
-    state = read_runtime_state(host.root, "docker", broken, None)
+    state = read_runtime_state(host.root, Placement.LOCAL_DAEMON, broken, None)
     assert (state.cgroup_version, state.cgroup_driver) == (2, "systemd")
     items = plan_runtime(state, True)
     assert any("Cannot connect to the Docker daemon" in m for m in by(items, Severity.WARN))

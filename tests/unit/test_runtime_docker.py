@@ -7,6 +7,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import pydantic
 import pytest
 import requests
 
@@ -19,6 +20,7 @@ from controller.runtime.docker_rt import (
     container_create_kwargs,
     exit_info,
 )
+from tests.unit.spec_helpers import with_runtime
 
 GFX906_IMAGE = "registry.local/vllm-gfx906:0.18-dtk26.04"
 
@@ -165,8 +167,9 @@ def test_nvidia_gpus_become_a_device_request(gpus: str, request_: dict[str, Any]
 
 
 def test_spec_without_image_or_bad_launch_id_is_rejected() -> None:
-    with pytest.raises(RuntimeError_, match="no image"):
-        container_create_kwargs(gfx906_spec(image=None), "L1")
+    # A docker launch without an image cannot even be built (LaunchSpec.runtime is DockerLaunch).
+    with pytest.raises(pydantic.ValidationError, match=r"runtime\.docker\.image"):
+        gfx906_spec(image=None)
     with pytest.raises(RuntimeError_, match="container name"):
         container_create_kwargs(gfx906_spec(), "a/b")
 
@@ -330,7 +333,7 @@ def test_unknown_network_at_create_is_an_operator_error() -> None:
 
 def test_wrong_runtime_kind_is_rejected() -> None:
     with pytest.raises(RuntimeError_, match="'process' runtime, not 'docker'"):
-        runtime(FakeClient()).start(gfx906_spec(runtime="process"), "L1")
+        runtime(FakeClient()).start(with_runtime(gfx906_spec(), "process", python="python"), "L1")
 
 
 def test_make_runtime_rejects_unknown_kinds(tmp_path: Any) -> None:

@@ -1,0 +1,117 @@
+"""What the Kubernetes render reads from a LaunchSpec: the cluster options of any spec with an image,
+and the engine facts in its argv (TP, model, listen address). Pure.
+
+`cluster_target` is the one place that reads a runtime sub-model: a kubernetes spec's own, or a container
+spec's image and options, or (with `--image`) a process spec.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from appliance.runtimes.base import FormatError
+from appliance.runtimes.k8s_model import DEFAULT_CACHE, DEFAULT_MODEL, KubernetesLaunch
+
+if TYPE_CHECKING:
+    from appliance.launch_spec import LaunchSpec
+
+# The variables render pins to cache directories (appliance/launch_spec.py CACHE_DIR_ENV).
+CACHE_DIR_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
+# The device plugin assigns the cards (see the module docstring): these would name host indices.
+DEVICE_ENV = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+ANY_ADDRESS = "0.0.0.0"
+GPU_RESOURCE = {"gfx906": "amd.com/gpu", "cuda": "nvidia.com/gpu"}
+# Default node selection per platform: the vendors' node labellers (AMD's k8s-node-labeller marks GCN 5
+# "Arctic Islands" cards such as gfx906 `amd.com/gpu.family=AI`; NVIDIA GPU feature discovery marks
+# nodes `nvidia.com/gpu.present=true`). A recipe's `node_selector` replaces it.
+PLATFORM_NODE_SELECTOR = {
+    "gfx906": {"kubernetes.io/arch": "amd64", "amd.com/gpu.family": "AI"},
+    "cuda": {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true"},
+    "cpu": {"kubernetes.io/os": "linux"},
+}
+
+class K8sRenderError(FormatError):
+    """The spec cannot become manifests (a process recipe without an image)."""
+
+
+# -- the one place that reads the runtime sub-model ----------------------------------------------------
+
+
+def cluster_target(spec: LaunchSpec, image: str | None = None) -> KubernetesLaunch:
+    """The cluster options of any spec with an image: a kubernetes spec's own sub-model; for a docker
+    spec, its image, shm size, IPC mode and seccomp option with default storage; for a process spec
+    only when `image` is given (it has none of its own)."""
+    rt: Any = spec.runtime
+    if isinstance(rt, KubernetesLaunch):
+        return rt if image is None else rt.model_copy(update={"image": image, "digest": None})
+    chosen = image or spec.runtime.engine_image()
+    if not chosen:
+        raise K8sRenderError(
+            f"recipe '{spec.recipe}' runs as a {rt.kind} and has no container image, so it cannot be "
+            f"rendered for Kubernetes: pass --image IMAGE (an image with vLLM and the model's runtime).")
+    # A container spec's options read by name (duck typing: another kind's classes are its own business).
+    return KubernetesLaunch(
+        image=chosen,
+        cache=DEFAULT_CACHE,
+        model=DEFAULT_MODEL,
+        shm_size=docker_size_to_quantity(getattr(rt, "shm_size", None)),
+        host_ipc=getattr(rt, "ipc_mode", None) == "host",
+        seccomp_unconfined="seccomp=unconfined" in tuple(getattr(rt, "security_opt", ()) or ()),
+    )
+
+
+def docker_size_to_quantity(size: str | None) -> str | None:
+    """Docker's `16g` (binary units: b, k, m, g) → the Kubernetes quantity `16Gi`."""
+    if size is None:
+        return None
+    m = re.fullmatch(r"(\d+)([bkmgBKMG]?)", size.strip())
+    if m is None:
+        raise K8sRenderError(f"shm_size {size!r} is not a docker size (e.g. 16g)")
+    return m.group(1) + {"": "", "b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[m.group(2).lower()]
+
+
+# -- facts read from the common spec -----------------------------------------------------------------
+
+
+def _flag(argv: tuple[str, ...], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def tensor_parallel_size(spec: LaunchSpec) -> int:
+    value = _flag(spec.argv, "--tensor-parallel-size")
+    return int(value) if value is not None else 1
+
+
+def model_path(spec: LaunchSpec) -> str:
+    """The model as the engine is told (`serve MODEL` or `--model MODEL`)."""
+    argv = spec.argv
+    if "serve" in argv and argv.index("serve") + 1 < len(argv):
+        return argv[argv.index("serve") + 1]
+    found = _flag(argv, "--model")
+    if found is None:
+        raise K8sRenderError(f"recipe '{spec.recipe}': no model in the engine's argv")
+    return found
+
+
+def pod_argv(spec: LaunchSpec, image_given: bool) -> tuple[str, ...]:
+    """The engine's command in the pod. Two rewrites, both forced by the pod: `--host` becomes 0.0.0.0
+    (the kubelet probes and the Service reach the pod IP; bound to 127.0.0.1 they get `connection
+    refused`, DOMAIN §5), and a process recipe's host interpreter becomes the image's `python`."""
+    argv = list(spec.command())
+    python = spec.runtime.engine_python()
+    if image_given and python is not None:
+        argv = ["python" if a == python else a for a in argv]
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--host":
+            argv[i + 1] = ANY_ADDRESS
+    return tuple(argv)
+
+
+def gpu_resource(spec: LaunchSpec) -> str | None:
+    return GPU_RESOURCE.get(spec.platform)

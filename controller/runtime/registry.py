@@ -1,0 +1,89 @@
+"""Runtime kind → its effectful half. Adding a runtime is one line in `RUNTIMES` (and one in
+appliance/runtimes/registry.py for its pure half).
+
+Each entry names the module of the runtime and says whether it needs something that may be absent
+on this host (a daemon, a cluster, an SDK). Modules are imported only when their kind is asked for,
+so a host without the docker SDK still runs the process runtime (issue 12). The module provides
+`make(ctx: RuntimeContext) -> Runtime` and `env_value_of(ref: str, name: str) -> str | None` (a
+variable of the engine's environment by the runtime's own id, for a CLI that has no runtime object).
+
+The key is LaunchSpec.kind (= `spec.runtime.kind`) and EngineHandle.runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from controller.runtime.base import Runtime, RuntimeError_
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """What a runtime may need to be built: `runs_dir` holds the process runtime's per-launch files
+    (runtimes whose state lives in a daemon or a cluster keep nothing on disk)."""
+
+    runs_dir: Path
+
+
+@dataclass(frozen=True)
+class RuntimeEntry:
+    module: str  # provides `make(ctx)` and `env_value_of(ref, name)`
+    # Needs something that may be absent here (daemon, cluster, SDK): at controller start it is
+    # probed with `adopt()`, and left out with a note if it does not answer.
+    external: bool
+
+
+RUNTIMES: Mapping[str, RuntimeEntry] = {
+    "process": RuntimeEntry("controller.runtime.process", external=False),
+    "docker": RuntimeEntry("controller.runtime.docker_rt", external=True),
+}
+KINDS: tuple[str, ...] = tuple(RUNTIMES)
+
+
+def entry(kind: str) -> RuntimeEntry:
+    try:
+        return RUNTIMES[kind]
+    except KeyError:
+        raise ValueError(f"unknown runtime kind {kind!r}; expected one of {', '.join(KINDS)}") from None
+
+
+def make_runtime(kind: str, runs_dir: Path) -> Runtime:
+    """The runtime of `kind`. Raises ImportError when its SDK is not installed on this host."""
+    module = importlib.import_module(entry(kind).module)
+    make = cast(Callable[[RuntimeContext], Runtime], module.make)
+    return make(RuntimeContext(runs_dir=runs_dir))
+
+
+def env_value_of(kind: str, ref: str, name: str) -> str | None:
+    """A variable of the environment of engine `ref` of `kind` (ImportError: no SDK here)."""
+    module = importlib.import_module(entry(kind).module)
+    read = cast(Callable[[str, str], "str | None"], module.env_value_of)
+    return read(ref, name)
+
+
+def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()) -> tuple[dict[str, Runtime], list[str]]:
+    """Every runtime that can work on this host, and one note per one that cannot (why).
+    `skip`: kinds the operator turned off (e.g. `--no-docker`)."""
+    runtimes: dict[str, Runtime] = {}
+    notes: list[str] = []
+    skipped = set(skip)
+    for kind, item in RUNTIMES.items():
+        if kind in skipped:
+            continue
+        try:
+            rt = make_runtime(kind, runs_dir)
+        except ImportError as exc:  # no SDK on this host: the others still work
+            notes.append(f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})")
+            continue
+        if item.external:
+            try:
+                rt.adopt()  # also proves the daemon / cluster answers
+            except RuntimeError_ as exc:
+                notes.append(f"{kind} runtime unavailable: {exc}")
+                continue
+        runtimes[kind] = rt
+    return runtimes, notes
