@@ -42,12 +42,10 @@ a missing namespace, RBAC naming the verb and resource to grant, a workload of a
 from __future__ import annotations
 
 import base64
-import importlib
 import json
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -64,6 +62,8 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
 from appliance.launch_spec import LaunchSpec
+from appliance.runtimes.k8s_manifests import engine_key_secret, manifests
+from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, label_value
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
@@ -74,6 +74,8 @@ from controller.runtime.base import (
     RuntimeError_,
 )
 from controller.runtime.log_offsets import MAX_CHUNK_BYTES, slice_log
+from controller.runtime.registry import RuntimeContext
+from controller.supervisor.engine_key import recipe_key
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +98,24 @@ ENDED_WAITING = frozenset({
 # Apply order: what the workload references exists before it (Secret first: start creates it).
 _APPLY_ORDER = {"Secret": 0, "ConfigMap": 1, "PersistentVolumeClaim": 2, "Service": 3,
                 "Deployment": 4, "StatefulSet": 4}
-_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 Manifests = Callable[[LaunchSpec, str, str], list[dict[str, Any]]]
 
 
 def render_manifests(spec: LaunchSpec, launch_id: str, key_secret: str) -> list[dict[str, Any]]:
-    """The pure half's manifests. Imported by name: the pure half is another module's to own."""
-    module = importlib.import_module("appliance.runtimes.kubernetes")
-    render = cast(Callable[..., list[dict[str, Any]]], module.manifests)
-    return render(spec, launch_id=launch_id, key_secret=key_secret)
+    """The pure half's manifests (appliance/runtimes/k8s_manifests.py), the key Secret named."""
+    return manifests(spec, launch_id=launch_id, key_secret=key_secret)
 
 
 def secret_name(launch_id: str) -> str:
-    """The per-launch key Secret: a DNS-1123 name (launch ids carry an upper-case `T`)."""
-    base = _DNS_LABEL.sub("-", launch_id.lower()).strip("-")
-    return f"appliance-{base}"[:243].rstrip("-") + "-key"
+    """The per-launch key Secret (per launch, not per recipe: stopping an old launch never deletes
+    the key of the launch that replaced it). A DNS-1123 name: launch ids carry an upper-case `T`."""
+    return dns_label(f"appliance-{launch_id}-engine-key", 253)
+
+
+def launch_selector(launch_id: str) -> str:
+    """The label selector of a launch's objects (label values are sanitised by the pure half)."""
+    return f"{LABEL_MANAGED}=true,{LABEL_LAUNCH_ID}={label_value(launch_id)}"
 
 
 # -- pure: pod status → ExitInfo ---------------------------------------------------------------
@@ -181,6 +185,19 @@ def api_failure(action: str, exc: ApiException, *, verb: str, resource: str, nam
 
 def _ts(value: datetime | None) -> float:
     return value.timestamp() if value is not None else time.time()
+
+
+def _model(cls: Any, body: Mapping[str, Any]) -> Any:
+    """A manifest dict (camelCase) → the client's typed model, which its create calls require."""
+    return cls.from_dict(dict(body))
+
+
+def _split_ref(ref: str) -> tuple[str, str, str]:
+    """ref = `namespace/Kind/name` (what EngineHandle.ref holds for this runtime)."""
+    parts = ref.split("/")
+    if len(parts) != 3 or parts[1] not in WORKLOAD_KINDS:
+        raise RuntimeError_(f"kubernetes: handle ref {ref!r} is not namespace/Kind/name")
+    return parts[0], parts[1], parts[2]
 
 
 def _created(obj: Any) -> float:
@@ -276,15 +293,11 @@ class KubernetesRuntime:
 
     @staticmethod
     def parse_ref(handle: EngineHandle) -> tuple[str, str, str]:
-        """ref = `namespace/Kind/name`."""
-        parts = handle.ref.split("/")
-        if len(parts) != 3 or parts[1] not in WORKLOAD_KINDS:
-            raise RuntimeError_(f"kubernetes: handle ref {handle.ref!r} is not namespace/Kind/name")
-        return parts[0], parts[1], parts[2]
+        return _split_ref(handle.ref)
 
     def _pods(self, handle: EngineHandle) -> tuple[list[Any], str | None]:
         ns, _, _ = self.parse_ref(handle)
-        selector = f"{LABEL_LAUNCH_ID}={handle.launch_id}"
+        selector = launch_selector(handle.launch_id)
         with self._call("list the launch's pods", "list", "pods", ns, pass_not_found=False):
             listed = self.core.list_namespaced_pod(ns, label_selector=selector)
         pods: list[Any] = sorted(listed.items or [], key=_created)
@@ -318,9 +331,18 @@ class KubernetesRuntime:
         for obj in objects:
             if obj.get("kind") in (*WORKLOAD_KINDS, "Service"):
                 self._refuse_other_launch(obj, ns, launch_id)
-        self._create_secret(ns, key_secret, launch_id, spec, secret_env or {})
+        key = (secret_env or {}).get(ENGINE_KEY_ENV) or recipe_key(spec)
+        if not key:
+            raise RuntimeError_(f"kubernetes: no engine key for launch {launch_id}: the pod's "
+                                f"{ENGINE_KEY_ENV} comes from a Secret, and neither secret_env nor the "
+                                "recipe gives one")
+        self._create_secret(ns, engine_key_secret(spec, key, launch_id=launch_id, name=key_secret,
+                                                  namespace=ns))
         for obj in objects:
-            self._apply(obj, ns)
+            if obj.get("kind") == "PersistentVolumeClaim":
+                self._create_if_absent(obj, ns)
+            else:
+                self._apply(obj, ns)
         log.info("applied %s (launch %s) as %s/%s/%s", spec.recipe, launch_id, ns,
                  workload["kind"], name)
         return EngineHandle(launch_id=launch_id, runtime=self.name, ref=f"{ns}/{workload['kind']}/{name}",
@@ -339,35 +361,48 @@ class KubernetesRuntime:
             existing = self._workload(ns, kind, name)
             if existing is None:
                 return
-        owner = _labels(existing).get(LABEL_LAUNCH_ID)
+        meta = existing.metadata
+        owner = (meta.annotations or {}).get(LABEL_LAUNCH_ID) or _labels(existing).get(LABEL_LAUNCH_ID)
+        if meta.deletion_timestamp is not None:
+            raise RuntimeError_(f"kubernetes: {kind} {ns}/{name} of launch {owner} is still being "
+                                "deleted; start again once it is gone")
         if owner != launch_id:
             raise RuntimeError_(
                 f"kubernetes: {kind} {ns}/{name} already exists for launch {owner or '(not ours)'}; "
                 "stop that launch first (the appliance never takes over another launch's workload)")
 
-    def _create_secret(self, ns: str, name: str, launch_id: str, spec: LaunchSpec,
-                       secret_env: Mapping[str, str]) -> None:
-        body = k8s.V1Secret(
-            metadata=k8s.V1ObjectMeta(name=name, labels={
-                LABEL_MANAGED: "true", LABEL_LAUNCH_ID: launch_id, LABEL_RECIPE: spec.recipe,
-                LABEL_SPEC_HASH: spec.spec_hash}),
-            type="Opaque", immutable=True,
-            data={k: base64.b64encode(v.encode()).decode("ascii") for k, v in secret_env.items()},
-        )
+    def _create_secret(self, ns: str, body: dict[str, Any]) -> None:
+        """Create the key Secret (immutable: a key is never edited in place). Never logged."""
+        name = str(body["metadata"]["name"])
+        body = {**body, "immutable": True}
         try:
             with self._call(f"create Secret {ns}/{name}", "create", "secrets", ns, pass_not_found=False):
-                self.core.create_namespaced_secret(ns, body)
+                self.core.create_namespaced_secret(ns, _model(k8s.V1Secret, body))
         except RuntimeError_ as exc:
             cause = exc.__cause__
-            if isinstance(cause, ApiException) and cause.status == 409:
-                # A retried start of the same launch: the Secret is immutable, so replace it.
-                with self._call(f"replace Secret {ns}/{name}", "delete", "secrets", ns):
-                    self.core.delete_namespaced_secret(name, ns)
-                with self._call(f"create Secret {ns}/{name}", "create", "secrets", ns,
-                                pass_not_found=False):
-                    self.core.create_namespaced_secret(ns, body)
-                return
-            raise
+            if not (isinstance(cause, ApiException) and cause.status == 409):
+                raise
+            # A retried start of the same launch: an immutable Secret is replaced, not patched.
+            with self._call(f"replace Secret {ns}/{name}", "delete", "secrets", ns):
+                self.core.delete_namespaced_secret(name, ns)
+            with self._call(f"create Secret {ns}/{name}", "create", "secrets", ns, pass_not_found=False):
+                self.core.create_namespaced_secret(ns, _model(k8s.V1Secret, body))
+
+    def _create_if_absent(self, obj: Mapping[str, Any], ns: str) -> None:
+        """Claims outlive launches (the warm cache): created once, never re-applied (a changed size
+        or class would be an immutable-field error on a bound claim, not a launch failure)."""
+        name = str(obj["metadata"]["name"])
+        body = {**obj, "metadata": {**obj["metadata"], "namespace": ns}}
+        try:
+            with self._call(f"create PersistentVolumeClaim {ns}/{name}", "create",
+                            "persistentvolumeclaims", ns, pass_not_found=False):
+                self.core.create_namespaced_persistent_volume_claim(
+                    ns, _model(k8s.V1PersistentVolumeClaim, body))
+        except RuntimeError_ as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, ApiException) and cause.status == 409):
+                raise
+            log.info("claim %s/%s exists: kept (warm cache)", ns, name)
 
     def _apply(self, obj: Mapping[str, Any], ns: str) -> None:
         kind, name = str(obj["kind"]), str(obj["metadata"]["name"])
@@ -417,7 +452,7 @@ class KubernetesRuntime:
                 with self._call("watch the launch's pods", "watch", "pods", ns, pass_not_found=False):
                     for event in watcher.stream(
                         self.core.list_namespaced_pod, ns,
-                        label_selector=f"{LABEL_LAUNCH_ID}={handle.launch_id}",
+                        label_selector=launch_selector(handle.launch_id),
                         resource_version=version, timeout_seconds=max(1, math.ceil(left)),
                         _request_timeout=(10, left + 10),
                     ):
@@ -460,6 +495,7 @@ class KubernetesRuntime:
             except ApiException:
                 pass
         gone = self._wait_gone(handle, grace + self._delete_wait_s)
+        gone = gone and self._wait_workload_gone(ns, kind, name, self._delete_wait_s)
         self._delete_launch_objects(handle, ns)
         self._cpu.pop(handle.launch_id, None)
         if not gone:
@@ -483,7 +519,7 @@ class KubernetesRuntime:
                 with self._call("watch the launch's pods go", "watch", "pods", ns, pass_not_found=False):
                     for event in watcher.stream(
                         self.core.list_namespaced_pod, ns,
-                        label_selector=f"{LABEL_LAUNCH_ID}={handle.launch_id}",
+                        label_selector=launch_selector(handle.launch_id),
                         resource_version=version, timeout_seconds=max(1, math.ceil(left)),
                         _request_timeout=(10, left + 10),
                     ):
@@ -499,9 +535,19 @@ class KubernetesRuntime:
                 watcher.stop()
         return not names
 
+    def _wait_workload_gone(self, ns: str, kind: str, name: str, timeout_s: float) -> bool:
+        """Foreground deletion keeps the workload (with a finalizer) until its pods are gone; the
+        next launch of the recipe applies the same name, so it must be gone first."""
+        deadline = self._clock() + timeout_s
+        while self._workload(ns, kind, name) is not None:
+            if self._clock() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
     def _delete_launch_objects(self, handle: EngineHandle, ns: str) -> None:
         """The launch's Secret and Service (by label); PVCs too unless keep_cache."""
-        selector = f"{LABEL_LAUNCH_ID}={handle.launch_id}"
+        selector = launch_selector(handle.launch_id)
         groups: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
             ("secrets", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
             ("services", self.core.list_namespaced_service, self.core.delete_namespaced_service),
@@ -547,14 +593,32 @@ class KubernetesRuntime:
         return slice_log(blob, offset)
 
     def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
-        ns, _, _ = self.parse_ref(handle)
-        try:
-            with self._call(f"read Secret {ns}/{secret_name(handle.launch_id)}", "get", "secrets", ns):
-                secret = self.core.read_namespaced_secret(secret_name(handle.launch_id), ns)
-        except ApiException:
+        return self.env_value(handle.ref, name)
+
+    def env_value(self, ref: str, name: str) -> str | None:
+        """A variable of the engine container's environment as the workload declares it: a plain
+        value, or the Secret key it refers to (the engine API key), read back from that Secret."""
+        ns, kind, wname = _split_ref(ref)
+        workload = self._workload(ns, kind, wname)
+        if workload is None:
             return None
-        value = (secret.data or {}).get(name)
-        return base64.b64decode(value).decode() if value is not None else None
+        containers = workload.spec.template.spec.containers if workload.spec else []
+        for var in (containers[0].env or []) if containers else []:
+            if var.name != name:
+                continue
+            if var.value is not None:
+                return str(var.value)
+            ref_ = var.value_from.secret_key_ref if var.value_from else None
+            if ref_ is None:
+                return None
+            try:
+                with self._call(f"read Secret {ns}/{ref_.name}", "get", "secrets", ns):
+                    secret = self.core.read_namespaced_secret(ref_.name, ns)
+            except ApiException:
+                return None
+            value = (secret.data or {}).get(ref_.key)
+            return base64.b64decode(value).decode() if value is not None else None
+        return None
 
     def adopt(self) -> list[EngineHandle]:
         ns = self.namespace
@@ -568,7 +632,8 @@ class KubernetesRuntime:
                       self.apps.list_namespaced_stateful_set(ns, label_selector=selector).items or []]
         handles: list[EngineHandle] = []
         for kind, obj in found:
-            labels = _labels(obj)
+            # Label values are sanitised; the pure half keeps the exact values in annotations.
+            labels = {**_labels(obj), **(obj.metadata.annotations or {})}
             if LABEL_LAUNCH_ID not in labels:
                 log.warning("%s %s has %s but no %s: not adopted", kind, obj.metadata.name,
                             LABEL_MANAGED, LABEL_LAUNCH_ID)
@@ -622,3 +687,13 @@ class KubernetesRuntime:
             for c in m.get("containers") or []:
                 cores += float(_parse_quantity(c.get("usage", {}).get("cpu", "0")))
         return cores
+
+
+def make(ctx: RuntimeContext) -> KubernetesRuntime:
+    """The registry's constructor (controller/runtime/registry.py); the cluster is reached lazily."""
+    return KubernetesRuntime()
+
+
+def env_value_of(ref: str, name: str) -> str | None:
+    """A variable of the engine's environment by ref (`namespace/Kind/name`), for the CLI."""
+    return KubernetesRuntime().env_value(ref, name)

@@ -8,7 +8,6 @@ against the Kubernetes schemas) or how a real kubelet times things.
 
 from __future__ import annotations
 
-import base64
 import logging
 from typing import Any
 
@@ -19,47 +18,26 @@ from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
 from controller.runtime.kubernetes import KubernetesRuntime, pod_exit, secret_name
 from tests.unit.k8s_recorded import FIXTURES, RecordedCluster, events, fixture, pod_list
+from tests.unit.spec_helpers import launch_spec
 
 LAUNCH = "20261130T101500-cpu-smollm2-3fa2c1"
-NAME = "appliance-20261130t101500-cpu-smollm2-3fa2c1"
+NAME = "appliance-cpu-smollm2"  # the pure half's workload_name: one per recipe
+SECRET = "appliance-20261130t101500-cpu-smollm2-3fa2c1-engine-key"  # per launch
 NS = "llm"
 KEY = "sk-launch-key-0001"  # what secret_key.json holds (base64)
 PODS = rf"/api/v1/namespaces/{NS}/pods"
 DEPLOY = rf"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
-SELECTOR = f"appliance.launch_id={LAUNCH}"
+SELECTOR = f"appliance.managed=true,appliance.launch_id={LAUNCH}"
 
 
-def spec() -> LaunchSpec:
-    return LaunchSpec.model_validate({
-        "recipe": "cpu-smollm2", "spec_hash": "0f3a9b2c7d1e4f56", "platform": "cpu",
-        "runtime": "docker", "image": "vllm-cpu:0.11.0",
-        "argv": ("vllm", "serve", "HuggingFaceTB/SmolLM2-135M-Instruct"), "env": {},
-        "port": 8000, "served_model_name": "smollm2", "cache_root": "/cache",
-        "ready_budget_s": 900, "stall_window_s": 300,
-    })
-
-
-def manifests(spec: LaunchSpec, launch_id: str, key_secret: str) -> list[dict[str, Any]]:
-    """Shaped like the pure half's output (one Deployment, its Service, the shared cache PVC),
-    deliberately out of apply order: the runtime orders them."""
-    labels = {"appliance.managed": "true", "appliance.launch_id": launch_id,
-              "appliance.recipe": spec.recipe, "appliance.spec_hash": spec.spec_hash}
-    return [
-        {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": {"name": NAME, "labels": labels},
-         "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
-                  "selector": {"matchLabels": {"appliance.launch_id": launch_id}},
-                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [{
-                      "name": "engine", "image": "vllm-cpu:0.11.0",
-                      "envFrom": [{"secretRef": {"name": key_secret}}]}]}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, "labels": labels},
-         "spec": {"selector": {"appliance.launch_id": launch_id},
-                  "ports": [{"port": 8000, "targetPort": 8000}]}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": "appliance-cache-cpu-smollm2",
-                      "labels": {"appliance.managed": "true"}},
-         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "50Gi"}}}},
-    ]
+def spec(**common: Any) -> LaunchSpec:
+    fields: dict[str, Any] = {
+        "recipe": "cpu-smollm2", "spec_hash": "0f3a9b2c7d1e4f56",
+        "argv": ("vllm", "serve", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+        "env": {"VLLM_LOGGING_LEVEL": "INFO"}, "cache_root": "/cache/cpu-smollm2/v1",
+        "ready_budget_s": 900, "stall_window_s": 300, "host": "appliance-cpu-smollm2.llm.svc",
+    }
+    return launch_spec("kubernetes", {"image": "vllm-cpu:0.11.0"}, **(fields | common))
 
 
 @pytest.fixture
@@ -68,7 +46,7 @@ def cluster() -> RecordedCluster:
 
 
 def runtime(cluster: RecordedCluster, **kw: Any) -> KubernetesRuntime:
-    return KubernetesRuntime(cluster.api_client(), namespace=NS, render=manifests, **kw)
+    return KubernetesRuntime(cluster.api_client(), namespace=NS, **kw)
 
 
 def handle() -> EngineHandle:
@@ -91,27 +69,57 @@ def test_start_creates_the_secret_then_applies_in_order(
     caplog.set_level(logging.DEBUG)
     expect_free_names(cluster)
     cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "secret_key.json", status=201)
-    cluster.expect("PATCH", rf"/api/v1/namespaces/{NS}/persistentvolumeclaims/appliance-cache-cpu-smollm2",
-                   echo=True, query={"fieldManager": "appliance-controller", "force": "true"})
-    cluster.expect("PATCH", rf"/api/v1/namespaces/{NS}/services/{NAME}", echo=True)
+    claims = rf"/api/v1/namespaces/{NS}/persistentvolumeclaims"
+    cluster.expect("POST", claims, echo=True, status=201)  # the cache claim: new
+    cluster.expect("POST", claims, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Failure", "reason": "AlreadyExists", "code": 409,
+                                    "message": "persistentvolumeclaims \"appliance-cpu-smollm2-model\" "
+                                               "already exists",
+                                    "details": {"name": "appliance-cpu-smollm2-model",
+                                                "kind": "persistentvolumeclaims"}}, status=409)
+    cluster.expect("PATCH", rf"/api/v1/namespaces/{NS}/services/{NAME}", echo=True,
+                   query={"fieldManager": "appliance-controller", "force": "true"})
     cluster.expect("PATCH", DEPLOY, echo=True)
     h = runtime(cluster).start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
     cluster.done()
 
     assert h.ref == f"{NS}/Deployment/{NAME}" and h.runtime == "kubernetes"
     secret = cluster.requests[2].json()
-    assert secret["metadata"]["name"] == secret_name(LAUNCH) == f"{NAME}-key"
-    assert secret["immutable"] is True
-    assert base64.b64decode(secret["data"]["VLLM_API_KEY"]).decode() == KEY
+    assert secret["metadata"]["name"] == secret_name(LAUNCH) == SECRET
+    assert secret["immutable"] is True and secret["stringData"] == {"VLLM_API_KEY": KEY}
+    assert secret["metadata"]["labels"]["appliance.launch_id"] == LAUNCH
+    assert [r.json()["metadata"]["name"] for r in cluster.requests[3:5]] == [
+        "appliance-cpu-smollm2-cache", "appliance-cpu-smollm2-model"]
     for req in cluster.requests[3:]:
-        assert req.headers["Content-Type"] == "application/apply-patch+yaml"
         assert KEY not in (req.body or b"").decode()  # the manifests only name the Secret
         assert req.json()["metadata"]["namespace"] == NS
-    deployment = cluster.requests[5].json()
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"] == [
-        {"secretRef": {"name": secret_name(LAUNCH)}}]
+    for req in cluster.requests[5:]:
+        assert req.headers["Content-Type"] == "application/apply-patch+yaml"
+    deployment = cluster.requests[6].json()
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    key_ref = {"secretKeyRef": {"name": SECRET, "key": "VLLM_API_KEY"}}
+    assert {"name": "VLLM_API_KEY", "valueFrom": key_ref} in env
     assert KEY not in caplog.text
-    assert base64.b64encode(KEY.encode()).decode() not in caplog.text
+
+
+def test_start_puts_the_recipes_own_key_in_the_secret(cluster: RecordedCluster) -> None:
+    """`launch_key` gives no secret_env when the recipe brings its key; the pod still needs it."""
+    expect_free_names(cluster)
+    cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "secret_key.json", status=201)
+    for _ in range(2):
+        cluster.expect("POST", rf"/api/v1/namespaces/{NS}/persistentvolumeclaims", echo=True, status=201)
+    cluster.expect("PATCH", rf"/api/v1/namespaces/{NS}/services/{NAME}", echo=True)
+    cluster.expect("PATCH", DEPLOY, echo=True)
+    runtime(cluster).start(spec(env={"VLLM_API_KEY": "recipe-own-key"}), LAUNCH, {})
+    assert cluster.requests[2].json()["stringData"] == {"VLLM_API_KEY": "recipe-own-key"}
+    assert "recipe-own-key" not in (cluster.requests[6].body or b"").decode()
+
+
+def test_start_without_any_key_is_refused(cluster: RecordedCluster) -> None:
+    expect_free_names(cluster)
+    with pytest.raises(RuntimeError_, match="no engine key"):
+        runtime(cluster).start(spec(), LAUNCH, None)
+    cluster.done()
 
 
 def test_start_refuses_a_workload_of_another_launch(cluster: RecordedCluster) -> None:
@@ -145,7 +153,7 @@ def test_start_says_the_namespace_is_missing(cluster: RecordedCluster) -> None:
 def test_no_cluster_config_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    rt = KubernetesRuntime(namespace=NS, render=manifests)
+    rt = KubernetesRuntime(namespace=NS)
     with pytest.raises(RuntimeError_, match="no cluster configuration"):
         rt.inspect(handle())
 
@@ -274,7 +282,7 @@ def test_logs_by_byte_offset(cluster: RecordedCluster) -> None:
     log_name = "engine_log.txt"
     blob = (FIXTURES / log_name).read_bytes()
     cut = blob.index("été".encode()) + 1  # mid-character: the first read stops before it
-    pod = rf"{PODS}/appliance-20261130t101500-cpu-smollm2-3fa2c1-7d9c6b5f4-x2kqp/log"
+    pod = rf"{PODS}/appliance-cpu-smollm2-7d9c6b5f4-x2kqp/log"
     rt = runtime(cluster)
     cluster.expect("GET", PODS, pod_list(fixture("pod_running.json")))
     cluster.expect("GET", pod, blob[:cut], query={"container": "engine", "limitBytes": str(4 * 1024 * 1024)})
@@ -322,9 +330,10 @@ def test_stop_deletes_with_grace_waits_for_the_pods_and_keeps_the_cache(cluster:
     cluster.expect("GET", PODS, pod_list(running, resource_version="481700"))
     cluster.expect("GET", PODS, events(("MODIFIED", running), ("DELETED", running)),
                    query={"watch": "true", "resourceVersion": "481700"})
+    cluster.expect("GET", DEPLOY, "status_404_deployment.json", status=404)  # finalizer done
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets", {"kind": "SecretList", "apiVersion": "v1",
                    "metadata": {}, "items": [fixture("secret_key.json")]}, query={"labelSelector": SELECTOR})
-    cluster.expect("DELETE", rf"/api/v1/namespaces/{NS}/secrets/{NAME}-key", "status_success_delete.json")
+    cluster.expect("DELETE", rf"/api/v1/namespaces/{NS}/secrets/{SECRET}", "status_success_delete.json")
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/services", {"kind": "ServiceList", "apiVersion": "v1",
                    "metadata": {}, "items": []})
     info = runtime(cluster, clock=FakeClock()).stop(handle(), 12.5)
@@ -340,6 +349,7 @@ def test_stop_of_a_gone_launch_is_quiet(cluster: RecordedCluster) -> None:
     cluster.expect("DELETE", DEPLOY, "status_404_deployment.json", status=404)
     cluster.expect("GET", PODS, pod_list())
     cluster.expect("GET", PODS, pod_list())
+    cluster.expect("GET", DEPLOY, "status_404_deployment.json", status=404)
     for res in ("secrets", "services", "persistentvolumeclaims"):
         cluster.expect("GET", rf"/api/v1/namespaces/{NS}/{res}", {"metadata": {}, "items": []})
     info = runtime(cluster, keep_cache=False).stop(handle(), 5)
@@ -361,21 +371,25 @@ def test_adopt_lists_managed_workloads_by_label(cluster: RecordedCluster) -> Non
     assert handles[1].spec_hash == "0f3a9b2c7d1e4f56"
 
 
-def test_engine_key_is_read_back_from_the_launch_secret(cluster: RecordedCluster) -> None:
-    cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/{NAME}-key", "secret_key.json")
-    cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/{NAME}-key", "secret_key.json")
+def test_engine_key_is_read_back_through_the_workloads_secret_ref(cluster: RecordedCluster) -> None:
+    cluster.expect("GET", DEPLOY, "deployment.json")
+    cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/{SECRET}", "secret_key.json")
+    cluster.expect("GET", DEPLOY, "deployment.json")
+    cluster.expect("GET", DEPLOY, "deployment.json")
     rt = runtime(cluster)
     assert rt.engine_env_value(handle(), "VLLM_API_KEY") == KEY
+    assert rt.engine_env_value(handle(), "VLLM_LOGGING_LEVEL") == "INFO"
     assert rt.engine_env_value(handle(), "OTHER") is None
+    cluster.done()
 
 
-def test_engine_key_of_a_deleted_secret_is_unknown(cluster: RecordedCluster) -> None:
-    cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/.*", "status_404_pod.json", status=404)
+def test_engine_key_of_a_deleted_workload_is_unknown(cluster: RecordedCluster) -> None:
+    cluster.expect("GET", DEPLOY, "status_404_deployment.json", status=404)
     assert runtime(cluster).engine_env_value(handle(), "VLLM_API_KEY") is None
 
 
 def test_engine_pids_are_never_this_hosts() -> None:
-    assert KubernetesRuntime(render=manifests).engine_pids(handle()) == []
+    assert KubernetesRuntime().engine_pids(handle()) == []
 
 
 def test_cpu_seconds_integrates_pod_metrics(cluster: RecordedCluster) -> None:
