@@ -59,6 +59,11 @@ def test_render_formats(runner: CliRunner, app: typer.Typer) -> None:
     assert code == 0 and "docker run -d" in out
     code, out, _ = run(runner, app, "recipes", "render", "cpu-smollm2", "--json")
     assert code == 0 and json.loads(out)["host"] == "127.0.0.1"
+    # No --format: the runtime plug-in's own (a shell script for a process recipe, not a refusal).
+    code, out, _ = run(runner, app, "recipes", "render", "cpu-smollm2", "--host-root", REFERENCE)
+    assert code == 0 and out.startswith("#!/usr/bin/env bash")
+    code, out, _ = run(runner, app, "recipes", "render", C, "--host-root", REFERENCE)
+    assert code == 0 and "docker run -d" in out
 
 
 def test_render_refusals_are_one_line_errors(runner: CliRunner, app: typer.Typer) -> None:
