@@ -89,6 +89,8 @@ FIELD_MANAGER = "appliance-controller"
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 NAMESPACE_ENV = "APPLIANCE_K8S_NAMESPACE"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+# adopt() runs at controller start: a configured but unreachable cluster must not hold it up.
+ADOPT_TIMEOUT_S = (5.0, 15.0)
 # Waiting reasons after which the container will not run as rendered without someone changing
 # something (image, config, the engine itself): the launch has ended.
 ENDED_WAITING = frozenset({
@@ -238,6 +240,7 @@ class KubernetesRuntime:
         self._clock = clock
         self._cpu: dict[str, tuple[float, float]] = {}  # launch id → (seconds so far, at)
         self._no_metrics = False
+        self.unconfigured = False  # no in-cluster config and no kubeconfig was found
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -251,6 +254,7 @@ class KubernetesRuntime:
                 try:
                     _load_kubeconfig(client_configuration=cfg)
                 except (ConfigException, OSError) as exc:
+                    self.unconfigured = True
                     raise RuntimeError_(
                         "kubernetes: no cluster configuration: not in a pod with a service account "
                         f"and no usable kubeconfig (KUBECONFIG or ~/.kube/config): {exc}") from exc
@@ -621,15 +625,28 @@ class KubernetesRuntime:
         return None
 
     def adopt(self) -> list[EngineHandle]:
+        """Workloads labelled appliance.managed=true in the namespace. With no cluster configured at
+        all there is nothing to adopt: [] (start then refuses with the reason), so a controller on a
+        host without a cluster does not report this runtime as broken at every start. A configured
+        cluster that does not answer still raises (the registry reports it)."""
+        try:
+            _ = self.api_client
+        except RuntimeError_:
+            if self.unconfigured:
+                log.info("kubernetes runtime: no cluster configuration here; nothing to adopt")
+                return []
+            raise
         ns = self.namespace
         selector = f"{LABEL_MANAGED}=true"
         found: list[tuple[str, Any]] = []
         with self._call("list managed deployments", "list", "deployments.apps", ns, pass_not_found=False):
             found += [("Deployment", d) for d in
-                      self.apps.list_namespaced_deployment(ns, label_selector=selector).items or []]
+                      self.apps.list_namespaced_deployment(
+                          ns, label_selector=selector, _request_timeout=ADOPT_TIMEOUT_S).items or []]
         with self._call("list managed statefulsets", "list", "statefulsets.apps", ns, pass_not_found=False):
             found += [("StatefulSet", s) for s in
-                      self.apps.list_namespaced_stateful_set(ns, label_selector=selector).items or []]
+                      self.apps.list_namespaced_stateful_set(
+                          ns, label_selector=selector, _request_timeout=ADOPT_TIMEOUT_S).items or []]
         handles: list[EngineHandle] = []
         for kind, obj in found:
             # Label values are sanitised; the pure half keeps the exact values in annotations.

@@ -156,6 +156,9 @@ def test_no_cluster_config_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_
     rt = KubernetesRuntime(namespace=NS)
     with pytest.raises(RuntimeError_, match="no cluster configuration"):
         rt.inspect(handle())
+    with pytest.raises(RuntimeError_, match="no cluster configuration"):
+        rt.start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
+    assert rt.adopt() == []  # nothing to adopt: the controller does not call the runtime broken
 
 
 # -- state ---------------------------------------------------------------------------------------
