@@ -194,6 +194,12 @@ def _model(cls: Any, body: Mapping[str, Any]) -> Any:
     return cls.from_dict(dict(body))
 
 
+def _expired(exc: RuntimeError_) -> bool:
+    """A watch ended by an ERROR event with code 410 (resourceVersion too old)."""
+    cause = exc.__cause__
+    return isinstance(cause, ApiException) and cause.status == 410
+
+
 def _split_ref(ref: str) -> tuple[str, str, str]:
     """ref = `namespace/Kind/name` (what EngineHandle.ref holds for this runtime)."""
     parts = ref.split("/")
@@ -473,6 +479,15 @@ class KubernetesRuntime:
                             return seen
                         if self._clock() >= deadline:
                             break
+            except RuntimeError_ as exc:
+                if not _expired(exc):
+                    raise
+                # 410 Gone: our resourceVersion fell out of the watch cache; list again, go on.
+                pods, version = self._pods(handle)
+                current = {p.metadata.name: p for p in pods}
+                seen = launch_exit(pods)
+                if seen is not None and not seen.running:
+                    return seen
             finally:
                 watcher.stop()
         return launch_exit(list(current.values())) or ExitInfo(running=True, oom_killed=False)

@@ -265,6 +265,17 @@ def test_wait_rewatches_until_the_deadline(cluster: RecordedCluster) -> None:
     cluster.done()
 
 
+def test_wait_relists_when_the_watch_expires(cluster: RecordedCluster) -> None:
+    expired = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": "too old resource version: 481600 (481900)", "reason": "Expired", "code": 410}
+    cluster.expect("GET", PODS, pod_list(fixture("pod_running.json"), resource_version="481600"))
+    cluster.expect("GET", PODS, events(("ERROR", expired)), query={"resourceVersion": "481600"})
+    cluster.expect("GET", PODS, pod_list(fixture("pod_crashloop_oomkilled.json"), resource_version="481905"))
+    info = runtime(cluster, clock=FakeClock()).wait(handle(), 30.0)
+    assert (info.running, info.oom_killed) == (False, True)
+    cluster.done()
+
+
 def test_wait_sees_the_pod_deleted(cluster: RecordedCluster) -> None:
     cluster.expect("GET", PODS, pod_list(fixture("pod_running.json")))
     cluster.expect("GET", PODS, events(("DELETED", fixture("pod_running.json"))))
