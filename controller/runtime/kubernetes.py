@@ -4,13 +4,17 @@ The manifests come from the pure half (`appliance/runtimes/kubernetes.py`, `mani
 this module only applies, watches, reads and deletes them. Choices, and why:
 
 - **Apply = server-side apply** (PATCH `application/apply-patch+yaml`, field manager
-  `appliance-controller`, force): one idempotent request per object whether it exists or not, no
-  read-modify-write race, and the cache PVC that outlives launches is re-applied without a
-  conflict. Before applying, the workload and Service names are read: one carrying another launch's
-  `appliance.launch_id` label is refused rather than taken over.
-- **The engine API key** (`secret_env`, VLLM_API_KEY) goes into a per-launch Secret created first
-  (`create`, `immutable: true`, base64 `data`); the manifests only reference it by name, so the key
-  is never in a manifest, a log line or a record. `engine_env_value` reads it back from the Secret.
+  `appliance-controller`, force) for the Service and the Deployment: one idempotent request per
+  object whether it exists or not, no read-modify-write race, and the server records which fields are
+  ours. Claims are created only if absent (they outlive launches: the warm cache; re-applying a bound
+  claim with another size would be an immutable-field error, not a launch failure). Before applying,
+  the workload and Service names (one per recipe) are read: one carrying another launch's
+  `appliance.launch_id`, or still being deleted, is refused rather than taken over.
+- **The engine API key** goes into a per-launch Secret created first (the pure half's
+  `engine_key_secret`, made `immutable`): `secret_env`'s VLLM_API_KEY, or the recipe's own key when it
+  brings one (then `secret_env` is empty, but the pod's VLLM_API_KEY still comes from the Secret). The
+  manifests only name the Secret, so the key is never in a manifest, a log line or a record.
+  `engine_env_value` reads a variable through the workload's env (a value, or its secretKeyRef).
 - **Ended = the first container run ended.** A Deployment's pod always restarts (restartPolicy
   Always), but the controller owns restarts (backoff, diagnosis, DOMAIN §3's OOM loops): so a
   terminated state, a restart count above 0, CrashLoopBackOff, an image that cannot be pulled and an
@@ -565,17 +569,19 @@ class KubernetesRuntime:
         return True
 
     def _delete_launch_objects(self, handle: EngineHandle, ns: str) -> None:
-        """The launch's Secret and Service (by label); PVCs too unless keep_cache."""
+        """The launch's Secret and Service (by launch label); the recipe's claims too unless
+        keep_cache (claims carry no launch id: they belong to the recipe, across launches)."""
         selector = launch_selector(handle.launch_id)
-        groups: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
-            ("secrets", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
-            ("services", self.core.list_namespaced_service, self.core.delete_namespaced_service),
+        groups: list[tuple[str, str, Callable[..., Any], Callable[..., Any]]] = [
+            ("secrets", selector, self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
+            ("services", selector, self.core.list_namespaced_service, self.core.delete_namespaced_service),
         ]
         if not self.keep_cache:
             groups.append(("persistentvolumeclaims",
+                           f"{LABEL_MANAGED}=true,{LABEL_RECIPE}={label_value(handle.recipe)}",
                            self.core.list_namespaced_persistent_volume_claim,
                            self.core.delete_namespaced_persistent_volume_claim))
-        for resource, lister, deleter in groups:
+        for resource, selector, lister, deleter in groups:
             with self._call(f"list the launch's {resource}", "list", resource, ns, pass_not_found=False):
                 items = lister(ns, label_selector=selector).items or []
             for item in items:

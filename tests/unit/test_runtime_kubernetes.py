@@ -358,14 +358,20 @@ def test_stop_deletes_with_grace_waits_for_the_pods_and_keeps_the_cache(cluster:
     assert cluster.requests[3].json()["gracePeriodSeconds"] == 13
 
 
-def test_stop_of_a_gone_launch_is_quiet(cluster: RecordedCluster) -> None:
+def test_stop_of_a_gone_launch_is_quiet_and_drops_the_cache_when_asked(cluster: RecordedCluster) -> None:
     cluster.expect("GET", PODS, pod_list())
     cluster.expect("DELETE", DEPLOY, "status_404_deployment.json", status=404)
     cluster.expect("GET", PODS, pod_list())
     cluster.expect("GET", PODS, pod_list())
     cluster.expect("GET", DEPLOY, "status_404_deployment.json", status=404)
-    for res in ("secrets", "services", "persistentvolumeclaims"):
-        cluster.expect("GET", rf"/api/v1/namespaces/{NS}/{res}", {"metadata": {}, "items": []})
+    for res in ("secrets", "services"):
+        cluster.expect("GET", rf"/api/v1/namespaces/{NS}/{res}", {"metadata": {}, "items": []},
+                       query={"labelSelector": SELECTOR})
+    claims = rf"/api/v1/namespaces/{NS}/persistentvolumeclaims"
+    cluster.expect("GET", claims, {"kind": "PersistentVolumeClaimList", "apiVersion": "v1", "metadata": {},
+                                   "items": [{"metadata": {"name": "appliance-cpu-smollm2-cache"}}]},
+                   query={"labelSelector": "appliance.managed=true,appliance.recipe=cpu-smollm2"})
+    cluster.expect("DELETE", f"{claims}/appliance-cpu-smollm2-cache", {"kind": "PersistentVolumeClaim"})
     info = runtime(cluster, keep_cache=False).stop(handle(), 5)
     assert not info.running
     cluster.done()
