@@ -32,9 +32,10 @@ this module only applies, watches, reads and deletes them. Choices, and why:
 - **engine_pids** is always []: the engine runs on a cluster node, not in this host's PID namespace
   (the host memory watch and OOM attribution do not apply; the pod's OOMKilled reason does).
 - **cpu_seconds** integrates metrics.k8s.io usage (PodMetrics, cores averaged over its window) over
-  the time between calls. Without the metrics API it returns the wall-clock seconds since the first
-  call: CPU "always advances", so the supervisor's stall detection (no log progress AND no CPU)
-  never fires on a guess — the ready budget and the startupProbe still bound a hung start.
+  the time between calls. Where there is nothing to measure — no metrics API, no sample yet, or no
+  container running yet (scheduling, an image pull) — the interval counts as busy (wall time): the
+  supervisor's stall rule (no log progress AND no CPU) then never fires on a guess; the ready budget
+  and the startupProbe still bound a hung start. A running engine measured idle does not advance.
 - **Reaching the engine**: the controller runs in-cluster and reaches the engine through its
   Service's DNS name (`<service>.<namespace>.svc`), which the pure half's `reach()` puts in
   `spec.host`; readiness stays the supervisor's (the pod's probes only gate the Service).
@@ -701,30 +702,36 @@ class KubernetesRuntime:
         return total
 
     def _usage_cores(self, handle: EngineHandle) -> float | None:
-        """Cores in use now by the launch's pods, from metrics.k8s.io; None when not served."""
+        """Cores in use now by the launch's running containers, from metrics.k8s.io. None — "count
+        this interval as busy" — when no container runs yet (scheduling, a 10 GB image pull: the
+        runtime's progress, not an engine stall), when no sample exists yet (metrics-server scrapes
+        every 15–60 s), or when the metrics API is not served. Never raises: a stall guess must not
+        break log following."""
         ns, _, _ = self.parse_ref(handle)
         pods, _ = self._pods(handle)
+        running = [p for p in pods if any(cs.state is not None and cs.state.running is not None
+                                          for cs in (p.status.container_statuses or []))]
+        if not running:
+            return None
         custom = k8s.CustomObjectsApi(self.api_client)
-        cores = 0.0
-        for pod in pods:
+        cores, samples = 0.0, 0
+        for pod in running:
             try:
                 m: Any = custom.get_namespaced_custom_object("metrics.k8s.io", "v1beta1", ns, "pods",
-                                                        pod.metadata.name)
+                                                             pod.metadata.name)
             except ApiException as exc:
                 if exc.status == 404 and "podmetrics" in str(exc.body or ""):
                     continue  # the API is served; this pod has no sample yet
-                if exc.status in (403, 404, 503):
-                    log.info("metrics.k8s.io not usable (HTTP %s): cpu_seconds falls back to "
-                             "wall time", exc.status)
-                    self._no_metrics = True
-                    return None
-                raise api_failure("read pod metrics", exc, verb="get",
-                                  resource="pods.metrics.k8s.io", namespace=ns) from exc
+                log.info("metrics.k8s.io not usable (HTTP %s): cpu_seconds falls back to wall time",
+                         exc.status)
+                self._no_metrics = exc.status in (403, 404, 503)  # absent or not granted: stop asking
+                return None
             except urllib3.exceptions.HTTPError:
                 return None
+            samples += 1
             for c in m.get("containers") or []:
                 cores += float(_parse_quantity(c.get("usage", {}).get("cpu", "0")))
-        return cores
+        return cores if samples else None
 
 
 def make(ctx: RuntimeContext) -> KubernetesRuntime:

@@ -435,3 +435,29 @@ def test_cpu_seconds_without_metrics_api_always_advances(cluster: RecordedCluste
     clock.now = 7.0
     assert rt.cpu_seconds(handle()) - first == 7.0
     cluster.done()  # the second call asked nothing: the API is known absent
+
+
+def test_cpu_seconds_counts_a_pod_not_running_yet_as_busy(cluster: RecordedCluster) -> None:
+    """An image pull or scheduling is the runtime's progress: the stall rule must not fire on it."""
+    clock = FakeClock()
+    rt = runtime(cluster, clock=clock)
+    for _ in range(2):
+        cluster.expect("GET", PODS, pod_list(fixture("pod_pending_new.json")))
+    first = rt.cpu_seconds(handle())
+    clock.now = 30.0
+    assert rt.cpu_seconds(handle()) - first == 30.0
+    cluster.done()  # no metrics asked for a pod with no running container
+
+
+def test_cpu_seconds_of_an_idle_engine_does_not_advance(cluster: RecordedCluster) -> None:
+    """With metrics served, an engine using no CPU reads as no progress (the stall rule can fire)."""
+    idle = fixture("podmetrics.json")
+    idle["containers"][0]["usage"]["cpu"] = "0"
+    clock = FakeClock()
+    rt = runtime(cluster, clock=clock)
+    for _ in range(2):
+        cluster.expect("GET", PODS, pod_list(fixture("pod_running.json")))
+        cluster.expect("GET", r"/apis/metrics.k8s.io/v1beta1/namespaces/llm/pods/.*", idle)
+    first = rt.cpu_seconds(handle())
+    clock.now = 30.0
+    assert rt.cpu_seconds(handle()) == first
