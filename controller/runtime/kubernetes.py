@@ -665,10 +665,8 @@ class KubernetesRuntime:
             found += [("Deployment", d) for d in
                       self.apps.list_namespaced_deployment(
                           ns, label_selector=selector, _request_timeout=ADOPT_TIMEOUT_S).items or []]
-        with self._call("list managed statefulsets", "list", "statefulsets.apps", ns, pass_not_found=False):
-            found += [("StatefulSet", s) for s in
-                      self.apps.list_namespaced_stateful_set(
-                          ns, label_selector=selector, _request_timeout=ADOPT_TIMEOUT_S).items or []]
+        # Deployments only: the pure half renders nothing else (k8s_manifests.py says why), and
+        # listing StatefulSets too would make RBAC for a kind never used a condition of adoption.
         handles: list[EngineHandle] = []
         for kind, obj in found:
             # Label values are sanitised; the pure half keeps the exact values in annotations.

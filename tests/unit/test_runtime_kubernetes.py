@@ -383,12 +383,11 @@ def test_stop_of_a_gone_launch_is_quiet_and_drops_the_cache_when_asked(cluster: 
 def test_adopt_lists_managed_workloads_by_label(cluster: RecordedCluster) -> None:
     cluster.expect("GET", rf"/apis/apps/v1/namespaces/{NS}/deployments", "deployment_list_managed.json",
                    query={"labelSelector": "appliance.managed=true"})
-    cluster.expect("GET", rf"/apis/apps/v1/namespaces/{NS}/statefulsets",
-                   {"kind": "StatefulSetList", "apiVersion": "apps/v1", "metadata": {}, "items": []})
     handles = runtime(cluster).adopt()
     assert [h.launch_id for h in handles] == ["20261129T220000-cpu-smollm2-aa11bb", LAUNCH]  # by age
     assert handles[1].ref == f"{NS}/Deployment/{NAME}" and handles[1].recipe == "cpu-smollm2"
     assert handles[1].spec_hash == "0f3a9b2c7d1e4f56"
+    cluster.done()
 
 
 def test_engine_key_is_read_back_through_the_workloads_secret_ref(cluster: RecordedCluster) -> None:
