@@ -563,11 +563,13 @@ class KubernetesRuntime:
         """Foreground deletion keeps the workload (with a finalizer) until its pods are gone; the
         next launch of the recipe applies the same name, so it must be gone first."""
         deadline = self._clock() + timeout_s
-        while self._workload(ns, kind, name) is not None:
+        for _ in range(max(1, math.ceil(timeout_s / 0.5))):  # bounded even if the clock stands still
+            if self._workload(ns, kind, name) is None:
+                return True
             if self._clock() >= deadline:
-                return False
+                break
             time.sleep(0.5)
-        return True
+        return False
 
     def _delete_launch_objects(self, handle: EngineHandle, ns: str) -> None:
         """The launch's Secret and Service (by launch label); the recipe's claims too unless
