@@ -71,6 +71,9 @@ class DiagnosisCode(StrEnum):
     RCCL_IOMMU_PT_MISSING = "rccl_iommu_pt_missing"
     CLIENT_DISCONNECT = "client_disconnect"
     PORT_IN_USE = "port_in_use"  # issue 9 (supervision): the engine's port held by another process
+    # issue 13: the runtime reports why the engine never ran (an unschedulable pod, an image that cannot
+    # be pulled) — there is no exit code and often no log line to read.
+    RUNTIME_CANNOT_RUN = "runtime_cannot_run"
     # Informational lines (never a failure).
     LOOPBACK_BIND = "loopback_bind"
     W8A8_BLOCK_FP8_DEFAULT_CONFIG = "w8a8_block_fp8_default_config"
@@ -498,6 +501,7 @@ class FailureFacts:
     elapsed_s: float | None = None
     budget_s: float | None = None
     probe_error: str | None = None  # the last readiness-probe error, e.g. "connection reset by peer"
+    runtime_reason: str | None = None  # ExitInfo.reason: the runtime's words (kubernetes: Unschedulable: …)
 
 
 _SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -636,6 +640,10 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
             findings=findings,
         )
 
+    # 3b. The runtime says why the engine never ran (no exit code): its words are the evidence.
+    if facts.runtime_reason and facts.exit_code is None:
+        return _runtime_cannot_run(facts.runtime_reason, facts, findings)
+
     # 4. The readiness probe was reset while the engine listens on loopback.
     if facts.probe_error and "reset" in facts.probe_error.lower() and DiagnosisCode.LOOPBACK_BIND in found:
         sig = _BY_CODE[DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE]
@@ -721,6 +729,24 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
         summary="no known failure signature" + _where(facts),
         hint="nothing to act on from this text alone",
         evidence=(), retryable=True, fact="DOMAIN §5", findings=findings,
+    )
+
+
+def _runtime_cannot_run(reason: str, facts: FailureFacts, findings: tuple[Finding, ...]) -> Diagnosis:
+    # Waiting for capacity can end by itself (an autoscaler, another launch ending): retryable.
+    # An image or configuration the runtime refuses needs someone to change it: not retryable.
+    capacity = reason.startswith("Unschedulable")
+    return Diagnosis(
+        code=DiagnosisCode.RUNTIME_CANNOT_RUN, severity=Severity.ERROR,
+        summary=f"the runtime could not run the engine: {reason}" + _where(facts),
+        hint=("the cluster has no node with the requested GPUs / memory / labels free: see `appliance host "
+              "plan RECIPE` for what the node must have, free the resources, or change the node selector"
+              if capacity else
+              "the image cannot be pulled or the container cannot be created as rendered: check the image "
+              "name, the registry's pull secret and the referenced Secret/claims"),
+        evidence=(f"runtime: {reason}",), retryable=capacity,
+        fact="issue 13: a pod the scheduler cannot place never starts, so it has neither exit code nor log",
+        findings=findings,
     )
 
 

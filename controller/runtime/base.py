@@ -56,6 +56,9 @@ class ExitInfo(BaseModel):
     exit_code: int | None = None
     signal: int | None = None  # the terminating signal, when known (process runtime; docker: code-128)
     oom_killed: bool | None = None  # docker's State.OOMKilled; None where the runtime cannot know
+    # The runtime's own words for why it is not running, where it has them (kubernetes: a waiting
+    # reason such as ImagePullBackOff, or an Unschedulable pod's scheduler message).
+    reason: str | None = None
 
 
 class RuntimeError_(Exception):

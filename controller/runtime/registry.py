@@ -40,6 +40,7 @@ class RuntimeEntry:
 RUNTIMES: Mapping[str, RuntimeEntry] = {
     "process": RuntimeEntry("controller.runtime.process", external=False),
     "docker": RuntimeEntry("controller.runtime.docker_rt", external=True),
+    "kubernetes": RuntimeEntry("controller.runtime.kubernetes", external=True),
 }
 KINDS: tuple[str, ...] = tuple(RUNTIMES)
 

@@ -379,6 +379,7 @@ class Driver:
             exit_code=info.exit_code if info else None,
             signal=info.signal if info else None,
             oom_killed=info.oom_killed if info else None,
+            runtime_reason=info.reason if info else None,
             log_tail=follower.tail_lines() if follower else (),
             oom_events=tuple(self.oom_events(launch.launch_id)) if self.oom_events else (),
             phase_reached=tracker.furthest if tracker else None,

@@ -417,3 +417,16 @@ def test_a_pybind_error_near_the_word_triton_is_not_a_triton_mismatch() -> None:
             "TypeError: some_op(): incompatible function arguments. The following argument types are "
             "supported:")
     assert C.TRITON_API_MISMATCH not in {f.code for f in scan_text(text)}
+
+
+def test_the_runtimes_reason_explains_an_engine_that_never_ran() -> None:
+    """Issue 13: an unschedulable pod has no exit code and no log; the runtime's words are the diagnosis."""
+    reason = "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    d = diagnose(FailureFacts(runtime_reason=reason))
+    assert d.code is DiagnosisCode.RUNTIME_CANNOT_RUN and d.retryable
+    assert reason in d.summary and d.evidence == (f"runtime: {reason}",)
+    pull = diagnose(FailureFacts(runtime_reason="ImagePullBackOff: Back-off pulling image \"x\""))
+    assert pull.code is DiagnosisCode.RUNTIME_CANNOT_RUN and not pull.retryable
+    # With an exit code the engine did run: the exit decides, as before.
+    assert diagnose(FailureFacts(exit_code=1, runtime_reason="CrashLoopBackOff: back-off")).code is \
+        DiagnosisCode.EXIT_NONZERO
