@@ -28,7 +28,7 @@ from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
-from controller.runtime.registry import available_runtimes
+from controller.runtime.registry import Unavailable, available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
@@ -62,11 +62,11 @@ class ServiceConfig:
     log_level: str = "info"
 
 
-def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], str | None]:
+def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], dict[str, Unavailable]]:
     """Every runtime of the registry that works on this host (controller/runtime/registry.py), and
-    what is missing (no SDK, no daemon). `docker=False` (`--no-docker`) leaves the docker one out."""
-    runtimes, notes = available_runtimes(paths.runs, skip=() if docker else ("docker",))
-    return runtimes, "; ".join(notes) or None
+    why each other one does not (no SDK, no daemon, no cluster configuration). `docker=False`
+    (`--no-docker`) leaves the docker one out."""
+    return available_runtimes(paths.runs, skip=() if docker else ("docker",))
 
 
 def container_grant_warnings(docker_note: str | None) -> list[str]:
@@ -111,9 +111,12 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     paths = Paths(cfg.home)
     store = Store(paths.db)
     metrics = ControllerMetrics()  # one registry, injected into everything that records (GET /metrics)
-    docker_note: str | None = None
+    missing: dict[str, Unavailable] = {}
     if runtimes is None:
-        runtimes, docker_note = make_runtimes(paths, cfg.docker)
+        runtimes, missing = make_runtimes(paths, cfg.docker)
+    docker_gap = missing.get("docker")
+    # Only the docker runtime's own answer feeds the docker-socket grant check (compose.yaml).
+    docker_note = docker_gap.reason if docker_gap is not None and docker_gap.fault else None
     gateway, gateway_note = make_gateway(cfg, paths)
     preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
     watch = HostWatchLink(store, metrics=metrics)
@@ -135,12 +138,13 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.driver = driver
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
-    for note in (docker_note, gateway_note):
+    driver.unavailable_runtimes = {kind: gap.reason for kind, gap in missing.items()}
+    for note in (*(gap.reason for gap in missing.values() if gap.fault), gateway_note):
         if note:
             driver.note("controller", note)
-    for missing in container_grant_warnings(docker_note):
-        log.warning("%s", missing)
-        driver.note("grant", missing)
+    for blind in container_grant_warnings(docker_note):
+        log.warning("%s", blind)
+        driver.note("grant", blind)
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard),), listen_host=cfg.host))

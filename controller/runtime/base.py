@@ -65,6 +65,11 @@ class RuntimeError_(Exception):
     """A runtime operation failed in a way the operator must see (image missing, daemon down...)."""
 
 
+class RuntimeUnconfigured(RuntimeError_):
+    """This host is not set up for the runtime at all (e.g. no cluster configuration). Not a fault
+    at controller start — most hosts have no cluster — but the reason a recipe of that kind is refused."""
+
+
 @runtime_checkable
 class Runtime(Protocol):
     name: str

@@ -77,6 +77,7 @@ from controller.runtime.base import (
     EngineHandle,
     ExitInfo,
     RuntimeError_,
+    RuntimeUnconfigured,
 )
 from controller.runtime.log_offsets import MAX_CHUNK_BYTES, slice_log
 from controller.runtime.registry import RuntimeContext
@@ -251,7 +252,6 @@ class KubernetesRuntime:
         self._clock = clock
         self._cpu: dict[str, tuple[float, float]] = {}  # launch id → (seconds so far, at)
         self._no_metrics = False
-        self.unconfigured = False  # no in-cluster config and no kubeconfig was found
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -265,8 +265,7 @@ class KubernetesRuntime:
                 try:
                     _load_kubeconfig(client_configuration=cfg)
                 except (ConfigException, OSError) as exc:
-                    self.unconfigured = True
-                    raise RuntimeError_(
+                    raise RuntimeUnconfigured(
                         "kubernetes: no cluster configuration: not in a pod with a service account "
                         f"and no usable kubeconfig (KUBECONFIG or ~/.kube/config): {exc}") from exc
             self._api = k8s.ApiClient(cfg)
@@ -650,16 +649,10 @@ class KubernetesRuntime:
 
     def adopt(self) -> list[EngineHandle]:
         """Workloads labelled appliance.managed=true in the namespace. With no cluster configured at
-        all there is nothing to adopt: [] (start then refuses with the reason), so a controller on a
-        host without a cluster does not report this runtime as broken at every start. A configured
-        cluster that does not answer still raises (the registry reports it)."""
-        try:
-            _ = self.api_client
-        except RuntimeError_:
-            if self.unconfigured:
-                log.info("kubernetes runtime: no cluster configuration here; nothing to adopt")
-                return []
-            raise
+        all this raises RuntimeUnconfigured: the registry leaves the runtime out quietly (most hosts
+        have no cluster) and a kubernetes recipe is refused with that reason. A configured cluster
+        that does not answer raises RuntimeError_ (the registry reports it as a fault)."""
+        _ = self.api_client
         ns = self.namespace
         selector = f"{LABEL_MANAGED}=true"
         found: list[tuple[str, Any]] = []

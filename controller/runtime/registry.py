@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from controller.runtime.base import Runtime, RuntimeError_
+from controller.runtime.base import Runtime, RuntimeError_, RuntimeUnconfigured
 
 
 @dataclass(frozen=True)
@@ -66,25 +66,43 @@ def env_value_of(kind: str, ref: str, name: str) -> str | None:
     return read(ref, name)
 
 
-def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()) -> tuple[dict[str, Runtime], list[str]]:
-    """Every runtime that can work on this host, and one note per one that cannot (why).
+@dataclass(frozen=True)
+class Unavailable:
+    """Why a runtime of the registry is not offered on this host. `fault`: something is broken
+    (an SDK missing, a daemon or cluster not answering) and the operator is told at start; not a
+    fault: the host is simply not set up for it (no cluster configuration), said only when a recipe
+    of that kind is applied."""
+
+    kind: str
+    reason: str
+    fault: bool
+
+
+def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()
+                       ) -> tuple[dict[str, Runtime], dict[str, Unavailable]]:
+    """Every runtime that can work on this host, and why each other one cannot.
     `skip`: kinds the operator turned off (e.g. `--no-docker`)."""
     runtimes: dict[str, Runtime] = {}
-    notes: list[str] = []
+    missing: dict[str, Unavailable] = {}
     skipped = set(skip)
     for kind, item in RUNTIMES.items():
         if kind in skipped:
+            missing[kind] = Unavailable(kind, f"{kind} runtime turned off for this controller", fault=False)
             continue
         try:
             rt = make_runtime(kind, runs_dir)
         except ImportError as exc:  # no SDK on this host: the others still work
-            notes.append(f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})")
+            missing[kind] = Unavailable(
+                kind, f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})", fault=True)
             continue
         if item.external:
             try:
                 rt.adopt()  # also proves the daemon / cluster answers
+            except RuntimeUnconfigured as exc:
+                missing[kind] = Unavailable(kind, f"{kind} runtime unavailable: {exc}", fault=False)
+                continue
             except RuntimeError_ as exc:
-                notes.append(f"{kind} runtime unavailable: {exc}")
+                missing[kind] = Unavailable(kind, f"{kind} runtime unavailable: {exc}", fault=True)
                 continue
         runtimes[kind] = rt
-    return runtimes, notes
+    return runtimes, missing

@@ -136,6 +136,8 @@ class Driver:
         mem_target: MemTarget | None = None,
     ) -> None:
         self.runtimes = dict(runtimes)
+        # Kinds this host does not offer, and why (service.build fills it from the registry).
+        self.unavailable_runtimes: dict[str, str] = {}
         self.store = store
         self.preflight = preflight
         self.prober = prober
@@ -259,7 +261,9 @@ class Driver:
         kind = handle_or_spec.kind
         rt = self.runtimes.get(kind)
         if rt is None:
-            raise RuntimeError_(f"no {kind!r} runtime is configured in this controller")
+            why = self.unavailable_runtimes.get(kind)
+            raise RuntimeError_(f"no {kind!r} runtime is configured in this controller"
+                                + (f": {why}" if why else ""))
         return rt
 
     async def _follow(self, launch: Launch, replay: bool = False) -> None:

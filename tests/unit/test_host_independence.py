@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "APPLIANCE_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "APPLIANCE_HOME": str(tmp_path / "home"),
+           "KUBECONFIG": str(tmp_path / "no-kubeconfig")}  # a host without a cluster
+    env.pop("KUBERNETES_SERVICE_HOST", None)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120, check=False)
 
@@ -35,9 +37,9 @@ def test_service_and_process_runtime_without_the_docker_sdk(tmp_path: Path) -> N
         from appliance.launch_spec import LaunchSpec
 
         paths = Paths(Path("home").resolve())
-        runtimes, note = make_runtimes(paths, docker=True)
+        runtimes, missing = make_runtimes(paths, docker=True)
         assert set(runtimes) == {"process"}, runtimes
-        assert note and "docker SDK" in note, note
+        assert missing["docker"].fault and "docker SDK" in missing["docker"].reason, missing
         spec = LaunchSpec(recipe="t", spec_hash="0" * 16, platform="cpu", runtime="process",
                           python=sys.executable, argv=(sys.executable, "-c", "print('engine ran')"),
                           env={}, port=1, served_model_name="m", cache_root="c", ready_budget_s=10,

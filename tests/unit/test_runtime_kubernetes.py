@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client as k8s
 
 from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
+from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_, RuntimeUnconfigured
 from controller.runtime.kubernetes import KubernetesRuntime, pod_exit, secret_name
 from tests.unit.k8s_recorded import FIXTURES, RecordedCluster, events, fixture, pod_list
 from tests.unit.spec_helpers import launch_spec
@@ -158,7 +158,22 @@ def test_no_cluster_config_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_
         rt.inspect(handle())
     with pytest.raises(RuntimeError_, match="no cluster configuration"):
         rt.start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
-    assert rt.adopt() == []  # nothing to adopt: the controller does not call the runtime broken
+    # Not configured is its own kind of refusal: the registry leaves the runtime out quietly.
+    with pytest.raises(RuntimeUnconfigured, match="no cluster configuration"):
+        rt.adopt()
+
+
+def test_a_host_without_a_cluster_offers_no_kubernetes_runtime_and_says_why_on_apply(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from controller.runtime.registry import available_runtimes
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    runtimes, missing = available_runtimes(tmp_path, skip=("docker",))
+    assert "kubernetes" not in runtimes and "process" in runtimes
+    gap = missing["kubernetes"]
+    assert not gap.fault and "no cluster configuration" in gap.reason  # not a warning at every start
+    assert not missing["docker"].fault  # turned off by the operator
 
 
 # -- state ---------------------------------------------------------------------------------------
