@@ -317,6 +317,24 @@ class KubernetesRuntime:
         pods: list[Any] = sorted(listed.items or [], key=_created)
         return pods, listed.metadata.resource_version if listed.metadata else None
 
+    def _pod_events(self, handle: EngineHandle, ns: str, version: str | None, left: float,
+                    action: str) -> Iterator[tuple[str, Any]]:
+        """One watch of the launch's pods from `version` for at most `left` seconds, server-side
+        timed out: (event type, pod). Event-driven, not polled; the watch is closed however the
+        caller leaves the loop."""
+        watcher = _Watch()
+        try:
+            with self._call(action, "watch", "pods", ns, pass_not_found=False):
+                for event in watcher.stream(
+                    self.core.list_namespaced_pod, ns,
+                    label_selector=launch_selector(handle.launch_id),
+                    resource_version=version, timeout_seconds=max(1, math.ceil(left)),
+                    _request_timeout=(10, left + 10),
+                ):
+                    yield event["type"], event["object"]
+        finally:
+            watcher.stop()
+
     def _workload(self, ns: str, kind: str, name: str) -> Any | None:
         read = self.apps.read_namespaced_deployment if kind == "Deployment" \
             else self.apps.read_namespaced_stateful_set
@@ -461,28 +479,20 @@ class KubernetesRuntime:
             return info
         current = {p.metadata.name: p for p in pods}
         while (left := deadline - self._clock()) > 0:
-            watcher = _Watch()
             try:
-                with self._call("watch the launch's pods", "watch", "pods", ns, pass_not_found=False):
-                    for event in watcher.stream(
-                        self.core.list_namespaced_pod, ns,
-                        label_selector=launch_selector(handle.launch_id),
-                        resource_version=version, timeout_seconds=max(1, math.ceil(left)),
-                        _request_timeout=(10, left + 10),
-                    ):
-                        pod = event["object"]
-                        version = pod.metadata.resource_version or version
-                        if event["type"] == "DELETED":
-                            current.pop(pod.metadata.name, None)
-                            if not current:
-                                return ExitInfo(running=False, reason=f"pod {pod.metadata.name} deleted")
-                            continue
-                        current[pod.metadata.name] = pod
-                        seen = launch_exit(list(current.values()))
-                        if seen is not None and not seen.running:
-                            return seen
-                        if self._clock() >= deadline:
-                            break
+                for kind, pod in self._pod_events(handle, ns, version, left, "watch the launch's pods"):
+                    version = pod.metadata.resource_version or version
+                    if kind == "DELETED":
+                        current.pop(pod.metadata.name, None)
+                        if not current:
+                            return ExitInfo(running=False, reason=f"pod {pod.metadata.name} deleted")
+                        continue
+                    current[pod.metadata.name] = pod
+                    seen = launch_exit(list(current.values()))
+                    if seen is not None and not seen.running:
+                        return seen
+                    if self._clock() >= deadline:
+                        break
             except RuntimeError_ as exc:
                 if not _expired(exc):
                     raise
@@ -492,8 +502,6 @@ class KubernetesRuntime:
                 seen = launch_exit(pods)
                 if seen is not None and not seen.running:
                     return seen
-            finally:
-                watcher.stop()
         return launch_exit(list(current.values())) or ExitInfo(running=True, oom_killed=False)
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
@@ -537,25 +545,14 @@ class KubernetesRuntime:
         pods, version = self._pods(handle)
         names = {p.metadata.name for p in pods}
         while names and (left := deadline - self._clock()) > 0:
-            watcher = _Watch()
-            try:
-                with self._call("watch the launch's pods go", "watch", "pods", ns, pass_not_found=False):
-                    for event in watcher.stream(
-                        self.core.list_namespaced_pod, ns,
-                        label_selector=launch_selector(handle.launch_id),
-                        resource_version=version, timeout_seconds=max(1, math.ceil(left)),
-                        _request_timeout=(10, left + 10),
-                    ):
-                        pod = event["object"]
-                        version = pod.metadata.resource_version or version
-                        if event["type"] == "DELETED":
-                            names.discard(pod.metadata.name)
-                        else:
-                            names.add(pod.metadata.name)
-                        if not names or self._clock() >= deadline:
-                            break
-            finally:
-                watcher.stop()
+            for kind, pod in self._pod_events(handle, ns, version, left, "watch the launch's pods go"):
+                version = pod.metadata.resource_version or version
+                if kind == "DELETED":
+                    names.discard(pod.metadata.name)
+                else:
+                    names.add(pod.metadata.name)
+                if not names or self._clock() >= deadline:
+                    break
         return not names
 
     def _wait_workload_gone(self, ns: str, kind: str, name: str, timeout_s: float) -> bool:
