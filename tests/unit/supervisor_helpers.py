@@ -62,6 +62,7 @@ class FakeEngine:
     exit_code: int | None = None
     signal: int | None = None
     oom_killed: bool | None = None
+    reason: str | None = None  # ExitInfo.reason: a runtime's own words (kubernetes: Unschedulable: …)
     healthy: bool = False
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -96,7 +97,8 @@ class FakeRuntime:
         return handle
 
     def _exit(self, e: FakeEngine) -> ExitInfo:
-        return ExitInfo(running=e.running, exit_code=e.exit_code, signal=e.signal, oom_killed=e.oom_killed)
+        return ExitInfo(running=e.running, exit_code=e.exit_code, signal=e.signal, oom_killed=e.oom_killed,
+                        reason=e.reason)
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
         e = self.engines[handle.launch_id]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,26 @@ async def test_a_kernel_oom_kill_is_the_diagnosis_and_stops_the_retries(tmp_path
     assert rec is not None and rec.diagnosis is not None
     assert rec.diagnosis["code"] == "global_oom"
     assert rig.driver.m.state is State.FAILED  # DOMAIN §3: a global OOM repeats; no blind retry
+
+
+async def test_a_runtime_that_cannot_run_the_engine_is_diagnosed_in_its_own_words(tmp_path: Path) -> None:
+    # A remote runtime (kubernetes) ends a launch with no exit code: the pod never ran. Its reason
+    # reaches the stored diagnosis, so the operator reads the scheduler's sentence, not "unknown".
+    rig = make_rig(tmp_path, policy=Policy(max_failures=1))
+    why = "Unschedulable: 0/3 nodes are available: 3 Insufficient amd.com/gpu."
+
+    def unschedulable(engine: FakeEngine) -> None:
+        engine.reason = why
+        engine.running = False
+        engine.ended.set()
+
+    rig.runtime.on_start = unschedulable
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.m.state is State.FAILED, limit_s=120, each=1)
+    rec = rig.store.get_launch("L1")
+    assert rec is not None and rec.diagnosis is not None
+    assert rec.diagnosis["code"] == "runtime_cannot_run"
+    assert "Insufficient amd.com/gpu" in json.dumps(rec.diagnosis)
 
 
 async def test_warm_cache_restart_records_a_cold_and_a_warm_start(tmp_path: Path) -> None:
