@@ -629,7 +629,8 @@ class ProcessRuntime:
         return read_log_file(path, offset)
 
     def adopt(self) -> list[EngineHandle]:
-        """Running engines recorded under runs_dir: PID alive, same create time, same cmdline."""
+        """Running engines recorded under runs_dir: shim PID alive with the same create time and
+        cmdline, and no exit status written yet (the engine's main process has not ended)."""
         handles: list[EngineHandle] = []
         if not self.runs_dir.is_dir():
             return handles
@@ -642,11 +643,15 @@ class ProcessRuntime:
             if handle.runtime != self.name or handle_path.parent.name != handle.launch_id:
                 continue
             try:
-                alive = self._shim(handle) is not None
+                # A live shim alone is not a running engine: once the engine's main process ended
+                # the shim writes its status and stays to reap what the engine left (inspect() calls
+                # that ended). Runtime.adopt returns engines still running, as docker's
+                # status=running filter does; start() waits out such a shim (_end_leftovers).
+                running = self._shim(handle) is not None and self._status(handle) is None
             except RuntimeError_ as exc:
                 log.warning("skipping %s: %s", handle_path, exc)
                 continue
-            if alive:
+            if running:
                 handles.append(handle)
         return sorted(handles, key=lambda h: h.started_at)
 

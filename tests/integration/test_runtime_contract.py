@@ -1,6 +1,9 @@
 """The Runtime contract (controller/runtime/base.py), written once and run against every runtime
-in the controller's registry that can run here — the process runtime and the Docker runtime; a kind
-without a stand-in launch here (a cluster runtime) is listed as skipped.
+in the controller's registry whose engine runs on this host (its plug-in's `traits.placement` is
+LOCAL_PROCESS or LOCAL_DAEMON: today the process and Docker runtimes). A remote-placed kind (a
+cluster runtime) cannot start an engine here: it has a recorded-response suite of its own instead
+(RECORDED_SUITES), and `test_every_registered_kind_is_under_the_contract_or_a_recorded_suite`
+keeps a new kind from escaping both.
 
 The engine is a stand-in (tests/fixtures/engines/standin) that speaks vLLM's HTTP surface and its
 API-key check and ends on request; its LaunchSpec is rendered by the real `render()` from a recipe
@@ -37,6 +40,8 @@ import psutil
 import pytest
 
 from appliance.launch_spec import LaunchSpec
+from appliance.runtimes.base import Placement
+from appliance.runtimes.registry import PLUGINS
 from controller.runtime import KINDS, make_runtime
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
@@ -47,6 +52,7 @@ from controller.runtime.base import (
     host_cache_dirs,
 )
 from controller.runtime.ports import PortInUse, port_is_free
+from controller.runtime.registry import RUNTIMES
 from tests.integration.images import APPLIANCE_IMAGE
 from tests.integration.runtime_specs import SERVED_NAME, STANDIN_KINDS, standin_spec
 
@@ -121,7 +127,7 @@ class DockerSide:
         self.image = APPLIANCE_IMAGE
 
     def _containers(self, launch_id: str) -> list[Any]:
-        label = {"label": f"{LABEL_LAUNCH_ID}={launch_id}"}
+        label: dict[str, str | list[str] | bool] = {"label": f"{LABEL_LAUNCH_ID}={launch_id}"}
         return list(self.client.containers.list(all=True, filters=label))
 
     def records(self, handle: EngineHandle) -> str:
@@ -203,17 +209,45 @@ class Harness:
         self.side.cleanup(self.runtime(), self.launch_ids)
 
 
+# Where an engine runs on this host, so the contract can start one here.
+LOCAL_PLACEMENTS = frozenset({Placement.LOCAL_PROCESS, Placement.LOCAL_DAEMON})
+# Remote-placed kinds → their suite against recorded API responses (the contract's stand-in
+# cannot reach another node from here).
+RECORDED_SUITES: dict[str, str] = {"kubernetes": "tests/unit/test_runtime_kubernetes.py"}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _placement(kind: str) -> Placement | None:
+    plugin = PLUGINS.get(kind)  # the pure half: a kind missing there is caught by the test below
+    return None if plugin is None else plugin.traits.placement
+
+
+CONTRACT_KINDS: tuple[str, ...] = tuple(k for k in KINDS if _placement(k) in LOCAL_PLACEMENTS)
+
+
 def _kinds() -> list[Any]:
-    """Every kind in the controller's registry: those with a stand-in launch run here, the others
-    (a cluster runtime) are reported as not runnable on this machine rather than silently absent."""
-    out: list[Any] = []
+    """The contract's kinds, with the markers their stand-in needs (docker: a daemon). A local kind
+    with no stand-in gets none here and fails its cases (and the test below says why)."""
+    return [pytest.param(kind, marks=[getattr(pytest.mark, m) for m in STANDIN_KINDS.get(kind, ())])
+            for kind in CONTRACT_KINDS]
+
+
+def test_every_registered_kind_is_under_the_contract_or_a_recorded_suite() -> None:
+    """A kind whose engine runs here is in the contract, with a stand-in launch and a side to look
+    at; any other kind is remote-placed and has its recorded-response suite, which tests its own
+    effectful module. So a new runtime cannot end up tested by neither."""
     for kind in KINDS:
-        if kind not in STANDIN_KINDS or kind not in SIDES:
-            reason = f"the {kind} runtime cannot run on this machine (no stand-in launch for it)"
-            out.append(pytest.param(kind, marks=pytest.mark.skip(reason=reason)))
-        else:
-            out.append(pytest.param(kind, marks=[getattr(pytest.mark, m) for m in STANDIN_KINDS[kind]]))
-    return out
+        placement = _placement(kind)
+        assert placement is not None, f"{kind} is in the controller registry but has no pure plug-in"
+        if kind in CONTRACT_KINDS:
+            assert kind in STANDIN_KINDS, f"local runtime {kind} has no stand-in launch (runtime_specs.py)"
+            assert kind in SIDES, f"local runtime {kind} has no contract side (SIDES)"
+            continue
+        assert placement is Placement.REMOTE, f"{kind} ({placement}) is neither local nor remote"
+        suite = RECORDED_SUITES.get(kind)
+        assert suite is not None, f"remote runtime {kind} is not in the contract and has no recorded suite"
+        module = RUNTIMES[kind].module
+        assert f"from {module} import" in (REPO / suite).read_text(), f"{suite} does not test {module}"
 
 
 @pytest.fixture(params=_kinds())

@@ -14,12 +14,20 @@ from controller.supervisor.engine_key import ENGINE_KEY_ENV
 
 def test_the_key_is_read_from_the_process_runtimes_shim_environment() -> None:
     env = {**os.environ, ENGINE_KEY_ENV: "eng_test_secret"}
-    shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    # Popen returns once the child's execve has closed its close-on-exec fds, but the kernel sets
+    # the new image's environment bounds a moment later: until then /proc/PID/environ reads empty
+    # (the key "missing"). The child's first line is written by its own code, after execve ended.
+    shim = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
     try:
+        assert shim.stdout is not None
+        assert shim.stdout.readline() == "up\n"
         assert read_engine_key({"runtime": "process", "ref": str(shim.pid)}) == "eng_test_secret"
     finally:
         shim.kill()
-        shim.wait()
+        shim.communicate()
     assert read_engine_key({"runtime": "process", "ref": str(shim.pid)}) is None  # gone: unknown
     assert read_engine_key({"runtime": "process", "ref": None}) is None
 
