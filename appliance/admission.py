@@ -26,6 +26,12 @@ efficiency is 1.0 at 200 and 0.758 at 60, linear in between (and below, down to 
 Verdict per check: refuse (predicted OOM, or a hard host requirement missing), warn (runs, but below
 the recipe's own min MemAvailable bar, or a soft requirement such as ACS/boot parameters), admit.
 A warm-restart recipe must survive both starts: the cold warm-up and the warm serving start.
+
+A runtime placed on another node (`traits.placement` REMOTE, e.g. a cluster) is not judged against
+this host at all: its facts say nothing about the node that will run the engine. Admission then keeps
+what the recipe alone decides — the memory model (or its absence) and the predicted peak the node must
+hold — and one line naming what the node needs: the plug-in's host-plan notes plus the recipe's peak
+and pinned memory. The node itself is checked where it is (the scheduler, the plug-in's lint findings).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.lint import DEFAULT_MEMLOCK_BYTES, pinned_bytes_per_worker
 from appliance.recipe_model import AcsState, GraphMode, Platform, Recipe
 from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.base import Placement, RuntimePlugin
 
 Verdict = Literal["admit", "warn", "refuse"]
 _RANK: dict[Verdict, int] = {"admit": 0, "warn": 1, "refuse": 2}
@@ -73,41 +80,62 @@ def swap_efficiency(swappiness: int | None) -> float:
 
 
 def admit(recipe: Recipe, facts: HostFacts) -> Admission:
-    memlock = _memlock_check(recipe, facts)
-    kept = (*_memory_checks(recipe, facts), *([memlock] if memlock else []),
-            *_requirement_checks(recipe, facts))
+    plugin = runtime_registry.for_recipe(recipe)
+    if plugin.traits.placement is Placement.REMOTE:
+        kept: tuple[Check, ...] = (*_node_memory_checks(recipe), _remote_check(recipe, plugin))
+    else:
+        memlock = _memlock_check(recipe, facts)
+        kept = (*_memory_checks(recipe, facts), *([memlock] if memlock else []),
+                *_requirement_checks(recipe, facts))
     verdict = max((c.verdict for c in kept), key=_RANK.__getitem__, default="admit")
     return Admission(recipe=recipe.name, verdict=verdict, checks=kept)
+
+
+_NO_MODEL = Check(name="memory-peak", verdict="warn", numbers={},
+                  message="the recipe has no memory model: host memory cannot be predicted",
+                  fact="DOMAIN §3: host RAM is the binding constraint")
+_START_LABEL = {"cold": "cold start (empty compile cache)", "warm": "warm restart (filled cache)"}
+
+
+def _per_worker_gib(recipe: Recipe) -> float:
+    model = recipe.memory
+    assert model is not None
+    if recipe.engine.mode is GraphMode.GRAPH:
+        return model.worker_anon_gib_graph + model.worker_file_gib_graph
+    return model.worker_anon_gib_eager + model.worker_file_gib_eager
+
+
+def _starts(recipe: Recipe) -> list[tuple[Literal["cold", "warm"], float, float]]:
+    """(start, transient, predicted peak demand in GiB) for each start the recipe must survive. The
+    recipe's memory model alone decides them — no host fact enters."""
+    model = recipe.memory
+    assert model is not None
+    steady = recipe.workers * _per_worker_gib(recipe) + model.overhead_gib
+    starts: list[tuple[Literal["cold", "warm"], float]] = [("cold", model.startup_transient_gib)]
+    if recipe.expect.warm_restart:
+        warm = model.warm_transient_gib
+        starts.append(("warm", model.startup_transient_gib if warm is None else warm))
+    return [(kind, transient, steady + transient) for kind, transient in starts]
 
 
 def _memory_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
     model = recipe.memory
     if model is None:
-        return [Check(name="memory-peak", verdict="warn", numbers={},
-                      message="the recipe has no memory model: host memory cannot be predicted",
-                      fact="DOMAIN §3: host RAM is the binding constraint")]
-    graph = recipe.engine.mode is GraphMode.GRAPH
-    per_worker = (model.worker_anon_gib_graph + model.worker_file_gib_graph) if graph else (
-        model.worker_anon_gib_eager + model.worker_file_gib_eager)
-    steady = recipe.workers * per_worker + model.overhead_gib
+        return [_NO_MODEL]
+    per_worker = _per_worker_gib(recipe)
     eff = swap_efficiency(facts.swappiness)
     capacity = facts.mem_total_gib - model.page_cache_floor_gib + facts.swap_total_gib * eff
     target = recipe.expect.min_mem_available_gib or 0.0
-    starts = [("cold", model.startup_transient_gib)]
-    if recipe.expect.warm_restart:
-        warm = model.warm_transient_gib
-        starts.append(("warm", model.startup_transient_gib if warm is None else warm))
     ram = facts.mem_total_gib - model.page_cache_floor_gib
     checks = []
-    for kind, transient in starts:
-        demand = steady + transient
+    for kind, transient, demand in _starts(recipe):
         margin = capacity - demand
         ram_left = ram - demand
         # RAM alone leaves the bar: swap stays untouched (S14d), MemAvailable is what RAM leaves.
         in_ram = ram_left >= target
         available = ram_left if in_ram else margin
         verdict: Verdict = "refuse" if margin < 0 else "warn" if available < target else "admit"
-        label = {"cold": "cold start (empty compile cache)", "warm": "warm restart (filled cache)"}[kind]
+        label = _START_LABEL[kind]
         if verdict == "refuse":
             need = -margin
             message = (f"{label}: predicted peak {demand:.2f} GiB exceeds RAM + usable swap "
@@ -136,6 +164,61 @@ def _memory_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
                 "min_mem_available_gib": target,
             }))
     return checks
+
+
+def _node_peak_gib(recipe: Recipe) -> float | None:
+    """What the node's RAM + usable swap must hold at the worst start: the predicted peak plus the
+    page-cache floor the kernel keeps (DOMAIN §3). None without a memory model."""
+    if recipe.memory is None:
+        return None
+    return max(d for _, _, d in _starts(recipe)) + recipe.memory.page_cache_floor_gib
+
+
+def _node_memory_checks(recipe: Recipe) -> list[Check]:
+    """A remote recipe's memory, from the recipe alone: the peak each start demands of the node."""
+    model = recipe.memory
+    if model is None:
+        return [_NO_MODEL]
+    starts = _starts(recipe)
+    need = _node_peak_gib(recipe)
+    assert need is not None
+    peaks = ", ".join(f"{_START_LABEL[kind]} {demand:.2f} GiB" for kind, _, demand in starts)
+    bar = recipe.expect.min_mem_available_gib
+    return [Check(
+        name="memory-peak-node", verdict="admit",
+        message=f"predicted peak {peaks}; with the page-cache floor {model.page_cache_floor_gib:.2f} GiB "
+                f"the node's RAM + usable swap must hold {need:.2f} GiB"
+                + (f", and leave MemAvailable ≥ {bar:.2f} GiB (the recipe's bar)" if bar else ""),
+        fact=FACT_GLOBAL_OOM,
+        numbers={"workers": recipe.workers, "mode": recipe.engine.mode.value,
+                 "per_worker_gib": round(_per_worker_gib(recipe), 3), "overhead_gib": model.overhead_gib,
+                 **{f"demand_{kind}_gib": round(demand, 3) for kind, _, demand in starts},
+                 "page_cache_floor_gib": model.page_cache_floor_gib, "node_needs_gib": round(need, 3),
+                 "min_mem_available_gib": bar})]
+
+
+def _remote_check(recipe: Recipe, plugin: RuntimePlugin) -> Check:
+    """One line for a runtime on another node: nothing of this host is judged, and what the node needs
+    is named — the recipe's own numbers first, then the plug-in's host-plan notes."""
+    needs: list[str] = []
+    peak = _node_peak_gib(recipe)
+    if peak is not None:
+        needs.append(f"RAM + usable swap ≥ {peak:.2f} GiB at the predicted peak")
+    if recipe.host.min_ram_gib is not None:
+        needs.append(f"MemTotal ≥ {recipe.host.min_ram_gib} GiB")
+    pinned = pinned_bytes_per_worker(recipe)
+    if pinned is not None:
+        needs.append(f"RLIMIT_MEMLOCK ≥ {pinned / MIB:.0f} MiB for each of the {recipe.workers} worker(s) "
+                     f"(pinned host buffers)")
+    # A plug-in's notes are sentences ("the node needs …"); in this list the lead-in is said once.
+    needs += [note.removeprefix("the node needs ") for note in plugin.host_plan_notes(recipe)]
+    return Check(
+        name="placement", verdict="admit",
+        message="runs on a cluster node: this host is not checked; the node needs: "
+                + ("; ".join(needs) if needs else "nothing the recipe names"),
+        numbers={"placement": plugin.traits.placement.value, "node_needs": len(needs)},
+        fact="the runtime's placement is remote: this host's RAM, swap, memlock, cgroup and GPUs are not "
+             "the node's")
 
 
 def _memlock_check(recipe: Recipe, facts: HostFacts) -> Check | None:

@@ -86,7 +86,8 @@ class Placement(StrEnum):
 
     LOCAL_DAEMON = "local-daemon"  # a container daemon on this host creates the engine (dockerd)
     LOCAL_PROCESS = "local-process"  # the engine is this controller's child: it inherits our limits
-    REMOTE = "remote"  # another node runs it: the plan names what that node must have
+    REMOTE = "remote"  # another node runs it: the plan names what that node must have; admission
+    # judges none of this host's facts (appliance/admission.py)
 
 
 class RuntimeTraits(BaseModel):

@@ -6,8 +6,9 @@ The chart (github.com/vllm-project/production-stack, helm/) deploys one Deployme
 and its one volume (`pvcStorage`) is mounted at /data. So this render maps what the chart has a key for,
 passes every other engine flag through `extraArgs`, moves the compile caches into /data (so they
 survive pod restarts), and says in comments what the chart cannot carry (a sourced environment, the
-torch-first wrapper, everything k8s_needs lists). The values are checked against the chart's own
-values.schema.json in tests (tests/fixtures/helm/).
+torch-first wrapper, everything k8s_needs lists). What it writes is exactly the model in
+k8s_helm_model.py (the chart's documented key names, unknown keys forbidden), which tests validate
+every shipped recipe's values against.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from appliance.recipe_loader import RecipeError, load_recipes
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
 from appliance.runtimes import registry as runtime_registry
+from appliance.runtimes.base import Placement
 from appliance.runtimes.kubernetes import render_with_image
 from controller.settings import paths, recipes_dir
 from host_setup.facts import HostFactsError, gather_facts
@@ -215,10 +216,14 @@ def _plan_text(recipe: Recipe, root: Path, facts: HostFacts, findings: list[Find
     memlock = "unknown" if facts.memlock_soft_bytes is None else (
         "unlimited" if facts.memlock_soft_bytes == UNLIMITED else f"{facts.memlock_soft_bytes / MIB:.0f} MiB")
     gpus = ", ".join(sorted({f"{g.vendor}/{g.driver or 'no driver'}" for g in facts.gpus})) or "none"
+    # A runtime on another node: this host's facts are shown (render expands paths with them) but are
+    # not the engine's; admission says what the node needs instead.
+    remote = runtime_registry.for_recipe(recipe).traits.placement is Placement.REMOTE
+    where = ", not where the engine runs" if remote else ""
     lines = [
         f"recipe {recipe.name}: {recipe.description}",
         "",
-        f"host ({root}): MemTotal {facts.mem_total_gib:.2f} GiB, "
+        f"host ({root}{where}): MemTotal {facts.mem_total_gib:.2f} GiB, "
         f"MemAvailable {facts.mem_available_gib:.2f} GiB, "
         f"swap {facts.swap_total_gib:.2f} GiB, swappiness {facts.swappiness}, memlock {memlock}, "
         f"GPUs {len(facts.gpus)} ({gpus}), cgroup v{facts.cgroup_version}, kernel {facts.kernel_release}",

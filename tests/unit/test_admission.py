@@ -203,3 +203,59 @@ def test_a_start_that_leaves_less_than_the_bar_in_ram_falls_back_to_the_swap_mar
         assert rank >= last, extra
         last = rank
     assert last == 2
+
+
+# --- a runtime on another node (placement REMOTE): this host is not judged -----------------------
+
+K8S = "gfx906-b-tp4-eager-k8s"  # recipe B on a cluster node
+
+
+def tiny_host() -> HostFacts:
+    """A host that could run nothing: 2 GiB RAM, no swap, 64 KiB memlock, a 1 GiB cgroup, no GPU."""
+    return HostFacts(mem_total_bytes=2 * GIB, mem_available_bytes=1 * GIB, swap_total_bytes=0,
+                     swap_free_bytes=0, swappiness=0, memlock_soft_bytes=65536, memlock_hard_bytes=65536,
+                     cgroup_version=2, cgroup_memory_limit_bytes=1 * GIB, appliance_home="/var/lib/appliance")
+
+
+def test_a_remote_recipe_is_admitted_with_a_note_where_the_local_one_is_refused() -> None:
+    local = admit(shipped()[B], tiny_host())
+    assert local.verdict == "refuse"
+    refused = {n for n, v in verdicts(local).items() if v == "refuse"}
+    assert {"memory-peak-cold", "kernel-module", "gpus"} <= refused
+
+    remote = admit(shipped()[K8S], tiny_host())
+    assert remote.verdict == "admit"
+    assert [c.name for c in remote.checks] == ["memory-peak-node", "placement"]
+    note = remote.checks[-1].message
+    assert note.startswith("runs on a cluster node: this host is not checked; the node needs: ")
+    assert "\n" not in note
+    # The plug-in's host-plan notes, and the recipe's own numbers (S14d peak; S11f pinned buffers).
+    assert "a GPU device plugin advertising amd.com/gpu (≥ 4 on one node)" in note
+    assert "LimitMEMLOCK=infinity" in note and "LimitRange" in note
+    assert "RAM + usable swap ≥ 25.16 GiB" in note and "RLIMIT_MEMLOCK ≥ 256 MiB" in note
+    assert "the node needs the" not in note  # the plug-in's lead-in is said once
+    # No line speaks about this host's memlock (a pod has no ulimits: "unlimited" was wrong here).
+    assert not any("memlock from" in c.message for c in remote.checks)
+
+
+def test_a_remote_recipe_admission_does_not_depend_on_this_host() -> None:
+    assert admit(shipped()[K8S], tiny_host()) == admit(shipped()[K8S], host("reference"))
+
+
+def test_a_remote_recipe_still_gets_the_recipe_only_checks() -> None:
+    node = next(c for c in admit(shipped()[K8S], tiny_host()).checks if c.name == "memory-peak-node")
+    # Recipe B's model: 4 × (4.52 + 0.19) + 3.1 + 2.62 = 24.56 GiB, plus the 0.6 GiB page-cache floor.
+    assert (node.numbers["demand_cold_gib"], node.numbers["node_needs_gib"]) == (24.56, 25.16)
+    no_model = with_changes(shipped()[K8S], memory=None)
+    a = admit(no_model, tiny_host())
+    assert (a.verdict, verdicts(a)) == ("warn", {"memory-peak": "warn", "placement": "admit"})
+
+
+def test_placement_is_asked_of_the_plugin_not_read_from_the_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recipe B (docker) under a plug-in whose traits say REMOTE is judged as a remote recipe."""
+    from tests.unit.test_host_plan_remote import RemotePlugin
+
+    monkeypatch.setattr("appliance.runtimes.registry.for_recipe", lambda recipe: RemotePlugin())
+    a = admit(shipped()[B], tiny_host())
+    assert a.verdict == "admit"
+    assert a.checks[-1].message.endswith("the node must allow memlock=unlimited for the engine's container")

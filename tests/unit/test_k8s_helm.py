@@ -1,28 +1,34 @@
-"""`render --format helm-values`: values for vLLM production-stack's chart, validated with `jsonschema`
-against the chart's own values.schema.json (tests/fixtures/helm/, its commit in the README there).
-Helm itself does not run here: the chart's templates are not rendered."""
+"""`render --format helm-values`: values for vLLM production-stack's chart, validated against
+`appliance.runtimes.k8s_helm_model.HelmValues` — exactly the subset of the chart's values the render
+writes, unknown keys forbidden. Its key names and types follow production-stack's documented values at
+commit 01eaf92cb895ececa44ee86083f11522adafbbc9 (helm/values.schema.json); the chart's own schema is not
+shipped here (nothing fetched from a public repository is committed). Helm itself does not run here: the
+chart's templates are not rendered."""
 
 from __future__ import annotations
 
-import json
+import copy
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from appliance.render import render
 from appliance.runtimes import kubernetes as k8s
 from appliance.runtimes.k8s_helm import flag_groups, split_image
-from tests.unit.recipe_helpers import REPO, fixed_facts, shipped
+from appliance.runtimes.k8s_helm_model import HelmValues
+from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
 
-SCHEMA_PATH = REPO / "tests" / "fixtures" / "helm" / "production-stack-values.schema.json"
-SCHEMA = json.loads(SCHEMA_PATH.read_text())
 AN_IMAGE = "vllm/vllm-openai:v0.11.0"
+K8S_RECIPE = "gfx906-b-tp4-eager-k8s"
 
 
 def _values(name: str) -> dict[str, Any]:
-    recipe = shipped()[name]
+    return _values_of(shipped()[name])
+
+
+def _values_of(recipe: Any) -> dict[str, Any]:
     spec = render(recipe, fixed_facts())
     image = None if getattr(spec.runtime, "image", None) else AN_IMAGE
     text = k8s.render_with_image("helm-values", spec, recipe, image) if image else \
@@ -31,22 +37,10 @@ def _values(name: str) -> dict[str, Any]:
     return values
 
 
-def _unknown_keys(value: Any, schema: dict[str, Any], path: str) -> list[str]:
-    """Keys the schema does not name (it allows them, but the chart would ignore them)."""
-    if not isinstance(value, dict) or "properties" not in schema:
-        if isinstance(value, list) and "items" in schema:
-            return [u for i, v in enumerate(value) for u in _unknown_keys(v, schema["items"], f"{path}[{i}]")]
-        return []
-    out = [f"{path}.{k}" for k in value if k not in schema["properties"]]
-    return out + [u for k, v in value.items() if k in schema["properties"]
-                  for u in _unknown_keys(v, schema["properties"][k], f"{path}.{k}")]
-
-
 @pytest.mark.parametrize("name", sorted(n for n, r in shipped().items() if not r.abstract))
-def test_helm_values_validate_against_the_chart_schema(name: str) -> None:
+def test_helm_values_validate_against_the_chart_values_model(name: str) -> None:
     values = _values(name)
-    jsonschema.validate(values, SCHEMA)
-    assert _unknown_keys(values, SCHEMA, "") == []
+    HelmValues.model_validate(values)  # every key one the chart documents, with its type
     engine = values["servingEngineSpec"]
     probe = engine["startupProbe"]
     assert probe["failureThreshold"] * probe["periodSeconds"] >= shipped()[name].expect.ready_budget_s
@@ -91,3 +85,37 @@ def test_split_image_and_flag_groups() -> None:
     assert split_image("reg:5000/a/b:t@sha256:" + "0" * 64) == ("reg:5000/a/b", "t@sha256:" + "0" * 64)
     assert flag_groups(("vllm", "serve", "m", "--a", "1", "2", "--b", "-cc.x=y")) == [
         ["--a", "1", "2"], ["--b"], ["-cc.x=y"]]
+
+
+def test_every_optional_chart_key_the_render_writes_is_in_the_model() -> None:
+    """The keys shipped recipes do not use (tolerations, runtime class, pull secret, storage class, CPU
+    request) validate too."""
+    recipe = with_changes(
+        shipped()[K8S_RECIPE],
+        runtime__tolerations=[{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        runtime__runtime_class="kata", runtime__image_pull_secret="regcred", runtime__cpu_request="12",
+        runtime__model={"size": "100Gi", "storage_class": "fast-ssd"},
+    )
+    values = HelmValues.model_validate(_values_of(recipe))
+    (model,) = values.servingEngineSpec.modelSpec
+    assert (model.runtimeClassName, model.imagePullSecret, model.storageClass, model.requestCPU) == (
+        "kata", "regcred", "fast-ssd", 12)
+    assert model.tolerations is not None and model.tolerations[0].effect == "NoSchedule"
+
+
+@pytest.mark.parametrize(("where", "key", "value"), [
+    (("modelSpec", 0), "limitMemory", "32Gi"),  # a key the model does not name (DOMAIN §3: never a limit)
+    (("modelSpec", 0, "vllmConfig"), "tensorParalelSize", 4),  # misspelt: the chart would ignore it
+    (("modelSpec", 0), "requestCPU", "6"),  # the chart types it integer
+    (("modelSpec", 0), "storageClass", None),  # null instead of omitted
+    ((), "containerPort", 8000.5),
+])
+def test_the_values_model_refuses_what_the_chart_would_not_take(
+        where: tuple[str | int, ...], key: str, value: Any) -> None:
+    values = copy.deepcopy(_values(K8S_RECIPE))
+    node: Any = values["servingEngineSpec"]
+    for part in where:
+        node = node[part]
+    node[key] = value
+    with pytest.raises(ValidationError, match=key):
+        HelmValues.model_validate(values)

@@ -145,6 +145,31 @@ def test_plan_b_and_c_prime_on_reference(runner: CliRunner, app: typer.Typer) ->
     assert code == 1 and json.loads(out)["admission"]["verdict"] == "refuse"
 
 
+def test_plan_of_a_cluster_recipe_does_not_judge_this_host(runner: CliRunner, app: typer.Typer,
+                                                           tmp_path: Path) -> None:
+    """A host tree with 2 GiB RAM and no GPU driver refuses recipe B; B on a cluster node is admitted
+    with one line naming what the node needs (placement REMOTE: this host is not where it runs)."""
+    tiny = tmp_path / "tiny"
+    shutil.copytree(REFERENCE, tiny, symlinks=True)
+    meminfo = (tiny / "proc/meminfo").read_text()
+    meminfo = meminfo.replace("MemTotal:       32778732 kB", "MemTotal:        2097152 kB")
+    (tiny / "proc/meminfo").write_text(meminfo)
+    (tiny / "proc/modules").write_text("")
+    code, out, _ = run(runner, app, "plan", B, "--host-root", str(tiny))
+    assert code == 1 and "admission: REFUSE" in out and "refuse kernel-module" in out
+    code, out, _ = run(runner, app, "plan", "gfx906-b-tp4-eager-k8s", "--host-root", str(tiny))
+    assert code == 0, out
+    assert f"host ({tiny}, not where the engine runs): MemTotal 2.00 GiB" in out
+    admission = out.split("admission: ", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert admission[0] == "ADMIT"
+    assert [line.split(":", 1)[0].split() for line in admission[1:]] == [
+        ["admit", "memory-peak-node"], ["admit", "placement"]]
+    assert admission[2].startswith("  admit  placement: runs on a cluster node: this host is not checked; "
+                                   "the node needs: RAM + usable swap ≥ 25.16 GiB at the predicted peak; ")
+    assert "amd.com/gpu" in admission[2] and "memlock from" not in out
+    assert "kind: Deployment" in out  # the launch, in the plug-in's default format
+
+
 def test_plan_bad_host_root(runner: CliRunner, app: typer.Typer, tmp_path: Path) -> None:
     code, _, err = run(runner, app, "plan", B, "--host-root", str(tmp_path))
     assert code == 2 and "proc/meminfo" in err

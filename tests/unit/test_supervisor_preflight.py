@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from appliance.host_facts import GIB, HostFacts
 from controller.supervisor.preflight import Preflight, cache_is_empty, empty_cache_root
 from controller.supervisor.signals import PreflightFailed, PreflightOk
 
@@ -106,3 +108,30 @@ async def test_fresh_cache_empties_a_variant_root_under_the_recipes_own_cache_vo
     assert again.empty_cache_first == str(root.resolve())
     empty_cache_root(Path(again.empty_cache_first), [volume])
     assert not root.exists() and (volume / "other-recipe-variant").is_dir()
+
+
+def _tiny_host() -> HostFacts:
+    """2 GiB RAM, no swap, 64 KiB memlock, a 1 GiB cgroup, no GPU driver, no GPU: refuses recipe B here."""
+    return HostFacts(mem_total_bytes=2 * GIB, mem_available_bytes=1 * GIB, swap_total_bytes=0,
+                     swap_free_bytes=0, swappiness=0, memlock_soft_bytes=65536, memlock_hard_bytes=65536,
+                     cgroup_version=2, cgroup_memory_limit_bytes=1 * GIB, appliance_home="/var/lib/appliance")
+
+
+@dataclass
+class _TinyHostPreflight(Preflight):
+    def facts(self) -> HostFacts:
+        return _tiny_host()
+
+
+async def test_a_cluster_recipe_is_not_refused_on_this_hosts_facts(tmp_path: Path) -> None:
+    pre = _TinyHostPreflight(recipes_dir=REPO / "recipes", appliance_home=tmp_path)
+    local = await pre(1, "gfx906-b-tp4-eager", False)
+    assert isinstance(local, PreflightFailed) and local.failure.code == "admission_refused"
+    assert "global OOM" in local.failure.summary
+
+    remote = await pre(2, "gfx906-b-tp4-eager-k8s", False)
+    assert isinstance(remote, PreflightOk), remote
+    report = pre.report("gfx906-b-tp4-eager-k8s")
+    assert report.refusals == [] and report.admission.verdict == "admit"
+    assert report.admission.checks[-1].message.startswith(
+        "runs on a cluster node: this host is not checked; the node needs: ")
