@@ -23,6 +23,8 @@ from appliance.lint import Finding, lint
 from appliance.recipe_loader import RecipeError, load_recipes
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
+from appliance.runtimes.base import Placement
+from appliance.runtimes.registry import for_spec
 from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
 from host_setup.facts import HostFactsError, gather_facts
 
@@ -111,6 +113,18 @@ class PlanReport:
         return self.spec is not None and not self.refusals
 
 
+def caches_elsewhere(spec: LaunchSpec) -> bool:
+    """The launch's compile caches are not on this host (a runtime placed on a cluster node keeps
+    them on its volume): their state cannot be read, nor emptied, from here."""
+    plug = for_spec(spec)
+    return plug.traits.placement is Placement.REMOTE and not plug.host_cache_dirs(spec)
+
+
+def _local_cache_empty(spec: LaunchSpec) -> bool | None:
+    """Whether the launch's compile-cache root is empty on this host; None: not on this host."""
+    return None if caches_elsewhere(spec) else cache_is_empty(Path(spec.cache_root))
+
+
 @dataclass
 class Preflight:
     recipes_dir: Path
@@ -154,7 +168,7 @@ class Preflight:
         return PlanReport(
             recipe=recipe, facts=facts, findings=findings, admission=admission, spec=spec,
             render_error=render_error, refusals=refusals,
-            cache_empty=cache_is_empty(Path(spec.cache_root)) if spec else None,
+            cache_empty=_local_cache_empty(spec) if spec else None,
         )
 
     async def __call__(self, token: int, name: str, fresh_cache: bool) -> PreflightOk | PreflightFailed:
@@ -184,6 +198,18 @@ class Preflight:
             return failed("render_failed", str(exc), f"fix field '{exc.field}' of the recipe")
         root = Path(spec.cache_root)
         empty_first: str | None = None
+        if caches_elsewhere(spec):
+            # The compile caches live on a cluster volume (a claim), not under this host's root:
+            # emptying a local directory would start nothing cold, and an empty local path says
+            # nothing about the claim. The state is unknown here, so no cold warm-up is planned.
+            if fresh_cache:
+                return failed("cache_not_emptied",
+                              f"the compile cache of {recipe.name!r} lives on its cluster volume, not on "
+                              "this host: `fresh_cache` cannot empty it from here",
+                              "delete the recipe's cache claim in the cluster to start cold "
+                              "(`appliance recipes render NAME --format k8s` names it)")
+            return PreflightOk(token=token, launch_id=new_launch_id(recipe.name, self.clock()), spec=spec,
+                               warm_restart=False, cache_empty=False, empty_cache_first=None)
         if fresh_cache:
             # The variant root lives under the recipe's own cache.root (render: <root>/<name>-<key>);
             # only that one directory is removed, never the base itself — by the driver, just before

@@ -135,3 +135,16 @@ async def test_a_cluster_recipe_is_not_refused_on_this_hosts_facts(tmp_path: Pat
     assert report.refusals == [] and report.admission.verdict == "admit"
     assert report.admission.checks[-1].message.startswith(
         "runs on a cluster node: this host is not checked; the node needs: ")
+
+
+async def test_a_cluster_recipes_cache_is_not_judged_or_emptied_on_this_host(tmp_path: Path) -> None:
+    # Its caches live on a cluster claim: a local path says nothing about it (no "cold" claim, no
+    # warm-up planned), and `fresh_cache` cannot empty it from here — refused with what to do.
+    pre = _TinyHostPreflight(recipes_dir=REPO / "recipes", appliance_home=tmp_path)
+    ok = await pre(1, "gfx906-b-tp4-eager-k8s", False)
+    assert isinstance(ok, PreflightOk)
+    assert not ok.cache_empty and ok.empty_cache_first is None and not ok.warm_restart
+    assert pre.report("gfx906-b-tp4-eager-k8s").cache_empty is None
+    fresh = await pre(2, "gfx906-b-tp4-eager-k8s", True)
+    assert isinstance(fresh, PreflightFailed) and fresh.failure.code == "cache_not_emptied"
+    assert "cluster volume" in fresh.failure.summary and "claim" in fresh.failure.hint
