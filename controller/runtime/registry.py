@@ -35,12 +35,15 @@ class RuntimeEntry:
     # Needs something that may be absent here (daemon, cluster, SDK): at controller start it is
     # probed with `adopt()`, and left out with a note if it does not answer.
     external: bool
+    # The pip extra that installs its SDK, when that SDK is optional (not a project dependency): its
+    # absence is then a choice of the installer, not a fault, and the reason says what to install.
+    extra: str | None = None
 
 
 RUNTIMES: Mapping[str, RuntimeEntry] = {
     "process": RuntimeEntry("controller.runtime.process", external=False),
     "docker": RuntimeEntry("controller.runtime.docker_rt", external=True),
-    "kubernetes": RuntimeEntry("controller.runtime.kubernetes", external=True),
+    "kubernetes": RuntimeEntry("controller.runtime.kubernetes", external=True, extra="kubernetes"),
 }
 KINDS: tuple[str, ...] = tuple(RUNTIMES)
 
@@ -92,8 +95,13 @@ def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()
         try:
             rt = make_runtime(kind, runs_dir)
         except ImportError as exc:  # no SDK on this host: the others still work
-            missing[kind] = Unavailable(
-                kind, f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})", fault=True)
+            if item.extra is not None:
+                missing[kind] = Unavailable(
+                    kind, f"{kind} runtime not installed: install the appliance with its "
+                          f"[{item.extra}] extra (pip install 'llm-appliance[{item.extra}]')", fault=False)
+            else:
+                missing[kind] = Unavailable(
+                    kind, f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})", fault=True)
             continue
         if item.external:
             try:

@@ -59,10 +59,15 @@ def test_appliance_image_has_no_build_tools_no_ca_secret_and_a_non_root_account(
         find / -xdev -type f -size +100k -name '*.crt' -exec sha256sum {{}} + 2>/dev/null | grep -q {ca_sha} \
           && echo HOST-CA-LEFT
         id -u appliance; appliance --help >/dev/null && echo CLI-OK
+        /opt/appliance/bin/python -c 'import kubernetes' 2>/dev/null && echo KUBERNETES-CLIENT
+        appliance recipes render cpu-smollm2-docker --format k8s >/dev/null && echo K8S-RENDER-OK
     """)
     out = res.stdout
     assert "TOOL" not in out and "SECRET-LEFT" not in out and "HOST-CA-LEFT" not in out, out + res.stderr
     assert "10001" in out and "CLI-OK" in out, out + res.stderr
+    # The Kubernetes client is an extra (126 MB installed): not in the default image, whose render of
+    # manifests needs nothing of it (appliance/runtimes/ is pure).
+    assert "KUBERNETES-CLIENT" not in out and "K8S-RENDER-OK" in out, out + res.stderr
 
 
 def test_engine_image_imports_vllm_with_its_cpu_torch_and_carries_the_model_source() -> None:

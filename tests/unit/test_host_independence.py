@@ -107,3 +107,28 @@ def test_service_run_uses_the_host_independent_config() -> None:
     src = (REPO / "controller" / "service.py").read_text()
     assert "basicConfig" not in src and "logsetup.configure" in src
     assert json.dumps(__import__("controller.logsetup").logsetup.logging_config("info"))
+
+
+def test_without_the_kubernetes_extra_the_runtime_is_left_out_quietly_and_rendering_still_works(
+        tmp_path: Path) -> None:
+    # The client is the [kubernetes] extra, not a dependency: a host without it runs the other
+    # runtimes, says what to install (not a fault warned at every start), and still renders manifests.
+    proc = _run("""
+        import sys
+        sys.modules["kubernetes"] = None  # `import kubernetes` now raises ImportError
+        from pathlib import Path
+        from controller.service import make_runtimes
+        from controller.settings import Paths
+
+        runtimes, missing = make_runtimes(Paths(Path("home").resolve()), docker=False)
+        assert "kubernetes" not in runtimes and "process" in runtimes, runtimes
+        gap = missing["kubernetes"]
+        assert not gap.fault, gap
+        print(gap.reason)
+        from controller.cli.main import main
+        sys.argv = ["appliance", "recipes", "render", "cpu-smollm2-docker", "--format", "k8s"]
+        main()
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'llm-appliance[kubernetes]'" in proc.stdout
+    assert "kind: Deployment" in proc.stdout
