@@ -101,7 +101,8 @@ def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()
                           f"[{item.extra}] extra (pip install 'llm-appliance[{item.extra}]')", fault=False)
             else:
                 missing[kind] = Unavailable(
-                    kind, f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})", fault=True)
+                    kind, f"{kind} runtime unavailable: the {kind} SDK cannot be imported ({exc})",
+                    fault=True)
             continue
         if item.external:
             try:
