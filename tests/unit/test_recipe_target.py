@@ -6,12 +6,9 @@ The production wiring itself (controller/service.py `build`) is tested in test_s
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.metrics import ControllerMetrics
@@ -24,6 +21,7 @@ from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
 from controller.watch.recipe_target import GIB, recipe_mem_target
 from controller.watch.sampler import HostSampler
+from tests.unit.promtool_helpers import PROMTOOL, TARGET, assert_mem_target_alert_fires
 from tests.unit.supervisor_helpers import (
     FakeClock,
     FakeEngine,
@@ -35,10 +33,7 @@ from tests.unit.supervisor_helpers import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "monitoring" / "prometheus" / "rules" / "appliance.rules.yml"
 TP4_HOST = REPO / "tests" / "fixtures" / "procfs" / "tp4_graph_host" / "proc"
-TARGET = "appliance_launch_memory_available_target_bytes"
-PROMTOOL = shutil.which("promtool")
 
 
 def _targets(metrics: ControllerMetrics) -> dict[str, float]:
@@ -119,33 +114,4 @@ async def test_promtool_fires_on_what_the_controller_exports(tmp_path: Path) -> 
     await driver.step()
     await driver.settle()
     link.on_sample(link.sampler.sample([1000]), None)
-    series = []
-    for family in text_string_to_metric_families(driver.metrics.render()[0].decode()):
-        if family.name in (TARGET, "appliance_host_memory_available_bytes"):
-            for s in family.samples:
-                labels = {**s.labels, "job": "appliance-controller", "instance": "127.0.0.1:8090"}
-                text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-                series.append({"series": f"{s.name}{{{text}}}", "values": f"{s.value:.0f}x12"})
-    assert len(series) == 2, series
-    (tmp_path / "rules.yml").write_text(RULES.read_text())
-    rule = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
-                if r.get("alert") == "ApplianceMemAvailableBelowRecipeTarget")
-    annotations = {
-        "summary": "MemAvailable 2.35GiB is under the target of recipe test-recipe",
-        "description": rule["annotations"]["description"], "runbook": rule["annotations"]["runbook"],
-    }
-    test = {
-        "rule_files": ["rules.yml"], "evaluation_interval": "5s",
-        "tests": [{"interval": "5s", "input_series": series, "alert_rule_test": [
-            {"eval_time": "10s", "alertname": "ApplianceMemAvailableBelowRecipeTarget", "exp_alerts": []},
-            {"eval_time": "30s", "alertname": "ApplianceMemAvailableBelowRecipeTarget", "exp_alerts": [
-                {"exp_labels": {"severity": "warning", "job": "appliance-controller",
-                                "instance": "127.0.0.1:8090", "recipe": "test-recipe"},
-                 "exp_annotations": annotations}]},
-        ]}],
-    }
-    (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
-    assert PROMTOOL is not None
-    res = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True,
-                         timeout=60, check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert_mem_target_alert_fires(tmp_path, driver.metrics.render()[0].decode(), "test-recipe")

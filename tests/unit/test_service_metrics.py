@@ -9,13 +9,11 @@ the preflight, the store, the watch and the API are the real ones."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.runtime.base import EngineHandle
@@ -27,14 +25,11 @@ from controller.supervisor.signals import Apply
 from controller.watch.procreader import ProcReader
 from controller.watch.recipe_target import GIB
 from controller.watch.sampler import HostSampler
+from tests.unit.promtool_helpers import AVAILABLE, PROMTOOL, TARGET, assert_mem_target_alert_fires
 from tests.unit.supervisor_helpers import FakeClock, FakeEngine, FakeRuntime, make_spec
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "monitoring" / "prometheus" / "rules" / "appliance.rules.yml"
 TP4_HOST = REPO / "tests" / "fixtures" / "procfs" / "tp4_graph_host" / "proc"  # MemAvailable 2.35 GiB
-TARGET = "appliance_launch_memory_available_target_bytes"
-AVAILABLE = "appliance_host_memory_available_bytes"
-PROMTOOL = shutil.which("promtool")
 RECIPE = "cpu-smollm2"
 TARGET_GIB = 3.0  # above the fixture host's 2.35 GiB MemAvailable: the alert must fire
 
@@ -123,37 +118,6 @@ async def test_a_launch_publishes_its_recipes_target_on_metrics(tmp_path: Path) 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/setup-system.sh)")
 async def test_promtool_fires_the_alert_on_the_services_metrics(tmp_path: Path) -> None:
-    _promtool_fires(tmp_path, await _launched_under_target(tmp_path))
+    assert_mem_target_alert_fires(tmp_path, await _launched_under_target(tmp_path), RECIPE)
 
-
-def _promtool_fires(tmp_path: Path, text: str) -> None:
-    series = []
-    for family in text_string_to_metric_families(text):
-        if family.name in (TARGET, AVAILABLE):
-            for s in family.samples:
-                labels = {**s.labels, "job": "appliance-controller", "instance": "127.0.0.1:8090"}
-                body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-                series.append({"series": f"{s.name}{{{body}}}", "values": f"{s.value:.0f}x12"})
-    assert len(series) == 2, series
-    (tmp_path / "rules.yml").write_text(RULES.read_text())
-    rule = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
-                if r.get("alert") == "ApplianceMemAvailableBelowRecipeTarget")
-    test = {
-        "rule_files": ["rules.yml"], "evaluation_interval": "5s",
-        "tests": [{"interval": "5s", "input_series": series, "alert_rule_test": [
-            {"eval_time": "10s", "alertname": "ApplianceMemAvailableBelowRecipeTarget", "exp_alerts": []},
-            {"eval_time": "30s", "alertname": "ApplianceMemAvailableBelowRecipeTarget", "exp_alerts": [
-                {"exp_labels": {"severity": "warning", "job": "appliance-controller",
-                                "instance": "127.0.0.1:8090", "recipe": RECIPE},
-                 "exp_annotations": {
-                     "summary": f"MemAvailable 2.35GiB is under the target of recipe {RECIPE}",
-                     "description": rule["annotations"]["description"],
-                     "runbook": rule["annotations"]["runbook"]}}]},
-        ]}],
-    }
-    (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
-    assert PROMTOOL is not None
-    res = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "t.yml")], capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert res.returncode == 0, res.stdout + res.stderr
 
