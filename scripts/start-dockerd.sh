@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Start a Docker daemon if none answers. Writes its PID to /run/appliance-dockerd.pid so that
-# whoever stops it does so by PID.
+# Start a Docker daemon if none answers. Writes its PID to /run/appliance-dockerd.pid
+# (APPLIANCE_DOCKERD_PIDFILE) so that whoever stops it does so by PID.
 #
 # Storage driver (MEASURED.md "Building images here"): overlay2 works on these machines (the kernel
 # has overlay, /var/lib/docker is on ext4) and is far lighter than vfs, which copies the whole root
@@ -14,11 +14,35 @@ if docker info >/dev/null 2>&1; then
 fi
 log=${DOCKERD_LOG:-/var/log/appliance-dockerd.log}
 
+# A daemon that died without its own shutdown (a machine restored from a snapshot, a kill -9, a
+# reboot where /run is not tmpfs) leaves its PID files behind, and dockerd then refuses to start:
+# "pid file found, ensure docker is not running". A PID file is stale when no process of that name
+# holds the PID (it may have been reused by something else): only then is it removed. A live
+# daemon that does not answer is left alone and reported.
+clear_stale_pidfile() {  # $1: pid file, $2: the process name that owns it
+  local file=$1 name=$2 pid comm
+  [ -f "$file" ] || return 0
+  pid=$(tr -dc '0-9' <"$file")
+  comm=""
+  if [ -n "$pid" ] && [ -r "/proc/$pid/comm" ]; then
+    comm=$(cat "/proc/$pid/comm")
+  fi
+  if [ "$comm" = "$name" ]; then
+    echo "[dockerd] $name (pid $pid, from $file) is running but docker does not answer;" \
+      "stop it (kill $pid) or wait for it" >&2
+    exit 1
+  fi
+  echo "[dockerd] removing stale $file (pid ${pid:-none} is not a running $name)"
+  rm -f "$file"
+}
+clear_stale_pidfile "${DOCKERD_PIDFILE:-/var/run/docker.pid}" dockerd
+clear_stale_pidfile "${CONTAINERD_PIDFILE:-/var/run/docker/containerd/containerd.pid}" containerd
+
 start() {  # $1: storage driver; returns 0 once the daemon answers
   echo "[dockerd] starting with --storage-driver=$1 (log: $log)"
   nohup dockerd --storage-driver="$1" >>"$log" 2>&1 &
   local pid=$!
-  echo "$pid" > /run/appliance-dockerd.pid
+  echo "$pid" > "${APPLIANCE_DOCKERD_PIDFILE:-/run/appliance-dockerd.pid}"
   for _ in $(seq 1 60); do
     if docker info >/dev/null 2>&1; then
       echo "[dockerd] ready (pid $pid, storage driver $1)"
