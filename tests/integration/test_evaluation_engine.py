@@ -56,13 +56,13 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]
         f"name: {BASE}\nextends: cpu-smollm2-eager\n"
         f"runtime:\n  kind: process\n  python: {ENGINE.engine_python}\n"
         f"model:\n  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n  served_name: smollm2\n"
-        f"engine:\n  port: {engine_port}\n"
+        f"engine:\n  port: {engine_port}\n  max_model_len: 1024\n"
         f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
         "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n  reproducibility: bitwise\n"
     )
-    # Half the baseline's context: the baseline-planned 16-32K tier (992-1984 tokens) cannot fit.
+    # Half the baseline's context: the baseline-planned 16-32K tier (508-1016 tokens) cannot fit.
     (recipes / f"{SHORT}.yaml").write_text(
-        f"name: {SHORT}\nextends: {BASE}\nengine:\n  max_model_len: 1024\n"
+        f"name: {SHORT}\nextends: {BASE}\nengine:\n  max_model_len: 512\n"
     )
     c = Controller(home, recipes, _free_port(), engine_port, recipe=BASE)
     c.start()
@@ -114,7 +114,7 @@ def test_bench_measures_every_tier_prints_streams_and_stores_tied_to_the_launch(
     assert r.returncode == 0, r.stderr
     assert "4-8K: 5/5" in r.stderr and "16-32K: 5/5" in r.stderr  # progress, request by request
     assert "score 0.20·thr(4-8K)+0.50·thr(8-16K)+0.30·thr(16-32K)" in r.stdout
-    assert "scaled ×" in r.stdout  # the 2048-token context: the rule is stated
+    assert "scaled ×" in r.stdout  # the 1024-token context: the rule is stated
     result = json.loads(out.read_text())
     assert result["launch_id"] == launch["id"] and result["recipe"] == BASE
     assert result["spec_hash"] and result["cache_root"]
@@ -124,7 +124,7 @@ def test_bench_measures_every_tier_prints_streams_and_stores_tied_to_the_launch(
         assert all(q["ok"] and q["output_tokens"] == 8 and q["ttft_ms"] > 0 for q in tier["requests"])
         lengths = [q["input_tokens"] for q in tier["requests"]]
         assert all(tier["tier"]["lo"] <= n <= tier["tier"]["hi"] for n in lengths)
-    assert result["tiers"][2]["tier"]["hi"] + 8 <= 2048
+    assert result["tiers"][2]["tier"]["hi"] + 8 <= 1024
     ss = result["single_stream"]
     assert (
         len(ss["decode_ms_samples"]) >= 5
@@ -195,7 +195,7 @@ def test_compare_with_a_candidate_failing_requests_mid_run_rejects_and_stores_it
 def test_a_context_that_fits_no_tier_is_refused_and_nothing_is_stored(controller: Controller) -> None:
     controller.wait_ready(START_LIVENESS_S)
     before = len(_rows(controller, "eval_benchmarks"))
-    r = _cli(controller, "bench", "--output-tokens", "1000")  # 1024-token context: 24 input tokens left
+    r = _cli(controller, "bench", "--output-tokens", "500")  # 512-token context: 12 input tokens left
     assert r.returncode == 2
     assert "NoTierFits" in r.stderr and "no tier fits" in r.stderr and "nothing stored" in r.stderr
     assert len(_rows(controller, "eval_benchmarks")) == before
