@@ -23,8 +23,10 @@ from appliance.bench_result import ProofResult
 from appliance.launch_proof import LaunchProof, evaluate
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
+from appliance.runtimes.base import Placement
+from appliance.runtimes.registry import for_spec
 from controller.runtime.base import EngineFiles, EngineHandle, Runtime, RuntimeError_
-from controller.supervisor.preflight import UnknownRecipe
+from controller.supervisor.preflight import UnknownRecipe, caches_elsewhere
 
 log = logging.getLogger("appliance.evaluation.proof")
 
@@ -70,13 +72,22 @@ def read_whole_log(runtime: Runtime, handle: EngineHandle) -> str:
 
 
 def engine_file_digests(
-    runtime: Runtime, handle: EngineHandle, paths: Iterable[str]
+    runtime: Runtime, handle: EngineHandle, paths: Iterable[str], *, engine_on_this_host: bool = True
 ) -> dict[str, str | None]:
-    """sha256 of each file as the engine sees it; None when it cannot be read (a mismatch)."""
+    """sha256 of each file as the engine sees it; None when it cannot be read (a mismatch).
+
+    A runtime whose engine sees another filesystem (a container) reads the file there
+    (`EngineFiles`). One whose engine runs on another machine and cannot read its files
+    (`engine_on_this_host` False, e.g. a cluster node) gets None: the file of the same name on
+    this host proves nothing about the engine's, and a digest of it would be a false proof.
+    """
     out: dict[str, str | None] = {}
-    # A runtime whose engine sees another filesystem (a container) reads the file there.
     files = runtime if isinstance(runtime, EngineFiles) else None
     for path in paths:
+        if files is None and not engine_on_this_host:
+            log.info("cannot digest %s: the engine runs elsewhere; its runtime reads no files", path)
+            out[path] = None
+            continue
         try:
             if files is None:
                 out[path] = _sha256_file(Path(path))
@@ -134,12 +145,31 @@ def collect(
     markers: tuple[str, ...],
     checksums: dict[str, str],
 ) -> LaunchProof:
-    """Blocking (file reads, hashing): run it in a thread."""
+    """Blocking (file reads, hashing): run it in a thread.
+
+    For a runtime placed on another machine (`traits.placement` REMOTE) this host's swap and its
+    directory of the cache root's name say nothing about the engine's: both are recorded as not
+    read from here (None), never as this host's figures.
+    """
     text = read_whole_log(runtime, handle)
-    proof = evaluate(text, markers, checksums, engine_file_digests(runtime, handle, checksums))
-    return proof.model_copy(
-        update={"compile_cache": compile_cache_digest(spec.cache_root), "host": host_swap()}
+    here = for_spec(spec).traits.placement is not Placement.REMOTE
+    digests = engine_file_digests(runtime, handle, checksums, engine_on_this_host=here)
+    proof = evaluate(text, markers, checksums, digests)
+    cache: dict[str, object] = (
+        {"root": spec.cache_root, "files": None, "on_this_host": False}
+        if caches_elsewhere(spec)
+        else compile_cache_digest(spec.cache_root)
     )
+    host: dict[str, int | None] = (
+        host_swap() if here else {"swap_total_bytes": None, "swappiness": None}
+    )
+    return proof.model_copy(update={"compile_cache": cache, "host": host})
+
+
+def _cache_summary(cache: dict[str, object]) -> str:
+    if cache.get("on_this_host") is False:
+        return f"compile cache {cache.get('root')} is on the runtime's volume (not read from here)"
+    return f"compile cache {cache.get('files')} file(s)"
 
 
 Note = Callable[[str, str, str | None, dict[str, Any] | None], None]
@@ -170,7 +200,7 @@ def ready_hook(
         summary = (
             f"{len(markers)} marker(s), {len(checksums)} checksum(s) declared; "
             f"{'; '.join(problems) if problems else 'all proven'}; "
-            f"compile cache {proof.compile_cache.get('files')} file(s); "
+            f"{_cache_summary(proof.compile_cache)}; "
             f"loads/compiles per rank { ({k: (v.loads, v.compiles) for k, v in proof.ranks.items()}) }"
         )
         note(PROOF_EVENT, summary, launch_id, proof.model_dump(mode="json"))

@@ -123,3 +123,44 @@ async def test_the_proof_is_recorded_at_ready_and_a_missing_marker_warns_and_rea
     warning = next(e for e in record["events"] if e["kind"] == WARNING_EVENT)
     assert warning["message"] == "log marker not seen: 'never printed selected.'"
     assert proof_from_events(record["events"]).problems == ["log marker not seen: 'never printed selected.'"]
+
+
+class _LogOnly:
+    """A runtime at the seam that only serves the engine log (no EngineFiles capability)."""
+
+    def read_logs(self, handle: object, offset: int) -> tuple[str, int]:
+        text = LOG.encode()[offset:].decode()
+        return text, offset + len(text.encode())
+
+
+def test_an_engine_on_another_machine_is_not_proven_by_this_hosts_files(tmp_path: Path) -> None:
+    """Same declared file, same cache root on this host: digested for a local process, but for a
+    remote runtime (kubernetes: the engine's files are on its node) recorded as unreadable, and the
+    cache and swap as not read from here — never this host's figures passed off as the engine's."""
+    from controller.evaluation.proof import collect
+    from controller.runtime.base import EngineHandle
+    from tests.unit.spec_helpers import launch_spec
+
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"kernel library")
+    digest = hashlib.sha256(b"kernel library").hexdigest()
+    cache = tmp_path / "cache"
+    (cache / "inductor").mkdir(parents=True)
+    (cache / "inductor" / "artifact").write_bytes(b"x")
+    handle = EngineHandle(launch_id="L1", runtime="process", ref="1", recipe="r", spec_hash="h",
+                          started_at=0.0)
+    checksums = {str(lib): digest}
+
+    local = collect(_LogOnly(), handle, launch_spec("process", cache_root=str(cache)),  # type: ignore[arg-type]
+                    (), checksums)
+    assert local.checksums == {str(lib): True} and not local.problems
+    assert local.compile_cache["files"] == 1
+    assert local.host["swap_total_bytes"] is not None
+
+    remote_spec = launch_spec("kubernetes", {"image": "vllm-cpu:0.11.0"}, cache_root=str(cache))
+    remote = collect(_LogOnly(), handle, remote_spec, (), checksums)  # type: ignore[arg-type]
+    assert remote.actual_checksums == {str(lib): None}
+    assert remote.problems == [f"checksum mismatch: {lib} (unreadable)"]
+    assert remote.compile_cache == {"root": str(cache), "files": None, "on_this_host": False}
+    assert remote.host == {"swap_total_bytes": None, "swappiness": None}
+    assert remote.versions == local.versions  # the log is still read, through the runtime
