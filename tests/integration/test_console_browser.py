@@ -20,27 +20,25 @@ Waits are liveness bounds, not speed assertions.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psutil
 import pytest
 
-from controller import engine_setup
-from tests.integration.test_controller_engine import (
-    ENGINE,
-    ENGINE_HOME,
+from tests.integration.controller_harness import (
     RECIPE,
     REPO,
     START_LIVENESS_S,
     TOKEN,
     Controller,
-    _free_port,
+    engine_recipe,
+    free_port,
+    recipe_dirs,
+    require_engine,
+    serving,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -59,47 +57,21 @@ EXPECTED_REFUSALS = ("status of 401", "status of 403", "status of 409")
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
-    if not (ENGINE.engine_python.exists() and engine_setup.model_files_present(
-            ENGINE.models / engine_setup.MODEL_DIR_NAME)):
-        pytest.skip(f"the CPU engine is not installed under {ENGINE_HOME} (`appliance engine setup`)")
-    base = tmp_path_factory.mktemp("console")
-    home, recipes = base / "home", base / "recipes"
-    home.mkdir()
-    recipes.mkdir()
-    (recipes / "cpu-smollm2.yaml").write_text((REPO / "recipes" / "cpu-smollm2.yaml").read_text())
-    engine_port = _free_port()
+    require_engine()
+    home, recipes = recipe_dirs(tmp_path_factory.mktemp("console"), "cpu-smollm2")
+    engine_port = free_port()
     # As test_controller_engine: the shipped recipe on a free port, the installed engine, but eager
     # (no torch.compile): the console needs a real start with real phases, not a cold compile that
     # takes 15+ minutes on a loaded shared machine.
     (recipes / f"{RECIPE}.yaml").write_text(
-        f"name: {RECIPE}\n"
-        "extends: cpu-smollm2\n"
-        "runtime:\n  kind: process\n"
-        f"  python: {ENGINE.engine_python}\n"
-        "model:\n"
-        f"  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n"
-        "  served_name: smollm2\n"
-        f"engine:\n  port: {engine_port}\n  mode: eager\n"
-        f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
-        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n"
+        engine_recipe(RECIPE, "cpu-smollm2", engine_port, engine={"mode": "eager"})
     )
     # The recipe the refused apply names: if it were ever accepted, it would still use a free port.
     (recipes / f"{OTHER}.yaml").write_text(
-        f"name: {OTHER}\nextends: {RECIPE}\nengine:\n  port: {_free_port()}\n")
-    c = Controller(home, recipes, _free_port(), engine_port, recipe=None)  # the browser applies it
-    c.start()
-    try:
+        f"name: {OTHER}\nextends: {RECIPE}\nengine:\n  port: {free_port()}\n")
+    # recipe=None: the browser applies it
+    with serving(Controller(home, recipes, free_port(), engine_port, recipe=None)) as c:
         yield c
-    finally:
-        try:
-            c.post("/stop")
-            c.wait(lambda: c.status()["state"] == "idle", 120, "the engine to stop")
-        finally:
-            c.stop()
-            for run in (home / "runs").glob("*/engine.pid"):
-                pid = json.loads((run.parent / "process.json").read_text()).get("pid")
-                if pid and psutil.pid_exists(int(pid)):
-                    os.killpg(int(pid), signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

@@ -19,176 +19,39 @@ liveness bounds, not speed assertions.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import admin_token
-from controller.settings import Paths, default_home
 from controller.supervisor.engine_key import ENGINE_KEY_ENV
+from tests.integration.controller_harness import (
+    ENGINE,
+    RECIPE,
+    Controller,
+    engine_recipe,
+    free_port,
+    recipe_dirs,
+    require_engine,
+    serving,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
-ENGINE_HOME = default_home()  # where `appliance engine setup` installed the engine
-ENGINE = Paths(ENGINE_HOME)
-TOKEN = "adm_integration-test"
-START_LIVENESS_S = 1500.0  # a cold start on a busy 2-core machine; ~90 s when quiet
-RECIPE = "itest-smollm2"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> Any:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-@dataclass
-class Controller:
-    home: Path
-    recipes: Path
-    port: int
-    engine_port: int
-    recipe: str | None = RECIPE  # applied at controller start-up (None: nothing)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            "APPLIANCE_HOME": str(self.home),
-            "APPLIANCE_RECIPES": str(self.recipes),
-            admin_token.HASH_ENV: admin_token.hash_token(TOKEN),
-        }
-        log = (self.home / "controller.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli.main", "serve", "--port", str(self.port),
-             *(["--apply", self.recipe] if self.recipe else []),
-             "--no-docker", "--no-kmsg", "--log-level", "warning"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-        )
-        self.wait(lambda: self.alive(), 60, "the controller to answer")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        self.proc = None
-
-    def alive(self) -> bool:
-        try:
-            return bool(self.get("/healthz")["ok"])
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def get(self, path: str) -> Any:
-        return _http("GET", self.url + path)
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return _http("POST", self.url + path, body)
-
-    def status(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.get("/status")
-        return result
-
-    def wait(self, predicate: Any, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"the controller exited ({self.proc.returncode}) waiting for {what}:\n"
-                                     + self.log_tail())
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; status {self.safe_status()}\n"
-                                     + self.log_tail())
-            time.sleep(1.0)
-
-    def safe_status(self) -> Any:
-        try:
-            return self.status()
-        except (urllib.error.URLError, OSError) as exc:
-            return repr(exc)
-
-    def log_tail(self) -> str:
-        path = self.home / "controller.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-40:]) if path.exists() else ""
-
-    def wait_ready(self, timeout_s: float = START_LIVENESS_S) -> dict[str, Any]:
-        def ready() -> bool:
-            s = self.status()
-            assert s["state"] != "failed", f"the start failed: {s['last_diagnosis']}"
-            return bool(s["state"] == "ready")
-
-        self.wait(ready, timeout_s, "the engine to be ready")
-        return self.status()
 
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
-    from controller import engine_setup
-
-    if not (ENGINE.engine_python.exists() and engine_setup.model_files_present(ENGINE.models /
-                                                                                engine_setup.MODEL_DIR_NAME)):
-        pytest.skip(f"the CPU engine is not installed under {ENGINE_HOME} (`appliance engine setup`)")
-    base = tmp_path_factory.mktemp("controller")
-    home, recipes = base / "home", base / "recipes"
-    home.mkdir()
-    recipes.mkdir()
-    (recipes / "cpu-smollm2.yaml").write_text((REPO / "recipes" / "cpu-smollm2.yaml").read_text())
-    engine_port = _free_port()
+    require_engine()
+    home, recipes = recipe_dirs(tmp_path_factory.mktemp("controller"), "cpu-smollm2")
+    engine_port = free_port()
     # The shipped recipe on a free port, with the installed engine and one persistent warm cache root.
-    (recipes / f"{RECIPE}.yaml").write_text(
-        f"name: {RECIPE}\n"
-        "extends: cpu-smollm2\n"
-        "runtime:\n  kind: process\n"
-        f"  python: {ENGINE.engine_python}\n"
-        "model:\n"
-        f"  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n"
-        "  served_name: smollm2\n"
-        f"engine:\n  port: {engine_port}\n"
-        f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
-        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n"
-    )
-    c = Controller(home, recipes, _free_port(), engine_port)
-    c.start()
-    try:
+    (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", engine_port))
+    with serving(Controller(home, recipes, free_port(), engine_port)) as c:
         yield c
-    finally:
-        # Never leave an engine behind: stop it through the API, then by PID if that failed.
-        try:
-            if c.proc is None:
-                c.start()
-            c.post("/stop")
-            c.wait(lambda: c.status()["state"] == "idle", 120, "the engine to stop")
-        finally:
-            c.stop()
-            for run in (home / "runs").glob("*/engine.pid"):
-                with_pid = json.loads((run.parent / "process.json").read_text()).get("pid")
-                if with_pid and psutil.pid_exists(int(with_pid)):
-                    os.killpg(int(with_pid), signal.SIGKILL)
 
 
 def _engine_process(c: Controller) -> psutil.Process:

@@ -21,14 +21,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_controller_engine import (
-    ENGINE,
-    ENGINE_HOME,
+from tests.integration.controller_harness import (
     REPO,
     START_LIVENESS_S,
     TOKEN,
     Controller,
-    _free_port,
+    engine_recipe,
+    free_port,
+    recipe_dirs,
+    require_engine,
+    serving,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -38,42 +40,19 @@ SMALL = ["--requests", "5", "--concurrency", "5", "--output-tokens", "8"]
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
-    from controller import engine_setup
-
-    if not (
-        ENGINE.engine_python.exists()
-        and engine_setup.model_files_present(ENGINE.models / engine_setup.MODEL_DIR_NAME)
-    ):
-        pytest.skip(f"the CPU engine is not installed under {ENGINE_HOME}")
-    base = tmp_path_factory.mktemp("evaluation")
-    home, recipes = base / "home", base / "recipes"
-    home.mkdir()
-    recipes.mkdir()
-    for name in ("cpu-smollm2", "cpu-smollm2-eager"):
-        (recipes / f"{name}.yaml").write_text((REPO / "recipes" / f"{name}.yaml").read_text())
-    engine_port = _free_port()
-    (recipes / f"{BASE}.yaml").write_text(
-        f"name: {BASE}\nextends: cpu-smollm2-eager\n"
-        f"runtime:\n  kind: process\n  python: {ENGINE.engine_python}\n"
-        f"model:\n  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n  served_name: smollm2\n"
-        f"engine:\n  port: {engine_port}\n  max_model_len: 1024\n"
-        f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
-        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n  reproducibility: bitwise\n"
-    )
+    require_engine()
+    home, recipes = recipe_dirs(tmp_path_factory.mktemp("evaluation"), "cpu-smollm2", "cpu-smollm2-eager")
+    engine_port = free_port()
+    (recipes / f"{BASE}.yaml").write_text(engine_recipe(
+        BASE, "cpu-smollm2-eager", engine_port,
+        engine={"max_model_len": 1024}, expect={"reproducibility": "bitwise"},
+    ))
     # Half the baseline's context: the baseline-planned 16-32K tier (508-1016 tokens) cannot fit.
     (recipes / f"{SHORT}.yaml").write_text(
         f"name: {SHORT}\nextends: {BASE}\nengine:\n  max_model_len: 512\n"
     )
-    c = Controller(home, recipes, _free_port(), engine_port, recipe=BASE)
-    c.start()
-    try:
+    with serving(Controller(home, recipes, free_port(), engine_port, recipe=BASE)) as c:
         yield c
-    finally:
-        try:
-            c.post("/stop")
-            c.wait(lambda: c.status()["state"] == "idle", 120, "the engine to stop")
-        finally:
-            c.stop()
 
 
 def _cli(c: Controller, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:

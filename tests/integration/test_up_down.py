@@ -3,7 +3,7 @@ engine started and followed to ready, a completion answered through the gateway 
 created, then everything stopped by PID.
 
 Free ports and a temporary APPLIANCE_HOME keep it off the ports an operator's appliance uses; the
-engine and its warm compile cache are the installed ones (see test_controller_engine.py).
+engine and its warm compile cache are the installed ones (see controller_harness.py).
 """
 
 from __future__ import annotations
@@ -21,34 +21,28 @@ import psutil
 import pytest
 
 from controller.daemons import Daemon
-from tests.integration.test_controller_engine import ENGINE, ENGINE_HOME, RECIPE, REPO, _free_port
+from tests.integration.controller_harness import (
+    RECIPE,
+    REPO,
+    engine_recipe,
+    free_port,
+    recipe_dirs,
+    require_engine,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.mark.timeout(3600)  # a cold start on a busy shared 2-core machine can take many minutes
 def test_up_starts_everything_and_down_stops_it_by_pid(tmp_path: Path) -> None:
-    from controller import engine_setup
-
-    if not (ENGINE.engine_python.exists()
-            and engine_setup.model_files_present(ENGINE.models / engine_setup.MODEL_DIR_NAME)):
-        pytest.skip(f"the CPU engine is not installed under {ENGINE_HOME}")
-    home, recipes = tmp_path / "home", tmp_path / "recipes"
-    recipes.mkdir()
-    (recipes / "cpu-smollm2.yaml").write_text((REPO / "recipes" / "cpu-smollm2.yaml").read_text())
+    require_engine()
+    home, recipes = recipe_dirs(tmp_path, "cpu-smollm2")
     # The same recipe name and cache inputs as test_controller_engine.py: one warm cache variant.
-    (recipes / f"{RECIPE}.yaml").write_text(
-        f"name: {RECIPE}\nextends: cpu-smollm2\n"
-        f"runtime:\n  kind: process\n  python: {ENGINE.engine_python}\n"
-        f"model:\n  path: {ENGINE.models / engine_setup.MODEL_DIR_NAME}\n  served_name: smollm2\n"
-        f"engine:\n  port: {_free_port()}\n"
-        f"cache:\n  root: {ENGINE_HOME / 'cache-tests'}\n"
-        "expect:\n  ready_budget_s: 1500\n  stall_window_s: 600\n"
-    )
+    (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", free_port()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_ADMIN_TOKEN")}
     env.update(APPLIANCE_HOME=str(home), APPLIANCE_RECIPES=str(recipes))
     appliance = [sys.executable, "-m", "controller.cli.main"]
-    port, gateway_port = _free_port(), _free_port()
+    port, gateway_port = free_port(), free_port()
     try:
         up = subprocess.run(
             [*appliance, "up", "--recipe", RECIPE, "--port", str(port),
