@@ -66,7 +66,7 @@ def _post(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any
 def _ready(base: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/v1/models", timeout=3) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (OSError, urllib.error.URLError):
         return False
 

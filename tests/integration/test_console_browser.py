@@ -128,7 +128,8 @@ class Console:
 
     def read_log(self, expected: tuple[str, ...] = ()) -> None:
         """Collect SEVERE browser-console entries, except the refusals this step provoked."""
-        for entry in self.d.get_log("browser"):
+        # Chromium's driver has get_log; selenium's WebDriver type does not declare it.
+        for entry in self.d.get_log("browser"):  # type: ignore[attr-defined]
             if entry["level"] != "SEVERE":
                 continue
             if any(e in entry["message"] for e in expected):

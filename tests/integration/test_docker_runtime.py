@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -100,7 +101,7 @@ def rt(client: docker.DockerClient) -> DockerRuntime:
     return DockerRuntime(client, kill_wait_s=30.0)
 
 
-def busybox_spec(image: str, script: str, **common: object) -> LaunchSpec:
+def busybox_spec(image: str, script: str, **common: Any) -> LaunchSpec:
     return docker_spec(image, ("sh", "-c", script),
                        env={"ENGINE_MODE": "test", "WITH_SPACE": "a b", "EMPTY": ""}, **common)
 

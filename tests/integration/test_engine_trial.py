@@ -53,7 +53,8 @@ def test_a_trial_starts_times_probes_and_stops_the_engine_by_pid(tmp_path: Path)
     assert result["env"] == {"TRIAL_MARK": "1"}
     # the spec's cache directories were created under the trial's root before the start
     assert (cache / "tmp").is_dir() and (cache / "inductor").is_dir()
-    assert result["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    argv = result["argv"]
+    assert isinstance(argv, list) and argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     # stopped by the PID it recorded: every process gone, the pid file removed
     pids = result["pids"]
     assert isinstance(pids, list) and pids

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from bench.synthetic_upstream import Shape, SyntheticUpstream
-from controller.gateway import protocol, proxy
+from controller.gateway import jsonbody, protocol
 from controller.gateway.config import GatewayConfig
 from controller.gateway.embedded import serve_in_loop
 from controller.gateway.keystore import KeyStore
@@ -180,13 +180,13 @@ async def test_large_bodies_are_inspected_off_the_event_loop(
     store: KeyStore, key: str, upstream: SyntheticUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[str] = []
-    real = proxy.alias_model
+    real = jsonbody.alias_model
 
     def recording(body: bytes, served: str | None, depth: int) -> bytes:
         threads.append(threading.current_thread().name)
         return real(body, served, depth)
 
-    monkeypatch.setattr(proxy, "alias_model", recording)
+    monkeypatch.setattr("controller.gateway.proxy.alias_model", recording)
     cfg = config(store, upstream_url=upstream.url, served_model=upstream.model, inline_json_bytes=1024)
     big = {"messages": [{"role": "user", "content": "x" * 100 + str(i)} for i in range(5000)], "model": "a"}
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}

@@ -41,7 +41,7 @@ def _engine_log(c: Controller, launch_id: str) -> str:
     text, offset = "", 0
     while True:
         with urllib.request.urlopen(f"{c.url}/launches/{launch_id}/log?offset={offset}", timeout=30) as r:
-            chunk = r.read().decode(errors="replace")
+            chunk: str = r.read().decode(errors="replace")
             next_offset = int(r.headers["X-Next-Offset"])
         text += chunk
         if not chunk or next_offset == offset:

@@ -90,7 +90,7 @@ def test_large_flat_body_is_walked_not_parsed(monkeypatch: pytest.MonkeyPatch) -
         parsed.append(len(data))
         return real_loads(data)
 
-    monkeypatch.setattr(jb.json, "loads", recording_loads)
+    monkeypatch.setattr("controller.gateway.jsonbody.json.loads", recording_loads)
     body = b'{"model":"alias","a":[' + b",".join([b"1"] * 100_000) + b"]}"
     assert jb.alias_model(body, "served", 128) == body.replace(b'"alias"', b'"served"', 1)
     assert parsed == [len(b'"alias"')]  # only the model name was decoded

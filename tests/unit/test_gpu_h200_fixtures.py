@@ -29,7 +29,7 @@ def _log(name: str) -> str:
 
 def _record(recipe: str, kind: str) -> dict[str, Any]:
     for path in sorted((H200 / "records").glob(f"launch-*-{recipe}-*.json")):
-        data = json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
         if data["kind"] == kind:
             return data
     raise AssertionError(f"no {kind} record of {recipe}")

