@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from markupsafe import Markup
+from pydantic import ValidationError
 
 from appliance.bench_result import BenchResult, RequestRecord, TierResult
 from appliance.bench_tiers import SCALE_RULE, SEED_TIERS
@@ -98,10 +99,10 @@ class BenchData:
     def index_view(self) -> dict[str, Any]:
         benches = []
         for row in self.evals.benchmarks(LIST_LIMIT):
-            result = self.evals.benchmark(row["id"])
+            result = self._readable(row["id"])
             benches.append({
                 **row, "tiers": _tier_figures(result), "score": rate(row["score"]),
-                "scaled": result is not None and scaled(result),
+                "scaled": result is not None and scaled(result), "unreadable": result is None,
             })
         comparisons = [self._comparison_row(c) for c in self.evals.comparisons(LIST_LIMIT)]
         latest = self.latest_by_recipe()
@@ -128,10 +129,18 @@ class BenchData:
         out = []
         for recipe in sorted(self.evals.latest_by_recipe()):
             rows = self.evals.benchmarks(1, recipe)
-            result = self.evals.benchmark(rows[0]["id"]) if rows else None
+            result = self._readable(rows[0]["id"]) if rows else None
             if result is not None:
                 out.append(result)
         return out
+
+    def _readable(self, bench_id: str) -> BenchResult | None:
+        """The stored result, or None where its JSON no longer fits the model (a row written by
+        another version): the list shows the row's columns with dashes rather than failing."""
+        try:
+            return self.evals.benchmark(bench_id)
+        except ValidationError:
+            return None
 
     def for_launch(self, launch_id: str) -> list[dict[str, Any]]:
         return [{**row, "score": rate(row["score"])}
@@ -140,6 +149,7 @@ class BenchData:
     # -- one bench
 
     def bench_view(self, bench_id: str) -> dict[str, Any] | None:
+        """None for an unknown id; pydantic's ValidationError (a ValueError) for an unreadable row."""
         result = self.evals.benchmark(bench_id)
         if result is None:
             return None

@@ -331,7 +331,12 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
     @router.get("/benchmarks/{bench_id}")
     async def benchmark(request: Request, bench_id: str) -> Response:
         session = current(request)
-        view = await asyncio.to_thread(bench.bench_view, bench_id)
+        try:
+            view = await asyncio.to_thread(bench.bench_view, bench_id)
+        except ValueError as exc:  # pydantic's ValidationError: a row this version cannot read
+            return problem(request, session, 500, "Benchmark unreadable",
+                           f"Benchmark {bench_id!r} is stored but does not load: {exc}",
+                           "/console/benchmarks")
         if view is None:
             return problem(request, session, 404, "Unknown benchmark", f"No benchmark {bench_id!r}.",
                            "/console/benchmarks")

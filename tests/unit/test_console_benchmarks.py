@@ -8,6 +8,7 @@ pages are fetched from the real controller app (test_console.py's rig and log-in
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -251,3 +252,34 @@ def test_axis_ends_on_round_steps_at_or_above_the_largest_value() -> None:
     for value, top in [(43.2, 60.0), (40.0, 40.0), (357.0, 400.0), (1680.0, 2000.0), (0.3, 0.32), (0.0, 1.0)]:
         assert charts.nice_top(value) == pytest.approx(top)
         assert charts.nice_top(value) >= value
+
+
+async def test_a_stored_row_this_version_cannot_read_is_a_page_not_a_traceback(
+    rig: Rig, client: httpx.AsyncClient
+) -> None:
+    _store(rig)
+    with sqlite3.connect(rig.store.path) as db:
+        db.execute("UPDATE eval_benchmarks SET result_json = '{\"id\": \"b-old\"}' WHERE id = 'b-old'")
+    await login(client)
+    listed = await client.get("/console/benchmarks")
+    assert listed.status_code == 200
+    old = _row(listed.text, "bench-b-old")
+    assert "unreadable" in old and _cells(old, "tier-thr") == ["—", "—", "—"]
+    assert _cells(old, "score") == ["3.20"]  # the row's own columns still show
+    r = await client.get("/console/benchmarks/b-old")
+    assert r.status_code == 500 and 'id="problem-title">Benchmark unreadable' in r.text
+
+
+def test_create_app_opens_one_evaluation_store_for_the_api_and_the_console(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[Path] = []
+    real_init = EvalStore.__init__
+
+    def counting_init(self: EvalStore, path: Path) -> None:
+        opened.append(path)
+        real_init(self, path)
+
+    monkeypatch.setattr(EvalStore, "__init__", counting_init)
+    rig = Rig(home)
+    assert opened == [rig.store.path]
