@@ -40,6 +40,7 @@ from appliance.recipe_loader import RecipeError, load_recipes
 from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
+from controller.evaluation.store import EvalStore
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
 from controller.supervisor.driver import Driver
@@ -274,10 +275,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home)))
+    evals = EvalStore(store.path)  # one handle on the evaluation tables: the API and the console read it
+    app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home), evals))
     for router in ctx.extra_routers:
         app.include_router(router)
-    app.include_router(console_router(ctx))  # the operator console (controller/console/), own log-in
+    # the operator console (controller/console/), own log-in
+    app.include_router(console_router(ctx, evals=evals))
     return app
 
 

@@ -9,6 +9,7 @@ Every piece of text goes through `markupsafe.escape`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -241,3 +242,128 @@ def waterfall(bars: Sequence[Bar], *, title: str, width: int = 880, row_h: int =
 
 def gib(v: float) -> str:
     return f"{v / 2**30:.1f} GiB"
+
+
+def nice_top(v: float, intervals: int = 4) -> float:
+    """An axis end at or above v whose `intervals` grid steps are round numbers (1, 1.5, 2, … 8 × 10^k),
+    so ticks read 0, 10, 20, 30, 40 rather than 0, 11.5, 23, 34.5, 46."""
+    if v <= 0:
+        return 1.0
+    raw = v / intervals
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * magnitude >= raw)
+    return step * intervals
+
+
+@dataclass(frozen=True)
+class BarGroup:
+    """One cluster of bars: a label (a benchmark tier) and one value per legend entry (a recipe)."""
+
+    label: str
+    values: Sequence[float | None]  # in legend order; None = no figure (no bar, a dash)
+
+
+def grouped_bars(groups: Sequence[BarGroup], legend: Sequence[str], *, title: str,
+                 y_format: Callable[[float], str] = lambda v: f"{v:.0f}",
+                 value_format: Callable[[float], str] = lambda v: f"{v:.1f}",
+                 width: int = 880, height: int = 260) -> Markup:
+    """Vertical bars side by side per group, one colour per legend entry (e.g. eager vs graph per tier)."""
+    frame = _Frame(width, height, top=30)
+    p = frame.parts
+    if not groups or not legend:
+        p.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" class="empty">'
+                 "nothing measured yet</text>")
+        return _svg(frame, title)
+    values = [v for g in groups for v in g.values if v is not None]
+    top = nice_top(max(values) * 1.08) if values else 1.0  # room for the value labels
+
+    def py(y: float) -> float:
+        return frame.top + frame.plot_h - max(0.0, min(1.0, y / top)) * frame.plot_h
+
+    for i in range(5):
+        y = top * i / 4
+        p.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{_num(py(y))}" y2="{_num(py(y))}" '
+                 f'stroke="#e5e7eb" stroke-width="1"/>')
+        p.append(f'<text x="{frame.left - 6}" y="{_num(py(y) + 4)}" text-anchor="end" class="tick">'
+                 f"{escape(y_format(y))}</text>")
+    slot = frame.plot_w / len(groups)
+    bar_w = min(48.0, slot * 0.8 / len(legend))
+    for gi, g in enumerate(groups):
+        x0 = frame.left + gi * slot + (slot - bar_w * len(legend)) / 2
+        p.append(f'<g class="bar-group"><title>{escape(g.label)}</title>')
+        for si, name in enumerate(legend):
+            v = g.values[si] if si < len(g.values) else None
+            x = x0 + si * bar_w
+            if v is None:
+                p.append(f'<text x="{_num(x + bar_w / 2)}" y="{_num(py(0) - 4)}" text-anchor="middle" '
+                         f'class="tick">—</text>')
+                continue
+            color = PALETTE[si % len(PALETTE)]
+            p.append(f'<rect class="gbar" x="{_num(x + 1)}" y="{_num(py(v))}" width="{_num(bar_w - 2)}" '
+                     f'height="{_num(py(0) - py(v))}" fill="{color}">'
+                     f"<title>{escape(f'{name} · {g.label}: {value_format(v)}')}</title></rect>")
+            p.append(f'<text x="{_num(x + bar_w / 2)}" y="{_num(py(v) - 3)}" text-anchor="middle" '
+                     f'class="tick">{escape(value_format(v))}</text>')
+        p.append("</g>")
+        p.append(f'<text x="{_num(frame.left + (gi + 0.5) * slot)}" y="{height - 8}" text-anchor="middle" '
+                 f'class="label">{escape(g.label)}</text>')
+    lx = frame.left + 8
+    for si, name in enumerate(legend):
+        p.append(f'<rect x="{lx}" y="8" width="10" height="10" fill="{PALETTE[si % len(PALETTE)]}"/>'
+                 f'<text x="{lx + 14}" y="17" class="legend">{escape(name)}</text>')
+        lx += 28 + 7 * len(name)
+    return _svg(frame, title)
+
+
+@dataclass(frozen=True)
+class Dot:
+    """One request on a strip: its value (None = it failed, drawn as a cross) and a tooltip."""
+
+    value: float | None
+    tip: str
+
+
+@dataclass(frozen=True)
+class Strip:
+    label: str
+    dots: Sequence[Dot]
+
+
+def strip_chart(strips: Sequence[Strip], *, title: str, width: int = 880, row_h: int = 30,
+                x_format: Callable[[float], str] = lambda v: f"{v:,.0f} ms",
+                color: str = PALETTE[0]) -> Markup:
+    """One row per group (a tier), one dot per item (a request) on a shared axis from 0; a failed
+    item is a red cross at the row's start, so failures are seen, not silently missing."""
+    frame = _Frame(width, 12 + row_h * max(1, len(strips)) + 28, left=150, right=40)
+    p = frame.parts
+    values = [d.value for s in strips for d in s.dots if d.value is not None]
+    if not strips or not any(s.dots for s in strips):
+        p.append(f'<text x="{width / 2}" y="30" text-anchor="middle" class="empty">'
+                 "no requests recorded</text>")
+        return _svg(frame, title)
+    total = nice_top(max(values) * 1.02) if values else 1.0
+
+    def px(x: float) -> float:
+        return frame.left + x / total * frame.plot_w
+
+    for i in range(5):
+        x = total * i / 4
+        p.append(f'<line x1="{_num(px(x))}" x2="{_num(px(x))}" y1="{frame.top}" '
+                 f'y2="{frame.height - frame.bottom}" stroke="#e5e7eb" stroke-width="1"/>')
+        p.append(f'<text x="{_num(px(x))}" y="{frame.height - 8}" text-anchor="middle" class="tick">'
+                 f"{escape(x_format(x))}</text>")
+    for i, s in enumerate(strips):
+        cy = frame.top + i * row_h + row_h / 2
+        p.append(f'<text x="{frame.left - 8}" y="{_num(cy + 4)}" text-anchor="end" class="label">'
+                 f"{escape(s.label)}</text>")
+        p.append('<g class="strip">')
+        for d in s.dots:
+            if d.value is None:
+                x = frame.left + 4
+                p.append(f'<path class="dot-failed" d="M{_num(x - 4)} {_num(cy - 4)} l8 8 m0 -8 l-8 8" '
+                         f'stroke="#dc2626" stroke-width="2"><title>{escape(d.tip)}</title></path>')
+            else:
+                p.append(f'<circle class="dot" cx="{_num(px(d.value))}" cy="{_num(cy)}" r="5" '
+                         f'fill="{escape(color)}" fill-opacity="0.7"><title>{escape(d.tip)}</title></circle>')
+        p.append("</g>")
+    return _svg(frame, title)

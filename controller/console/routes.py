@@ -7,6 +7,7 @@
     GET  /console/recipes/{name}/apply  the preflight plan and a confirm form
     POST /console/recipes/{name}/apply  submit the apply (CSRF), 409 page when a start is in progress
     GET  /console/launches[/{id}]       history; one launch's phase waterfall and memory picture
+    GET  /console/benchmarks[/{id}]     stored comparisons (verdicts) and benches; one bench's tiers
     GET  /console/memory                host memory over time (controller/watch/history.py)
     GET  /console/keys, POST /console/keys, POST /console/keys/{id}/revoke
     GET  /console/events                server-sent status snapshots for the live progress bar
@@ -36,6 +37,8 @@ from fastapi.templating import Jinja2Templates
 from appliance.recipe_loader import RecipeError
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, Session, Sessions
+from controller.console.bench_views import BenchData
+from controller.evaluation.store import EvalStore
 from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import Paths
 from controller.supervisor.preflight import UnknownRecipe
@@ -102,13 +105,16 @@ async def read_form(request: Request) -> dict[str, str]:
 
 
 def console_router(ctx: ApiContext, sessions: Sessions | None = None,
-                   history: HostHistory = HOST_HISTORY) -> APIRouter:
+                   history: HostHistory = HOST_HISTORY, evals: EvalStore | None = None) -> APIRouter:
+    """`evals`: the EvalStore create_app shares with the evaluation API; mounted alone (tests), the
+    console opens one on the launch store's file, where the evaluation tables live."""
     router = APIRouter(prefix="/console", include_in_schema=False)
     sessions = sessions or Sessions(ctx.home)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters.update(views.FILTERS)
     driver, preflight = ctx.driver, ctx.preflight
     data = views.ConsoleData(ctx, history)
+    bench = BenchData(evals or EvalStore(ctx.store.path))
 
     def keystore() -> KeyStore:
         return KeyStore(Paths(ctx.home).keys_db)
@@ -311,7 +317,30 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         if view is None:
             return problem(request, session, 404, "Unknown launch", f"No launch {launch_id!r}.",
                            "/console/launches")
-        return page(request, "launch.html", session, launch=view)
+        benches = await asyncio.to_thread(bench.for_launch, launch_id)
+        return page(request, "launch.html", session, launch=view, benches=benches)
+
+    # -- Benchmarks (read-only: `appliance bench | compare` write them)
+
+    @router.get("/benchmarks")
+    async def benchmarks(request: Request) -> Response:
+        session = current(request)
+        view = await asyncio.to_thread(bench.index_view)
+        return page(request, "benchmarks.html", session, view=view)
+
+    @router.get("/benchmarks/{bench_id}")
+    async def benchmark(request: Request, bench_id: str) -> Response:
+        session = current(request)
+        try:
+            view = await asyncio.to_thread(bench.bench_view, bench_id)
+        except ValueError as exc:  # pydantic's ValidationError: a row this version cannot read
+            return problem(request, session, 500, "Benchmark unreadable",
+                           f"Benchmark {bench_id!r} is stored but does not load: {exc}",
+                           "/console/benchmarks")
+        if view is None:
+            return problem(request, session, 404, "Unknown benchmark", f"No benchmark {bench_id!r}.",
+                           "/console/benchmarks")
+        return page(request, "benchmark.html", session, bench=view)
 
     # -- Host memory
 

@@ -86,9 +86,14 @@ class CompareJob:
 
 
 def evaluation_router(
-    driver: Driver, store: Store, preflight: Preflight, require_admin: Callable[..., Any]
+    driver: Driver,
+    store: Store,
+    preflight: Preflight,
+    require_admin: Callable[..., Any],
+    evals: EvalStore | None = None,
 ) -> APIRouter:
-    evals = EvalStore(store.path)
+    # create_app hands in the one EvalStore it shares with the console's Benchmarks pages
+    evals = evals or EvalStore(store.path)
     driver.metrics.set_evaluation_source(evals.latest_by_recipe)
     router = APIRouter(tags=["evaluation"])
     jobs: dict[str, CompareJob] = {}

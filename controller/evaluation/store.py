@@ -198,8 +198,20 @@ class EvalStore:
 
     # ---- reads
 
-    def benchmarks(self, limit: int = 50, recipe: str | None = None) -> list[dict[str, Any]]:
-        where, args = ("WHERE recipe = ?", (recipe,)) if recipe else ("", ())
+    def benchmarks(
+        self,
+        limit: int = 50,
+        recipe: str | None = None,
+        *,
+        launch_id: str | None = None,
+        comparison_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Newest first; each filter given narrows to the benches of that recipe, launch or compare."""
+        filters = {"recipe": recipe, "launch_id": launch_id, "comparison_id": comparison_id}
+        wanted = {column: value for column, value in filters.items() if value}
+        # column names come from the fixed dict above, never from the caller
+        where = ("WHERE " + " AND ".join(f"{column} = ?" for column in wanted)) if wanted else ""
+        args = tuple(wanted.values())
         with self._lock:
             rows = self._db.execute(
                 "SELECT id, launch_id, recipe, spec_hash, cache_vintage, cache_root, score, p99_ttft_ms, "

@@ -32,7 +32,8 @@ from controller.watch.sampler import HostSample
 from tests.unit.test_api import TOKEN, Rig
 
 PAGES = ["/console/", "/console/recipes", "/console/recipes/cpu-smollm2",
-         "/console/recipes/cpu-smollm2/apply", "/console/launches", "/console/memory", "/console/keys"]
+         "/console/recipes/cpu-smollm2/apply", "/console/launches", "/console/memory", "/console/keys",
+         "/console/benchmarks"]
 
 
 class Clock:
