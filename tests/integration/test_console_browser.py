@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from controller.evaluation.store import EvalStore
 from tests.integration.controller_harness import (
     RECIPE,
     REPO,
@@ -40,6 +41,7 @@ from tests.integration.controller_harness import (
     require_engine,
     serving,
 )
+from tests.unit.test_console_benchmarks import _bench
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -223,6 +225,23 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     ui.shot("memory")
     ui.read_log()
 
+    # 5b. benchmarks: the empty state, then a stored bench (written by the real EvalStore into the
+    # controller's database, as `appliance bench` does) in the list, its chart and its own page.
+    ui.go("/console/benchmarks")
+    assert "appliance bench" in ui.text("no-benchmarks")
+    bench = _bench("browser-bench", RECIPE, time.time(), durations=(8, 16, 32))
+    EvalStore(controller.home / "appliance.sqlite3").add_benchmark(bench)
+    ui.go("/console/benchmarks")
+    assert len(ui.el("bench-chart").find_elements(By.CSS_SELECTOR, "rect.gbar")) == 3  # a bar per tier
+    row = ui.el("bench-browser-bench")
+    assert RECIPE in row.text
+    ui.shot("benchmarks")
+    row.find_element(By.LINK_TEXT, "browser-bench").click()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#tiers tr.tier-row")) == 3
+    assert len(browser.find_elements(By.CSS_SELECTOR, "circle.dot")) >= 15  # every request of 3 tiers
+    ui.shot("benchmark")
+    ui.read_log()
+
     # 6. keys: created and shown once, a forged CSRF token changes nothing, revoked.
     ui.go("/console/keys")
     ui.el("key-name").send_keys("browser-test")
@@ -254,4 +273,5 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     # 7. no console errors anywhere (CSP violations, script errors, failed loads).
     assert ui.errors == [], ui.errors
     assert {"recipes.png", "apply-confirm.png", "now-ready.png", "launches.png", "launch.png", "memory.png",
-            "key-created.png", "keys.png"} <= {p.name for p in SHOTS.glob("*.png")}
+            "benchmarks.png", "benchmark.png", "key-created.png", "keys.png"} <= {
+        p.name for p in SHOTS.glob("*.png")}
