@@ -127,9 +127,8 @@ class BenchData:
     def latest_by_recipe(self) -> list[BenchResult]:
         """The newest bench of each recipe, by recipe name (so eager and graph sit side by side)."""
         out = []
-        for recipe in sorted(self.evals.latest_by_recipe()):
-            rows = self.evals.benchmarks(1, recipe)
-            result = self._readable(rows[0]["id"]) if rows else None
+        for _recipe, latest in sorted(self.evals.latest_by_recipe().items()):
+            result = self._readable(latest["id"]) if "id" in latest else None  # fingerprint-only: none
             if result is not None:
                 out.append(result)
         return out
@@ -166,8 +165,7 @@ class BenchData:
             proof = {"markers": sorted(result.proof.markers.items()),
                      "checksums": sorted(result.proof.checksums.items()),
                      "problems": result.proof.problems}
-        row = next((b for b in self.evals.benchmarks(PER_LAUNCH, launch_id=result.launch_id)
-                    if b["id"] == result.id), None) if result.launch_id else None
+        row = next(iter(self.evals.benchmarks(1, bench_id=result.id)), None)
         return {
             "r": result, "score": rate(result.score), "failed": result.failed,
             "p99_ttft": ms(result.p99_ttft_ms), "p99_tpot": ms(result.p99_tpot_ms),

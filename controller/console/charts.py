@@ -89,6 +89,26 @@ def _svg(frame: _Frame, title: str) -> Markup:
     )
 
 
+def _y_grid(frame: _Frame, py: Callable[[float], float], top: float, fmt: Callable[[float], str]) -> None:
+    """Four horizontal grid steps from 0 to `top`, each labelled on the left axis."""
+    for i in range(5):
+        y = top * i / 4
+        frame.parts.append(f'<line x1="{frame.left}" x2="{frame.width - frame.right}" y1="{_num(py(y))}" '
+                           f'y2="{_num(py(y))}" stroke="#e5e7eb" stroke-width="1"/>')
+        frame.parts.append(f'<text x="{frame.left - 6}" y="{_num(py(y) + 4)}" text-anchor="end" class="tick">'
+                           f"{escape(fmt(y))}</text>")
+
+
+def _x_grid(frame: _Frame, px: Callable[[float], float], total: float, fmt: Callable[[float], str]) -> None:
+    """Four vertical grid steps from 0 to `total`, each labelled under the plot."""
+    for i in range(5):
+        x = total * i / 4
+        frame.parts.append(f'<line x1="{_num(px(x))}" x2="{_num(px(x))}" y1="{frame.top}" '
+                           f'y2="{frame.height - frame.bottom}" stroke="#e5e7eb" stroke-width="1"/>')
+        frame.parts.append(f'<text x="{_num(px(x))}" y="{frame.height - 8}" text-anchor="middle" '
+                           f'class="tick">{escape(fmt(x))}</text>')
+
+
 def _fold(points: Sequence[tuple[float, float | None]], x0: float, x1: float, columns: int,
           fold: Callable[[Sequence[float]], float]) -> list[tuple[float, float | None]]:
     """At most one point per pixel column (a day of 1 Hz samples must not become 86,400 nodes)."""
@@ -152,12 +172,7 @@ def line_chart(
 
     p = frame.parts
     # axes and four horizontal grid lines with their values
-    for i in range(5):
-        y = top * i / 4
-        p.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{_num(py(y))}" y2="{_num(py(y))}" '
-                 f'stroke="#e5e7eb" stroke-width="1"/>')
-        p.append(f'<text x="{frame.left - 6}" y="{_num(py(y) + 4)}" text-anchor="end" class="tick">'
-                 f"{escape(y_format(y))}</text>")
+    _y_grid(frame, py, top, y_format)
     for i in range(5):
         x = x0 + (x1 - x0) * i / 4
         anchor = "start" if i == 0 else "end" if i == 4 else "middle"
@@ -220,12 +235,7 @@ def waterfall(bars: Sequence[Bar], *, title: str, width: int = 880, row_h: int =
     def px(x: float) -> float:
         return frame.left + x / total * frame.plot_w
 
-    for i in range(5):
-        x = total * i / 4
-        p.append(f'<line x1="{_num(px(x))}" x2="{_num(px(x))}" y1="{frame.top}" '
-                 f'y2="{frame.height - frame.bottom}" stroke="#e5e7eb" stroke-width="1"/>')
-        p.append(f'<text x="{_num(px(x))}" y="{frame.height - 8}" text-anchor="middle" class="tick">'
-                 f"{escape(x_format(x))}</text>")
+    _x_grid(frame, px, total, x_format)
     for i, b in enumerate(bars):
         y = frame.top + i * row_h
         w = max(2.0, px(b.end) - px(b.start))
@@ -280,12 +290,7 @@ def grouped_bars(groups: Sequence[BarGroup], legend: Sequence[str], *, title: st
     def py(y: float) -> float:
         return frame.top + frame.plot_h - max(0.0, min(1.0, y / top)) * frame.plot_h
 
-    for i in range(5):
-        y = top * i / 4
-        p.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{_num(py(y))}" y2="{_num(py(y))}" '
-                 f'stroke="#e5e7eb" stroke-width="1"/>')
-        p.append(f'<text x="{frame.left - 6}" y="{_num(py(y) + 4)}" text-anchor="end" class="tick">'
-                 f"{escape(y_format(y))}</text>")
+    _y_grid(frame, py, top, y_format)
     slot = frame.plot_w / len(groups)
     bar_w = min(48.0, slot * 0.8 / len(legend))
     for gi, g in enumerate(groups):
@@ -346,12 +351,7 @@ def strip_chart(strips: Sequence[Strip], *, title: str, width: int = 880, row_h:
     def px(x: float) -> float:
         return frame.left + x / total * frame.plot_w
 
-    for i in range(5):
-        x = total * i / 4
-        p.append(f'<line x1="{_num(px(x))}" x2="{_num(px(x))}" y1="{frame.top}" '
-                 f'y2="{frame.height - frame.bottom}" stroke="#e5e7eb" stroke-width="1"/>')
-        p.append(f'<text x="{_num(px(x))}" y="{frame.height - 8}" text-anchor="middle" class="tick">'
-                 f"{escape(x_format(x))}</text>")
+    _x_grid(frame, px, total, x_format)
     for i, s in enumerate(strips):
         cy = frame.top + i * row_h + row_h / 2
         p.append(f'<text x="{frame.left - 8}" y="{_num(cy + 4)}" text-anchor="end" class="label">'

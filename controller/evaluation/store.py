@@ -205,9 +205,11 @@ class EvalStore:
         *,
         launch_id: str | None = None,
         comparison_id: str | None = None,
+        bench_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Newest first; each filter given narrows to the benches of that recipe, launch or compare."""
-        filters = {"recipe": recipe, "launch_id": launch_id, "comparison_id": comparison_id}
+        """Newest first; each filter given narrows to the benches of that recipe, launch or compare
+        (or to the one bench `bench_id`: its row, with the comparison it belongs to)."""
+        filters = {"recipe": recipe, "launch_id": launch_id, "comparison_id": comparison_id, "id": bench_id}
         wanted = {column: value for column, value in filters.items() if value}
         # column names come from the fixed dict above, never from the caller
         where = ("WHERE " + " AND ".join(f"{column} = ?" for column in wanted)) if wanted else ""
@@ -281,11 +283,12 @@ class EvalStore:
         return None
 
     def latest_by_recipe(self) -> dict[str, dict[str, Any]]:
-        """The newest benchmark and fingerprint per recipe (for the metrics collector)."""
+        """The newest benchmark (its `id` and figures) and fingerprint per recipe (for the metrics
+        collector and the console's side-by-side chart)."""
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
             for r in self._db.execute(
-                "SELECT recipe, score, p99_ttft_ms, p99_tpot_ms, decode_ms_median, created_at "
+                "SELECT recipe, id, score, p99_ttft_ms, p99_tpot_ms, decode_ms_median, created_at "
                 "FROM eval_benchmarks b "
                 "WHERE created_at = (SELECT MAX(created_at) FROM eval_benchmarks WHERE recipe = b.recipe)"
             ).fetchall():
