@@ -46,10 +46,12 @@ from tests.unit.test_console_benchmarks import _bench
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoSuchElementException  # noqa: E402
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 OTHER = "itest-other"
 SHOTS = REPO / "build" / "console-screenshots"
@@ -112,6 +114,20 @@ class Console:
     def text(self, element_id: str) -> str:
         return str(self.el(element_id).text)
 
+    def submit(self, element: Any) -> None:
+        """Click something that loads a new page, and return once that page has loaded.
+
+        A click returns as soon as Chrome has dispatched it; a form post or a link only *schedules*
+        the navigation, so reading the next page at once can still find the old one (CI stop 18:
+        the log-in refusal's `#error` was looked up on the log-in form it replaces). The old
+        document's root going stale is the sign that the new one has replaced it.
+        """
+        old_root = self.d.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(self.d, 60).until(expected_conditions.staleness_of(old_root))
+        WebDriverWait(self.d, 60).until(
+            lambda d: d.execute_script("return document.readyState") == "complete")
+
     def shot(self, name: str) -> None:
         self.d.save_screenshot(str(SHOTS / f"{name}.png"))
 
@@ -121,8 +137,8 @@ class Console:
             try:
                 if predicate():
                     return
-            except NoSuchElementException:
-                pass
+            except (NoSuchElementException, StaleElementReferenceException):
+                pass  # the page is being replaced: ask again
             if time.monotonic() > deadline:
                 self.shot("timeout")
                 raise AssertionError(f"timed out waiting for {what} on {self.d.current_url}")
@@ -147,13 +163,13 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     ui.go("/console/")
     assert "/console/login" in browser.current_url
     ui.el("token").send_keys("adm_wrong-token")
-    ui.el("login").click()
+    ui.submit(ui.el("login"))
     assert "wrong admin token" in ui.text("error")
     assert browser.get_cookie("appliance_console") is None
     ui.shot("login-refused")
     ui.read_log(expected=("status of 401",))
     ui.el("token").send_keys(TOKEN)
-    ui.el("login").click()
+    ui.submit(ui.el("login"))
     ui.wait(lambda: ui.text("state") == "idle", 30, "the Now page after log-in")
     cookie = browser.get_cookie("appliance_console")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict" and "expiry" in cookie
@@ -164,12 +180,12 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     ui.go("/console/recipes")
     assert ui.el(f"recipe-{RECIPE}").find_element(By.CLASS_NAME, "verdict").text == "admit"
     ui.shot("recipes")
-    ui.el(f"apply-{RECIPE}").click()
+    ui.submit(ui.el(f"apply-{RECIPE}"))
     dialog = ui.el("confirm-dialog")
     assert f"Apply {RECIPE}?" in dialog.text and "Admission on this host" in dialog.text
     ui.shot("apply-confirm")
     assert controller.status()["state"] == "idle"  # nothing happens before the confirmation
-    ui.el("confirm-apply").click()
+    ui.submit(ui.el("confirm-apply"))
     ui.wait(lambda: "Apply accepted" in ui.text("notice"), 30, "the applied notice")
     ui.read_log()
 
@@ -193,7 +209,7 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     before = controller.status()
     assert before["state"] == "starting"
     ui.go(f"/console/recipes/{OTHER}/apply")
-    ui.el("confirm-apply").click()
+    ui.submit(ui.el("confirm-apply"))
     assert ui.text("problem-title") == "Not applied"
     message = ui.text("problem-message")
     assert "in progress" in message and "Nothing was changed" in message
@@ -214,7 +230,7 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     row = ui.el(f"launch-{launch_id}")
     assert RECIPE in row.text and "ready" in row.text
     ui.shot("launches")
-    row.find_element(By.LINK_TEXT, launch_id).click()
+    ui.submit(row.find_element(By.LINK_TEXT, launch_id))
     waterfall = ui.el("waterfall").find_element(By.TAG_NAME, "svg")
     assert len(waterfall.find_elements(By.CSS_SELECTOR, "rect.bar")) >= 2
     assert ui.el("launch-memory").find_elements(By.TAG_NAME, "polyline")
@@ -236,7 +252,7 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     row = ui.el("bench-browser-bench")
     assert RECIPE in row.text
     ui.shot("benchmarks")
-    row.find_element(By.LINK_TEXT, "browser-bench").click()
+    ui.submit(row.find_element(By.LINK_TEXT, "browser-bench"))
     assert len(browser.find_elements(By.CSS_SELECTOR, "#tiers tr.tier-row")) == 3
     assert len(browser.find_elements(By.CSS_SELECTOR, "circle.dot")) >= 15  # every request of 3 tiers
     ui.shot("benchmark")
@@ -245,7 +261,7 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     # 6. keys: created and shown once, a forged CSRF token changes nothing, revoked.
     ui.go("/console/keys")
     ui.el("key-name").send_keys("browser-test")
-    ui.el("create").click()
+    ui.submit(ui.el("create"))
     key = ui.text("new-key")
     assert key.startswith("sk-")
     ui.shot("key-created")
@@ -255,7 +271,7 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     assert len(rows) == 1
     browser.execute_script("document.querySelector('#create-key input[name=csrf]').value = 'forged';")
     ui.el("key-name").send_keys("forged")
-    ui.el("create").click()
+    ui.submit(ui.el("create"))
     assert ui.text("problem-title") == "Form expired or forged"
     ui.read_log(expected=("status of 403",))
     ui.go("/console/keys")
