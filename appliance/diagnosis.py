@@ -740,7 +740,9 @@ def _runtime_cannot_run(reason: str, facts: FailureFacts, findings: tuple[Findin
         code=DiagnosisCode.RUNTIME_CANNOT_RUN, severity=Severity.ERROR,
         summary=f"the runtime could not run the engine: {reason}" + _where(facts),
         hint=("the cluster has no node with the requested GPUs / memory / labels free: see `appliance host "
-              "plan RECIPE` for what the node must have, free the resources, or change the node selector"
+              "plan RECIPE` for what the node must have, free the resources, or change the node selector; "
+              "where an autoscaler adds nodes more slowly than the controller's grace "
+              "(APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S, 300 s by default), raise that grace"
               if capacity else
               "the image cannot be pulled or the container cannot be created as rendered: check the image "
               "name, the registry's pull secret and the referenced Secret/claims"),

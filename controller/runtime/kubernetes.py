@@ -18,7 +18,11 @@ this module only applies, watches, reads and deletes them. Choices, and why:
 - **Ended = the first container run ended.** A Deployment's pod always restarts (restartPolicy
   Always), but the controller owns restarts (backoff, diagnosis, DOMAIN §3's OOM loops): so a
   terminated state, a restart count above 0, CrashLoopBackOff, an image that cannot be pulled and an
-  unschedulable pod all read as `running=False`, the cause in `ExitInfo.reason`.
+  unschedulable pod all read as `running=False`, the cause in `ExitInfo.reason`. An unschedulable pod
+  gets a grace first (`unschedulable_grace_s`, $APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S, 300 s by default,
+  counted from the condition's lastTransitionTime): a cluster autoscaler (or Karpenter) answers a
+  pending GPU pod by adding a node, which takes minutes; failing at the first scheduler message would
+  end every launch that waits for one. The grace counts inside the ready budget.
 - **wait** lists the launch's pods, then watches them from that list's resourceVersion with a
   server-side `timeoutSeconds` (event-driven, no tight poll).
 - **Logs** have no byte offset in the API: each read fetches the current container's log with
@@ -94,6 +98,11 @@ _parse_quantity: Any = parse_quantity
 FIELD_MANAGER = "appliance-controller"
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 NAMESPACE_ENV = "APPLIANCE_K8S_NAMESPACE"
+UNSCHEDULABLE_GRACE_ENV = "APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S"
+# Long enough for a cluster autoscaler to add a GPU node (a few minutes on the big clouds), short
+# against a cold start's ready budget (DOMAIN §4: 900 s and more), so the scheduler's words still end
+# a launch that no node will ever take, well before the budget would.
+DEFAULT_UNSCHEDULABLE_GRACE_S = 300.0
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 # adopt() runs at controller start: a configured but unreachable cluster must not hold it up.
 ADOPT_TIMEOUT_S = (5.0, 15.0)
@@ -138,8 +147,23 @@ def _terminated(term: k8s.V1ContainerStateTerminated, reason: str | None = None)
                     oom_killed=term.reason == "OOMKilled", reason=why)
 
 
-def pod_exit(pod: k8s.V1Pod) -> ExitInfo:
-    """One pod's status → ExitInfo (pure; tested on recorded pods)."""
+def _unschedulable(cond: k8s.V1PodCondition, now: float | None, grace_s: float) -> ExitInfo:
+    """Pending for the scheduler: still starting inside the grace, ended after it (or without a time)."""
+    words = f"Unschedulable: {cond.message or ''}".rstrip(": ")
+    since = cond.last_transition_time
+    pending_s = None if now is None or since is None else max(0.0, now - since.timestamp())
+    if pending_s is not None and pending_s < grace_s:
+        return ExitInfo(running=True, oom_killed=False,
+                        reason=f"{words} (pending {pending_s:.0f} s of a {grace_s:.0f} s grace for the "
+                               "cluster to make room)")
+    if pending_s is not None and grace_s > 0:
+        words += f" (unschedulable for {pending_s:.0f} s, past the {grace_s:.0f} s grace)"
+    return ExitInfo(running=False, reason=words)
+
+
+def pod_exit(pod: k8s.V1Pod, *, now: float | None = None, unschedulable_grace_s: float = 0.0) -> ExitInfo:
+    """One pod's status → ExitInfo (pure; tested on recorded pods). `now` (wall-clock seconds, the
+    API's timestamps are wall time) and the grace decide whether an unschedulable pod has ended."""
     status = pod.status or k8s.V1PodStatus()
     for cs in status.container_statuses or []:
         state = cs.state or k8s.V1ContainerState()
@@ -157,18 +181,19 @@ def pod_exit(pod: k8s.V1Pod) -> ExitInfo:
             return _terminated(last)
     for cond in status.conditions or []:
         if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-            return ExitInfo(running=False, reason=f"Unschedulable: {cond.message or ''}".rstrip(": "))
+            return _unschedulable(cond, now, unschedulable_grace_s)
     if status.phase in ("Failed", "Succeeded"):  # evicted, or ended without container statuses
         why = ": ".join(x for x in (status.phase, status.reason, status.message) if x)
         return ExitInfo(running=False, reason=why)
     return ExitInfo(running=True, oom_killed=False)
 
 
-def launch_exit(pods: Sequence[k8s.V1Pod]) -> ExitInfo | None:
+def launch_exit(pods: Sequence[k8s.V1Pod], *, now: float | None = None,
+                unschedulable_grace_s: float = 0.0) -> ExitInfo | None:
     """The launch's state from all its pods: ended if any pod says so; None when there is no pod."""
     if not pods:
         return None
-    infos = [pod_exit(p) for p in pods]
+    infos = [pod_exit(p, now=now, unschedulable_grace_s=unschedulable_grace_s) for p in pods]
     ended = [i for i in infos if not i.running]
     return ended[0] if ended else infos[0]
 
@@ -238,18 +263,24 @@ class KubernetesRuntime:
         render: Manifests = render_manifests,
         keep_cache: bool = True,
         delete_wait_s: float = 60.0,
+        unschedulable_grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """`api_client`: built from in-cluster config or a kubeconfig on first use when None.
         `namespace`: where launches go when a manifest names none (else $APPLIANCE_K8S_NAMESPACE,
         the service account's namespace in-cluster, then `default`). `keep_cache`: stop keeps the
-        cache PVC. `delete_wait_s`: how long stop waits for the pods to go after the grace."""
+        cache PVC. `delete_wait_s`: how long stop waits for the pods to go after the grace.
+        `unschedulable_grace_s`: how long a pod may wait for a node before the launch has ended (None:
+        $APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S, else 300 s). `wall`: the clock the API's timestamps use."""
         self._api = api_client
         self._namespace = namespace
         self._render = render
         self.keep_cache = keep_cache
         self._delete_wait_s = delete_wait_s
         self._clock = clock
+        self._wall = wall
+        self._unschedulable_grace_s = unschedulable_grace_s
         self._cpu: dict[str, tuple[float, float]] = {}  # launch id → (seconds so far, at)
         self._no_metrics = False
 
@@ -290,6 +321,23 @@ class KubernetesRuntime:
             else:
                 self._namespace = "default"
         return self._namespace
+
+    @property
+    def unschedulable_grace_s(self) -> float:
+        if self._unschedulable_grace_s is None:
+            raw = os.environ.get(UNSCHEDULABLE_GRACE_ENV)
+            try:
+                grace = DEFAULT_UNSCHEDULABLE_GRACE_S if raw is None else float(raw)
+            except ValueError:
+                grace = -1.0
+            if not 0 <= grace < math.inf:
+                raise RuntimeError_(f"kubernetes: {UNSCHEDULABLE_GRACE_ENV}={raw!r} is not a number of "
+                                    "seconds >= 0 (0: an unschedulable pod ends the launch at once)")
+            self._unschedulable_grace_s = grace
+        return self._unschedulable_grace_s
+
+    def _exit(self, pods: Sequence[k8s.V1Pod]) -> ExitInfo | None:
+        return launch_exit(pods, now=self._wall(), unschedulable_grace_s=self.unschedulable_grace_s)
 
     @contextmanager
     def _call(self, action: str, verb: str, resource: str, namespace: str,
@@ -460,7 +508,7 @@ class KubernetesRuntime:
 
     def inspect(self, handle: EngineHandle) -> ExitInfo:
         pods, _ = self._pods(handle)
-        info = launch_exit(pods)
+        info = self._exit(pods)
         if info is not None:
             return info
         ns, kind, name = self.parse_ref(handle)
@@ -472,7 +520,7 @@ class KubernetesRuntime:
         deadline = self._clock() + timeout_s
         ns, _, _ = self.parse_ref(handle)
         pods, version = self._pods(handle)
-        info = launch_exit(pods)
+        info = self._exit(pods)
         if info is None:
             info = self.inspect(handle)
         if not info.running:
@@ -488,7 +536,7 @@ class KubernetesRuntime:
                             return ExitInfo(running=False, reason=f"pod {pod.metadata.name} deleted")
                         continue
                     current[pod.metadata.name] = pod
-                    seen = launch_exit(list(current.values()))
+                    seen = self._exit(list(current.values()))
                     if seen is not None and not seen.running:
                         return seen
                     if self._clock() >= deadline:
@@ -499,10 +547,10 @@ class KubernetesRuntime:
                 # 410 Gone: our resourceVersion fell out of the watch cache; list again, go on.
                 pods, version = self._pods(handle)
                 current = {p.metadata.name: p for p in pods}
-                seen = launch_exit(pods)
+                seen = self._exit(pods)
                 if seen is not None and not seen.running:
                     return seen
-        return launch_exit(list(current.values())) or ExitInfo(running=True, oom_killed=False)
+        return self._exit(list(current.values())) or ExitInfo(running=True, oom_killed=False)
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
         ns, kind, name = self.parse_ref(handle)
@@ -537,7 +585,7 @@ class KubernetesRuntime:
 
     def _last_exit(self, handle: EngineHandle) -> ExitInfo:
         pods, _ = self._pods(handle)
-        return launch_exit(pods) or ExitInfo(running=False)
+        return self._exit(pods) or ExitInfo(running=False)
 
     def _wait_gone(self, handle: EngineHandle, timeout_s: float) -> bool:
         ns, _, _ = self.parse_ref(handle)

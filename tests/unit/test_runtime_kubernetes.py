@@ -9,6 +9,7 @@ against the Kubernetes schemas) or how a real kubelet times things.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -201,12 +202,60 @@ def test_crashloop_after_oom_is_an_ended_oom(cluster: RecordedCluster) -> None:
     assert "last run: OOMKilled with code 137" in info.reason
 
 
-def test_unschedulable_carries_the_scheduler_message(cluster: RecordedCluster) -> None:
+# The recorded pod's PodScheduled=False lastTransitionTime (2026-11-30T10:15:02Z), in wall seconds.
+UNSCHEDULABLE_SINCE = datetime(2026, 11, 30, 10, 15, 2, tzinfo=UTC).timestamp()
+
+
+def test_unschedulable_past_the_grace_carries_the_scheduler_message(cluster: RecordedCluster) -> None:
     cluster.expect("GET", PODS, pod_list(fixture("pod_pending_unschedulable.json")))
-    info = runtime(cluster).inspect(handle())
+    info = runtime(cluster, wall=lambda: UNSCHEDULABLE_SINCE + 301).inspect(handle())
     assert not info.running and info.exit_code is None
     assert info.reason is not None
     assert info.reason.startswith("Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu")
+    assert info.reason.endswith("(unschedulable for 301 s, past the 300 s grace)")
+
+
+def test_unschedulable_inside_the_grace_is_still_starting(cluster: RecordedCluster) -> None:
+    """A cluster autoscaler answers a pending GPU pod by adding a node: minutes, not a failure."""
+    cluster.expect("GET", PODS, pod_list(fixture("pod_pending_unschedulable.json")))
+    info = runtime(cluster, wall=lambda: UNSCHEDULABLE_SINCE + 30).inspect(handle())
+    assert info.running and info.reason is not None
+    assert info.reason.startswith("Unschedulable: 0/3 nodes are available")
+    assert "pending 30 s of a 300 s grace" in info.reason
+
+
+def test_a_zero_grace_ends_an_unschedulable_launch_at_once(cluster: RecordedCluster) -> None:
+    cluster.expect("GET", PODS, pod_list(fixture("pod_pending_unschedulable.json")))
+    rt = runtime(cluster, unschedulable_grace_s=0.0, wall=lambda: UNSCHEDULABLE_SINCE)
+    info = rt.inspect(handle())
+    assert not info.running and "grace" not in (info.reason or "")
+
+
+def test_the_grace_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, cluster: RecordedCluster,
+) -> None:
+    monkeypatch.setenv("APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S", "900")
+    rt = runtime(cluster, wall=lambda: UNSCHEDULABLE_SINCE + 600)
+    cluster.expect("GET", PODS, pod_list(fixture("pod_pending_unschedulable.json")))
+    assert rt.unschedulable_grace_s == 900.0 and rt.inspect(handle()).running
+    for bad in ("five minutes", "-1", "inf", "nan"):
+        monkeypatch.setenv("APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S", bad)
+        with pytest.raises(RuntimeError_, match=r"UNSCHEDULABLE_GRACE_S=.* is not a number of seconds"):
+            _ = runtime(cluster).unschedulable_grace_s
+
+
+def test_wait_ends_an_unschedulable_launch_when_its_grace_runs_out(cluster: RecordedCluster) -> None:
+    # No event comes while a pod waits for a node: the watch ends quietly at its deadline, and the
+    # state is judged again with the wall clock past the grace.
+    walls = iter([UNSCHEDULABLE_SINCE + 290])
+    ticks = iter([0.0, 0.0, 15.0])
+    cluster.expect("GET", PODS, pod_list(fixture("pod_pending_unschedulable.json")))
+    cluster.expect("GET", PODS, b"", query={"watch": "true", "timeoutSeconds": "15"})
+    rt = runtime(cluster, clock=lambda: next(ticks, 15.0),
+                 wall=lambda: next(walls, UNSCHEDULABLE_SINCE + 305))
+    info = rt.wait(handle(), 15.0)
+    assert not info.running and "past the 300 s grace" in (info.reason or "")
+    cluster.done()
 
 
 def test_image_pull_backoff_is_an_error_to_show(cluster: RecordedCluster) -> None:
