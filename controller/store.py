@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from pydantic import BaseModel
 
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo
+from controller.sqlite_db import SqliteDb
 
 REDACTED = "<redacted>"
 # A secret-looking word as a whole `_`-separated component (HF_TOKEN, OPENAI_API_KEY, APIKEY...):
@@ -253,35 +252,14 @@ def _summary(row: sqlite3.Row) -> dict[str, Any]:
     return d
 
 
-class Store:
-    """Thread-safe (one connection behind a lock): the driver writes, API handlers read."""
+class Store(SqliteDb):
+    """Thread-safe (one connection behind a lock, controller/sqlite_db.py): the driver writes, API
+    handlers read."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
+        super().__init__(path)
         with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
             migrate(self._db)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
 
     def schema_version(self) -> int:
         with self._lock:

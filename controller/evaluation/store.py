@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from appliance.bench_result import BenchResult
 from appliance.fingerprint import DeclaredCheck, Fingerprint
 from appliance.gate import GateResult
+from controller.sqlite_db import SqliteDb
 
 SCHEMA_VERSION = 1
 
@@ -72,35 +70,16 @@ _V1 = (
 )
 
 
-class EvalStore:
+class EvalStore(SqliteDb):
+    """Opened like the launch store (controller/sqlite_db.py: WAL, busy timeout, one locked connection)."""
+
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
+        super().__init__(path)
         with self._tx() as db:
             for statement in _V1:
                 db.execute(statement)
             if db.execute("SELECT COUNT(*) FROM eval_schema").fetchone()[0] == 0:
                 db.execute("INSERT INTO eval_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
 
     # ---- writes
 

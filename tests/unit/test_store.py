@@ -165,3 +165,32 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert len(events) == 200
     assert [e.id for e in events] == sorted(e.id for e in events)
     assert store.events(after_id=events[-2].id) == [events[-1]]
+
+
+def test_the_launch_store_waits_out_the_evaluation_stores_write(tmp_path: Path) -> None:
+    """Both stores write one file through their own connections (controller/sqlite_db.py). A write
+    held longer than sqlite3's default 5 s busy timeout used to fail the launch store's next write
+    with "database is locked"; both now wait up to 30 s. Liveness, not speed: the hold is 6 s."""
+    from controller.evaluation.store import EvalStore
+
+    db = tmp_path / "appliance.sqlite3"
+    store, evals = Store(db), EvalStore(db)
+    for conn in (store._db, evals._db):
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with evals._tx():
+            holding.set()
+            release.wait(6.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    store.create_launch("L1", make_spec(), "normal", Provenance(), now=1.0)  # waits for the hold to end
+    holder.join()
+    assert [r.id for r in store.list_launches()] == ["L1"]
+    store.close()
+    evals.close()
