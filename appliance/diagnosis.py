@@ -640,8 +640,10 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
             findings=findings,
         )
 
-    # 3b. The runtime says why the engine never ran (no exit code): its words are the evidence.
-    if facts.runtime_reason and facts.exit_code is None:
+    # 3b. The runtime says why the engine never ran (no exit code): its words are the evidence. So
+    # too when the controller gave up (budget, stall) while the runtime still said it was waiting
+    # (a pod for a node): the stop's own exit code is of the controller's making, not the engine's.
+    if facts.runtime_reason and (facts.exit_code is None or facts.over_budget or facts.stalled):
         return _runtime_cannot_run(facts.runtime_reason, facts, findings)
 
     # 4. The readiness probe was reset while the engine listens on loopback.

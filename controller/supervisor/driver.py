@@ -333,6 +333,8 @@ class Driver:
         info = await asyncio.to_thread(self._runtime(handle).inspect, handle)
         if not info.running:
             self._exit_noticed(launch.launch_id, info)
+        else:
+            run.runtime_note = info.reason  # a pod waiting for a node says so during the start
 
     def _exit_noticed(self, launch_id: str, info: ExitInfo) -> None:
         """The engine ended: out of the gateway now (ExitSeen), classified after the OOM settle."""
@@ -383,7 +385,11 @@ class Driver:
             exit_code=info.exit_code if info else None,
             signal=info.signal if info else None,
             oom_killed=info.oom_killed if info else None,
-            runtime_reason=info.reason if info else None,
+            # When the machine decided (budget, stall), `info` is what stopping the engine returned,
+            # so its reason is the controller's doing; what counts is what the runtime said while the
+            # engine waited (a pod for a node), so the record has the scheduler's words.
+            runtime_reason=(run.runtime_note if run is not None else None) if stalled or over_budget
+            else info.reason if info else None,
             log_tail=follower.tail_lines() if follower else (),
             oom_events=tuple(self.oom_events(launch.launch_id)) if self.oom_events else (),
             phase_reached=tracker.furthest if tracker else None,

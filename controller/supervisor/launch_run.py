@@ -30,6 +30,9 @@ class LaunchRun:
     # An adopted engine: its launch-to-ready as recorded by the controller that launched it.
     recorded_ready_s: float | None = None
     probe_error: str | None = None  # the latest failed readiness/health probe, for status and diagnosis
+    # The runtime's words while the engine is not running yet (kubernetes: a pod waiting for a node
+    # inside its grace), for status and, if the budget runs out meanwhile, the diagnosis.
+    runtime_note: str | None = None
     # What was last written to the launch record (written again only when it changes).
     cache_seen: CacheOutcome | None = None
     engine_seen: dict[str, object] | None = None

@@ -37,6 +37,17 @@ def ready_s(launch: Launch, run: LaunchRun | None) -> float | None:
     return recorded if recorded is not None else round(launch.ready_at - launch.started_at, 1)
 
 
+def describe(run: LaunchRun | None) -> str | None:
+    """The progress line: the log's phase, or, before the engine has logged a phase, what the runtime
+    says it waits for (a pod without a node), so a long quiet start is never silent."""
+    if run is None:
+        return None
+    tracker = run.follower.tracker
+    if tracker.current is None and run.runtime_note:
+        return run.runtime_note
+    return tracker.describe()
+
+
 def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str, Any]:
     tracker = run.follower.tracker if run is not None else None
     started = launch.handle is not None
@@ -53,12 +64,13 @@ def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str
         "ready_at": launch.ready_at,
         "ready_s": ready_s(launch, run),
         "phase": tracker.current.value if tracker and tracker.current else None,
-        "describe": tracker.describe() if tracker else None,
+        "describe": describe(run),
         "phases": [
             {"phase": p.value, "label": PHASE_LABELS[p], "at": at} for p, at in tracker.phase_list()
         ] if tracker else [],
         "cache": tracker.cache_outcome.value if tracker else None,
         "probe_error": run.probe_error if run is not None else None,
+        "runtime_note": run.runtime_note if run is not None else None,
         # Set once the runtime said the engine ended (state `exited`, then backoff/failed).
         "exit": exit_dict(run.exit_seen if run is not None else None),
     }

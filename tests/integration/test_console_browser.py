@@ -278,7 +278,8 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     assert len(browser.find_elements(By.CSS_SELECTOR, "tr.key-row")) == 1
     revoke = browser.find_element(By.CSS_SELECTOR, "button[id^=revoke-]")
     revoke.click()
-    browser.switch_to.alert.accept()  # the script asks before revoking
+    # The script asks before revoking; wait for its dialog rather than assume the click raised it already.
+    WebDriverWait(browser, 30).until(expected_conditions.alert_is_present()).accept()
     ui.wait(lambda: "Key revoked" in ui.text("notice"), 30, "the revoked notice")
     assert "revoked" in browser.find_element(By.CSS_SELECTOR, "tr.key-row").text
     ui.shot("keys")

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -433,6 +434,63 @@ async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code
     assert rig.driver.m.last_failure is not None
     assert rig.driver.m.last_failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED
     assert any(e.kind == DiagnosisCode.READY_BUDGET_EXCEEDED.value for e in rig.store.events())
+
+
+async def test_a_start_waiting_on_the_runtime_says_so_and_ends_in_its_words(tmp_path: Path) -> None:
+    # Kubernetes inside its unschedulable grace: running (still starting) with the scheduler's words.
+    # The status line shows them while no log phase exists; if the budget runs out first, the stored
+    # diagnosis is the runtime's sentence, not a bare "budget spent".
+    rig = make_rig(tmp_path, make_spec(budget=100, stall=600), policy=Policy(max_failures=1))
+    waiting = ("Unschedulable: 0/3 nodes are available: 3 Insufficient amd.com/gpu. "
+               "(pending 20 s of a 300 s grace for the cluster to make room)")
+    rig.runtime.on_start = lambda e: setattr(e, "reason", waiting)
+    rig.driver.submit(Apply("test-recipe"))
+
+    def launch() -> dict[str, Any]:
+        status: dict[str, Any] = rig.driver.status()["launch"] or {}
+        return status
+
+    await rig.run_until(lambda: launch().get("runtime_note") is not None, limit_s=30, each=5)
+    assert launch()["describe"] == launch()["runtime_note"] == waiting
+    assert rig.driver.m.state is State.STARTING
+    engine = rig.runtime.current()
+
+    def counted_busy() -> bool:
+        engine.cpu += 10.0  # the kubernetes runtime counts a pod without a container as busy
+        return rig.driver.m.state is State.FAILED
+
+    await rig.run_until(counted_busy, limit_s=200)
+    rec = rig.store.get_launch("L1")
+    assert rec is not None and rec.status == "failed" and rec.diagnosis is not None
+    assert rec.diagnosis["code"] == DiagnosisCode.RUNTIME_CANNOT_RUN.value
+    assert "Insufficient amd.com/gpu" in rec.diagnosis["summary"]
+
+
+async def test_a_spent_budget_is_not_blamed_on_the_runtime_for_the_stop_it_was_asked_for(
+    tmp_path: Path,
+) -> None:
+    # The kubernetes runtime's stop of a running pod answers `reason="stopped"` with no exit code.
+    # That is the controller's own doing: the diagnosis stays "budget spent", not "could not run".
+    rig = make_rig(tmp_path, make_spec(budget=100, stall=600), policy=Policy(max_failures=1))
+    real_stop = rig.runtime.stop
+
+    def stop_like_kubernetes(handle: EngineHandle, grace_s: float) -> ExitInfo:
+        real_stop(handle, grace_s)
+        return ExitInfo(running=False, reason="stopped")
+
+    rig.runtime.stop = stop_like_kubernetes  # type: ignore[method-assign]
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+
+    def busy() -> bool:
+        engine.cpu += 10.0
+        return rig.driver.m.state is State.FAILED
+
+    await rig.run_until(busy, limit_s=200)
+    rec = rig.store.get_launch("L1")
+    assert rec is not None and rec.diagnosis is not None
+    assert rec.diagnosis["code"] == DiagnosisCode.READY_BUDGET_EXCEEDED.value
 
 
 async def test_a_restarted_gateway_gets_the_upstream_again(tmp_path: Path) -> None:
