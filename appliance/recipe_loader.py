@@ -7,7 +7,10 @@ recipe must cost a minute, not an afternoon (DOMAIN §2: "missing one causes tro
 
 Merge rules: mappings merge key by key (a child overrides one env var without restating the rest);
 lists and scalars replace; `null` in a child deletes the key, so the field falls back to the model's
-default. `name`, `extends`, `abstract` and `description` are never inherited.
+default. `name`, `extends`, `abstract` and `description` are never inherited. One exception: a child
+whose `runtime.kind` differs from what it extends starts its `runtime:` section afresh — the other
+kind's fields mean nothing to this one (a docker `network`/`group_add` on a pod), so they are not
+carried over to be deleted one by one.
 
 Limits (the controller's unauthenticated `GET /recipes` loads the same directory, so a recipe file
 is untrusted input): a file is at most `MAX_RECIPE_BYTES`, a directory at most `MAX_RECIPE_FILES`
@@ -221,24 +224,35 @@ def _chain(name: str, raw: Mapping[str, _RawRecipe]) -> list[_RawRecipe]:
 
 
 def deep_merge(base: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
-    """Child over base: mappings merge recursively, anything else replaces, `None` deletes."""
+    """Child over base: mappings merge recursively, anything else replaces, `None` deletes (at every
+    depth: a `null` inside a mapping the base does not have is dropped too, i.e. the default)."""
     merged = dict(base)
     for key, value in child.items():
         if value is None:
             merged.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
+        elif isinstance(value, Mapping):
+            below = merged.get(key)
+            merged[key] = deep_merge(below if isinstance(below, Mapping) else {}, value)
         else:
             merged[key] = value
     return merged
+
+
+def merge_recipe(base: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """`deep_merge`, except that a `runtime:` of another kind replaces the inherited one."""
+    inherited, own = base.get("runtime"), child.get("runtime")
+    if (isinstance(inherited, Mapping) and isinstance(own, Mapping) and "kind" in own
+            and inherited.get("kind") != own["kind"]):
+        base = {k: v for k, v in base.items() if k != "runtime"}
+    return deep_merge(base, child)
 
 
 def _validate(name: str, raw: Mapping[str, _RawRecipe]) -> Recipe:
     chain = _chain(name, raw)
     merged: dict[str, Any] = {}
     for doc in reversed(chain[1:]):
-        merged = deep_merge(merged, {k: v for k, v in doc.data.items() if k not in _NOT_INHERITED})
-    merged = deep_merge(merged, chain[0].data)
+        merged = merge_recipe(merged, {k: v for k, v in doc.data.items() if k not in _NOT_INHERITED})
+    merged = merge_recipe(merged, chain[0].data)
     merged.setdefault("name", name)
     try:
         return Recipe.model_validate(merged)

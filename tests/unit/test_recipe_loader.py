@@ -78,11 +78,32 @@ env:
     assert (r.abstract, r.description, r.extends) == (False, "", "base")
 
 
+def test_a_runtime_of_another_kind_starts_its_section_afresh() -> None:
+    # BASE's docker section (image, and here network/group_add) means nothing to a process runtime:
+    # nothing of it is inherited, so the child does not have to null each field.
+    base = BASE.replace("runtime: {kind: docker, image: img}",
+                        "runtime: {kind: docker, image: img, network: host, group_add: [video]}")
+    child = "name: child\nextends: base\nruntime: {kind: process, python: /venv/bin/python}\n"
+    runtime = parse(base=base, child=child)["child"].runtime
+    assert runtime.kind == "process"
+    assert runtime.model_dump(exclude_defaults=True) == {"python": "/venv/bin/python"}
+    # The same kind still merges field by field (only the image changes).
+    same = parse(base=base, child="name: child\nextends: base\nruntime: {kind: docker, image: other}\n")
+    assert same["child"].runtime.model_dump(include={"image", "network", "group_add"}) == {
+        "image": "other", "network": "host", "group_add": ("video",)}
+    # A section without `kind` is the inherited kind's.
+    bare = parse(base=base, child="name: child\nextends: base\nruntime: {image: other}\n")
+    assert bare["child"].runtime.model_dump(include={"kind", "network"}) == {
+        "kind": "docker", "network": "host"}
+
+
 def test_deep_merge_is_pure() -> None:
     base = {"a": {"b": 1, "c": 2}}
     merged = deep_merge(base, {"a": {"b": 5}})
     assert merged == {"a": {"b": 5, "c": 2}}
     assert base == {"a": {"b": 1, "c": 2}}
+    # `null` deletes at every depth, also inside a mapping the base does not have.
+    assert deep_merge(base, {"d": {"e": None, "f": 1}}) == {"a": {"b": 1, "c": 2}, "d": {"f": 1}}
 
 
 def test_yaml_syntax_error_names_file_and_line() -> None:
