@@ -10,7 +10,8 @@ The pieces, each a small module beside this one:
 - k8s_manifests.py: spec → PVCs, Deployment (why not a StatefulSet: its docstring), Service;
 - k8s_needs.py: what Kubernetes cannot express (memlock, swap, swappiness, ACS, boot parameters, a
   LimitRange's memory limit) → YAML comments, lint findings and host-plan notes;
-- k8s_helm.py: the same launch as vLLM production-stack Helm values.
+- k8s_helm.py: the same launch as vLLM production-stack Helm values;
+- k8s_rbac.py: the controller's ServiceAccount, Role and RoleBinding for the recipe's namespace.
 
 Both formats accept any spec with an image (docker and kubernetes recipes); a process recipe has none
 and is refused unless the caller names one (`--image`, `render_with_image`).
@@ -46,6 +47,9 @@ from appliance.runtimes.k8s_names import (
 )
 from appliance.runtimes.k8s_needs import LINT_RULES, needs, node_requirements
 from appliance.runtimes.k8s_needs import comment_lines as needs_comments
+from appliance.runtimes.k8s_rbac import comment_lines as rbac_comments
+from appliance.runtimes.k8s_rbac import namespace_of as rbac_namespace
+from appliance.runtimes.k8s_rbac import rbac_manifests
 from appliance.runtimes.k8s_spec import (
     ANY_ADDRESS,
     GPU_RESOURCE,
@@ -157,6 +161,14 @@ def _k8s(spec: LaunchSpec, recipe: Recipe | None) -> str:
     return k8s_text(spec, recipe)
 
 
+def rbac_text(spec: LaunchSpec, recipe: Recipe | None) -> str:
+    """`render --format k8s-rbac`: the controller's ServiceAccount, Role and RoleBinding."""
+    namespace = rbac_namespace(spec)
+    parts = ["\n".join(rbac_comments(spec, namespace)) + "\n"]
+    parts += ["---\n" + dump(doc) for doc in rbac_manifests(namespace)]
+    return "".join(parts)
+
+
 def _helm(spec: LaunchSpec, recipe: Recipe | None) -> str:
     return helm_text(spec, recipe)
 
@@ -185,7 +197,7 @@ class KubernetesPlugin:
     # node must give. The pod has a cgroup of its own; another node runs it (placement REMOTE).
     traits = RuntimeTraits(sets_own_memlock=True, own_cgroup=True, placement=Placement.REMOTE,
                            console_script=True)
-    formats: Mapping[str, Format] = {"k8s": _k8s, "helm-values": _helm}
+    formats: Mapping[str, Format] = {"k8s": _k8s, "helm-values": _helm, "k8s-rbac": rbac_text}
     default_format = "k8s"
     lint_rules: tuple[str, ...] = (*LINT_RULES, "k8s-devices-vs-tp")
 

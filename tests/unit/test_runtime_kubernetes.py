@@ -412,10 +412,17 @@ def test_stop_deletes_with_grace_waits_for_the_pods_and_keeps_the_cache(cluster:
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets", {"kind": "SecretList", "apiVersion": "v1",
                    "metadata": {}, "items": [fixture("secret_key.json")]}, query={"labelSelector": SELECTOR})
     cluster.expect("DELETE", rf"/api/v1/namespaces/{NS}/secrets/{SECRET}", "status_success_delete.json")
+    service = {"metadata": {"name": NAME, "namespace": NS, "labels": {
+        "appliance.managed": "true", "appliance.launch_id": LAUNCH}},
+        "spec": {"selector": {"appliance.managed": "true", "appliance.recipe": "cpu-smollm2"},
+                 "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}}
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/services", {"kind": "ServiceList", "apiVersion": "v1",
-                   "metadata": {}, "items": []})
+                   "metadata": {}, "items": [service]}, query={"labelSelector": SELECTOR})
+    # DELETE of a Service answers with the Service (API reference: 200 Service), not a Status.
+    cluster.expect("DELETE", rf"/api/v1/namespaces/{NS}/services/{NAME}",
+                   {"kind": "Service", "apiVersion": "v1", **service})
     info = runtime(cluster, clock=FakeClock()).stop(handle(), 12.5)
-    cluster.done()  # no PVC listed or deleted
+    cluster.done()  # the launch's Secret and Service deleted; no PVC listed or deleted
     assert info == ExitInfo(running=False, reason="stopped")
     dep_delete = cluster.requests[1].json()
     assert dep_delete["propagationPolicy"] == "Foreground" and dep_delete["gracePeriodSeconds"] == 13
