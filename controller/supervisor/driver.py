@@ -156,6 +156,7 @@ class Driver:
         self._health_failures = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._runtime_error: str | None = None  # the last poll's runtime failure, noted once
         self.gateway_sync = GatewaySync(
             gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
             check_interval_s=self.config.gateway_check_interval_s)
@@ -211,21 +212,41 @@ class Driver:
     # The loop
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step every poll interval until `stop` (the service adopts first, then runs this)."""
+        """Step every poll interval until `stop` (the service adopts first, then runs this). No
+        failure of one step ends supervision: the loop is the only thing watching the engine."""
         while not stop.is_set():
-            await self.step()
+            try:
+                await self.step()
+            except Exception:  # a bug in one look; the next poll looks again
+                log.exception("supervisor step failed; supervision goes on")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.poll_interval_s)
 
     async def step(self) -> None:
-        """One look at the world, then Tick."""
+        """One look at the world, then Tick (always: the budget and stall clocks run on it)."""
         launch = self.m.launch
         if launch is not None and launch.handle is not None:
-            await self._follow(launch)
-            await self._watch_exit(launch)
+            try:
+                await self._follow(launch)
+                await self._watch_exit(launch)
+            except (RuntimeError_, OSError) as exc:
+                self._runtime_unanswered(launch, exc)
+            else:
+                self._runtime_error = None
             self._watch_readiness(launch)
             self._watch_gateway(launch)
         self.submit(Tick())
+
+    def _runtime_unanswered(self, launch: Launch, exc: Exception) -> None:
+        """The runtime could not be asked this poll (a Docker daemon restarting, an API server's 5xx,
+        a log file gone): noted once per distinct error, and looked at again next poll. The engine's
+        own death is still seen by the exit watch or the next look that works."""
+        message = f"{type(exc).__name__}: {exc}"
+        if message != self._runtime_error:
+            log.warning("runtime did not answer for launch %s: %s", launch.launch_id, message)
+            self.note("runtime-unanswered", f"the {launch.spec.kind} runtime did not answer: {exc}; "
+                      "supervision goes on and asks again next poll", launch.launch_id)
+        self._runtime_error = message
 
     async def settle(self) -> None:
         """Wait for every action task (tests; shutdown)."""

@@ -7,6 +7,7 @@ pure modules. A 40-minute start runs in milliseconds because time is the fake cl
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -20,7 +21,7 @@ import pytest
 from appliance.diagnosis import DiagnosisCode, oom_events_in_text
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, ExitInfo
+from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
 from controller.store import Provenance, Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayUpstream
@@ -491,6 +492,47 @@ async def test_a_spent_budget_is_not_blamed_on_the_runtime_for_the_stop_it_was_a
     rec = rig.store.get_launch("L1")
     assert rec is not None and rec.diagnosis is not None
     assert rec.diagnosis["code"] == DiagnosisCode.READY_BUDGET_EXCEEDED.value
+
+
+async def test_a_runtime_that_stops_answering_for_a_while_does_not_end_supervision(tmp_path: Path) -> None:
+    # A Docker daemon restarting (or an API server's 5xx) made read_logs raise inside the poll, and
+    # the exception ended the supervisor's loop: the controller kept answering HTTP, watching nothing.
+    rig = make_rig(tmp_path, make_spec(budget=600, stall=300))
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+    real_read = rig.runtime.read_logs
+    outage = {"polls": 3}
+
+    def flaky_read(handle: EngineHandle, offset: int) -> tuple[str, int]:
+        if outage["polls"] > 0:
+            outage["polls"] -= 1
+            raise RuntimeError_("docker: the daemon did not answer: connection refused")
+        return real_read(handle, offset)
+
+    rig.runtime.read_logs = flaky_read  # type: ignore[method-assign]
+    for _ in range(3):
+        await rig.step(5)  # raises nothing
+    engine.log = "INFO Application startup complete.\n"
+    engine.healthy = True
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, limit_s=60, each=5)
+    notes = [e for e in rig.store.events() if e.kind == "runtime-unanswered"]
+    assert len(notes) == 1 and "connection refused" in notes[0].message  # said once, not per poll
+
+    # And a bug in one look is logged, and the loop goes on to the next poll.
+    calls = {"n": 0}
+
+    async def broken_step() -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("a bug")
+        stop.set()
+
+    stop = asyncio.Event()
+    rig.driver.step = broken_step  # type: ignore[method-assign]
+    rig.driver.config = dataclasses.replace(rig.driver.config, poll_interval_s=0.01)
+    await asyncio.wait_for(rig.driver.run(stop), timeout=30)
+    assert calls["n"] == 2
 
 
 async def test_a_restarted_gateway_gets_the_upstream_again(tmp_path: Path) -> None:
