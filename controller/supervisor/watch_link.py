@@ -23,7 +23,7 @@ from pathlib import Path
 from appliance.kmsg import OomEvent, OomEventKind, SeqGap
 from appliance.oom_attribution import LaunchTarget, attribute_oom
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import ContainerScoped, EngineHandle
+from controller.runtime.base import ContainerScoped, EngineHandle, RuntimeError_
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.machine import State
@@ -83,24 +83,36 @@ class HostWatchLink:
     def _engine_pids(self, handle: EngineHandle) -> list[int]:
         driver = self.driver
         runtime = driver.runtimes.get(handle.runtime) if driver else None
-        return runtime.engine_pids(handle) if runtime else []
+        try:
+            return runtime.engine_pids(handle) if runtime else []
+        except (RuntimeError_, OSError) as exc:
+            # A Docker daemon restarting cannot say the container's PID: the host is still sampled
+            # (MemAvailable, swap, PSI), the engine's processes at the next read that works.
+            log.info("engine pids of %s unavailable this sample: %s", handle.launch_id, exc)
+            return []
 
     async def run_sampler(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
         while not stop.is_set():
-            watched = self._watched()
-            if watched is None:
-                sample = await asyncio.to_thread(self.sampler.sample, ())
-                self.on_sample(sample, None)
-            else:
-                launch_id, recipe, handle, container, starting = watched
-                # The engine's pids are looked up (a process-table scan) only when the sampler
-                # reads the processes; in between, the pids of the last read stand.
-                roots = functools.partial(self._engine_pids, handle)
-                sample = await asyncio.to_thread(self.sampler.sample, roots, launch=launch_id,
-                                                 starting=starting)
-                self.on_sample(sample, (launch_id, recipe, [p.pid for p in sample.processes], container))
+            try:
+                await self._sample_once()
+            except Exception:  # one bad sample must not end the host watch (the OOM record's context)
+                log.exception("host sample failed; the watch goes on")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+    async def _sample_once(self) -> None:
+        watched = self._watched()
+        if watched is None:
+            sample = await asyncio.to_thread(self.sampler.sample, ())
+            self.on_sample(sample, None)
+        else:
+            launch_id, recipe, handle, container, starting = watched
+            # The engine's pids are looked up (a process-table scan) only when the sampler
+            # reads the processes; in between, the pids of the last read stand.
+            roots = functools.partial(self._engine_pids, handle)
+            sample = await asyncio.to_thread(self.sampler.sample, roots, launch=launch_id,
+                                             starting=starting)
+            self.on_sample(sample, (launch_id, recipe, [p.pid for p in sample.processes], container))
 
     def on_sample(self, sample: HostSample, current: tuple[str, str, list[int], str | None] | None) -> None:
         self.metrics.observe_host(sample)

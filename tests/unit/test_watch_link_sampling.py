@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
+from controller.runtime.base import RuntimeError_
 from controller.supervisor.machine import State
 from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
@@ -51,3 +52,35 @@ async def test_starting_engine_is_read_every_sample_ready_one_is_not(tmp_path: P
     # The last read's pids and figures still stand for OOM attribution and the gauges.
     assert ready[-1][1] == [1000, 1001, 1002, 1003, 1004, 1005]
     assert ready[-1][0].processes_at == starting[-1][0].processes_at
+
+
+async def test_a_runtime_that_cannot_say_the_pids_does_not_end_the_host_watch(tmp_path: Path) -> None:
+    # The Docker runtime asks the daemon for the container's PID; a daemon restarting raised out of
+    # the sampling loop and ended the host watch (MemAvailable, swap, PSI: the OOM context) for good.
+    _driver, link, _, runtime = await _rig(tmp_path)
+    link.sampler = HostSampler(ProcReader(TP4_HOST), policy=SamplingPolicy(full_every_s=3600.0))
+    answers = iter([RuntimeError_("docker: the daemon did not answer"), OSError("gone"), None])
+
+    def engine_pids(handle: object) -> list[int]:
+        exc = next(answers, None)
+        if exc is not None:
+            raise exc
+        return [1000]
+
+    runtime.engine_pids = engine_pids  # type: ignore[method-assign]
+    seen = await _loop(link, 3)
+    assert [pids for _, pids in seen] == [[], [], [1000, 1001, 1002, 1003, 1004, 1005]]
+    assert all(s.mem_available_bytes > 0 for s, _ in seen)  # the host itself was sampled every time
+
+    # Any other failure of one sample is logged, and the next sample still comes.
+    calls = {"n": 0}
+    real = link._sample_once
+
+    async def failing_once() -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("a bug")
+        await real()
+
+    link._sample_once = failing_once  # type: ignore[method-assign]
+    assert len(await _loop(link, 1)) == 1 and calls["n"] == 2
