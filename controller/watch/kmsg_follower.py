@@ -103,6 +103,7 @@ class KmsgFollower:
         self.records = 0
         self.overruns = 0
         self.unparsed = 0
+        self.failed_events = 0  # events the consumer raised on (logged; the follow goes on)
 
     def drain(self) -> list[OomEvent]:
         """Read every record available now; returns (and calls back with) the OOM events."""
@@ -129,15 +130,24 @@ class KmsgFollower:
                 self.on_record(rec)
             for event in self.assembler.feed(rec):
                 events.append(event)
-                self.on_event(event)
+                self._emit(event)
         return events
 
     def flush(self) -> list[OomEvent]:
         """Report an OOM episode that is still waiting for its kill line."""
         events = self.assembler.flush()
         for event in events:
-            self.on_event(event)
+            self._emit(event)
         return events
+
+    def _emit(self, event: OomEvent) -> None:
+        """A consumer that fails on one event (a store write) must not end the follow: the next OOM
+        kill is as important as this one, and kmsg cannot be re-read (we keep no position)."""
+        try:
+            self.on_event(event)
+        except Exception:
+            self.failed_events += 1
+            log.exception("kmsg: the OOM event of pid %s was not recorded; following goes on", event.pid)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow until `stop` is set, woken by the kernel through the event loop's selector."""

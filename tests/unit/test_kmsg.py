@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,21 @@ def test_follower_async_run_flushes_a_stale_episode_and_stops() -> None:
     asyncio.run(main())
     src.close()
     assert [(e.pid, e.scope, e.task_memcg) for e in events] == [(77, OomScope.CGROUP, f"/docker/{ID}")]
+
+
+def test_a_consumer_failing_on_one_event_does_not_end_the_follow() -> None:
+    # The controller's consumer writes the OOM to the launch store; a write that raised went out of
+    # drain() and ended the follower: every later OOM kill of the run went unseen.
+    records = _records("memcg_v1_kernel_6.18_docker.txt")
+    src = FakeSource([*records, *records])  # the same episode twice (a second kill later)
+    seen: list[OomEvent] = []
+
+    def consumer(event: OomEvent) -> None:
+        seen.append(event)
+        if len(seen) == 1:
+            raise sqlite3.OperationalError("database is locked")
+
+    follower = KmsgFollower(src, consumer)
+    returned = follower.drain()
+    src.close()
+    assert len(seen) == len(returned) == 2 and follower.failed_events == 1
