@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -136,9 +136,15 @@ def create_app(ctx: ApiContext) -> FastAPI:
         except RecipeError as exc:
             raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"recipes do not load: {exc}") from exc
 
-    @app.get("/healthz", tags=["meta"])
-    async def healthz() -> dict[str, Any]:
-        return {"ok": True, "state": driver.m.state.value}
+    @app.get("/healthz", tags=["meta"], responses={503: {"description": "supervision has stopped"}})
+    async def healthz() -> JSONResponse:
+        # Liveness for compose's healthcheck / a pod's livenessProbe: answering HTTP is not enough
+        # if the loop that watches the engine has stopped coming round.
+        problem = driver.liveness_problem()
+        body = {"ok": problem is None, "state": driver.m.state.value}
+        if problem is not None:
+            return JSONResponse({**body, "problem": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return JSONResponse(body)
 
     @app.get("/metrics", tags=["meta"], response_class=Response)
     async def get_metrics() -> Response:

@@ -85,6 +85,11 @@ __all__ = ["Clock", "Driver", "DriverConfig", "SystemClock"]  # Clock/SystemCloc
 
 log = logging.getLogger(__name__)
 
+# Liveness (GET /healthz): the loop must come round within this many polls, and never less than this
+# long (a step may wait on the runtime for a while: a docker stop's grace runs in a task, not here).
+LOOP_STALE_POLLS = 30
+LOOP_STALE_MIN_S = 60.0
+
 PreflightFn = Callable[[int, str, bool], Awaitable[PreflightOk | PreflightFailed]]
 ProvenanceFn = Callable[[LaunchSpec], Provenance]
 SpecForRecipe = Callable[[str], LaunchSpec | None]
@@ -157,6 +162,7 @@ class Driver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self._runtime_error: str | None = None  # the last poll's runtime failure, noted once
+        self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
         self.gateway_sync = GatewaySync(
             gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
             check_interval_s=self.config.gateway_check_interval_s)
@@ -214,13 +220,28 @@ class Driver:
     async def run(self, stop: asyncio.Event) -> None:
         """Step every poll interval until `stop` (the service adopts first, then runs this). No
         failure of one step ends supervision: the loop is the only thing watching the engine."""
+        self.loop_alive_at = self.clock.now()
         while not stop.is_set():
             try:
                 await self.step()
             except Exception:  # a bug in one look; the next poll looks again
                 log.exception("supervisor step failed; supervision goes on")
+            self.loop_alive_at = self.clock.now()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.poll_interval_s)
+
+    def liveness_problem(self) -> str | None:
+        """Why the controller is not alive though it answers HTTP: its supervision loop has not come
+        round for much longer than a poll (a hung runtime call, a dead task). None: alive, or the
+        loop was never started here (an API without supervision, in tests)."""
+        if self.loop_alive_at is None:
+            return None
+        stale_s = max(LOOP_STALE_MIN_S, LOOP_STALE_POLLS * self.config.poll_interval_s)
+        idle_s = self.clock.now() - self.loop_alive_at
+        if idle_s <= stale_s:
+            return None
+        return (f"the supervision loop last came round {idle_s:.0f} s ago (a poll is "
+                f"{self.config.poll_interval_s:g} s): the engine is not being watched")
 
     async def step(self) -> None:
         """One look at the world, then Tick (always: the budget and stall clocks run on it)."""

@@ -329,6 +329,15 @@ def test_controller_applies_the_docker_recipe_and_the_gateway_answers(stack: Sta
 
     print(f"[compose] prometheus targets: {_until('prometheus to scrape all three targets', all_up, 90)}")
 
+    # compose.yaml's healthcheck runs in the controller's container against GET /healthz (liveness:
+    # the supervision loop comes round), so `docker compose ps` can say "unhealthy", not just "Up".
+    def healthy() -> str | None:
+        state = stack.container("controller").attrs["State"]
+        status = (state.get("Health") or {}).get("Status")
+        return status if status == "healthy" else None
+
+    _until("the controller's healthcheck to pass", healthy, 150, 3)
+
 
 @pytest.mark.timeout(START_LIVENESS_S + 300)
 def test_engine_killed_is_diagnosed_and_relaunched_warm(stack: Stack) -> None:

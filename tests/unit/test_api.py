@@ -89,6 +89,23 @@ async def test_reads_are_open_and_openapi_is_served(client: httpx.AsyncClient) -
     assert "appliance_engine_state" in (await client.get("/metrics")).text
 
 
+async def test_healthz_says_when_the_supervision_loop_stopped_coming_round(
+    rig: Rig, client: httpx.AsyncClient,
+) -> None:
+    # Liveness, not just "HTTP answers": compose's healthcheck and a pod's livenessProbe read this.
+    stop = asyncio.Event()
+    stop.set()  # one pass of `run`: it marks the loop alive and returns
+    await rig.driver.run(stop)
+    r = await client.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"ok": True, "state": "idle"}
+    rig.clock.t += 59  # within the 60 s floor (30 polls of 1 s)
+    assert (await client.get("/healthz")).status_code == 200
+    rig.clock.t += 2
+    r = await client.get("/healthz")
+    assert r.status_code == 503 and r.json()["ok"] is False
+    assert "supervision loop last came round 61 s ago" in r.json()["problem"]
+
+
 @pytest.mark.parametrize(("method", "path", "body"), MUTATIONS)
 async def test_mutations_need_the_admin_token(client: httpx.AsyncClient, method: str, path: str,
                                               body: dict[str, str] | None) -> None:
