@@ -329,14 +329,14 @@ def test_controller_applies_the_docker_recipe_and_the_gateway_answers(stack: Sta
 
     print(f"[compose] prometheus targets: {_until('prometheus to scrape all three targets', all_up, 90)}")
 
-    # compose.yaml's healthcheck runs in the controller's container against GET /healthz (liveness:
-    # the supervision loop comes round), so `docker compose ps` can say "unhealthy", not just "Up".
-    def healthy() -> str | None:
-        state = stack.container("controller").attrs["State"]
-        status = (state.get("Health") or {}).get("Status")
-        return status if status == "healthy" else None
+    # compose.yaml's healthchecks run in the containers against GET /healthz (the controller's is
+    # liveness: the supervision loop comes round), so `docker compose ps` can say "unhealthy".
+    def healthy() -> dict[str, str] | None:
+        health = {name: (stack.container(name).attrs["State"].get("Health") or {}).get("Status", "")
+                  for name in ("controller", "gateway")}
+        return health if set(health.values()) == {"healthy"} else None
 
-    _until("the controller's healthcheck to pass", healthy, 150, 3)
+    _until("the controller's and the gateway's healthchecks to pass", healthy, 150, 3)
 
 
 @pytest.mark.timeout(START_LIVENESS_S + 300)
