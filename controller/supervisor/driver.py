@@ -161,7 +161,6 @@ class Driver:
         self._health_failures = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._runtime_error: str | None = None  # the last poll's runtime failure, noted once
         self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
         self.gateway_sync = GatewaySync(
             gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
@@ -253,7 +252,8 @@ class Driver:
             except (RuntimeError_, OSError) as exc:
                 self._runtime_unanswered(launch, exc)
             else:
-                self._runtime_error = None
+                if (run := self.runs.get(launch.launch_id)) is not None:
+                    run.runtime_error = None
             self._watch_readiness(launch)
             self._watch_gateway(launch)
         self.submit(Tick())
@@ -263,11 +263,13 @@ class Driver:
         a log file gone): noted once per distinct error, and looked at again next poll. The engine's
         own death is still seen by the exit watch or the next look that works."""
         message = f"{type(exc).__name__}: {exc}"
-        if message != self._runtime_error:
+        run = self.runs.get(launch.launch_id)
+        if run is None or message != run.runtime_error:
             log.warning("runtime did not answer for launch %s: %s", launch.launch_id, message)
             self.note("runtime-unanswered", f"the {launch.spec.kind} runtime did not answer: {exc}; "
                       "supervision goes on and asks again next poll", launch.launch_id)
-        self._runtime_error = message
+        if run is not None:
+            run.runtime_error = message
 
     async def settle(self) -> None:
         """Wait for every action task (tests; shutdown)."""

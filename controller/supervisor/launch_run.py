@@ -33,6 +33,7 @@ class LaunchRun:
     # The runtime's words while the engine is not running yet (kubernetes: a pod waiting for a node
     # inside its grace), for status and, if the budget runs out meanwhile, the diagnosis.
     runtime_note: str | None = None
+    runtime_error: str | None = None  # the last poll's runtime failure (noted once, until a poll works)
     # What was last written to the launch record (written again only when it changes).
     cache_seen: CacheOutcome | None = None
     engine_seen: dict[str, object] | None = None
