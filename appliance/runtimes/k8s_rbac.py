@@ -45,10 +45,10 @@ DROP_CACHE_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 
-def namespace_of(spec: LaunchSpec) -> str:
-    """The namespace the runtime would use when the recipe names one; else the last fallback."""
+def namespace_of(spec: LaunchSpec) -> str | None:
+    """The namespace the recipe names (a kubernetes section's `namespace`); None when it names none."""
     ns = getattr(spec.runtime, "namespace", None)
-    return ns if isinstance(ns, str) and ns else DEFAULT_NAMESPACE
+    return ns if isinstance(ns, str) and ns else None
 
 
 def rbac_manifests(namespace: str, *, controller_namespace: str | None = None) -> list[dict[str, Any]]:
@@ -70,8 +70,7 @@ def rbac_manifests(namespace: str, *, controller_namespace: str | None = None) -
     ]
 
 
-def comment_lines(spec: LaunchSpec, namespace: str) -> list[str]:
-    named = getattr(spec.runtime, "namespace", None)
+def comment_lines(spec: LaunchSpec, namespace: str, *, named: bool) -> list[str]:
     lines = [
         f"# What the appliance controller's service account needs to run recipe '{spec.recipe}' in "
         f"namespace '{namespace}': `kubectl apply -f THIS_FILE`, then run the controller's pod with "

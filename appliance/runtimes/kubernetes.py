@@ -47,6 +47,7 @@ from appliance.runtimes.k8s_names import (
 )
 from appliance.runtimes.k8s_needs import LINT_RULES, needs, node_requirements
 from appliance.runtimes.k8s_needs import comment_lines as needs_comments
+from appliance.runtimes.k8s_rbac import DEFAULT_NAMESPACE as RBAC_DEFAULT_NAMESPACE
 from appliance.runtimes.k8s_rbac import comment_lines as rbac_comments
 from appliance.runtimes.k8s_rbac import namespace_of as rbac_namespace
 from appliance.runtimes.k8s_rbac import rbac_manifests
@@ -163,8 +164,9 @@ def _k8s(spec: LaunchSpec, recipe: Recipe | None) -> str:
 
 def rbac_text(spec: LaunchSpec, recipe: Recipe | None) -> str:
     """`render --format k8s-rbac`: the controller's ServiceAccount, Role and RoleBinding."""
-    namespace = rbac_namespace(spec)
-    parts = ["\n".join(rbac_comments(spec, namespace)) + "\n"]
+    named = rbac_namespace(spec)
+    namespace = named or RBAC_DEFAULT_NAMESPACE
+    parts = ["\n".join(rbac_comments(spec, namespace, named=named is not None)) + "\n"]
     parts += ["---\n" + dump(doc) for doc in rbac_manifests(namespace)]
     return "".join(parts)
 
