@@ -77,10 +77,13 @@ class Client:
         return raw.decode(errors="replace"), headers
 
     def alive(self) -> bool:
+        """A controller answers on this port. Any HTTP answer counts: /healthz is 503 while the
+        controller's supervision has stalled, and that controller is still there — `up` must not
+        start a second one on its port, and `down` must still ask it to stop the engine."""
         try:
             self.get("/healthz")
-        except ApiError:
-            return False
+        except ApiError as exc:
+            return exc.status is not None
         return True
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import typer
 
 from controller import admin_token
 from controller.cli import service_cmd
-from controller.cli.service_client import StartView
+from controller.cli.service_client import Client, StartView
 from controller.daemons import Daemon
 
 
@@ -102,3 +104,29 @@ def test_a_fresh_daemon_whose_cmdline_reads_empty_is_still_ours(tmp_path: Path,
     finally:
         monkeypatch.undo()
         assert d.stop(grace_s=10)
+
+
+def test_a_controller_whose_supervision_stalled_is_still_alive_for_up_and_down() -> None:
+    # GET /healthz answers 503 when the supervision loop stalls; `up` read any error as "no
+    # controller here" and would have started a second one on the same port.
+    class Stalled(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"ok": false, "state": "ready", "problem": "the supervision loop last came round"}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Stalled)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert Client(f"http://127.0.0.1:{server.server_port}", timeout_s=5).alive()
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Nothing listening: not alive.
+    assert not Client(f"http://127.0.0.1:{server.server_port}", timeout_s=5).alive()
