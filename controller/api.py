@@ -36,6 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from appliance.engine_secret import redact as redact_keys
 from appliance.recipe_loader import RecipeError, load_recipes
 from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
 from controller.console.routes import console_router
@@ -253,6 +254,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
             text, next_offset = await asyncio.to_thread(runtime.read_logs, handle, offset)
         except RuntimeError_ as exc:
             raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(exc)) from exc
+        # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
+        key = driver.engine_key(launch_id)
+        text = redact_keys(text, [key] if key else [])
         return Response(text, media_type=_TEXT, headers={"X-Next-Offset": str(next_offset)})
 
     @app.get("/events", tags=["status"], response_class=StreamingResponse)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field
 
+from appliance.engine_secret import CONTAINER_KEY_PATH, with_key_config
 from appliance.runtimes.base import (
     Format,
     FormatError,
@@ -175,25 +176,28 @@ def container_kwargs(
     spec: LaunchSpec,
     launch_id: str,
     publish_address: str = LOOPBACK,
-    secret_env: Mapping[str, str] | None = None,
     host_mounts: Sequence[tuple[str, str]] = (),
+    *,
+    key_file: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for docker SDK `client.containers.create(**kwargs)`, as plain data.
 
-    `secret_env` (the per-launch engine API key) joins the container's environment only — renders
+    `key_file`: the engine reads its per-launch API key from a vLLM config file that the runtime
+    puts into the created container before it starts (appliance/engine_secret.py: `--config` at a
+    path that is the same for every launch; never an environment variable, issue 19) — renders
     never pass it. `host_mounts`: the controller's own mounts when it runs in a container
     (`translate_source`). Raises ValueError for a spec that cannot become a container.
     """
     rt = spec.runtime
     if not isinstance(rt, DockerLaunch):
         raise ValueError(f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'")
-    command = spec.command()
+    command = with_key_config(spec.command(), CONTAINER_KEY_PATH) if key_file else spec.command()
     kwargs: dict[str, Any] = {
         "image": rt.image,
         "name": container_name(launch_id),
         "entrypoint": [command[0]],
         "command": list(command[1:]),
-        "environment": {**spec.env, **(secret_env or {})},
+        "environment": dict(spec.env),
         "labels": engine_labels(spec, launch_id),
         "volumes": [f"{translate_source(m.source, host_mounts)}:{m.target}:{'ro' if m.read_only else 'rw'}"
                     for m in rt.mounts],

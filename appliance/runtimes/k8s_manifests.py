@@ -25,8 +25,11 @@ Other choices, each from a fact:
 - The startup probe's failureThreshold × periodSeconds covers the recipe's ready budget, so a 2700 s
   default-graph start (DOMAIN §4: an orchestrator that waited 1500 s killed it at 38/51) is not
   killed by the kubelet; liveness only starts after it.
-- The engine key is never in a manifest: VLLM_API_KEY comes from a Secret (secretKeyRef) that the
-  effectful half creates from the launch's secret environment (controller/supervisor/engine_key.py).
+- The engine key is never in a manifest: vLLM reads it from a config file (`--config`) that a Secret
+  volume mounts at a path that is the same for every launch (appliance/engine_secret.py); the
+  effectful half creates the Secret from the launch's key (controller/supervisor/engine_key.py).
+  Not `VLLM_API_KEY` from a secretKeyRef: vLLM 0.26.0 hashes that variable into its compile-cache
+  key, so a fresh key per launch made every warm restart a full recompile (issue 19).
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from appliance.engine_secret import (
+    CONTAINER_KEY_DIR,
+    CONTAINER_KEY_PATH,
+    KEY_FILE_NAME,
+    config_yaml,
+    with_key_config,
+)
 from appliance.runtimes.k8s_model import KubernetesLaunch, Storage
 from appliance.runtimes.k8s_names import (
     ENGINE_KEY_ENV,
@@ -60,6 +70,7 @@ if TYPE_CHECKING:
 
 CONTAINER = "engine"
 PORT_NAME = "http"
+KEY_VOLUME = "engine-key"
 PROBE_PERIOD_S = 10
 
 
@@ -108,13 +119,14 @@ def manifests(spec: LaunchSpec, *, launch_id: str | None = None, image: str | No
 
 def engine_key_secret(spec: LaunchSpec, key: str, *, launch_id: str | None = None,
                       name: str | None = None, namespace: str | None = None) -> dict[str, Any]:
-    """The Secret the Deployment's VLLM_API_KEY refers to (for the effectful half; never rendered or
-    printed). `key` is the launch's engine key (`launch_key(spec)[0]`: the recipe's own or a fresh one)."""
+    """The Secret the Deployment mounts as the engine's key file (for the effectful half; never
+    rendered or printed). `key` is the launch's engine key (`launch_key(spec)[0]`: the recipe's own
+    or a fresh one)."""
     meta: dict[str, Any] = {"name": name or key_secret_name(spec), "labels": labels(spec, launch_id)}
     if namespace is not None:
         meta["namespace"] = namespace
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
-            "stringData": {ENGINE_KEY_ENV: key}}
+            "stringData": {KEY_FILE_NAME: config_yaml(key)}}
 
 
 def claim_name(spec: LaunchSpec, role: str, storage: Storage) -> str:
@@ -148,12 +160,10 @@ def _cache_mounts(spec: LaunchSpec) -> list[dict[str, Any]]:
     return mounts
 
 
-def _env(spec: LaunchSpec, key_secret: str) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env.items()
-                                 if k not in DEVICE_ENV and k != ENGINE_KEY_ENV]
-    env.append({"name": ENGINE_KEY_ENV,
-                "valueFrom": {"secretKeyRef": {"name": key_secret, "key": ENGINE_KEY_ENV}}})
-    return env
+def _env(spec: LaunchSpec) -> list[dict[str, Any]]:
+    # A recipe's own VLLM_API_KEY goes into the Secret's key file instead (never a manifest value).
+    return [{"name": k, "value": v} for k, v in spec.env.items()
+            if k not in DEVICE_ENV and k != ENGINE_KEY_ENV]
 
 
 def _resources(spec: LaunchSpec, target: KubernetesLaunch) -> dict[str, Any]:
@@ -185,11 +195,12 @@ def _deployment(spec: LaunchSpec, target: KubernetesLaunch, name: str, launch_id
               {"name": "dshm", "mountPath": "/dev/shm"}]
     if target.model.sub_path is not None:
         mounts[-2]["subPath"] = target.model.sub_path
+    mounts.append({"name": KEY_VOLUME, "mountPath": CONTAINER_KEY_DIR, "readOnly": True})
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": target.image_ref,
-        "command": list(pod_argv(spec, image_given)),
-        "env": _env(spec, key_secret),
+        "command": list(with_key_config(pod_argv(spec, image_given), CONTAINER_KEY_PATH)),
+        "env": _env(spec),
         "ports": [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
         "resources": _resources(spec, target),
         "volumeMounts": mounts,
@@ -217,6 +228,9 @@ def _deployment(spec: LaunchSpec, target: KubernetesLaunch, name: str, launch_id
              "persistentVolumeClaim": {"claimName": claim_name(spec, "model", target.model),
                                        "readOnly": True}},
             {"name": "dshm", "emptyDir": shm},
+            # 0400: the key file is the engine's alone (vLLM's config file, appliance/engine_secret.py).
+            {"name": KEY_VOLUME, "secret": {"secretName": key_secret, "defaultMode": 0o400,
+                                            "items": [{"key": KEY_FILE_NAME, "path": KEY_FILE_NAME}]}},
         ],
     }
     if target.host_ipc:

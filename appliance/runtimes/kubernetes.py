@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from appliance.engine_secret import KEY_FILE_NAME
 from appliance.runtimes.base import Format, FormatError, Placement, RuntimeTraits
 from appliance.runtimes.k8s_helm import comment_lines as helm_comments
 from appliance.runtimes.k8s_helm import helm_values, memory_request
@@ -80,8 +81,8 @@ def _section(recipe: Recipe) -> KubernetesSection:
 _NOTES = {
     "command": "the recipe's command; --host is 0.0.0.0 in a pod (probes and the Service reach the pod IP, "
                "DOMAIN §5)",
-    "env": "HIP_/CUDA_VISIBLE_DEVICES dropped: the device plugin assigns the cards. VLLM_API_KEY comes "
-           "from a Secret, never from this file",
+    "env": "HIP_/CUDA_VISIBLE_DEVICES dropped: the device plugin assigns the cards. The engine key is a "
+           "Secret mounted as vLLM's --config file, never in this file nor a VLLM_* variable (issue 19)",
     "resources": "GPUs as extended resources, count = tensor_parallel_size; memory: a request, never a "
                  "limit (DOMAIN §3: a cgroup limit counts page cache)",
     "startupProbe": "failureThreshold × periodSeconds covers the recipe's ready budget (DOMAIN §4); "
@@ -126,7 +127,8 @@ def k8s_text(spec: LaunchSpec, recipe: Recipe | None, *, image: str | None = Non
     budget = startup_failure_threshold(spec.ready_budget_s) * PROBE_PERIOD_S
     head = [
         f"# Kubernetes manifests for recipe '{spec.recipe}' (spec {spec.spec_hash}): one engine replica.",
-        f"# Apply after creating the Secret '{key_secret_name(spec)}' with key {ENGINE_KEY_ENV} "
+        f"# Apply after creating the Secret '{key_secret_name(spec)}' with key {KEY_FILE_NAME} "
+        "(a vLLM config file, 'api-key: KEY') "
         f"(the appliance's Kubernetes runtime does both).",
         f"# GPUs: {tensor_parallel_size(spec)} × {gpu_resource(spec)}." if gpu_resource(spec) else
         "# GPUs: none (a CPU recipe).",

@@ -9,7 +9,6 @@ daemon). Methods are synchronous (the docker SDK is); the async supervisor drive
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -74,12 +73,13 @@ class RuntimeUnconfigured(RuntimeError_):
 class Runtime(Protocol):
     name: str
 
-    def start(
-        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
-    ) -> EngineHandle:
+    def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         """Launch the engine exactly as the spec says, its port proven free first (PortInUse).
-        `secret_env` (the per-launch engine API key) goes into the engine's environment only —
-        never argv, records or logs. Returns at once; readiness is the supervisor's job."""
+        `engine_key` (the per-launch engine API key) reaches vLLM as a 0600 config file given with
+        `--config` at a path that is the same for every launch of the variant
+        (appliance/engine_secret.py) — never argv, the environment (a `VLLM_*` variable can enter
+        vLLM's compile-cache hash: issue 19), records or logs. Returns at once; readiness is the
+        supervisor's job."""
         ...
 
     def stop(self, handle: EngineHandle, grace_s: float) -> ExitInfo:
@@ -95,9 +95,10 @@ class Runtime(Protocol):
         where the runtime can be (the supervisor's death notice, issue 9: within about a second)."""
         ...
 
-    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
-        """A variable of the running engine's environment (the per-launch API key, read back by a
-        controller that adopted the engine after a restart); None when unknown."""
+    def read_engine_key(self, handle: EngineHandle) -> str | None:
+        """The key the running engine was given (read back by a controller that adopted the engine
+        after a restart): from its key file, or from `VLLM_API_KEY` for an engine an older
+        controller started; None when unknown."""
         ...
 
     def read_logs(self, handle: EngineHandle, offset: int) -> tuple[str, int]:

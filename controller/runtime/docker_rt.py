@@ -46,6 +46,8 @@ import requests
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
+from appliance.engine_secret import CONTAINER_KEY_DIR, CONTAINER_KEY_PATH, KEY_FILE_NAME, key_from_config
+from appliance.engine_secret import config_yaml as key_config_yaml
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes import docker as docker_plugin
 from appliance.runtimes.docker import translate_source as translate_source  # re-exported (tests)
@@ -63,6 +65,8 @@ from controller.runtime.log_offsets import slice_log
 from controller.runtime.ports import ensure_port_free
 from controller.runtime.registry import RuntimeContext
 from controller.store import Provenance
+
+LEGACY_KEY_ENV = "VLLM_API_KEY"  # where controllers before issue 19 put the key: read back still
 
 log = logging.getLogger(__name__)
 
@@ -103,17 +107,36 @@ def container_create_kwargs(
     spec: LaunchSpec,
     launch_id: str,
     publish_address: str = "127.0.0.1",
-    secret_env: Mapping[str, str] | None = None,
     host_mounts: Sequence[tuple[str, str]] = (),
+    *,
+    key_file: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for `client.containers.create`: the docker plug-in's one translation
     (`appliance.runtimes.docker.container_kwargs`, what `render --format docker-py` prints), with
     its plain ulimit and device-request dicts made SDK types here, at the SDK edge."""
     try:
-        kwargs = docker_plugin.container_kwargs(spec, launch_id, publish_address, secret_env, host_mounts)
+        kwargs = docker_plugin.container_kwargs(spec, launch_id, publish_address, host_mounts,
+                                                key_file=key_file)
     except ValueError as exc:
         raise RuntimeError_(str(exc)) from None
     return to_sdk(kwargs)
+
+
+def _key_of_container(container: Container) -> str | None:
+    try:
+        stream, _ = container.get_archive(CONTAINER_KEY_PATH)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            data = tar.extractfile(member) if member is not None else None
+            if data is not None:
+                return key_from_config(data.read().decode(errors="replace"))
+    except docker.errors.NotFound:
+        pass  # no key file: an engine started before issue 19, or a recipe with its own key
+    for item in container.attrs.get("Config", {}).get("Env") or []:
+        name, sep, value = str(item).partition("=")
+        if sep and name == LEGACY_KEY_ENV:
+            return value
+    return None
 
 
 def to_sdk(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,13 +266,12 @@ class DockerRuntime:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def create(
-        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
-    ) -> Container:
-        """Create (not start) the engine container. Separate from start() so that tests and
-        `plan`-like tooling can `docker inspect` exactly what would run."""
-        kwargs = container_create_kwargs(spec, launch_id, self.publish_address, secret_env,
-                                         self.host_mounts())
+    def create(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> Container:
+        """Create (not start) the engine container, its key file in place (`put_key_file`).
+        Separate from start() so that tests and `plan`-like tooling can `docker inspect` exactly
+        what would run."""
+        kwargs = container_create_kwargs(spec, launch_id, self.publish_address, self.host_mounts(),
+                                         key_file=engine_key is not None)
         with self._daemon(f"look up image {kwargs['image']}"):
             try:
                 self.client.images.get(kwargs["image"])
@@ -259,11 +281,43 @@ class DockerRuntime:
                     "(no registry is assumed): build or `docker load` it first — see images/README.md"
                 ) from None
         with self._daemon(f"create container {kwargs['name']}", pass_not_found=False):
-            return self.client.containers.create(**kwargs)
+            container = self.client.containers.create(**kwargs)
+        if engine_key is not None:
+            try:
+                self.put_key_file(container, engine_key)
+            except RuntimeError_:
+                with self._daemon(f"remove container {container.name} that got no key file"):
+                    container.remove(force=True)
+                raise
+        return container
 
-    def start(
-        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
-    ) -> EngineHandle:
+    def put_key_file(self, container: Container, key: str) -> None:
+        """The key's vLLM config file into the created (not yet started) container, through the
+        Engine API's archive upload: no host path to share (the controller may itself run in a
+        container), nothing in the environment or `docker inspect`. Owned by the image's user when
+        it is numeric, else by root; 0400 — a named user (not resolvable here) gets 0444: inside the
+        container only the engine runs."""
+        user = str(container.attrs.get("Config", {}).get("User") or "0")
+        uid_text, _, gid_text = user.partition(":")
+        numeric = uid_text.isdigit() and (not gid_text or gid_text.isdigit())
+        uid = int(uid_text) if numeric else 0
+        gid = int(gid_text) if numeric and gid_text else 0
+        data = key_config_yaml(key).encode()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            folder = tarfile.TarInfo(CONTAINER_KEY_DIR.rsplit("/", 1)[1])
+            folder.type, folder.uid, folder.gid = tarfile.DIRTYPE, uid, gid
+            folder.mode = 0o700 if numeric else 0o755
+            tar.addfile(folder)
+            info = tarfile.TarInfo(f"{folder.name}/{KEY_FILE_NAME}")
+            info.size, info.mode, info.uid, info.gid = len(data), 0o400 if numeric else 0o444, uid, gid
+            tar.addfile(info, io.BytesIO(data))
+        parent = CONTAINER_KEY_DIR.rsplit("/", 1)[0] or "/"
+        with self._daemon(f"put the engine key file into {container.name}", pass_not_found=False):
+            if not container.put_archive(parent, buf.getvalue()):
+                raise RuntimeError_(f"the daemon refused the engine key file for {container.name}")
+
+    def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         rt = spec.runtime
         if not isinstance(rt, docker_plugin.DockerLaunch):
             raise RuntimeError_(f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'")
@@ -274,7 +328,7 @@ class DockerRuntime:
         elif rt.network_mode != "none":
             for host_port in rt.published_ports.values():
                 ensure_port_free(self.publish_address, host_port)
-        container = self.create(spec, launch_id, secret_env)
+        container = self.create(spec, launch_id, engine_key)
         try:
             with self._daemon(f"start container {container.name}"):
                 container.start()
@@ -354,16 +408,13 @@ class DockerRuntime:
                 return "", offset
         return slice_log(blob, offset)
 
-    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
-        """A variable of the container's environment (the per-launch API key after a restart)."""
+    def read_engine_key(self, handle: EngineHandle) -> str | None:
+        """The running engine's key after a restart: its key file inside the container, or (a
+        container an older controller started) `VLLM_API_KEY` in its environment."""
         container = self._container(handle)
         if container is None:
             return None
-        for item in container.attrs.get("Config", {}).get("Env") or []:
-            key, sep, value = str(item).partition("=")
-            if sep and key == name:
-                return value
-        return None
+        return _key_of_container(container)
 
     def container_id(self, handle: EngineHandle) -> str | None:
         """The container the host watch reads the engine's cgroup of (ContainerScoped)."""
@@ -393,15 +444,13 @@ class DockerRuntime:
             return data.read()
 
     @staticmethod
-    def env_value_of(ref: str, name: str) -> str | None:
-        """A variable of container `ref`'s environment, for a CLI without a runtime object (the
-        engine key, controller/evaluation/engine_key.py); None when it cannot be read."""
+    def engine_key_of(ref: str) -> str | None:
+        """The key of container `ref`'s engine, for a CLI without a runtime object
+        (controller/evaluation/engine_key.py); None when it cannot be read."""
         try:
-            env = docker.from_env().containers.get(ref).attrs["Config"]["Env"] or []
-        except docker.errors.DockerException:
+            return _key_of_container(docker.from_env().containers.get(ref))
+        except (docker.errors.DockerException, requests.RequestException):
             return None
-        prefix = name + "="
-        return next((e[len(prefix):] for e in env if e.startswith(prefix)), None)
 
     def adopt(self) -> list[EngineHandle]:
         """Running containers carrying the managed label."""
@@ -465,4 +514,4 @@ class DockerRuntime:
         return total
 
 
-env_value_of = DockerRuntime.env_value_of  # the registry's by-ref reader (controller/runtime/registry.py)
+engine_key_of = DockerRuntime.engine_key_of  # the registry's by-ref reader (controller/runtime/registry.py)

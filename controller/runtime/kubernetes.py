@@ -11,10 +11,11 @@ this module only applies, watches, reads and deletes them. Choices, and why:
   the workload and Service names (one per recipe) are read: one carrying another launch's
   `appliance.launch_id`, or still being deleted, is refused rather than taken over.
 - **The engine API key** goes into a per-launch Secret created first (the pure half's
-  `engine_key_secret`, made `immutable`): `secret_env`'s VLLM_API_KEY, or the recipe's own key when it
-  brings one (then `secret_env` is empty, but the pod's VLLM_API_KEY still comes from the Secret). The
-  manifests only name the Secret, so the key is never in a manifest, a log line or a record.
-  `engine_env_value` reads a variable through the workload's env (a value, or its secretKeyRef).
+  `engine_key_secret`, made `immutable`): the launch's key, or the recipe's own when it brings one,
+  as vLLM's config file, mounted 0400 and given with `--config` at one path for every launch (never
+  `VLLM_API_KEY`: vLLM 0.26.0 hashes it into its compile-cache key, issue 19). The manifests only
+  name the Secret, so the key is never in a manifest, a log line or a record. `read_engine_key`
+  reads it back through the workload's Secret volume.
 - **Ended = the first container run ended.** A Deployment's pod always restarts (restartPolicy
   Always), but the controller owns restarts (backoff, diagnosis, DOMAIN §3's OOM loops): so a
   terminated state, a restart count above 0, CrashLoopBackOff, an image that cannot be pulled and an
@@ -70,8 +71,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
+from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.launch_spec import LaunchSpec
-from appliance.runtimes.k8s_manifests import engine_key_secret, manifests
+from appliance.runtimes.k8s_manifests import KEY_VOLUME, engine_key_secret, manifests
 from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, label_value
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
@@ -395,9 +397,7 @@ class KubernetesRuntime:
 
     # -- start -------------------------------------------------------------------------------
 
-    def start(
-        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
-    ) -> EngineHandle:
+    def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         key_secret = secret_name(launch_id)
         objects = sorted(self._render(spec, launch_id, key_secret),
                          key=lambda o: _APPLY_ORDER.get(str(o.get("kind")), 9))
@@ -411,11 +411,10 @@ class KubernetesRuntime:
         for obj in objects:
             if obj.get("kind") in (*WORKLOAD_KINDS, "Service"):
                 self._refuse_other_launch(obj, ns, launch_id)
-        key = (secret_env or {}).get(ENGINE_KEY_ENV) or recipe_key(spec)
+        key = engine_key or recipe_key(spec)
         if not key:
-            raise RuntimeError_(f"kubernetes: no engine key for launch {launch_id}: the pod's "
-                                f"{ENGINE_KEY_ENV} comes from a Secret, and neither secret_env nor the "
-                                "recipe gives one")
+            raise RuntimeError_(f"kubernetes: no engine key for launch {launch_id}: the pod's key file "
+                                "comes from a Secret, and neither the controller nor the recipe gives one")
         self._create_secret(ns, engine_key_secret(spec, key, launch_id=launch_id, name=key_secret,
                                                   namespace=ns))
         for obj in objects:
@@ -664,33 +663,36 @@ class KubernetesRuntime:
             raise
         return slice_log(blob, offset)
 
-    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
-        return self.env_value(handle.ref, name)
+    def read_engine_key(self, handle: EngineHandle) -> str | None:
+        return self.engine_key_at(handle.ref)
 
-    def env_value(self, ref: str, name: str) -> str | None:
-        """A variable of the engine container's environment as the workload declares it: a plain
-        value, or the Secret key it refers to (the engine API key), read back from that Secret."""
+    def engine_key_at(self, ref: str) -> str | None:
+        """The engine's key, read back from the Secret its pod mounts as the key file (or, for a
+        workload an older controller applied, the Secret its VLLM_API_KEY refers to)."""
         ns, kind, wname = _split_ref(ref)
         workload = self._workload(ns, kind, wname)
         if workload is None:
             return None
-        containers = workload.spec.template.spec.containers if workload.spec else []
+        pod_spec = workload.spec.template.spec if workload.spec else None
+        for volume in (pod_spec.volumes or []) if pod_spec else []:
+            if volume.name == KEY_VOLUME and volume.secret is not None:
+                text = self._secret_value(ns, str(volume.secret.secret_name), KEY_FILE_NAME)
+                return key_from_config(text) if text is not None else None
+        containers = pod_spec.containers if pod_spec else []
         for var in (containers[0].env or []) if containers else []:
-            if var.name != name:
-                continue
-            if var.value is not None:
-                return str(var.value)
-            ref_ = var.value_from.secret_key_ref if var.value_from else None
-            if ref_ is None:
-                return None
-            try:
-                with self._call(f"read Secret {ns}/{ref_.name}", "get", "secrets", ns):
-                    secret = self.core.read_namespaced_secret(ref_.name, ns)
-            except ApiException:
-                return None
-            value = (secret.data or {}).get(ref_.key)
-            return base64.b64decode(value).decode() if value is not None else None
+            ref_ = var.value_from.secret_key_ref if var.name == ENGINE_KEY_ENV and var.value_from else None
+            if ref_ is not None:
+                return self._secret_value(ns, str(ref_.name), str(ref_.key))
         return None
+
+    def _secret_value(self, ns: str, name: str, key: str) -> str | None:
+        try:
+            with self._call(f"read Secret {ns}/{name}", "get", "secrets", ns):
+                secret = self.core.read_namespaced_secret(name, ns)
+        except ApiException:
+            return None
+        value = (secret.data or {}).get(key)
+        return base64.b64decode(value).decode() if value is not None else None
 
     def adopt(self) -> list[EngineHandle]:
         """Workloads labelled appliance.managed=true in the namespace. With no cluster configured at
@@ -777,6 +779,6 @@ def make(ctx: RuntimeContext) -> KubernetesRuntime:
     return KubernetesRuntime()
 
 
-def env_value_of(ref: str, name: str) -> str | None:
-    """A variable of the engine's environment by ref (`namespace/Kind/name`), for the CLI."""
-    return KubernetesRuntime().env_value(ref, name)
+def engine_key_of(ref: str) -> str | None:
+    """The engine's key by ref (`namespace/Kind/name`), for the CLI."""
+    return KubernetesRuntime().engine_key_at(ref)

@@ -7,6 +7,11 @@ Layout of one launch, `runs_dir/<launch_id>/`:
 - `process.json`     that PID's identity: create time and cmdline (guards against PID reuse)
 - `handle.json`      the EngineHandle, so that `adopt()` finds the engine after a controller restart
 - `exit_status.json` written by the shim when the engine ends: exit code and terminating signal
+- `engine-key.yaml`  (0600) this launch's engine key as the vLLM config file it was given, for read-back
+  on adoption; the engine itself reads the same text from `runs_dir/.engine-keys/<variant>.engine-key.yaml`,
+  a path that is the same for every launch of the variant (appliance/engine_secret.py, issue 19)
+
+The run directory is 0700: the engine log can hold the key too (vLLM 0.26.0 logs its arguments).
 
 The engine is started in its own session (`start_new_session=True`), with stdin from /dev/null and
 its output going to a file, so it has no pipe to the controller and no controlling terminal: it
@@ -34,12 +39,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from appliance.engine_secret import KEY_FILE_NAME, key_from_config, stable_config_path, with_key_config
+from appliance.engine_secret import config_yaml as key_config_yaml
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes.process import ProcessLaunch
 from controller.engine_setup import package_versions
@@ -67,6 +73,8 @@ PID_FILE = "engine.pid"
 PROCESS_FILE = "process.json"
 HANDLE_FILE = "handle.json"
 STATUS_FILE = "exit_status.json"
+KEYS_DIR = ".engine-keys"  # under runs_dir: the variants' key files, at stable paths
+LEGACY_KEY_ENV = "VLLM_API_KEY"  # where controllers before issue 19 put the key: read back still
 RUNTIME_TAG = "[appliance-runtime]"
 
 # Used only when neither the spec nor the controller's own environment has them.
@@ -145,6 +153,13 @@ def _describe_returncode(returncode: int) -> str:
     return f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}"
 
 
+def _key_in(run_dir: Path) -> str | None:
+    try:
+        return key_from_config((run_dir / KEY_FILE_NAME).read_text())
+    except OSError:
+        return None
+
+
 def _write_status(path: Path, exit_code: int | None, sig: int | None, error: str, *, complete: bool) -> None:
     payload = {"exit_code": exit_code, "signal": sig, "ended_at": time.time(), "error": error,
                "complete": complete}
@@ -152,9 +167,15 @@ def _write_status(path: Path, exit_code: int | None, sig: int | None, error: str
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Created with `mode` from the first byte (a key file is never readable by others, not even
+    between a write and a chmod), then renamed over `path`."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)  # umask may have taken bits away; never adds any the caller did not ask for
     os.replace(tmp, path)
 
 
@@ -188,19 +209,18 @@ class ProcessRuntime:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(
-        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
-    ) -> EngineHandle:
-        """`secret_env` (the per-launch engine API key) goes into the engine's environment only:
-        never into argv, the run directory's files or the launch record."""
+    def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
+        """`engine_key` (the per-launch engine API key) reaches vLLM in a 0600 config file at the
+        variant's stable path (`--config`, appliance/engine_secret.py): never argv, the environment,
+        the launch record or a log."""
         if not isinstance(spec.runtime, ProcessLaunch):
             raise RuntimeError_(
                 f"recipe {spec.recipe!r} renders for the {spec.kind!r} runtime, not 'process'"
             )
         if not _LAUNCH_ID.match(launch_id):
             raise RuntimeError_(f"launch id {launch_id!r} is not a safe directory name ([A-Za-z0-9._-])")
-        env = {**engine_env(spec.env), **(secret_env or {})}
-        command = spec.command()
+        env = engine_env(spec.env)
+        command = self.engine_command(spec, with_key=engine_key is not None)
         if shutil.which(command[0], path=env["PATH"]) is None:
             raise RuntimeError_(
                 f"cannot start {spec.recipe!r}: {command[0]!r} is not an executable file "
@@ -213,9 +233,15 @@ class ProcessRuntime:
         ensure_port_free(spec.host, spec.port)
         run_dir = self.runs_dir / launch_id
         try:
-            run_dir.mkdir(parents=True, exist_ok=False)
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+            run_dir.mkdir(mode=0o700, exist_ok=False)
         except FileExistsError:
             raise RuntimeError_(f"launch id {launch_id!r} was already used: {run_dir} exists") from None
+        if engine_key is not None:
+            text = key_config_yaml(engine_key)
+            _write_atomic(run_dir / KEY_FILE_NAME, text, mode=0o600)
+            self._key_path(spec).parent.mkdir(mode=0o700, exist_ok=True)
+            _write_atomic(self._key_path(spec), text, mode=0o600)
         log_path = run_dir / LOG_FILE
         shim_cmd = (
             self._python,
@@ -302,6 +328,20 @@ class ProcessRuntime:
             except (OSError, ValidationError, RuntimeError_) as exc:
                 log.warning("skipping %s: %s", handle_path, exc)
 
+    def _key_path(self, spec: LaunchSpec) -> Path:
+        return Path(stable_config_path(str(self.runs_dir / KEYS_DIR), f"{spec.recipe}-{spec.spec_hash[:12]}"))
+
+    def engine_command(self, spec: LaunchSpec, *, with_key: bool) -> tuple[str, ...]:
+        """The engine's argv exactly as started: the spec's, plus `--config KEYFILE` when the
+        appliance delivers the key (the same path for every launch of the variant)."""
+        command = spec.command()
+        if not with_key:
+            return command
+        try:
+            return with_key_config(command, str(self._key_path(spec)))
+        except ValueError as exc:
+            raise RuntimeError_(f"cannot start {spec.recipe!r}: {exc}") from None
+
     def provenance(self, spec: LaunchSpec) -> Provenance:
         """The engine's own interpreter and package versions (ProvenanceSource), found with the
         engine's own environment (PYTHONPATH included): where its packages really live (a vLLM under
@@ -315,22 +355,33 @@ class ProcessRuntime:
         return Provenance(interpreter=found or python, packages=versions)
 
     @staticmethod
-    def env_value_of(ref: str, name: str) -> str | None:
-        """A variable of the shim `ref`'s environment (it carries the engine's), for a CLI without a
-        runtime object (the engine key, controller/evaluation/engine_key.py); None when unreadable."""
+    def engine_key_of(ref: str) -> str | None:
+        """The key of the engine whose shim is pid `ref`, for a CLI without a runtime object
+        (controller/evaluation/engine_key.py): the run directory is the parent of the shim's
+        `--status` file. None when unreadable (another user's engine, gone)."""
         try:
-            return psutil.Process(int(ref)).environ().get(name)
+            proc = psutil.Process(int(ref))
+            cmdline = proc.cmdline()
+            if "--status" in cmdline[:-1]:
+                key = _key_in(Path(cmdline[cmdline.index("--status") + 1]).parent)
+                if key is not None:
+                    return key
+            return proc.environ().get(LEGACY_KEY_ENV)
         except (ValueError, psutil.Error):
             return None
 
-    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
-        """A variable of the running engine's environment (the per-launch API key, for a controller
-        that adopted the engine after a restart). Readable only by the engine's own user (or root)."""
+    def read_engine_key(self, handle: EngineHandle) -> str | None:
+        """The running engine's key (for a controller that adopted it after a restart), from the
+        launch's own copy of its key file; an engine started before issue 19 has it in its
+        environment. Readable only by the engine's own user (or root)."""
         shim = self._shim(handle)
         if shim is None:
             return None
+        key = _key_in(self._run_dir(handle))
+        if key is not None:
+            return key
         try:
-            return shim.environ().get(name)
+            return shim.environ().get(LEGACY_KEY_ENV)
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             return None
 
@@ -675,4 +726,4 @@ class ProcessRuntime:
         return total
 
 
-env_value_of = ProcessRuntime.env_value_of  # the registry's by-ref reader (controller/runtime/registry.py)
+engine_key_of = ProcessRuntime.engine_key_of  # the registry's by-ref reader (controller/runtime/registry.py)

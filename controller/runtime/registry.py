@@ -4,8 +4,8 @@ appliance/runtimes/registry.py for its pure half).
 Each entry names the module of the runtime and says whether it needs something that may be absent
 on this host (a daemon, a cluster, an SDK). Modules are imported only when their kind is asked for,
 so a host without the docker SDK still runs the process runtime (issue 12). The module provides
-`make(ctx: RuntimeContext) -> Runtime` and `env_value_of(ref: str, name: str) -> str | None` (a
-variable of the engine's environment by the runtime's own id, for a CLI that has no runtime object).
+`make(ctx: RuntimeContext) -> Runtime` and `engine_key_of(ref: str) -> str | None` (the running
+engine's API key by the runtime's own id, for a CLI that has no runtime object).
 
 The key is LaunchSpec.kind (= `spec.runtime.kind`) and EngineHandle.runtime.
 """
@@ -31,7 +31,7 @@ class RuntimeContext:
 
 @dataclass(frozen=True)
 class RuntimeEntry:
-    module: str  # provides `make(ctx)` and `env_value_of(ref, name)`
+    module: str  # provides `make(ctx)` and `engine_key_of(ref)`
     # Needs something that may be absent here (daemon, cluster, SDK): at controller start it is
     # probed with `adopt()`, and left out with a note if it does not answer.
     external: bool
@@ -62,11 +62,11 @@ def make_runtime(kind: str, runs_dir: Path) -> Runtime:
     return make(RuntimeContext(runs_dir=runs_dir))
 
 
-def env_value_of(kind: str, ref: str, name: str) -> str | None:
-    """A variable of the environment of engine `ref` of `kind` (ImportError: no SDK here)."""
+def engine_key_of(kind: str, ref: str) -> str | None:
+    """The API key of running engine `ref` of `kind` (ImportError: no SDK here)."""
     module = importlib.import_module(entry(kind).module)
-    read = cast(Callable[[str, str], "str | None"], module.env_value_of)
-    return read(ref, name)
+    read = cast(Callable[[str], "str | None"], module.engine_key_of)
+    return read(ref)
 
 
 @dataclass(frozen=True)

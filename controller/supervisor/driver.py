@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.engine_secret import redact as redact_keys
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
@@ -42,7 +43,7 @@ from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Provenance, Store
 from controller.supervisor import status_view
 from controller.supervisor.clock import Clock, SystemClock
-from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, recipe_key
+from controller.supervisor.engine_key import launch_key, recipe_key
 from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
 from controller.supervisor.gateway_link import GatewayLink
@@ -318,6 +319,9 @@ class Driver:
         follower = run.follower
         rt = self._runtime(handle)
         text, offset = await asyncio.to_thread(rt.read_logs, handle, follower.offset)
+        # vLLM 0.26.0 logs its arguments, the key from its config file among them (engine_secret.py):
+        # nothing kept from the log (phase evidence, diagnosis excerpts) may hold it.
+        text = redact_keys(text, [run.engine_key] if run.engine_key else [])
         now = self.clock.now()
         events = follower.feed(text, offset, now)
         for event in events:
@@ -533,11 +537,12 @@ class Driver:
                        "spec is unknown: left alone, not supervised", handle.launch_id)
             return
         run = LaunchRun(handle.launch_id, LogFollower(handle.launch_id, started_at=handle.started_at))
-        # The key lives only in the engine's environment: read it back from there (or the recipe's
-        # own `--api-key`, when the spec at hand still holds it: a stored spec is redacted).
+        # The key lives only where the runtime put it for the engine (its key file): read it back
+        # from there (or the recipe's own `--api-key`, when the spec at hand still holds it: a stored
+        # spec is redacted).
         key: str | None = None
         try:
-            key = await asyncio.to_thread(self._runtime(handle).engine_env_value, handle, ENGINE_KEY_ENV)
+            key = await asyncio.to_thread(self._runtime(handle).read_engine_key, handle)
         except RuntimeError_ as exc:
             self.note("adopt-key-unknown", f"cannot read the engine's API key: {exc}", handle.launch_id)
         own = recipe_key(spec)
@@ -613,11 +618,11 @@ class Driver:
                                   min_mem_available_bytes=await self._mem_target(spec), started_at=now)
         if self.m.failures > 0 and self.m.last_failure is not None:
             self.metrics.record_restart(spec.recipe, self.m.last_failure.code)
-        key, secret_env = launch_key(spec)
+        key, deliver = launch_key(spec)
         failure: Failure | None = None
         try:
             rt = self._runtime(spec)
-            handle = await asyncio.to_thread(rt.start, spec, action.launch_id, secret_env)
+            handle = await asyncio.to_thread(rt.start, spec, action.launch_id, deliver)
         except PortInUse as exc:
             # Retryable: the holder may be an engine of ours that is still going away.
             failure = Failure(

@@ -1,10 +1,11 @@
 """The engine's own door: a secret API key per launch (issue 9).
 
 The engine listens on loopback, but any local user could reach it there and bypass the gateway's
-keys and limits. Each launch therefore gets a fresh random key, handed to vLLM through its
-environment (`VLLM_API_KEY`, which vLLM reads when no `--api-key` is given) — never in argv (any
-user can read `/proc/PID/cmdline`), never in a launch record (the store redacts `*_KEY` values),
-never printed. Only the controller's readiness probe and the gateway (told with the upstream) know
+keys and limits. Each launch therefore gets a fresh random key, handed to vLLM in a 0600 config
+file given with `--config` (appliance/engine_secret.py; issue 19: in `VLLM_API_KEY` it entered
+vLLM 0.26.0's compile-cache hash and made every warm restart a full recompile) — never in argv (any
+user can read `/proc/PID/cmdline`), never in the environment, never in a launch record, never
+printed. Only the controller's readiness probe and the gateway (told with the upstream) know
 it. The key also proves that the engine answering a probe is the one this launch started: an
 engine left over from an earlier launch has another key and answers 401.
 
@@ -37,14 +38,15 @@ def recipe_key(spec: LaunchSpec) -> str | None:
     return spec.env.get(ENGINE_KEY_ENV) or None
 
 
-def launch_key(spec: LaunchSpec) -> tuple[str, dict[str, str]]:
-    """The key this launch's engine will accept, and the secret environment that gives it one
-    (empty when the recipe brings its own key: that one is used, not replaced)."""
+def launch_key(spec: LaunchSpec) -> tuple[str, str | None]:
+    """The key this launch's engine will accept, and the key the runtime must deliver to it (None
+    when the recipe brings its own key: vLLM reads that one from the recipe's env or argv, and it
+    is the same for every launch, so it moves no compile cache)."""
     own = recipe_key(spec)
     if own is not None:
-        return own, {}
+        return own, None
     key = new_engine_key()
-    return key, {ENGINE_KEY_ENV: key}
+    return key, key
 
 
 def bearer(key: str) -> str:

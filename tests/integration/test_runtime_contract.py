@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import socket
 import time
@@ -39,6 +38,7 @@ import httpx
 import psutil
 import pytest
 
+from appliance.engine_secret import KEY_FILE_NAME, redact
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import PLUGINS
@@ -52,12 +52,13 @@ from controller.runtime.base import (
     host_cache_dirs,
 )
 from controller.runtime.ports import PortInUse, port_is_free
-from controller.runtime.registry import RUNTIMES
+from controller.runtime.registry import RUNTIMES, engine_key_of
+from controller.supervisor.engine_key import new_engine_key
 from tests.integration.images import APPLIANCE_IMAGE
 from tests.integration.runtime_specs import SERVED_NAME, STANDIN_KINDS, standin_spec
 
 LIVENESS_S = 60.0
-KEY_NAME = "VLLM_API_KEY"  # the per-launch engine key (README "The engine's own door")
+KEY_NAME = "VLLM_API_KEY"  # where the key must NOT be (issue 19); README "The engine's own door"
 
 
 def free_port() -> int:
@@ -93,7 +94,10 @@ class ProcessSide:
     def records(self, handle: EngineHandle) -> str:
         """The run directory's files and the shim's command line (the shim is not an engine PID)."""
         run_dir = self.runs / handle.launch_id
-        texts = [p.read_text(errors="replace") for p in sorted(run_dir.iterdir()) if p.is_file()]
+        # Not the key's own file (where it belongs), nor the raw engine log (vLLM 0.26.0 logs the key
+        # it read, as the stand-in does: the consumers redact it, appliance/engine_secret.py).
+        texts = [p.read_text(errors="replace") for p in sorted(run_dir.iterdir())
+                 if p.is_file() and p.name not in (KEY_FILE_NAME, "engine.log")]
         with contextlib.suppress(psutil.NoSuchProcess):
             texts.append(" ".join(psutil.Process(int(handle.ref)).cmdline()))
         return "\n".join(texts)
@@ -131,8 +135,7 @@ class DockerSide:
         return list(self.client.containers.list(all=True, filters=label))
 
     def records(self, handle: EngineHandle) -> str:
-        attrs = self.client.api.inspect_container(handle.ref)
-        attrs["Config"].pop("Env", None)  # the engine's environment: where the key belongs
+        attrs = self.client.api.inspect_container(handle.ref)  # the environment too (issue 19)
         return json.dumps(attrs)
 
     def created(self, launch_id: str) -> bool:
@@ -161,7 +164,7 @@ class Harness:
         self.home = tmp_path / "home"  # APPLIANCE_HOME: the cache roots render pins live here
         self.runs = self.home / "runs"
         self.side = SIDES[kind](self.runs)
-        self.key = secrets.token_urlsafe(24)
+        self.key = new_engine_key()
         self.launch_ids: list[str] = []
 
     def runtime(self) -> Runtime:
@@ -181,7 +184,7 @@ class Harness:
     ) -> tuple[LaunchSpec, EngineHandle]:
         """Start the stand-in with the per-launch key and wait until it answers /health."""
         spec = spec or self.spec(**env)
-        handle = rt.start(spec, self.launch_id(), secret_env={KEY_NAME: self.key})
+        handle = rt.start(spec, self.launch_id(), engine_key=self.key)
         wait_healthy(rt, handle, spec)
         return spec, handle
 
@@ -340,8 +343,10 @@ def test_start_runs_the_rendered_command_and_answers(served: Served) -> None:
     assert rt.wait(handle, 0.1).running  # a wait that times out says "still running"
 
     info = h.get(spec, "/standin/info").json()
-    # Exactly the rendered command (`python -m MODULE ARGS`: sys.argv[0] is the module's file).
-    assert info["argv"][1:] == list(spec.argv[3:])
+    # Exactly the rendered command (`python -m MODULE ARGS`: sys.argv[0] is the module's file), and
+    # the key's config file at the variant's one path (appliance/engine_secret.py, issue 19).
+    assert info["argv"][1:-2] == list(spec.argv[3:])
+    assert info["argv"][-2] == "--config" and info["argv"][-1].endswith(KEY_FILE_NAME)
     assert spec.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
     assert {k: info["env"].get(k) for k in spec.env} == spec.env  # every variable, exactly
     models = h.get(spec, "/v1/models").json()
@@ -356,18 +361,25 @@ def test_the_key_is_only_in_the_engine_environment(served: Served) -> None:
     assert h.get(spec, "/v1/models", key=None).status_code == 401
     assert h.get(spec, "/v1/models", key="not-the-key").status_code == 401
     assert h.get(spec, "/v1/models").status_code == 200
-    assert rt.engine_env_value(handle, KEY_NAME) == h.key
-    assert h.runtime().engine_env_value(handle, KEY_NAME) == h.key
-    assert rt.engine_env_value(handle, "NOT_IN_THE_ENVIRONMENT") is None
-    # ...and nothing else does: not argv, not the runtime's records, not the logs.
+    assert rt.read_engine_key(handle) == h.key
+    assert h.runtime().read_engine_key(handle) == h.key
+    assert engine_key_of(handle.runtime, handle.ref) == h.key  # the CLI's reader, by ref
+    # ...and nothing else does: not argv, not the environment (issue 19: vLLM 0.26.0 hashes
+    # VLLM_API_KEY into its compile-cache key), not the runtime's records.
     pids = rt.engine_pids(handle)
     assert pids
     for pid in pids:
-        assert h.key not in " ".join(psutil.Process(pid).cmdline())
+        proc = psutil.Process(pid)
+        assert h.key not in " ".join(proc.cmdline())
+        if h.kind == "process":  # a container's processes: their environment is the record's Env
+            assert h.key not in json.dumps(proc.environ()) and KEY_NAME not in proc.environ()
     assert h.key not in h.records(handle)
     assert h.key not in handle.model_dump_json()
     assert h.key not in spec.model_dump_json()
-    assert h.key not in rt.read_logs(handle, 0)[0]
+    # The stand-in logs its arguments with the key, as vLLM 0.26.0 does: the raw log holds it, and
+    # what the appliance shows of a log (redact) does not.
+    raw = rt.read_logs(handle, 0)[0]
+    assert h.key in raw and h.key not in redact(raw)
     assert served.controller_log  # the runtime did log its start; the key was not in it
     assert h.key not in served.controller_log
 
@@ -394,7 +406,7 @@ def test_a_port_held_by_another_process_is_refused_naming_it(h: Harness) -> None
         launch_id = h.launch_id()
         held = rf"127\.0\.0\.1:{spec.port} is already in use by pid {os.getpid()}\b"
         with pytest.raises(PortInUse, match=held):
-            rt.start(spec, launch_id, secret_env={KEY_NAME: h.key})
+            rt.start(spec, launch_id, engine_key=h.key)
         assert not h.created(launch_id)  # refused before anything was made
 
 
@@ -405,7 +417,7 @@ def test_a_port_held_by_the_previous_engine_is_refused_naming_it(served: Served)
     assert holder in rt.engine_pids(handle)
     second = h.launch_id()
     with pytest.raises(PortInUse, match=rf"in use by pid {holder}\b"):
-        rt.start(spec, second, secret_env={KEY_NAME: h.key})
+        rt.start(spec, second, engine_key=h.key)
     assert not h.created(second)
     assert rt.inspect(handle).running  # the refusal did not touch the running engine
 
@@ -536,7 +548,7 @@ def test_a_fresh_runtime_adopts_the_running_engine_only(h: Harness) -> None:
     assert adopted.started_at == pytest.approx(handle.started_at, abs=1e-3)
 
     assert fresh.inspect(adopted).running
-    assert fresh.engine_env_value(adopted, KEY_NAME) == h.key
+    assert fresh.read_engine_key(adopted) == h.key
     assert fresh.engine_pids(adopted) == rt.engine_pids(handle)
     assert "startup complete" in fresh.read_logs(adopted, 0)[0]
     # Not its child (process) / not its client (docker), yet the exit code is known.
@@ -554,7 +566,7 @@ def test_a_launch_id_is_used_once(h: Harness) -> None:
     _die(h, spec, "clean-exit")
     assert not rt.wait(handle, LIVENESS_S).running
     with pytest.raises(RuntimeError_):
-        rt.start(h.spec(), handle.launch_id, secret_env={KEY_NAME: h.key})
+        rt.start(h.spec(), handle.launch_id, engine_key=h.key)
     assert outcome(rt.inspect(handle)) == (False, 0, None)  # the record of the first is intact
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from appliance.launch_spec import LaunchSpec
@@ -81,12 +81,10 @@ class FakeRuntime:
     started: list[tuple[str, float]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     on_start: Callable[[FakeEngine], None] | None = None
-    secret_envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    keys: dict[str, str | None] = field(default_factory=dict)  # launch id → the key delivered
 
-    def start(
-        self, spec: LaunchSpec, launch_id: str, secret_env: Mapping[str, str] | None = None
-    ) -> EngineHandle:
-        self.secret_envs[launch_id] = dict(secret_env or {})
+    def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
+        self.keys[launch_id] = engine_key
         handle = EngineHandle(launch_id=launch_id, runtime="process", ref=str(1000 + len(self.started)),
                               recipe=spec.recipe, spec_hash=spec.spec_hash, started_at=self.clock.now())
         engine = FakeEngine(handle)
@@ -121,8 +119,8 @@ class FakeRuntime:
     def adopt(self) -> list[EngineHandle]:
         return [e.handle for e in self.engines.values() if e.running]
 
-    def engine_env_value(self, handle: EngineHandle, name: str) -> str | None:
-        return self.secret_envs.get(handle.launch_id, {}).get(name)
+    def read_engine_key(self, handle: EngineHandle) -> str | None:
+        return self.keys.get(handle.launch_id)
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:
         return [int(handle.ref)]

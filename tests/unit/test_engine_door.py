@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose
+from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.docker_rt import container_create_kwargs
 from controller.runtime.ports import PortInUse, ensure_port_free, port_is_free
@@ -19,7 +20,7 @@ from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, new_eng
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
 from tests.unit.spec_helpers import with_runtime
-from tests.unit.supervisor_helpers import make_spec
+from tests.unit.supervisor_helpers import FakeEngine, make_spec
 from tests.unit.test_supervisor_driver import make_rig
 
 
@@ -32,17 +33,17 @@ def test_each_launch_key_is_new_and_long() -> None:
     assert len(keys) == 50 and all(k.startswith("eng_") and len(k) >= 40 for k in keys)
 
 
-def test_a_launch_key_goes_into_the_environment_only() -> None:
+def test_a_fresh_launch_key_is_for_the_runtime_to_deliver_and_not_in_the_spec() -> None:
     spec = _spec(argv=("/usr/bin/python3", "-m", "engine"), env={"A": "1"})
-    key, secret_env = launch_key(spec)
-    assert secret_env == {ENGINE_KEY_ENV: key}
+    key, deliver = launch_key(spec)
+    assert deliver == key
     assert key not in " ".join(spec.argv) and ENGINE_KEY_ENV not in spec.env  # the spec is untouched
 
 
 def test_a_recipe_that_brings_its_own_key_keeps_it() -> None:
     assert launch_key(_spec(argv=("vllm", "--api-key", "own"), env={}))[0] == "own"
     assert recipe_key(_spec(argv=("vllm", "--api-key=own2"), env={})) == "own2"
-    assert launch_key(_spec(argv=("vllm",), env={ENGINE_KEY_ENV: "own3"})) == ("own3", {})
+    assert launch_key(_spec(argv=("vllm",), env={ENGINE_KEY_ENV: "own3"})) == ("own3", None)
 
 
 def test_the_key_is_redacted_from_records() -> None:
@@ -50,12 +51,15 @@ def test_the_key_is_redacted_from_records() -> None:
     assert redact_spec(spec).env[ENGINE_KEY_ENV] == REDACTED
 
 
-def test_docker_puts_the_key_into_the_container_environment() -> None:
+def test_docker_gives_the_engine_its_key_file_path_and_nothing_of_the_key() -> None:
+    """Issue 19: never the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile key); the
+    file itself is put into the created container (tests/integration/test_runtime_contract.py)."""
     spec = with_runtime(_spec(env={"A": "1"}), "docker", image="engine:1")
-    kwargs = container_create_kwargs(spec, "L1", secret_env={ENGINE_KEY_ENV: "eng_k"})
-    assert kwargs["environment"] == {"A": "1", ENGINE_KEY_ENV: "eng_k"}
-    assert "eng_k" not in json.dumps(kwargs["command"]) + json.dumps(kwargs["entrypoint"])
-    assert "eng_k" not in json.dumps(kwargs["labels"])
+    kwargs = container_create_kwargs(spec, "L1", key_file=True)
+    assert kwargs["environment"] == {"A": "1"}
+    assert kwargs["command"][-2:] == ["--config", CONTAINER_KEY_PATH]
+    assert container_create_kwargs(spec, "L2", key_file=True)["command"] == kwargs["command"]
+    assert container_create_kwargs(spec, "L1")["command"] == kwargs["command"][:-2]
 
 
 def test_a_taken_port_is_refused_with_its_holder() -> None:
@@ -86,21 +90,35 @@ NO_KEY_ARGV = ("/usr/bin/python3", "-m", "engine")
 
 async def test_the_engine_key_reaches_probe_and_gateway_and_nothing_else(tmp_path: Path) -> None:
     rig = make_rig(tmp_path, _spec(argv=NO_KEY_ARGV))
-    rig.runtime.on_start = lambda engine: setattr(engine, "healthy", True)
+
+    def start(engine: FakeEngine) -> None:
+        # vLLM 0.26.0's own line, with the key it read from its config file (engine_secret.py).
+        key = rig.runtime.keys[engine.handle.launch_id]
+        engine.log = ("INFO 11-30 [api_utils.py:273] non-default args: "
+                      f"{{'model': '/m', 'api_key': ['{key}']}}\n"
+                      "ERROR 11-30 Traceback (most recent call last):\n")
+        engine.healthy = True
+
+    rig.runtime.on_start = start
     rig.driver.submit(Apply("test-recipe"))
     await rig.run_until(lambda: rig.driver.m.state is State.READY, 100)
-    key = rig.runtime.secret_envs["L1"][ENGINE_KEY_ENV]
+    key = rig.runtime.keys["L1"]
+    assert key is not None
+    run = rig.driver.runs.get("L1")
+    assert run is not None
+    tail = "\n".join(run.follower.tail_lines())
+    assert key not in tail and "'api_key': '<redacted>'" in tail  # what diagnoses and records keep
     assert rig.gateway.keys[-1] == key
     assert rig.driver.prober.keys[-1] == key  # type: ignore[attr-defined]
     record = rig.store.get_launch("L1")
     assert record is not None and key not in record.model_dump_json()
     assert key not in json.dumps(rig.driver.status())
     assert all(key not in e.model_dump_json() for e in rig.store.events())
-    # A controller restart: the new driver reads the key back from the engine's environment.
+    # A controller restart: the new driver reads the key back from where the runtime put it.
     (tmp_path / "again").mkdir()
     again = make_rig(tmp_path / "again", _spec(argv=NO_KEY_ARGV))
     again.runtime.engines = rig.runtime.engines
-    again.runtime.secret_envs = rig.runtime.secret_envs
+    again.runtime.keys = rig.runtime.keys
     again.driver.spec_for_recipe = lambda name: _spec(argv=NO_KEY_ARGV)
     await again.driver.adopt()
     rig.runtime.current().healthy = True
@@ -111,7 +129,7 @@ async def test_the_engine_key_reaches_probe_and_gateway_and_nothing_else(tmp_pat
 async def test_a_taken_port_is_a_retryable_launch_failure_that_names_it(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
 
-    def taken(spec: LaunchSpec, launch_id: str, secret_env: object = None) -> object:
+    def taken(spec: LaunchSpec, launch_id: str, engine_key: object = None) -> object:
         raise PortInUse("127.0.0.1", 18000, "pid 4242 (python -m vllm)")
 
     rig.runtime.start = taken  # type: ignore[method-assign,assignment]

@@ -1,18 +1,40 @@
-"""A CLI bench reads the launch's engine key back from the engine's environment (issue 9's
-per-launch key: the engine's /v1 answers 401 without it)."""
+"""A CLI bench reads the launch's engine key back from where the runtime put it (issue 9's
+per-launch key: the engine's /v1 answers 401 without it): since issue 19 the launch's key file in
+its run directory (found through the shim's `--status` argument), before that the environment."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+from appliance.engine_secret import KEY_FILE_NAME, config_yaml
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.engine_key import read_engine_key
 from controller.supervisor.engine_key import ENGINE_KEY_ENV
 
 
-def test_the_key_is_read_from_the_process_runtimes_shim_environment() -> None:
+def test_the_key_is_read_from_the_launchs_key_file_next_to_the_shims_status(tmp_path: Path) -> None:
+    run_dir = tmp_path / "L1"
+    run_dir.mkdir()
+    (run_dir / KEY_FILE_NAME).write_text(config_yaml("eng_from_the_file"))
+    shim = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()",
+         "--status", str(run_dir / "exit_status.json")],
+        env={**os.environ, ENGINE_KEY_ENV: "eng_not_this_one"},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert shim.stdout is not None
+        assert shim.stdout.readline() == "up\n"
+        assert read_engine_key({"runtime": "process", "ref": str(shim.pid)}) == "eng_from_the_file"
+    finally:
+        shim.kill()
+        shim.communicate()
+
+
+def test_the_key_of_an_engine_started_before_issue_19_is_read_from_the_shim_environment() -> None:
     env = {**os.environ, ENGINE_KEY_ENV: "eng_test_secret"}
     # Popen returns once the child's execve has closed its close-on-exec fds, but the kernel sets
     # the new image's environment bounds a moment later: until then /proc/PID/environ reads empty

@@ -178,13 +178,19 @@ def test_the_engine_key_comes_from_a_secret_and_never_appears() -> None:
     assert secret not in repr(docs)
     for fmt in ("k8s", "helm-values"):
         assert secret not in k8s.PLUGIN.formats[fmt](spec, recipe)
-    key_env = [e for e in _container(docs)["env"] if e["name"] == "VLLM_API_KEY"]
-    assert key_env == [{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
-        "name": "appliance-cuda-generic-engine-key", "key": "VLLM_API_KEY"}}}]
+    # Issue 19: no VLLM_API_KEY at all (vLLM 0.26.0 hashes it into its compile-cache key): the key
+    # is the Secret's vLLM config file, mounted and given with --config at one path.
+    container = _container(docs)
+    assert all(e["name"] != "VLLM_API_KEY" for e in container["env"])
+    assert container["command"][-2:] == ["--config", "/run/appliance-engine/engine-key.yaml"]
+    volumes = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["volumes"]
+    items = [{"key": "engine-key.yaml", "path": "engine-key.yaml"}]
+    assert {"name": "engine-key", "secret": {"secretName": "appliance-cuda-generic-engine-key",
+            "defaultMode": 0o400, "items": items}} in volumes
     # the effectful half's Secret carries the key under the name the Deployment refers to
     made = k8s.engine_key_secret(spec, secret, launch_id=LAUNCH_ID)
     assert made["metadata"]["name"] == "appliance-cuda-generic-engine-key"
-    assert made["stringData"] == {"VLLM_API_KEY": secret}
+    assert made["stringData"] == {"engine-key.yaml": f"api-key: {secret}\n"}
     _validate(made)
 
 

@@ -81,13 +81,13 @@ def test_start_creates_the_secret_then_applies_in_order(
     cluster.expect("PATCH", rf"/api/v1/namespaces/{NS}/services/{NAME}", echo=True,
                    query={"fieldManager": "appliance-controller", "force": "true"})
     cluster.expect("PATCH", DEPLOY, echo=True)
-    h = runtime(cluster).start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
+    h = runtime(cluster).start(spec(), LAUNCH, KEY)
     cluster.done()
 
     assert h.ref == f"{NS}/Deployment/{NAME}" and h.runtime == "kubernetes"
     secret = cluster.requests[2].json()
     assert secret["metadata"]["name"] == secret_name(LAUNCH) == SECRET
-    assert secret["immutable"] is True and secret["stringData"] == {"VLLM_API_KEY": KEY}
+    assert secret["immutable"] is True and secret["stringData"] == {"engine-key.yaml": f"api-key: {KEY}\n"}
     assert secret["metadata"]["labels"]["appliance.launch_id"] == LAUNCH
     assert [r.json()["metadata"]["name"] for r in cluster.requests[3:5]] == [
         "appliance-cpu-smollm2-cache", "appliance-cpu-smollm2-model"]
@@ -97,22 +97,29 @@ def test_start_creates_the_secret_then_applies_in_order(
     for req in cluster.requests[5:]:
         assert req.headers["Content-Type"] == "application/apply-patch+yaml"
     deployment = cluster.requests[6].json()
-    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    key_ref = {"secretKeyRef": {"name": SECRET, "key": "VLLM_API_KEY"}}
-    assert {"name": "VLLM_API_KEY", "valueFrom": key_ref} in env
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    # Issue 19: the key is vLLM's --config file from the Secret, never VLLM_API_KEY (vLLM 0.26.0
+    # hashes that variable into its compile-cache key).
+    assert all(e["name"] != "VLLM_API_KEY" for e in container["env"])
+    assert container["command"][-2:] == ["--config", "/run/appliance-engine/engine-key.yaml"]
+    mount = {"name": "engine-key", "mountPath": "/run/appliance-engine", "readOnly": True}
+    assert mount in container["volumeMounts"]
+    assert {"name": "engine-key", "secret": {"secretName": SECRET, "defaultMode": 0o400, "items": [
+        {"key": "engine-key.yaml", "path": "engine-key.yaml"}]}} in pod["volumes"]
     assert KEY not in caplog.text
 
 
 def test_start_puts_the_recipes_own_key_in_the_secret(cluster: RecordedCluster) -> None:
-    """`launch_key` gives no secret_env when the recipe brings its key; the pod still needs it."""
+    """`launch_key` delivers no key when the recipe brings its own; the pod still needs its file."""
     expect_free_names(cluster)
     cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "secret_key.json", status=201)
     for _ in range(2):
         cluster.expect("POST", rf"/api/v1/namespaces/{NS}/persistentvolumeclaims", echo=True, status=201)
     cluster.expect("PATCH", rf"/api/v1/namespaces/{NS}/services/{NAME}", echo=True)
     cluster.expect("PATCH", DEPLOY, echo=True)
-    runtime(cluster).start(spec(env={"VLLM_API_KEY": "recipe-own-key"}), LAUNCH, {})
-    assert cluster.requests[2].json()["stringData"] == {"VLLM_API_KEY": "recipe-own-key"}
+    runtime(cluster).start(spec(env={"VLLM_API_KEY": "recipe-own-key"}), LAUNCH, None)
+    assert cluster.requests[2].json()["stringData"] == {"engine-key.yaml": "api-key: recipe-own-key\n"}
     assert "recipe-own-key" not in (cluster.requests[6].body or b"").decode()
 
 
@@ -128,7 +135,7 @@ def test_start_refuses_a_workload_of_another_launch(cluster: RecordedCluster) ->
                    status=404)
     cluster.expect("GET", DEPLOY, "deployment_other_launch.json")
     with pytest.raises(RuntimeError_, match="already exists for launch 20261129T220000"):
-        runtime(cluster).start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
+        runtime(cluster).start(spec(), LAUNCH, KEY)
     cluster.done()  # nothing created
 
 
@@ -137,7 +144,7 @@ def test_start_names_the_rbac_grant_on_403(cluster: RecordedCluster) -> None:
     cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "status_403_create_secrets.json",
                    status=403)
     with pytest.raises(RuntimeError_) as err:
-        runtime(cluster).start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
+        runtime(cluster).start(spec(), LAUNCH, KEY)
     msg = str(err.value)
     assert "`create` on `secrets`" in msg and "'llm'" in msg and "forbidden" in msg
     cluster.done()
@@ -148,7 +155,7 @@ def test_start_says_the_namespace_is_missing(cluster: RecordedCluster) -> None:
     cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "status_404_namespace.json",
                    status=404)
     with pytest.raises(RuntimeError_, match="namespace 'llm' does not exist"):
-        runtime(cluster).start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
+        runtime(cluster).start(spec(), LAUNCH, KEY)
 
 
 def test_no_cluster_config_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -158,7 +165,7 @@ def test_no_cluster_config_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_
     with pytest.raises(RuntimeError_, match="no cluster configuration"):
         rt.inspect(handle())
     with pytest.raises(RuntimeError_, match="no cluster configuration"):
-        rt.start(spec(), LAUNCH, {"VLLM_API_KEY": KEY})
+        rt.start(spec(), LAUNCH, KEY)
     # Not configured is its own kind of refusal: the registry leaves the runtime out quietly.
     with pytest.raises(RuntimeUnconfigured, match="no cluster configuration"):
         rt.adopt()
@@ -461,21 +468,25 @@ def test_adopt_lists_managed_workloads_by_label(cluster: RecordedCluster) -> Non
     cluster.done()
 
 
-def test_engine_key_is_read_back_through_the_workloads_secret_ref(cluster: RecordedCluster) -> None:
+def test_engine_key_is_read_back_through_the_workloads_key_file_secret(cluster: RecordedCluster) -> None:
+    cluster.expect("GET", DEPLOY, "deployment_keyfile.json")
+    cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/{SECRET}", "secret_keyfile.json")
+    assert runtime(cluster).read_engine_key(handle()) == KEY
+    cluster.done()
+
+
+def test_engine_key_of_a_workload_applied_before_issue_19_is_read_through_its_secret_ref(
+    cluster: RecordedCluster,
+) -> None:
     cluster.expect("GET", DEPLOY, "deployment.json")
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/{SECRET}", "secret_key.json")
-    cluster.expect("GET", DEPLOY, "deployment.json")
-    cluster.expect("GET", DEPLOY, "deployment.json")
-    rt = runtime(cluster)
-    assert rt.engine_env_value(handle(), "VLLM_API_KEY") == KEY
-    assert rt.engine_env_value(handle(), "VLLM_LOGGING_LEVEL") == "INFO"
-    assert rt.engine_env_value(handle(), "OTHER") is None
+    assert runtime(cluster).read_engine_key(handle()) == KEY
     cluster.done()
 
 
 def test_engine_key_of_a_deleted_workload_is_unknown(cluster: RecordedCluster) -> None:
     cluster.expect("GET", DEPLOY, "status_404_deployment.json", status=404)
-    assert runtime(cluster).engine_env_value(handle(), "VLLM_API_KEY") is None
+    assert runtime(cluster).read_engine_key(handle()) is None
 
 
 def test_engine_pids_are_never_this_hosts() -> None:

@@ -230,15 +230,18 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
     assert printed["entrypoint"] == [spec.command()[0]] and printed["name"] == f"appliance-manual-{name}"
 
 
-def test_the_secret_key_is_the_only_difference() -> None:
+def test_the_key_file_flag_is_the_only_difference() -> None:
+    """Issue 19: the launch's key reaches vLLM as `--config FILE` at one path for every launch,
+    never in the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile-cache key)."""
+    from appliance.engine_secret import CONTAINER_KEY_PATH
     from appliance.runtimes.docker import container_kwargs
 
     spec = render(shipped()[C], fixed_facts())
-    with_key = container_kwargs(spec, "L1", secret_env={"VLLM_API_KEY": "eng_x"})
+    with_key = container_kwargs(spec, "L1", key_file=True)
     without = container_kwargs(spec, "L1")
-    assert with_key["environment"] == {**without["environment"], "VLLM_API_KEY": "eng_x"}
-    assert {k: v for k, v in with_key.items() if k != "environment"} == \
-        {k: v for k, v in without.items() if k != "environment"}
+    assert with_key["command"] == [*without["command"], "--config", CONTAINER_KEY_PATH]
+    assert {k: v for k, v in with_key.items() if k != "command"} == \
+        {k: v for k, v in without.items() if k != "command"}
 
 
 # -- registries --------------------------------------------------------------------------------------
