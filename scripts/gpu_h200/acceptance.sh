@@ -132,6 +132,14 @@ for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.lo
   mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null
 done
 "${APP[@]}" status --json > "$R/status.json" 2>&1
+# Issue 19's facts, before anything is redacted: how the key reached vLLM (mode of the key files,
+# never a VLLM_API_KEY in the engine's environment) and whether vLLM 0.26.0 logged it in clear.
+{ echo "key files:"; ls -l /root/app/runs/.engine-keys/ 2>&1 | sed 's/^/  /'
+  echo "engine logs with the key in vLLM's non-default args line: $(grep -l "'api_key': \['eng_" /root/app/runs/*/engine.log 2>/dev/null | wc -l) of $(ls /root/app/runs/*/engine.log 2>/dev/null | wc -l)"
+  for p in $(pgrep -f 'vllm.entrypoints.openai.api_server' 2>/dev/null); do
+    echo "pid $p: VLLM_API_KEY in environ: $(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -c '^VLLM_API_KEY=')"
+    echo "pid $p: argv: $(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -o -- '--config [^ ]*')"
+  done; } > "$R/key-delivery.txt" 2>&1
 say "down"; timeout 30 "${APP[@]}" down > "$R/down.txt" 2>&1
 mkdir -p "$R/logs"; cp /root/app/logs/*.log "$R/logs/" 2>/dev/null
 find "$R" -type f -size +4M -exec truncate -s 4M {} +   # accept.tgz stays well under 16 MiB
