@@ -109,6 +109,13 @@ class CompileWatch:
     emptied_on_purpose: bool
     seen: CacheSeen = field(default_factory=CacheSeen)
     miss: MissExplanation | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """For `appliance status`: vLLM's cache dir hash, the AOT path, why a miss, the warnings."""
+        return {"cache_hash": self.seen.cache_hash, "aot_path": self.seen.aot_path,
+                "miss": self.miss.model_dump(mode="json") if self.miss else None,
+                "previous_launch": self.previous.id if self.previous else None, "warnings": self.warnings}
 
     def explain(self) -> MissExplanation:
         prev = self.previous
@@ -163,7 +170,7 @@ def begin(
     if shared:
         warnings.append(f"cache root {spec.cache_root} is shared with other variants: {', '.join(shared)}")
     watch = CompileWatch(launch_id, launch_factors(spec, secret_env, prov), previous, previous_dir,
-                         emptied_on_purpose)
+                         emptied_on_purpose, warnings=warnings)
     store.update_compile_cache(launch_id, {
         "factors": watch.factors.model_dump(mode="json"),
         "cache_root_state": root.model_dump(mode="json"),

@@ -8,9 +8,15 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner, Result
 
 from appliance.compile_factors import MissReason
 from appliance.launch_spec import LaunchSpec
+from controller.cli import service_cmd
 from controller.metrics import ControllerMetrics
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
@@ -90,6 +96,9 @@ async def test_the_vllm_api_key_bug_is_named_and_the_key_is_never_stored(tmp_pat
     assert KEY_1 not in everything and KEY_2 not in everything and "eng_" not in everything
     assert {k: v for k, v in _misses(rig.driver.metrics).items() if v} == {"cold_first": 1.0, "env": 1.0}
     assert any(e.kind == "compile-cache-miss" and "VLLM_API_KEY" in e.message for e in rig.store.events())
+    shown = rig.driver.status()["launch"]["compile_cache"]  # `appliance status` (status_view)
+    assert (shown["cache_hash"], shown["miss"]["reason"], shown["previous_launch"]) == (
+        "f100a03e45", "env", "L1")
 
 
 async def test_a_warm_hit_records_its_cache_lines_and_no_miss(tmp_path: Path) -> None:
@@ -136,3 +145,48 @@ def test_every_miss_reason_is_exported_at_zero_from_start_up() -> None:
     m.record_compile_cache_miss(MissReason.FLAG)
     assert _misses(m)["flag"] == 1.0
     assert b'appliance_compile_cache_misses_total{reason="cache_emptied"} 0.0' in m.render()[0]
+
+
+# ---- the CLI: `appliance status` and `appliance launches ID`
+
+MISS = {"reason": "env", "compared_with": "L1", "details": ["env VLLM_API_KEY changed"]}
+WARNING = "cache root /c is shared with other variants: other (spec fedcba9876543210)"
+
+
+class _Client:
+    base = "http://127.0.0.1:1"
+    token = "t"
+
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers = answers
+
+    def get(self, path: str) -> Any:
+        return self.answers[path]
+
+
+def _cli(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any], *args: str) -> Result:
+    app = typer.Typer()
+    service_cmd.register(app)
+    monkeypatch.setattr(service_cmd, "_client", lambda api: _Client(answers))
+    return CliRunner().invoke(app, list(args))
+
+
+def test_status_says_why_the_compile_cache_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = {"id": "L2", "kind": "normal", "runtime": "process", "ref": "1", "engine_url": "http://e",
+              "served_model_name": "m", "ready_s": 230.0, "cache": "miss", "phases": [],
+              "compile_cache": {"cache_hash": "f100a03e45", "aot_path": "/c/aot/model", "miss": MISS,
+                                "previous_launch": "L1", "warnings": [WARNING]}}
+    result = _cli(monkeypatch, {"/status": {"state": "ready", "recipe": "r", "launch": launch}}, "status")
+    assert result.exit_code == 0, result.output
+    assert "compile:    vLLM cache dir f100a03e45, AOT /c/aot/model" in result.output
+    assert "cache miss: env vs launch L1: env VLLM_API_KEY changed" in result.output
+    assert f"WARNING:    {WARNING}" in result.output
+
+
+def test_launches_id_keeps_json_on_stdout_and_says_why_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = {"id": "L2",
+              "compile_cache": {"seen": {"cache_hash": "f100a03e45"}, "miss": MISS, "warnings": []}}
+    result = _cli(monkeypatch, {"/launches/L2": record}, "launches", "L2")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == record
+    assert "cache miss: env vs launch L1: env VLLM_API_KEY changed" in result.stderr
