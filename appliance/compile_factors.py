@@ -200,6 +200,35 @@ def cache_seen(events: Iterable[PhaseEvent], evidence: Sequence[str] = ()) -> Ca
                      aot_path=aot, evidence=tuple(evidence))
 
 
+# ---- bad cache roots (item 6) ---------------------------------------------------------------------
+
+
+class Variant(_Frozen):
+    """Another user of a cache root: a recipe that renders to it, or a launch that ran on it."""
+
+    recipe: str
+    spec_hash: str
+
+
+def root_warnings(
+    root: DirState, recipe: str, spec_hash: str, *, others: Iterable[Variant] = (),
+    used_by: str | None = None, emptied_on_purpose: bool = False,
+) -> list[str]:
+    """What is wrong with a variant's cache root, in words: not writable (nothing is kept: every
+    start is cold), gone although launch `used_by` ran on it, or shared with another variant (another
+    recipe *and* another spec hash: the same recipe with a new port is the same variant)."""
+    out: list[str] = []
+    if root.writable is False:
+        out.append(f"cache root {root.path} is not writable: every start compiles, nothing is kept")
+    if used_by is not None and root.exists is False and not emptied_on_purpose:
+        out.append(f"cache root {root.path} was used by launch {used_by} and is gone now: this start is cold")
+    shared = sorted({f"{o.recipe} (spec {o.spec_hash})" for o in others
+                     if o.recipe != recipe and o.spec_hash != spec_hash})
+    if shared:
+        out.append(f"cache root {root.path} is shared with other variants: {', '.join(shared)}")
+    return out
+
+
 # ---- why a miss -----------------------------------------------------------------------------------
 
 

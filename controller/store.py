@@ -510,6 +510,26 @@ class Store(SqliteDb):
         return [_event(r) for r in rows]
 
 
+def read_earlier_on_root(path: Path, cache_root: str) -> list[EarlierLaunch]:
+    """Read-only, for `appliance plan` beside a running controller: the launches that ran on
+    `cache_root`, newest first, from a database of any schema version (the root is read from the
+    spec, as before v4). A missing or unreadable database has none."""
+    if not path.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute(
+                "SELECT id, recipe, spec_hash FROM launches "
+                "WHERE json_extract(spec_json, '$.cache_root') = ? "
+                "ORDER BY created_at DESC, rowid DESC LIMIT 50", (cache_root,)).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []
+    return [EarlierLaunch(id=r[0], recipe=r[1], spec_hash=r[2], compile_cache={}) for r in rows]
+
+
 def _event(row: sqlite3.Row) -> EventRecord:
     return EventRecord(
         id=row["id"], launch_id=row["launch_id"], at=row["at"], kind=row["kind"], message=row["message"],

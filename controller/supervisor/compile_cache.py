@@ -26,15 +26,20 @@ from appliance.compile_factors import (
     DirState,
     MissExplanation,
     MissReason,
+    Variant,
     cache_seen,
     explain_miss,
     factors,
     hash_dir,
     model_digest,
     model_path,
+    root_warnings,
 )
+from appliance.host_facts import HostFacts
 from appliance.launch_spec import LaunchSpec, Mount
 from appliance.log_phases import CacheOutcome, PhaseTracker
+from appliance.recipe_model import Recipe
+from appliance.render import RenderError, render
 from controller.store import EarlierLaunch, Provenance, Store
 from controller.supervisor.preflight import caches_elsewhere
 
@@ -51,6 +56,11 @@ def to_host(path: str, spec: LaunchSpec) -> str:
     return path
 
 
+def writable(path: Path) -> bool:
+    """access(2): a read-only mount says no even to root (tests replace this: they run as root)."""
+    return os.access(path, os.W_OK)
+
+
 def dir_state(path: Path) -> DirState:
     """Exists, holds a file somewhere, and can be written (a missing directory: its nearest existing
     parent decides whether the engine could create it)."""
@@ -59,7 +69,7 @@ def dir_state(path: Path) -> DirState:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     non_empty = exists and any(p.is_file() for p in path.rglob("*"))
-    return DirState(path=str(path), exists=exists, non_empty=non_empty, writable=os.access(probe, os.W_OK))
+    return DirState(path=str(path), exists=exists, non_empty=non_empty, writable=writable(probe))
 
 
 def model_files(root: Path) -> list[tuple[str, int, float]] | None:
@@ -92,10 +102,28 @@ def _same_variant(spec: LaunchSpec, e: EarlierLaunch) -> bool:
     return e.spec_hash == spec.spec_hash or e.recipe == spec.recipe
 
 
-def shared_with(spec: LaunchSpec, earlier: list[EarlierLaunch]) -> list[str]:
-    """Other variants seen on this root: another recipe with another spec hash."""
-    return sorted({f"{e.recipe} (spec {e.spec_hash})" for e in earlier
-                   if e.recipe != spec.recipe and e.spec_hash != spec.spec_hash})
+def other_variants(recipes: Mapping[str, Recipe], facts: HostFacts, spec: LaunchSpec) -> list[Variant]:
+    """The other launchable recipes whose rendered cache root is `spec`'s (a recipe that does not
+    render is not a user of any root)."""
+    out = []
+    for name, recipe in sorted(recipes.items()):
+        if recipe.abstract or name == spec.recipe:
+            continue
+        try:
+            other = render(recipe, facts)
+        except RenderError:
+            continue
+        if other.cache_root == spec.cache_root:
+            out.append(Variant(recipe=name, spec_hash=other.spec_hash))
+    return out
+
+
+def plan_warnings(spec: LaunchSpec, others: list[Variant], earlier: list[EarlierLaunch]) -> list[str]:
+    """`appliance plan` (CLI and API): what is wrong with the cache root before anything starts."""
+    root = DirState(path=spec.cache_root) if caches_elsewhere(spec) else dir_state(Path(spec.cache_root))
+    users = [*others, *(Variant(recipe=e.recipe, spec_hash=e.spec_hash) for e in earlier)]
+    return root_warnings(root, spec.recipe, spec.spec_hash, others=users,
+                         used_by=earlier[0].id if earlier else None)
 
 
 @dataclass
@@ -159,16 +187,10 @@ def begin(
         previous_dir = DirState(path=hashed) if remote else dir_state(Path(to_host(hashed, spec)))
     elif previous is not None and root.exists is not None and not root.non_empty:
         previous_dir = root  # the earlier start's directory is unknown; the whole root is gone or empty
-    warnings: list[str] = []
-    if root.writable is False:
-        warnings.append(f"cache root {spec.cache_root} is not writable: every start compiles, "
-                        "nothing is kept")
-    if earlier and root.exists is False and not emptied_on_purpose:
-        warnings.append(f"cache root {spec.cache_root} was used by launch {earlier[0].id} and is gone now: "
-                        "this start is cold")
-    shared = shared_with(spec, earlier)
-    if shared:
-        warnings.append(f"cache root {spec.cache_root} is shared with other variants: {', '.join(shared)}")
+    warnings = root_warnings(root, spec.recipe, spec.spec_hash,
+                             others=[Variant(recipe=e.recipe, spec_hash=e.spec_hash) for e in earlier],
+                             used_by=earlier[0].id if earlier else None,
+                             emptied_on_purpose=emptied_on_purpose)
     watch = CompileWatch(launch_id, launch_factors(spec, secret_env, prov), previous, previous_dir,
                          emptied_on_purpose, warnings=warnings)
     store.update_compile_cache(launch_id, {

@@ -14,12 +14,15 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from appliance.compile_factors import MissReason
+from appliance.compile_factors import DirState, MissReason, Variant, root_warnings
 from appliance.launch_spec import LaunchSpec
-from controller.cli import service_cmd
+from controller.cli import recipes_cmd, service_cmd
 from controller.metrics import ControllerMetrics
+from controller.store import Provenance, Store
+from controller.supervisor import compile_cache
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
+from tests.unit.recipe_helpers import HOSTS, RECIPES_DIR, B
 from tests.unit.supervisor_helpers import FakeEngine, make_spec
 from tests.unit.test_supervisor_driver import Rig, make_rig
 
@@ -190,3 +193,65 @@ def test_launches_id_keeps_json_on_stdout_and_says_why_on_stderr(monkeypatch: py
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == record
     assert "cache miss: env vs launch L1: env VLLM_API_KEY changed" in result.stderr
+
+
+# ---- `appliance plan`: bad cache roots are named before anything starts (item 6)
+
+
+def _plan(monkeypatch: pytest.MonkeyPatch, home: Path, *args: str) -> tuple[int, str]:
+    monkeypatch.setenv("APPLIANCE_RECIPES", str(RECIPES_DIR))
+    monkeypatch.setenv("APPLIANCE_HOME", str(home))
+    app = typer.Typer()
+    recipes_cmd.register(app)
+    result = CliRunner().invoke(app, ["plan", B, "--host-root", str(HOSTS / "reference"), *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout
+
+
+def test_plan_names_a_cache_root_that_is_not_writable(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    code, out = _plan(monkeypatch, tmp_path, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["cache_warnings"] == []  # a fresh root under a writable home: fine
+    # Tests run as root, to whom access(2) says yes: the seam says no.
+    monkeypatch.setattr(compile_cache, "writable", lambda path: False)
+    code, out = _plan(monkeypatch, tmp_path)
+    assert code == 0  # a warning, not a refusal
+    assert f"compile cache root: {data['cache_root']}" in out
+    assert f"WARNING cache root {data['cache_root']} is not writable: every start compiles" in out
+
+
+def test_plan_names_a_root_deleted_since_a_launch_and_one_shared_with_another_variant(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = json.loads(_plan(monkeypatch, tmp_path, "--json")[1])["cache_root"]
+    store = Store(tmp_path / "appliance.sqlite3")
+    ran = make_spec(recipe=B).model_copy(update={"cache_root": root})
+    store.create_launch("L1", ran, "normal", Provenance(), now=100.0)
+    # A harness launch of another variant pinned to the same directory (render's cache_root=).
+    other = make_spec(recipe="other").model_copy(update={"cache_root": root, "spec_hash": "fedcba9876543210"})
+    store.create_launch("L2", other, "normal", Provenance(), now=200.0)
+    store.close()
+    data = json.loads(_plan(monkeypatch, tmp_path, "--json")[1])
+    assert data["cache_warnings"] == [
+        f"cache root {root} was used by launch L2 and is gone now: this start is cold",
+        f"cache root {root} is shared with other variants: other (spec fedcba9876543210)",
+    ]
+    Path(root).mkdir(parents=True)
+    (Path(root) / "x").write_text("kept")
+    data = json.loads(_plan(monkeypatch, tmp_path, "--json")[1])
+    assert [w for w in data["cache_warnings"] if "gone" in w] == []
+
+
+def test_root_warnings_are_pure_words() -> None:
+    root = DirState(path="/c/r", exists=False, non_empty=False, writable=False)
+    assert root_warnings(root, "a", "h1", others=[Variant(recipe="a", spec_hash="h2"),
+                                                   Variant(recipe="b", spec_hash="h1"),
+                                                   Variant(recipe="b", spec_hash="h3")],
+                         used_by="L9") == [
+        "cache root /c/r is not writable: every start compiles, nothing is kept",
+        "cache root /c/r was used by launch L9 and is gone now: this start is cold",
+        "cache root /c/r is shared with other variants: b (spec h3)",
+    ]
+    assert root_warnings(root.model_copy(update={"writable": True}), "a", "h1", used_by="L9",
+                         emptied_on_purpose=True) == []
