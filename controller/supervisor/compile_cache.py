@@ -102,6 +102,24 @@ def _same_variant(spec: LaunchSpec, e: EarlierLaunch) -> bool:
     return e.spec_hash == spec.spec_hash or e.recipe == spec.recipe
 
 
+def _compiled(e: EarlierLaunch) -> bool:
+    """The launch's log named a cache directory or an AOT artifact: it left something to reuse."""
+    seen = e.compile_cache.get("seen") or {}
+    return bool(seen.get("cache_dir") or seen.get("aot_path"))
+
+
+def baseline(spec: LaunchSpec, earlier: list[EarlierLaunch]) -> tuple[EarlierLaunch | None, list[str]]:
+    """The launch a miss is compared with: the newest one of the same variant on this root that got
+    as far as the compile cache, else one recorded before issue 19 (no factors: an honest unknown).
+    Also the ids of same-variant launches that never got there (a launch that died loading weights
+    left nothing behind: the next start is cold by nature, not by a changed factor)."""
+    same = [e for e in earlier if _same_variant(spec, e)]
+    legacy = [e for e in same if "factors" not in e.compile_cache]
+    compiled = [e for e in same if _compiled(e)]
+    chosen = compiled[0] if compiled else (legacy[0] if legacy else None)
+    return chosen, [e.id for e in same if e not in compiled and e not in legacy]
+
+
 def other_variants(recipes: Mapping[str, Recipe], facts: HostFacts, spec: LaunchSpec) -> list[Variant]:
     """The other launchable recipes whose rendered cache root is `spec`'s (a recipe that does not
     render is not a user of any root)."""
@@ -138,6 +156,8 @@ class CompileWatch:
     seen: CacheSeen = field(default_factory=CacheSeen)
     miss: MissExplanation | None = None
     warnings: list[str] = field(default_factory=list)
+    never_compiled: list[str] = field(default_factory=list)  # same-variant launches with nothing to reuse
+    scanned: int = 0  # tracker events already looked at (the log is read on every poll)
 
     def summary(self) -> dict[str, Any]:
         """For `appliance status`: vLLM's cache dir hash, the AOT path, why a miss, the warnings."""
@@ -150,6 +170,10 @@ class CompileWatch:
         if prev is not None and "factors" not in prev.compile_cache:
             return MissExplanation(reason=MissReason.UNKNOWN, compared_with=prev.id,
                                    details=(f"the earlier launch {prev.id} recorded no compile factors",))
+        if prev is None and self.never_compiled and not self.emptied_on_purpose:
+            ids = ", ".join(self.never_compiled[:5])
+            return MissExplanation(reason=MissReason.COLD_FIRST, details=(
+                f"no earlier launch of this variant on this root reached torch.compile ({ids})",))
         before = prev.compile_cache.get("seen", {}).get("cache_hash") if prev else None
         return explain_miss(
             self.factors, CompileFactors.model_validate(prev.compile_cache["factors"]) if prev else None,
@@ -161,7 +185,12 @@ class CompileWatch:
         """What changed in the record since the last poll (empty: nothing to write). A miss is
         explained once, when the log first shows it (a miss is final, log_phases.cache_outcome)."""
         patch: dict[str, Any] = {}
-        seen = cache_seen(tracker.events, tracker.cache_evidence)
+        found = cache_seen(tracker.events[self.scanned:], tracker.cache_evidence)
+        self.scanned = len(tracker.events)
+        old = self.seen
+        first = old if old.cache_dir else found  # the first cache directory named, with its hash
+        seen = CacheSeen(cache_dir=first.cache_dir, cache_hash=first.cache_hash,
+                         aot_path=old.aot_path or found.aot_path, evidence=found.evidence)
         if seen != self.seen:
             self.seen = seen
             patch["seen"] = seen.model_dump(mode="json")
@@ -179,7 +208,7 @@ def begin(
     remote = caches_elsewhere(spec)
     root = DirState(path=spec.cache_root) if remote else dir_state(Path(spec.cache_root))
     earlier = store.earlier_on_root(launch_id, spec.cache_root)
-    previous = next((e for e in earlier if _same_variant(spec, e)), None)
+    previous, never_compiled = baseline(spec, earlier)
     previous_dir: DirState | None = None
     seen_dir = (previous.compile_cache.get("seen") or {}).get("cache_dir") if previous else None
     hashed = hash_dir(seen_dir) if isinstance(seen_dir, str) else None
@@ -192,7 +221,7 @@ def begin(
                              used_by=earlier[0].id if earlier else None,
                              emptied_on_purpose=emptied_on_purpose)
     watch = CompileWatch(launch_id, launch_factors(spec, secret_env, prov), previous, previous_dir,
-                         emptied_on_purpose, warnings=warnings)
+                         emptied_on_purpose, warnings=warnings, never_compiled=never_compiled)
     store.update_compile_cache(launch_id, {
         "factors": watch.factors.model_dump(mode="json"),
         "cache_root_state": root.model_dump(mode="json"),

@@ -41,8 +41,10 @@ def _spec(root: Path, key: str) -> LaunchSpec:
 
 
 def _log(name: str, root: Path) -> str:
-    """A real log, its cache paths moved under this test's root (the engine writes there)."""
-    return (LOGS / name).read_text().replace(LOGGED_ROOT, str(root))
+    """A real log, its cache paths moved under this test's root (the engine writes there); a name
+    not ending in .log is the log text itself."""
+    text = (LOGS / name).read_text() if name.endswith(".log") else name
+    return text.replace(LOGGED_ROOT, str(root))
 
 
 def _boot(root: Path, logs: dict[str, str]) -> Callable[[FakeEngine], None]:
@@ -255,3 +257,15 @@ def test_root_warnings_are_pure_words() -> None:
     ]
     assert root_warnings(root.model_copy(update={"writable": True}), "a", "h1", used_by="L9",
                          emptied_on_purpose=True) == []
+
+
+async def test_an_earlier_launch_that_never_reached_the_compile_is_no_baseline(tmp_path: Path) -> None:
+    # L1 logged no cache line (it was stopped while loading weights, say): L2's cold start is
+    # cold_first, not "unknown" — L1 left nothing to reuse.
+    rig = await _two_launches(tmp_path, {"L1": "INFO Loading weights took 1.00 seconds\n",
+                                         "L2": "graph-cold.log"})
+    second = rig.store.get_launch("L2")
+    assert second is not None and second.compile_cache["previous_launch"] is None
+    assert second.compile_cache["miss"] == {
+        "reason": "cold_first", "compared_with": None,
+        "details": ["no earlier launch of this variant on this root reached torch.compile (L1)"]}
