@@ -44,6 +44,7 @@ from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
 from controller.runtime.base import EngineHandle, RuntimeError_
 from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
+from controller.supervisor import compile_cache
 from controller.supervisor.driver import Driver
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.signals import Apply, Restart, Stop
@@ -182,6 +183,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
         current = driver.m.launch
+        spec = report.spec
+        # Issue 19 item 6: a cache root not writable, gone since a launch used it, or shared.
+        warnings = [] if spec is None else await asyncio.to_thread(
+            lambda: compile_cache.plan_warnings(
+                spec, compile_cache.other_variants(load_recipes(preflight.recipes_dir), report.facts, spec),
+                store.earlier_on_root("", spec.cache_root)))
         return {
             "recipe": name,
             "launchable": report.launchable,
@@ -192,6 +199,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "render_error": report.render_error,
             "cache_root": report.spec.cache_root if report.spec else None,
             "cache_empty": report.cache_empty,
+            "cache_warnings": warnings,
             "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
             "would_replace": current.spec.recipe if current else None,
             "state": driver.m.state.value,

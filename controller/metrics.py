@@ -33,6 +33,10 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
   cannot fire for an engine that no longer exists.
 - `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
   (start: cold/warm; result: hit/miss/unknown, as `appliance.log_phases.CacheOutcome`).
+- `record_compile_cache_miss(reason)` → `appliance_compile_cache_misses_total{reason}`: why a start
+  missed (issue 19, `appliance.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
+  cold_first, unknown), every reason present at 0 from start-up. Not labelled by recipe: the launch
+  record names the launch and the factor; the alert needs only "a warm restart missed, and why".
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
 - `record_oom_event(event)` → kills only (not reaper lines): `appliance_oom_kills_total{constraint}`,
   `appliance_oom_victim_kills_total{constraint,victim}`,
@@ -72,6 +76,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from appliance.compile_factors import MissReason
 from appliance.gpu_mem import GpuSample
 from appliance.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
 from appliance.procfs import ProcessMemory
@@ -230,6 +235,11 @@ class ControllerMetrics:
             "(start: cold/warm; result: hit/miss/unknown).",
             ["recipe", "start", "result"], registry=r,
         )
+        self.compile_cache_misses_total = Counter(
+            "appliance_compile_cache_misses",
+            "Compile cache misses by why (the launch record's compare with the earlier launch on its root).",
+            ["reason"], registry=r,
+        )
 
         # --- OOM
         self.oom_kills_total = Counter(
@@ -309,6 +319,8 @@ class ControllerMetrics:
         self._phases_seen: set[str] = set()
         for s in ENGINE_STATES:
             self.engine_state.labels(s).set(0)
+        for reason in MissReason:
+            self.compile_cache_misses_total.labels(reason.value)
         for scope in OomScope:
             self.oom_kills_total.labels(scope.value)
             self.oom_last_kill.labels(scope.value).set(0)
@@ -398,6 +410,10 @@ class ControllerMetrics:
         """One start's compile cache outcome from the log (DOMAIN §4: a warm start must say `Directly
         load AOT compilation`; `Source code has changed … Recompiling` is a miss)."""
         self.engine_compile_cache_total.labels(recipe, start, result).inc()
+
+    def record_compile_cache_miss(self, reason: MissReason) -> None:
+        """One start that missed, by why (cold_first: nothing earlier to reuse, not a fault)."""
+        self.compile_cache_misses_total.labels(reason.value).inc()
 
     def record_restart(self, recipe: str, reason: str) -> None:
         self.engine_restarts_total.labels(recipe, reason).inc()

@@ -142,7 +142,19 @@ _V3 = (
     "ALTER TABLE launches ADD COLUMN gpu_peaks_json TEXT",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
+# Issue 19: a cache miss explains itself. `compile_json` holds the launch's compile factors (hashed
+# values), the cache root's state at launch, what the log said (vLLM's cache dir hash, the AOT path,
+# the marker lines), the warnings (root not writable, deleted, shared) and, on a miss, why
+# (appliance/compile_factors.py). `cache_root` is a column so the earlier launch on the same root is
+# one indexed query; older rows get it from their spec.
+_V4 = (
+    "ALTER TABLE launches ADD COLUMN compile_json TEXT",
+    "ALTER TABLE launches ADD COLUMN cache_root TEXT",
+    "UPDATE launches SET cache_root = json_extract(spec_json, '$.cache_root')",
+    "CREATE INDEX launches_cache_root ON launches(cache_root, created_at)",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -228,6 +240,18 @@ class LaunchRecord(LaunchSummary):
     events: list[EventRecord]
     engine: dict[str, Any] = {}  # appliance/engine_facts.py + the start's seconds (issue 12)
     gpu_peaks: dict[str, Any] = {}  # {phase: {card: {used_max_bytes, total_bytes, busy_max_percent}}}
+    # Issue 19: {factors, cache_root_state, previous_launch, previous_cache_dir, seen, miss, warnings}
+    # (controller/supervisor/compile_cache.py writes it; appliance/compile_factors.py defines the parts).
+    compile_cache: dict[str, Any] = {}
+
+
+class EarlierLaunch(BaseModel):
+    """An earlier launch on the same compile cache root (for explaining a miss, and for warnings)."""
+
+    id: str
+    recipe: str
+    spec_hash: str
+    compile_cache: dict[str, Any]
 
 
 class Provenance(BaseModel):
@@ -274,15 +298,16 @@ class Store(SqliteDb):
         with self._tx() as db:
             db.execute(
                 "INSERT INTO launches (id, recipe, spec_hash, kind, runtime, status, argv_json, env_json, "
-                "spec_json, image, image_id, image_digest, interpreter, packages_json, created_at) "
-                "VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "spec_json, image, image_id, image_digest, interpreter, packages_json, created_at, "
+                "cache_root) "
+                "VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     launch_id, spec.recipe, spec.spec_hash, kind, spec.kind,
                     json.dumps(list(safe.command())), json.dumps(safe.env, sort_keys=True),
                     safe.model_dump_json(), provenance.image or spec.runtime.engine_image(),
                     provenance.image_id, provenance.image_digest,
                     provenance.interpreter or spec.runtime.engine_python(),
-                    json.dumps(provenance.packages, sort_keys=True), now,
+                    json.dumps(provenance.packages, sort_keys=True), now, spec.cache_root,
                 ),
             )
 
@@ -369,6 +394,30 @@ class Store(SqliteDb):
             db.execute("UPDATE launches SET gpu_peaks_json = ? WHERE id = ?",
                        (json.dumps(dict(peaks)), launch_id))
 
+    def update_compile_cache(self, launch_id: str, patch: Mapping[str, Any]) -> None:
+        """Merge `patch` into the launch's compile-cache record (top-level keys replaced). Values are
+        hashed or public by construction (appliance/compile_factors.py); evidence lines are the
+        engine's own log lines, which never print the key."""
+        with self._tx() as db:
+            row = db.execute("SELECT compile_json FROM launches WHERE id = ?", (launch_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no launch {launch_id}")
+            record = {**json.loads(row["compile_json"] or "{}"), **dict(patch)}
+            db.execute("UPDATE launches SET compile_json = ? WHERE id = ?",
+                       (json.dumps(record, default=str), launch_id))
+
+    def earlier_on_root(self, launch_id: str, cache_root: str) -> list[EarlierLaunch]:
+        """Launches before `launch_id` on the same compile cache root, newest first (bounded)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, recipe, spec_hash, compile_json FROM launches WHERE cache_root = ? AND id != ? "
+                "AND created_at <= COALESCE((SELECT created_at FROM launches WHERE id = ?), created_at) "
+                "ORDER BY created_at DESC, rowid DESC LIMIT 50",
+                (cache_root, launch_id, launch_id),
+            ).fetchall()
+        return [EarlierLaunch(id=r["id"], recipe=r["recipe"], spec_hash=r["spec_hash"],
+                              compile_cache=json.loads(r["compile_json"] or "{}")) for r in rows]
+
     def record_oom(self, launch_id: str, event: Mapping[str, Any]) -> None:
         """An OOM kill attributed to this launch by the host watch (appended; a start can see several)."""
         with self._tx() as db:
@@ -434,6 +483,7 @@ class Store(SqliteDb):
             oom=json.loads(row["oom_json"] or "[]"),
             engine=json.loads(row["engine_json"] or "{}"),
             gpu_peaks=json.loads(row["gpu_peaks_json"] or "{}"),
+            compile_cache=json.loads(row["compile_json"] or "{}"),
             phases=[PhaseRecord(**dict(p)) for p in phases],
             events=[_event(e) for e in events],
         )
@@ -458,6 +508,26 @@ class Store(SqliteDb):
                 "SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)
             ).fetchall()
         return [_event(r) for r in rows]
+
+
+def read_earlier_on_root(path: Path, cache_root: str) -> list[EarlierLaunch]:
+    """Read-only, for `appliance plan` beside a running controller: the launches that ran on
+    `cache_root`, newest first, from a database of any schema version (the root is read from the
+    spec, as before v4). A missing or unreadable database has none."""
+    if not path.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute(
+                "SELECT id, recipe, spec_hash FROM launches "
+                "WHERE json_extract(spec_json, '$.cache_root') = ? "
+                "ORDER BY created_at DESC, rowid DESC LIMIT 50", (cache_root,)).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []
+    return [EarlierLaunch(id=r[0], recipe=r[1], spec_hash=r[2], compile_cache={}) for r in rows]
 
 
 def _event(row: sqlite3.Row) -> EventRecord:

@@ -29,6 +29,8 @@ from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import Placement
 from appliance.runtimes.kubernetes import render_with_image
 from controller.settings import paths, recipes_dir
+from controller.store import read_earlier_on_root
+from controller.supervisor import compile_cache
 from host_setup.facts import HostFactsError, gather_facts
 
 recipes_app = typer.Typer(
@@ -199,14 +201,22 @@ def plan_cmd(
     findings = lint(recipe)
     admission = admit(recipe, facts)
     failed = has_errors(findings) or admission.verdict == "refuse"
+    # Issue 19 item 6: a cache root that is not writable, gone since a launch used it, or shared with
+    # another variant is named here, before anything starts (warnings: they do not fail the plan).
+    others = compile_cache.other_variants(_recipes(), facts, spec)
+    warnings = compile_cache.plan_warnings(spec, others, read_earlier_on_root(paths().db, spec.cache_root))
     if as_json:
         _print_json({
             "recipe": recipe.name, "host_root": str(host_root), "facts": facts.model_dump(mode="json"),
             "lint": [f.model_dump() for f in findings], "admission": admission.model_dump(mode="json"),
-            "launch": spec.model_dump(mode="json"), "ok": not failed,
+            "launch": spec.model_dump(mode="json"), "cache_root": spec.cache_root, "cache_warnings": warnings,
+            "ok": not failed,
         })
     else:
         typer.echo(_plan_text(recipe, host_root, facts, findings, admission, shown_fmt, launch_text))
+        typer.echo(f"\ncompile cache root: {spec.cache_root}")
+        for warning in warnings:
+            typer.echo(f"  WARNING {warning}")
     if failed:
         raise typer.Exit(EXIT_FINDINGS)
 

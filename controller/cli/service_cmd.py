@@ -470,6 +470,8 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
         for p in launch.get("phases", []):
             mark = "x" if p["at"] is not None else " "
             typer.echo(f"  [{mark}] {p['label']}")
+        for line in compile_cache_lines(launch.get("compile_cache")):
+            typer.echo(line)
     exited = (launch or {}).get("exit")
     if s["state"] == "exited" and exited:
         typer.echo(f"exited:     exit code {exited.get('exit_code')}, signal {exited.get('signal')}; out of "
@@ -489,6 +491,25 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
             typer.echo(f"  hint:     {diag['hint']}")
 
 
+def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:
+    """Issue 19: why the compile cache missed (compared with which launch), and bad cache roots.
+    `cc`: a status's `launch.compile_cache` or a record's `compile_cache` (same keys where shared)."""
+    if not cc:
+        return []
+    seen = cc.get("seen") or {}
+    cache_hash = cc.get("cache_hash") or seen.get("cache_hash")
+    aot = cc.get("aot_path") or seen.get("aot_path")
+    out = []
+    if cache_hash or aot:
+        out.append(f"compile:    vLLM cache dir {cache_hash or '?'}" + (f", AOT {aot}" if aot else ""))
+    miss = cc.get("miss")
+    if miss:
+        against = f" vs launch {miss['compared_with']}" if miss.get("compared_with") else ""
+        out.append(f"cache miss: {miss['reason']}{against}: {'; '.join(miss.get('details') or [])}")
+    out += [f"WARNING:    {w}" for w in cc.get("warnings") or []]
+    return out
+
+
 def launches(
     launch_id: Annotated[str | None, typer.Argument(help="Show this launch in full.")] = None,
     limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
@@ -501,6 +522,9 @@ def launches(
     if launch_id:
         record = _call(client.get, f"/launches/{launch_id}")
         typer.echo(json.dumps(record, indent=2))
+        # Stdout stays the record as JSON (scripts read it); a reader also sees why the cache missed.
+        for line in compile_cache_lines(record.get("compile_cache")):
+            typer.echo(line, err=True)
         return
     query = f"/launches?limit={limit}" + (f"&recipe={recipe}" if recipe else "")
     rows = _call(client.get, query)

@@ -41,7 +41,7 @@ from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
 from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Provenance, Store
-from controller.supervisor import status_view
+from controller.supervisor import compile_cache, status_view
 from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import launch_key, recipe_key
 from controller.supervisor.exit_watch import watch_exit
@@ -366,11 +366,39 @@ class Driver:
             self.store.set_engine_facts(launch.launch_id, facts)
 
     def _record_cache(self, launch: Launch, run: LaunchRun) -> None:
+        self._record_compile(launch, run)
         outcome = run.follower.tracker.cache_outcome
         if outcome is CacheOutcome.UNKNOWN or run.cache_seen is outcome:
             return
         run.cache_seen = outcome
         self.store.set_cache(launch.launch_id, outcome.value)
+
+    def _record_compile(self, launch: Launch, run: LaunchRun) -> None:
+        """The log's cache lines into the record; a miss explained once, counted by why (issue 19)."""
+        if run.compile is None:
+            return
+        already = run.compile.miss is not None
+        patch = run.compile.observe(run.follower.tracker)
+        if patch:
+            self.store.update_compile_cache(launch.launch_id, patch)
+        miss = run.compile.miss
+        if miss is not None and not already:
+            self.metrics.record_compile_cache_miss(miss.reason)
+            why = "; ".join(miss.details)
+            self.note("compile-cache-miss", f"compile cache miss ({miss.reason.value}): {why}",
+                      launch.launch_id, miss.model_dump(mode="json"))
+
+    async def _begin_compile(self, run: LaunchRun, spec: LaunchSpec, secret_env: Mapping[str, str],
+                             prov: Provenance, emptied: bool) -> None:
+        try:
+            run.compile, warnings = await asyncio.to_thread(
+                compile_cache.begin, self.store, run.launch_id, spec, secret_env, prov,
+                emptied_on_purpose=emptied)
+        except OSError as exc:  # an unreadable model or cache directory: the start goes on, said so
+            self.note("compile-cache-warning", f"could not record compile factors: {exc}", run.launch_id)
+            return
+        for warning in warnings:
+            self.note("compile-cache-warning", warning, run.launch_id)
 
     async def _watch_exit(self, launch: Launch) -> None:
         """The poll-time look (the fallback: the exit watcher normally saw it first)."""
@@ -619,6 +647,9 @@ class Driver:
         if self.m.failures > 0 and self.m.last_failure is not None:
             self.metrics.record_restart(spec.recipe, self.m.last_failure.code)
         key, deliver = launch_key(spec)
+        # The engine's environment is the spec's alone: the key goes in its --config file
+        # (appliance/engine_secret.py), which the compile factors leave out like vLLM does.
+        await self._begin_compile(run, spec, {}, prov, emptied=action.empty_cache_first is not None)
         failure: Failure | None = None
         try:
             rt = self._runtime(spec)

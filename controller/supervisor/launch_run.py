@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from appliance.diagnosis import Diagnosis
 from appliance.log_phases import CacheOutcome
 from controller.runtime.base import ExitInfo
+from controller.supervisor.compile_cache import CompileWatch
 from controller.supervisor.follow import LogFollower
 
 
@@ -37,6 +38,8 @@ class LaunchRun:
     # What was last written to the launch record (written again only when it changes).
     cache_seen: CacheOutcome | None = None
     engine_seen: dict[str, object] | None = None
+    # The compile-cache record (issue 19): factors at start, the log's cache lines, why a miss.
+    compile: CompileWatch | None = None
     # The exit: `exit_seen` as soon as the runtime says the engine ended (status shows it);
     # `exit`/`diagnosis` once classified or stopped, for the launch record at `MarkEnded`.
     exit_seen: ExitInfo | None = None

@@ -379,6 +379,10 @@ async def test_a_recorded_launch_shows_in_the_table_with_its_waterfall_and_memor
     store.set_cache("L1", "hit")
     store.mark_ready("L1", now - 20, 80.0)
     store.add_event("oom-kill", "global OOM kill: x", now - 50, "L1")
+    store.update_compile_cache("L1", {  # issue 19: why a miss, named on the page
+        "seen": {"cache_hash": "f100a03e45", "aot_path": "/c/aot/model"}, "previous_launch": "L0",
+        "miss": {"reason": "flag", "details": ["flag --max-model-len changed"], "compared_with": "L0"},
+        "warnings": ["cache root /c is not writable: every start compiles, nothing is kept"]})
     clock = Clock()
     clock.t = now - 90
     history = HostHistory(clock=clock)
@@ -394,6 +398,9 @@ async def test_a_recorded_launch_shows_in_the_table_with_its_waterfall_and_memor
         page = (await c.get("/console/launches/L1")).text
         assert page.count('class="bar"') == 3  # process started, compile cache hit, API up
         assert "compile cache hit" in page and "<polyline" in page and ">OOM kill<" in page
+        assert "<code>f100a03e45</code>" in page
+        assert "<strong>flag</strong>: flag --max-model-len changed" in page
+        assert "cache root /c is not writable" in page and 'href="/console/launches/L0"' in page
         assert (await c.get("/console/launches/nope")).status_code == 404
         memory = (await c.get("/console/memory?minutes=15")).text
         assert "start cpu-smollm2" in memory and "<polyline" in memory

@@ -194,3 +194,53 @@ def test_the_launch_store_waits_out_the_evaluation_stores_write(tmp_path: Path) 
     assert [r.id for r in store.list_launches()] == ["L1"]
     store.close()
     evals.close()
+
+
+# ---- issue 19: the compile-cache record
+
+def test_a_v3_database_gets_the_compile_record_and_its_cache_root(tmp_path: Path) -> None:
+    path = tmp_path / "v3.sqlite3"
+    db = sqlite3.connect(path, isolation_level=None)
+    migrate(db, upto=3)
+    spec = make_spec()
+    db.execute(
+        "INSERT INTO launches (id, recipe, spec_hash, kind, runtime, status, argv_json, env_json, spec_json, "
+        "created_at) VALUES ('old', 'r', 'h', 'normal', 'process', 'stopped', '[]', '{}', ?, 5.0)",
+        (spec.model_dump_json(),),
+    )
+    db.close()
+    store = Store(path)
+    rec = store.get_launch("old")
+    assert rec is not None and rec.compile_cache == {}
+    # The cache root of a row written before v4 comes from its spec: it is an earlier launch on it.
+    assert [e.id for e in store.earlier_on_root("new", spec.cache_root)] == ["old"]
+
+
+def test_the_compile_record_round_trips_and_merges(tmp_path: Path) -> None:
+    store = Store(tmp_path / "a.sqlite3")
+    spec = make_spec()
+    store.create_launch("L1", spec, "normal", Provenance(), now=100.0)
+    store.update_compile_cache("L1", {"factors": {"env": {"VLLM_API_KEY": "0123456789ab"}}, "warnings": []})
+    store.update_compile_cache("L1", {"seen": {"cache_hash": "f100a03e45"},
+                                      "miss": {"reason": "env", "details": ["env VLLM_API_KEY changed"]}})
+    rec = store.get_launch("L1")
+    assert rec is not None and rec.compile_cache == {
+        "factors": {"env": {"VLLM_API_KEY": "0123456789ab"}}, "warnings": [],
+        "seen": {"cache_hash": "f100a03e45"},
+        "miss": {"reason": "env", "details": ["env VLLM_API_KEY changed"]},
+    }
+    with pytest.raises(StoreError):
+        store.update_compile_cache("nope", {})
+
+
+def test_earlier_launches_on_a_root_newest_first_and_not_later_ones(tmp_path: Path) -> None:
+    store = Store(tmp_path / "a.sqlite3")
+    spec = make_spec()
+    other = spec.model_copy(update={"cache_root": "/elsewhere"})
+    store.create_launch("L1", spec, "normal", Provenance(), now=100.0)
+    store.create_launch("L2", other, "normal", Provenance(), now=150.0)
+    store.create_launch("L3", spec, "normal", Provenance(), now=200.0)
+    store.create_launch("L4", spec, "normal", Provenance(), now=300.0)
+    store.update_compile_cache("L1", {"seen": {"cache_hash": "a"}})
+    earlier = store.earlier_on_root("L3", spec.cache_root)
+    assert [(e.id, e.compile_cache) for e in earlier] == [("L1", {"seen": {"cache_hash": "a"}})]
