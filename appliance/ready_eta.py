@@ -69,6 +69,12 @@ def impossible_phases(eager: bool, cpu: bool) -> frozenset[Phase]:
     return frozenset(out)
 
 
+def recipe_skips(argv: Sequence[str], platform: str) -> frozenset[Phase]:
+    """`impossible_phases` of a launch spec: eager from its `--enforce-eager` (render.py writes it for
+    `mode: eager`), CPU from its platform."""
+    return impossible_phases(eager="--enforce-eager" in argv, cpu=platform == "cpu")
+
+
 class PastLaunch(BaseModel):
     """One earlier launch that reached ready, as the store keeps it."""
 

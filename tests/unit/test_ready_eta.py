@@ -13,6 +13,7 @@ from appliance.ready_eta import (
     impossible_phases,
     phase_durations,
     ready_eta,
+    recipe_skips,
     start_state,
 )
 
@@ -140,3 +141,9 @@ def test_phases_the_recipe_cannot_have_are_not_pending() -> None:
     seen = eta(T0 + 20, {"process_started": T0, "compile_started": T0 + 5},
                skip=impossible_phases(eager=False, cpu=True) | {Phase.COMPILE_STARTED})
     assert "compile_started" in [p.phase for p in seen.phases]
+
+
+def test_a_launch_specs_skips() -> None:
+    assert recipe_skips(("vllm", "serve", "m", "--enforce-eager"), "cuda") == impossible_phases(True, False)
+    assert recipe_skips(("vllm", "serve", "m"), "cpu") == impossible_phases(False, True)
+    assert recipe_skips(("vllm", "serve", "m"), "cuda") == frozenset()
