@@ -16,7 +16,8 @@ the offending field in `detail[].loc`).
     POST /recipes/{name}/plan      lint + admission + rendering, nothing started
     POST /apply                    {"recipe": name, "fresh_cache": false}
     POST /restart | /stop
-    GET  /status                   state, phase, progress (fraction of the ready budget), diagnosis
+    GET  /status                   state, phase, progress (fraction of the ready budget), eta (expected
+                                   ready time from earlier launches, likely-stall flag), diagnosis
     GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset=
     GET  /events                   server-sent events: state, phase and supervisor events
 """

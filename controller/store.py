@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from appliance.launch_spec import LaunchSpec
+from appliance.ready_eta import PastLaunch, start_state
 from controller.runtime.base import EngineHandle, ExitInfo
 from controller.sqlite_db import SqliteDb
 
@@ -154,7 +155,15 @@ _V4 = (
     "CREATE INDEX launches_cache_root ON launches(cache_root, created_at)",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
+# Issue 19 (ETA from history): whether the controller started the launch cold (its compile cache root
+# empty or a warm-up's first start) or expected it warm. The log's hit/miss (`cache`) is the proof
+# once it comes; an eager start logs neither, and its ETA is still compared like with like.
+_V5 = (
+    "ALTER TABLE launches ADD COLUMN start TEXT",
+    "CREATE INDEX launches_ready ON launches(recipe, spec_hash, created_at) WHERE ready_s IS NOT NULL",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -292,22 +301,24 @@ class Store(SqliteDb):
     # ---- writes
 
     def create_launch(
-        self, launch_id: str, spec: LaunchSpec, kind: str, provenance: Provenance, now: float
+        self, launch_id: str, spec: LaunchSpec, kind: str, provenance: Provenance, now: float,
+        start: str | None = None,
     ) -> None:
+        """`start`: `cold` or `warm`, as the controller expects the start (None: not known, adopted)."""
         safe = redact_spec(spec)
         with self._tx() as db:
             db.execute(
                 "INSERT INTO launches (id, recipe, spec_hash, kind, runtime, status, argv_json, env_json, "
                 "spec_json, image, image_id, image_digest, interpreter, packages_json, created_at, "
-                "cache_root) "
-                "VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "cache_root, start) "
+                "VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     launch_id, spec.recipe, spec.spec_hash, kind, spec.kind,
                     json.dumps(list(safe.command())), json.dumps(safe.env, sort_keys=True),
                     safe.model_dump_json(), provenance.image or spec.runtime.engine_image(),
                     provenance.image_id, provenance.image_digest,
                     provenance.interpreter or spec.runtime.engine_python(),
-                    json.dumps(provenance.packages, sort_keys=True), now, spec.cache_root,
+                    json.dumps(provenance.packages, sort_keys=True), now, spec.cache_root, start,
                 ),
             )
 
@@ -494,6 +505,39 @@ class Store(SqliteDb):
             row = self._db.execute("SELECT spec_json FROM launches WHERE id = ?", (launch_id,)).fetchone()
         return None if row is None else LaunchSpec.model_validate_json(row["spec_json"])
 
+    def ready_history(self, recipe: str, spec_hash: str, exclude: str | None = None,
+                      limit: int = 20) -> list[PastLaunch]:
+        """Earlier launches of `recipe` that reached ready, newest first, with their phase rows, for the
+        ETA of a new start (appliance/ready_eta.py): up to `limit` of this spec hash and up to `limit`
+        of the recipe's other spec hashes (the fallback). Adopted launches are left out (their start
+        was measured by another controller, or not at all); so is `exclude` (the current launch)."""
+        query = (
+            "SELECT id, spec_hash, kind, cache, start, ready_s FROM launches "
+            "WHERE recipe = ? AND spec_hash {op} ? AND ready_s IS NOT NULL AND kind != 'adopted' AND id != ? "
+            "ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        )
+        args = (recipe, spec_hash, exclude or "", limit)
+        with self._lock:
+            rows = [*self._db.execute(query.format(op="="), args).fetchall(),
+                    *self._db.execute(query.format(op="!="), args).fetchall()]
+            phases: dict[str, list[tuple[str, float]]] = {r["id"]: [] for r in rows}
+            if rows:
+                marks = ", ".join("?" * len(rows))
+                for p in self._db.execute(
+                    f"SELECT launch_id, name, elapsed_s FROM phases WHERE launch_id IN ({marks}) ORDER BY id",
+                    [r["id"] for r in rows],
+                ).fetchall():
+                    phases[p["launch_id"]].append((p["name"], float(p["elapsed_s"])))
+        return [
+            PastLaunch(
+                launch_id=r["id"], spec_hash=r["spec_hash"], ready_s=float(r["ready_s"]),
+                # Launches recorded before `start` existed: a warm-up's first start was cold.
+                start=start_state(r["cache"], _cold_start(r["start"], r["kind"])),
+                phases=tuple(phases[r["id"]]),
+            )
+            for r in rows
+        ]
+
     def unfinished(self) -> list[str]:
         """Launches with no end recorded (candidates for adoption after a controller restart)."""
         with self._lock:
@@ -528,6 +572,12 @@ def read_earlier_on_root(path: Path, cache_root: str) -> list[EarlierLaunch]:
     except sqlite3.Error:
         return []
     return [EarlierLaunch(id=r[0], recipe=r[1], spec_hash=r[2], compile_cache={}) for r in rows]
+
+
+def _cold_start(start: str | None, kind: str) -> bool | None:
+    if start is not None:
+        return start == "cold"
+    return True if kind == "cold-warmup" else None
 
 
 def _event(row: sqlite3.Row) -> EventRecord:

@@ -98,6 +98,36 @@ def _bar(fraction: float | None, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _s(v: float) -> str:
+    return f"{round(v)} s"
+
+
+def eta_phase_line(p: dict[str, Any]) -> str:
+    """A phase of the status `eta` against its history: ``[>] torch.compile  13 s so far (usually 18 s)``."""
+    mark = {"done": "x", "current": ">"}.get(str(p.get("status")), " ")
+    took = p.get("took_s")
+    took_text = "" if took is None else _s(took) + (" so far" if p.get("status") == "current" else "")
+    usual = p.get("usual_s")
+    usual_text = f"(usually {_s(usual)})" if usual is not None else ""
+    return f"  [{mark}] {p.get('label'):<20} {took_text:>11}  {usual_text}".rstrip()
+
+
+def eta_note(status: dict[str, Any] | None) -> str:
+    """The ETA and any likely-stall flag for a progress line, `` · expected ready in ~18 s (…)``."""
+    eta = (status or {}).get("eta") or {}
+    text = f" · {eta['text']}" if eta.get("text") else ""
+    stall = eta.get("stall") or {}
+    return text + (f" · {str(stall['text']).upper()}" if stall.get("text") else "")
+
+
+def usual_of(status: dict[str, Any] | None, phase: object) -> str:
+    """`` (usually ~18 s)`` for a phase the status ETA has a history for, else ``""``."""
+    for p in ((status or {}).get("eta") or {}).get("phases") or []:
+        if p.get("phase") == phase and p.get("usual_s") is not None:
+            return f" (usually ~{_s(p['usual_s'])})"
+    return ""
+
+
 @dataclass
 class StartView:
     """Turns the event stream into lines; `outcome` is set on ready / failed / idle."""
@@ -123,7 +153,8 @@ class StartView:
         launch = s.get("launch") or {}
         if heartbeat:
             if state in ("starting", "preflight", "draining", "stopping"):
-                self._say(f"{state}: {launch.get('describe') or 'waiting for the first phase'}", s)
+                where = launch.get("describe") or "waiting for the first phase"
+                self._say(f"{state}: {where}{eta_note(s)}", s)
             elif state == "exited":
                 self._say("exited: the engine ended; classifying the exit", s)
             elif state == "backoff":
@@ -153,7 +184,7 @@ class StartView:
             if label != self.last_phase:  # two markers of one phase (e.g. both API server lines)
                 self.last_phase = label
                 detail = f"  ({data['detail']})" if data.get("detail") else ""
-                self._say(f"{label}{detail}", status)
+                self._say(f"{label}{usual_of(status, data.get('phase'))}{detail}", status)
         elif kind == "event" and data.get("kind") not in ("phase",):
             self._say(f"{data.get('kind')}: {data.get('message')}", status)
 

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from controller import admin_token
-from controller.cli.service_client import ApiError, Client, StartView, api_url, follow_start
+from controller.cli.service_client import ApiError, Client, StartView, api_url, eta_phase_line, follow_start
 from controller.daemons import Daemon
 from controller.settings import (
     CONTROLLER_PORT,
@@ -451,7 +451,7 @@ def stop(api: ApiOpt = None) -> None:
 
 
 def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
-    """State, phase, progress through the ready budget, last diagnosis."""
+    """State, phase, progress through the ready budget, the ETA from earlier launches, last diagnosis."""
     s = _call(_client(api).get, "/status")
     if as_json:
         typer.echo(json.dumps(s, indent=2))
@@ -467,9 +467,19 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
             pct = f"{s['progress'] * 100:.0f}%" if s.get("progress") is not None else "?"
             typer.echo(f"starting:   {launch['elapsed_s']} s of {launch['ready_budget_s']} s ({pct}); "
                        f"{launch['describe']}")
-        for p in launch.get("phases", []):
-            mark = "x" if p["at"] is not None else " "
-            typer.echo(f"  [{mark}] {p['label']}")
+        eta = s.get("eta")
+        if eta:
+            # The expected ready time from earlier launches of this variant (appliance/ready_eta.py).
+            typer.echo(f"expected:   {eta['text']}")
+            if eta.get("stall"):
+                typer.echo(f"WARNING:    {eta['stall']['text']} (a flag: the stall watch and the ready "
+                           "budget still decide)")
+            for p in eta.get("phases", []):
+                typer.echo(eta_phase_line(p))
+        else:
+            for p in launch.get("phases", []):
+                mark = "x" if p["at"] is not None else " "
+                typer.echo(f"  [{mark}] {p['label']}")
         for line in compile_cache_lines(launch.get("compile_cache")):
             typer.echo(line)
     exited = (launch or {}).get("exit")

@@ -219,8 +219,9 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         snapshot = driver.status()
         expectations = await asyncio.to_thread(data.expectations, snapshot.get("recipe"))
         gateway = await data.gateway()
+        live = views.live_view(snapshot)
         return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
-                    status_json=json.dumps(views.live_view(snapshot)))
+                    status_json=json.dumps(live), live=live)
 
     @router.get("/events")
     async def events(request: Request) -> Response:

@@ -102,11 +102,32 @@ def _num(v: Any) -> str:
 FILTERS: dict[str, Callable[..., str]] = {"gib": _gib, "secs": _secs, "when": _when, "num": _num}
 
 
+def _pct(part: Any, whole: Any) -> float | None:
+    if not isinstance(part, int | float) or not isinstance(whole, int | float) or whole <= 0:
+        return None
+    return round(min(100.0, 100.0 * part / whole), 1)
+
+
+def eta_phases(eta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The status ETA's phases as the Now page lists them: ``torch.compile · 95 s, usually 18 s``."""
+    out: list[dict[str, Any]] = []
+    for p in eta.get("phases") or []:
+        took, usual = p.get("took_s"), p.get("usual_s")
+        bits = [_secs(took)] if took is not None else []
+        if usual is not None:
+            bits.append(f"usually {_secs(usual)}")
+        label = str(p.get("label") or p.get("phase"))
+        out.append({"label": label + (" · " + ", ".join(bits) if bits else ""),
+                    "done": p.get("status") == "done", "current": p.get("status") == "current"})
+    return out
+
+
 def live_view(status: dict[str, Any]) -> dict[str, Any]:
     """The fields the Now page updates live (console.js); nothing secret is in driver.status()."""
     launch = status.get("launch") or {}
     diagnosis = status.get("last_diagnosis") or {}
     progress = status.get("progress")
+    eta: dict[str, Any] = status.get("eta") or {}
     return {
         "state": status.get("state"),
         "recipe": status.get("recipe"),
@@ -119,9 +140,16 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
         "ready_s": launch.get("ready_s"),
         "launch_id": launch.get("id"),
         "cache": launch.get("cache"),
-        # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list)
-        "phases": [{"label": p.get("label") or p.get("phase"), "done": p.get("at") is not None}
-                   for p in launch.get("phases", [])],
+        # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list); with
+        # history, each against its usual duration (appliance/ready_eta.py)
+        "phases": eta_phases(eta) if eta else [
+            {"label": p.get("label") or p.get("phase"), "done": p.get("at") is not None, "current": False}
+            for p in launch.get("phases", [])],
+        # the expected ready time from earlier launches of this variant, and a likely-stall flag
+        "eta_text": eta.get("text"),
+        "stall": (eta.get("stall") or {}).get("text"),
+        # elapsed against the usual ready time (the second bar; None without history)
+        "eta_pct": _pct(eta.get("elapsed_s"), eta.get("median_s")),
         "diagnosis": diagnosis.get("summary"),
         "hint": diagnosis.get("hint"),
     }

@@ -257,7 +257,26 @@ class Driver:
                     run.runtime_error = None
             self._watch_readiness(launch)
             self._watch_gateway(launch)
+            self._flag_stall(launch)
         self.submit(Tick())
+
+    def _flag_stall(self, launch: Launch) -> None:
+        """A phase far over its usual duration (appliance/ready_eta.py) is reported once, as an event:
+        a flag for the operator before the budget runs out, not a kill — the machine's stall watch (no
+        progress and no CPU) and the ready budget still decide when a start has failed."""
+        run = self.runs.get(launch.launch_id)
+        if self.m.state is not State.STARTING or run is None:
+            return
+        expected = status_view.eta(launch, run, self.clock.now())
+        stall = expected.stall if expected is not None else None
+        if stall is None or stall.phase in run.stall_flagged:
+            return
+        run.stall_flagged.add(stall.phase)
+        self.note("likely-stalled",
+                  f"{stall.label} {round(stall.took_s)} s, usually {round(stall.usual_s)} s "
+                  "(a flag, not a kill: the stall watch and the ready budget still decide)",
+                  launch.launch_id, {"phase": stall.phase, "took_s": stall.took_s,
+                                     "usual_s": stall.usual_s, "text": stall.text})
 
     def _runtime_unanswered(self, launch: Launch, exc: Exception) -> None:
         """The runtime could not be asked this poll (a Docker daemon restarting, an API server's 5xx,
@@ -578,6 +597,7 @@ class Driver:
         record = self.store.get_launch(handle.launch_id)
         if record is not None and record.ready_s is not None:
             run.recorded_ready_s = record.ready_s
+        run.history = tuple(self.store.ready_history(spec.recipe, spec.spec_hash, exclude=handle.launch_id))
         target = await self._mem_target(spec)
         self.runs.begin(run)
         self.submit(Adopted(handle, spec))
@@ -640,8 +660,12 @@ class Driver:
                 prov = await asyncio.to_thread(self.provenance, spec)
             except (RuntimeError, OSError, ValueError) as exc:
                 self.note("provenance-error", f"could not record versions: {exc}", action.launch_id)
-        self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now)
         cold = action.kind is StartKind.COLD_WARMUP or run.cache_empty
+        self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now,
+                                 start="cold" if cold else "warm")
+        # The ETA's history, read once: earlier ready launches of this recipe (appliance/ready_eta.py).
+        run.history = tuple(self.store.ready_history(spec.recipe, spec.spec_hash, exclude=action.launch_id))
+        run.cold_start = cold
         self.metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
                                   min_mem_available_bytes=await self._mem_target(spec), started_at=now)
         if self.m.failures > 0 and self.m.last_failure is not None:

@@ -11,10 +11,11 @@ and dropped in one place (`LaunchRuns.end`) when it ends, so nothing is left hal
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from appliance.diagnosis import Diagnosis
 from appliance.log_phases import CacheOutcome
+from appliance.ready_eta import PastLaunch
 from controller.runtime.base import ExitInfo
 from controller.supervisor.compile_cache import CompileWatch
 from controller.supervisor.follow import LogFollower
@@ -47,6 +48,12 @@ class LaunchRun:
     exit: ExitInfo | None = None
     diagnosis: Diagnosis | None = None
     watched: bool = False  # an exit-watch thread waits on this engine
+    # The ETA (appliance/ready_eta.py): earlier ready launches of the recipe, read once at the start;
+    # whether the controller started it cold (None: not known, an adopted engine); the phases already
+    # flagged as likely stalled (one event per phase).
+    history: tuple[PastLaunch, ...] = ()
+    cold_start: bool | None = None
+    stall_flagged: set[str] = field(default_factory=set)
 
 
 class LaunchRuns:

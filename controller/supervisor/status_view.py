@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.log_phases import PHASE_LABELS
+from appliance.log_phases import PHASE_LABELS, CacheOutcome
+from appliance.ready_eta import ReadyEta, StartState, ready_eta, recipe_skips, start_state
 from controller.runtime.base import ExitInfo
 from controller.supervisor.launch_run import LaunchRun
-from controller.supervisor.machine import Launch, Machine, progress
+from controller.supervisor.machine import Launch, Machine, State, progress
 from controller.supervisor.probes import reachable_url
 from controller.supervisor.signals import ApplyOutcome, Failure
 
@@ -48,9 +49,29 @@ def describe(run: LaunchRun | None) -> str | None:
     return tracker.describe()
 
 
+def eta(launch: Launch, run: LaunchRun | None, now: float) -> ReadyEta | None:
+    """The expected ready time of a start under way, from earlier launches (appliance/ready_eta.py);
+    None once it is ready, before the runtime has started it, or without the driver's run."""
+    if run is None or launch.handle is None or launch.ready_at is not None:
+        return None
+    tracker = run.follower.tracker
+    cache = tracker.cache_outcome
+    # The log's proof when it has come; before that, what the controller knew (cold if the cache root
+    # was empty); an adopted engine, known neither way, is taken for a warm one.
+    start = start_state(None if cache is CacheOutcome.UNKNOWN else cache.value, run.cold_start)
+    return ready_eta(
+        run.history, spec_hash=launch.spec.spec_hash, start=start or StartState.WARM,
+        budget_s=launch.spec.ready_budget_s, started_at=launch.started_at, now=now,
+        reached={p.value: at for p, at in tracker.reached.items()},
+        skip=recipe_skips(launch.spec.argv, launch.spec.platform),
+    )
+
+
 def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str, Any]:
     tracker = run.follower.tracker if run is not None else None
     started = launch.handle is not None
+    # Phases the recipe cannot have (eager: no compile, no capture; CPU: no capture) are not pending.
+    skip = recipe_skips(launch.spec.argv, launch.spec.platform)
     return {
         "id": launch.launch_id,
         "kind": launch.kind.value,
@@ -67,6 +88,7 @@ def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str
         "describe": describe(run),
         "phases": [
             {"phase": p.value, "label": PHASE_LABELS[p], "at": at} for p, at in tracker.phase_list()
+            if at is not None or p not in skip
         ] if tracker else [],
         "cache": tracker.cache_outcome.value if tracker else None,
         # Issue 19: why a miss, vLLM's cache dir hash, bad cache roots (None: not recorded).
@@ -83,6 +105,8 @@ def status(m: Machine, run: LaunchRun | None, now: float,
     """`run`: the current launch's (None without one)."""
     if last_diagnosis is None and m.last_failure is not None:
         last_diagnosis = failure_dict(m.last_failure)
+    starting = m.state is State.STARTING and m.launch is not None
+    expected = eta(m.launch, run, now) if starting and m.launch is not None else None
     return {
         "state": m.state.value,
         "recipe": m.recipe,
@@ -93,4 +117,6 @@ def status(m: Machine, run: LaunchRun | None, now: float,
         "last_apply": apply_dict(m.apply),
         "launch": launch_status(m.launch, run, now) if m.launch is not None else None,
         "progress": progress(m, now),
+        # The expected ready time from earlier launches of this variant (None when nothing is starting).
+        "eta": expected.model_dump(mode="json") if expected is not None else None,
     }

@@ -139,3 +139,69 @@ def test_status_says_the_engine_exited_and_is_out_of_the_gateway(
     assert result.exit_code == 0, result.output
     assert "state:      exited" in result.output
     assert "exit code 137, signal 9; out of the gateway" in result.output
+
+
+ETA = {
+    "start": "warm", "basis": "spec", "launches": 3, "median_s": 38.0, "min_s": 37.0, "max_s": 40.0,
+    "elapsed_s": 105.0, "remaining_s": -67.0, "budget_s": 600,
+    "text": "past the usual ready time of ~38 s by 67 s (warm; 37–40 s over 3 launches)",
+    "phases": [
+        {"phase": "weights_loading", "label": "loading weights", "status": "done", "took_s": 8.0,
+         "usual_s": 8.0, "samples": 3},
+        {"phase": "compile_started", "label": "torch.compile", "status": "current", "took_s": 95.0,
+         "usual_s": 18.0, "samples": 3},
+        {"phase": "kv_cache", "label": "KV cache sized", "status": "pending", "took_s": None, "usual_s": 7.0,
+         "samples": 3},
+        {"phase": "api_up", "label": "API up", "status": "pending", "took_s": None, "usual_s": None,
+         "samples": 0},
+    ],
+    "stall": {"phase": "compile_started", "label": "torch.compile", "took_s": 95.0, "usual_s": 18.0,
+              "text": "likely stalled: torch.compile 95 s, usually 18 s"},
+}
+
+
+def _starting(eta: dict[str, Any] | None) -> dict[str, Any]:
+    return {"state": "starting", "recipe": "r", "failures": 0, "max_failures": 5, "backoff_remaining_s": None,
+            "last_diagnosis": None, "progress": 0.175, "last_apply": None, "eta": eta,
+            "launch": {"id": "L2", "kind": "normal", "runtime": "process", "ref": "1", "engine_url": "http://e",
+                       "served_model_name": "m", "ready_s": None, "elapsed_s": 105.0, "ready_budget_s": 600,
+                       "describe": "torch.compile", "cache": None,
+                       "phases": [{"phase": "weights_loading", "label": "loading weights", "at": 1.0}]}}
+
+
+def test_status_shows_the_eta_each_phase_against_its_history_and_a_likely_stall(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run(app, monkeypatch, ScriptedClient([_starting(ETA)]), "status")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "expected:   past the usual ready time of ~38 s by 67 s (warm; 37–40 s over 3 launches)" in lines
+    assert ("WARNING:    likely stalled: torch.compile 95 s, usually 18 s (a flag: the stall watch and the "
+            "ready budget still decide)") in lines
+    assert "  [x] loading weights              8 s  (usually 8 s)" in lines
+    assert "  [>] torch.compile        95 s so far  (usually 18 s)" in lines
+    assert "  [ ] KV cache sized                    (usually 7 s)" in lines
+    assert "  [ ] API up" in lines
+    # without history
+    none = dict(ETA, text="no earlier launches of this variant: expected within the ready budget of 600 s",
+                stall=None, phases=[])
+    result = run(app, monkeypatch, ScriptedClient([_starting(none)]), "status")
+    assert ("expected:   no earlier launches of this variant: expected within the ready budget of 600 s"
+            in result.output.splitlines())
+    # an older controller (no `eta`): the plain phase list
+    result = run(app, monkeypatch, ScriptedClient([_starting(None)]), "status")
+    assert "expected:" not in result.output and "  [x] loading weights" in result.output.splitlines()
+
+
+def test_follow_lines_carry_the_eta_the_usual_phase_time_and_the_stall_flag() -> None:
+    from controller.cli.service_client import StartView
+
+    lines: list[str] = []
+    view = StartView(lines.append)
+    view.status(_starting(ETA), heartbeat=True)
+    assert lines[-1].endswith("starting: torch.compile · past the usual ready time of ~38 s by 67 s (warm; "
+                              "37–40 s over 3 launches) · LIKELY STALLED: TORCH.COMPILE 95 S, USUALLY 18 S")
+    view.event("phase", {"phase": "compile_started", "label": "torch.compile"}, _starting(ETA))
+    assert lines[-1].endswith("torch.compile (usually ~18 s)")
+    view.event("event", {"kind": "likely-stalled", "message": "torch.compile 95 s, usually 18 s"}, None)
+    assert lines[-1].endswith("likely-stalled: torch.compile 95 s, usually 18 s")

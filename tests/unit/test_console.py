@@ -441,3 +441,40 @@ async def test_the_now_page_shows_a_real_gateways_upstream_and_in_flight(
     finally:
         server.should_exit = True
         await serving
+
+
+def test_the_live_view_carries_the_eta_its_bar_each_phase_against_its_history_and_the_stall() -> None:
+    from controller.console.views import live_view
+    from tests.unit.test_apply_cli import ETA, _starting
+
+    live = live_view(_starting(ETA))
+    assert live["eta_text"] == "past the usual ready time of ~38 s by 67 s (warm; 37–40 s over 3 launches)"
+    assert live["stall"] == "likely stalled: torch.compile 95 s, usually 18 s"
+    assert live["eta_pct"] == 100.0  # 105 s against the usual 38 s: the bar is full
+    assert live["phases"] == [
+        {"label": "loading weights · 8 s, usually 8 s", "done": True, "current": False},
+        {"label": "torch.compile · 95 s, usually 18 s", "done": False, "current": True},
+        {"label": "KV cache sized · usually 7 s", "done": False, "current": False},
+        {"label": "API up", "done": False, "current": False},
+    ]
+    early = live_view(_starting(dict(ETA, elapsed_s=19.0, stall=None)))
+    assert (early["eta_pct"], early["stall"]) == (50.0, None)
+    plain = live_view(_starting(None))
+    assert (plain["eta_text"], plain["stall"], plain["eta_pct"]) == (None, None, None)
+    assert plain["phases"] == [{"label": "loading weights", "done": True, "current": False}]
+
+
+async def test_the_now_page_shows_the_eta_and_a_likely_stall(
+    client: httpx.AsyncClient, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.unit.test_apply_cli import ETA, _starting
+
+    snapshot = {**rig.driver.status(), **_starting(ETA)}
+    monkeypatch.setattr(rig.driver, "status", lambda: snapshot)
+    await login(client)
+    page = (await client.get("/console/")).text
+    assert ('<span id="eta-text" data-live="eta_text">past the usual ready time of ~38 s by 67 s '
+            "(warm; 37–40 s over 3 launches)</span>") in page
+    assert '<progress id="eta-bar" max="100" value="100.0"></progress>' in page
+    assert 'data-live="stall">likely stalled: torch.compile 95 s, usually 18 s</p>' in page
+    assert '<li class="current">torch.compile · 95 s, usually 18 s</li>' in page

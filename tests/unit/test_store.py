@@ -244,3 +244,39 @@ def test_earlier_launches_on_a_root_newest_first_and_not_later_ones(tmp_path: Pa
     store.update_compile_cache("L1", {"seen": {"cache_hash": "a"}})
     earlier = store.earlier_on_root("L3", spec.cache_root)
     assert [(e.id, e.compile_cache) for e in earlier] == [("L1", {"seen": {"cache_hash": "a"}})]
+
+
+def test_ready_history_is_the_earlier_ready_launches_of_the_recipe_with_their_phases(tmp_path: Path) -> None:
+    from appliance.ready_eta import PastLaunch, StartState
+
+    store = Store(tmp_path / "h.sqlite3")
+    spec = make_spec()
+    other = spec.model_copy(update={"spec_hash": "other-hash"})
+
+    def launch(lid: str, s: object, now: float, ready_s: float | None, start: str | None = "warm",
+               kind: str = "normal", cache: str | None = None) -> None:
+        store.create_launch(lid, s, kind, Provenance(), now=now, start=start)  # type: ignore[arg-type]
+        store.add_phase(lid, "weights_loading", at=now + 1, elapsed_s=1.0)
+        store.add_phase(lid, "compile_started", at=now + 5, elapsed_s=5.0)
+        if cache:
+            store.set_cache(lid, cache)
+        if ready_s is not None:
+            store.mark_ready(lid, at=now + ready_s, ready_s=ready_s)
+
+    launch("A", spec, 100.0, 40.0)
+    launch("B", spec, 200.0, None)  # never ready: not history
+    launch("C", spec, 300.0, 300.0, start="warm", cache="miss")  # the log's miss outranks "expected warm"
+    launch("D", other, 400.0, 50.0, start="cold")
+    launch("E", spec, 500.0, 60.0, start=None, kind="adopted")  # measured elsewhere: left out
+    launch("F", spec, 600.0, 35.0, start=None, kind="cold-warmup")  # recorded before `start` existed
+    launch("NOW", spec, 700.0, None)
+    phases = (("weights_loading", 1.0), ("compile_started", 5.0))
+    h, cold, warm = spec.spec_hash, StartState.COLD, StartState.WARM
+    assert store.ready_history(spec.recipe, spec.spec_hash, exclude="NOW") == [
+        PastLaunch(launch_id="F", spec_hash=h, start=cold, ready_s=35.0, phases=phases),
+        PastLaunch(launch_id="C", spec_hash=h, start=cold, ready_s=300.0, phases=phases),
+        PastLaunch(launch_id="A", spec_hash=h, start=warm, ready_s=40.0, phases=phases),
+        PastLaunch(launch_id="D", spec_hash="other-hash", start=cold, ready_s=50.0, phases=phases),
+    ]
+    assert [h.launch_id for h in store.ready_history(spec.recipe, spec.spec_hash, limit=1)] == ["F", "D"]
+    assert store.ready_history("no-such-recipe", spec.spec_hash) == []

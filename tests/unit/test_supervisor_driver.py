@@ -640,3 +640,70 @@ async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: 
                         "capturing graphs round 1: 51/51 (mixed prefill-decode, PIECEWISE)",
                         "capturing graphs round 1: 1/51 (decode, FULL)",
                         "capturing graphs round 1: 51/51 (decode, FULL)"]
+
+
+def _seed_history(store: Store, spec: LaunchSpec, ready: tuple[float, ...], start: str = "cold") -> None:
+    """Earlier launches of the same variant that reached ready: torch.compile took 18 s in each."""
+    for i, ready_s in enumerate(ready):
+        lid, t0 = f"P{i}", 1000.0 * i
+        store.create_launch(lid, spec, "normal", Provenance(), now=t0, start=start)
+        for name, elapsed in (("weights_loading", 1.0), ("weights_loaded", 9.0), ("compile_started", 10.0),
+                              ("compile_finished", 28.0), ("api_up", ready_s - 2)):
+            store.add_phase(lid, name, at=t0 + elapsed, elapsed_s=elapsed)
+        store.mark_ready(lid, at=t0 + ready_s, ready_s=ready_s)
+        store.mark_ended(lid, at=t0 + 500, status="stopped")
+
+
+async def test_status_has_the_eta_from_history_and_a_slow_phase_is_flagged_not_killed(tmp_path: Path) -> None:
+    spec = make_spec(budget=2700, stall=600)
+    rig = make_rig(tmp_path, spec)
+    _seed_history(rig.store, spec, (37.0, 40.0, 38.0))
+    assert rig.driver.status()["eta"] is None  # nothing starting
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+    engine.log = ("INFO Starting to load model m...\nINFO Loading weights took 8.00 seconds\n"
+                  "INFO Dynamo bytecode transform time: 2.00 s\n")
+    engine.cpu = 1.0
+    await rig.step(10)
+    eta = rig.driver.status()["eta"]
+    assert eta is not None
+    assert (eta["start"], eta["basis"], eta["launches"], eta["median_s"], eta["min_s"], eta["max_s"]) == (
+        "cold", "spec", 3, 38.0, 37.0, 40.0)
+    assert eta["text"].endswith("(cold; 37–40 s over 3 launches)")
+    assert eta["budget_s"] == 2700 and eta["stall"] is None
+    phases = {p["phase"]: p for p in eta["phases"]}
+    assert phases["compile_started"]["status"] == "current" and phases["compile_started"]["usual_s"] == 18.0
+    assert phases["compile_finished"] == {"phase": "compile_finished", "label": "compiled",
+                                          "status": "pending", "took_s": None, "usual_s": 8.0, "samples": 3}
+    # a CPU recipe captures no graphs: not pending, in the ETA or in the launch's phase list
+    assert "graph_capture" not in phases
+    assert "graph_capture" not in [p["phase"] for p in rig.driver.status()["launch"]["phases"]]
+
+    def flagged() -> list[Any]:
+        return [e for e in rig.store.events() if e.kind == "likely-stalled"]
+
+    def busy() -> bool:  # the engine keeps working (CPU), so the stall watch must not fire
+        engine.cpu += 5.0
+        return bool(flagged())
+
+    await rig.run_until(busy, limit_s=300)
+    [event] = flagged()
+    assert event.launch_id == "L1" and event.data["phase"] == "compile_started"
+    assert event.data["usual_s"] == 18.0
+    status = rig.driver.status()
+    assert status["state"] == "starting" and rig.runtime.stopped == []
+    assert status["eta"]["stall"]["text"].startswith("likely stalled: torch.compile ")
+    for _ in range(3):
+        engine.cpu += 5.0
+        await rig.step(10)
+    assert len(flagged()) == 1 and rig.driver.m.state is State.STARTING  # once per phase; no kill
+
+
+async def test_without_history_the_eta_falls_back_to_the_budget(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, make_spec(budget=600))
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    eta = rig.driver.status()["eta"]
+    assert eta["launches"] == 0 and eta["median_s"] is None
+    assert eta["text"] == "no earlier launches of this variant: expected within the ready budget of 600 s"

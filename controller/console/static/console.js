@@ -23,6 +23,7 @@ function applyStatus(s) {
   const fields = {
     state: s.state, recipe: s.recipe || "—", describe: s.describe || s.phase || "—",
     cache: s.cache || "—", progress_text: progressText(s),
+    eta_text: s.eta_text || "", stall: s.stall || "",
   };
   if (s.diagnosis) { fields.diagnosis = s.diagnosis; }
   for (const el of document.querySelectorAll("[data-live]")) {
@@ -34,12 +35,22 @@ function applyStatus(s) {
   const bar = document.getElementById("progress");
   if (bar) bar.value = s.progress_pct === null || s.progress_pct === undefined ? (s.state === "ready" ? 100 : 0)
     : s.progress_pct;
+  // The expected ready time from earlier launches: a second bar (elapsed against the usual ready
+  // time) and a likely-stall flag, both hidden without history / without a flag.
+  const etaBar = document.getElementById("eta-bar");
+  if (etaBar) {
+    etaBar.hidden = s.eta_pct === null || s.eta_pct === undefined;
+    etaBar.value = etaBar.hidden ? 0 : s.eta_pct;
+  }
+  const stall = document.getElementById("stall");
+  if (stall) stall.hidden = !s.stall;
   const phases = document.getElementById("phases");
   if (phases && Array.isArray(s.phases)) {
     phases.replaceChildren(...s.phases.map((p) => {
       const li = document.createElement("li");
       li.textContent = p.label;
       if (p.done) li.className = "done";
+      else if (p.current) li.className = "current";
       return li;
     }));
   }
