@@ -340,7 +340,9 @@ def inputs_from_files(files: Mapping[str, str]) -> Inputs:
     for path, text in sorted(files.items()):
         parts = path.split("/")
         if len(parts) == 1 and path.startswith("launch-") and path.endswith(".json"):
-            data = json.loads(text)
+            # The record is the first JSON object; `launches ID` prints its explanation lines
+            # (`compile: …`, `cache miss: …`) after it, on stderr, which a 2>&1 run captures too.
+            data, _ = json.JSONDecoder().raw_decode(text.lstrip())
             if isinstance(data, dict) and "id" in data:
                 records.append(data)
         elif len(parts) == 3 and parts[0] == "runs" and parts[2] == "engine.log":

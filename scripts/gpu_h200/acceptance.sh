@@ -128,7 +128,7 @@ run_step apply-eager 200 90 apply cuda-smollm2-eager --follow
 say "collect"
 "${APP[@]}" launches --json > "$R/launches.json" 2>&1
 for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null); do
-  "${APP[@]}" launches "$id" > "$R/launch-$id.json" 2>&1
+  "${APP[@]}" launches "$id" > "$R/launch-$id.json" 2> "$R/launch-$id.explain.txt"
   mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null
 done
 "${APP[@]}" status --json > "$R/status.json" 2>&1
