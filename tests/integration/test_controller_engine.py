@@ -28,6 +28,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.runtime.process import ProcessRuntime
 from controller.supervisor.engine_key import ENGINE_KEY_ENV
 from tests.integration.controller_harness import (
     ENGINE,
@@ -68,7 +69,10 @@ def _chat(c: Controller, engine: psutil.Process | None = None) -> bool:
     environment, as its own user can). True when one was produced — never judged by the model's
     words (greedy output differs between CPUs, issue 9). `engine`: the engine process, when the
     controller (which knows it) is not running."""
-    key = (engine or _engine_process(c)).environ()[ENGINE_KEY_ENV]
+    # The key's file beside the shim's status (issue 19: never the environment), as the CLI reads it.
+    shim = (engine or _engine_process(c)).ppid()
+    key = ProcessRuntime.engine_key_of(str(shim))
+    assert key is not None and ENGINE_KEY_ENV not in (engine or _engine_process(c)).environ()
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16, "temperature": 0}
     req = urllib.request.Request(

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 from controller.store import Store
@@ -78,13 +79,19 @@ async def test_a_killed_engine_leaves_the_gateway_before_the_next_poll(tmp_path:
         main, _ = ready_pids(wait_for_log(rt, launch.handle, r"READY"))
         await _until(lambda: ("point_to", "http://127.0.0.1:1") in gateway.calls, "the gateway has it")
 
-        # The engine's own door: one key, in the engine's environment only, known to probe and gateway.
-        key = json.loads(env_dump.read_text())[ENGINE_KEY_ENV]
+        # The engine's own door: one key, in its 0600 key file only (issue 19: never the environment,
+        # which vLLM 0.26.0 hashes into its compile key), known to probe and gateway.
+        assert ENGINE_KEY_ENV not in json.loads(env_dump.read_text())
+        key_file = runs / launch.launch_id / KEY_FILE_NAME
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        key = key_from_config(key_file.read_text())
+        assert key is not None
         assert key.startswith("eng_") and prober.keys[-1] == key and gateway.keys[-1] == key
         assert key not in " ".join(psutil.Process(int(launch.handle.ref)).cmdline())
         assert key not in " ".join(psutil.Process(main).cmdline())
         for path in (runs / launch.launch_id).iterdir():
-            assert key not in path.read_text(errors="replace"), path
+            if path.name != KEY_FILE_NAME:
+                assert key not in path.read_text(errors="replace"), path
         assert key not in json.dumps(driver.status())
 
         calls_before = len(gateway.calls)
