@@ -122,6 +122,26 @@ def container_create_kwargs(
     return to_sdk(kwargs)
 
 
+def _key_tar(key: str, folder: str, uid: int, gid: int, numeric: bool, under: str = "") -> bytes:
+    """A tar of `[under/]folder/engine-key.yaml` (`under` created 0755 root when given)."""
+    data = key_config_yaml(key).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        if under:
+            top = tarfile.TarInfo(under)
+            top.type, top.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(top)
+            folder = f"{under}/{folder}"
+        entry = tarfile.TarInfo(folder)
+        entry.type, entry.uid, entry.gid = tarfile.DIRTYPE, uid, gid
+        entry.mode = 0o700 if numeric else 0o755
+        tar.addfile(entry)
+        info = tarfile.TarInfo(f"{folder}/{KEY_FILE_NAME}")
+        info.size, info.mode, info.uid, info.gid = len(data), 0o400 if numeric else 0o444, uid, gid
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _key_of_container(container: Container) -> str | None:
     try:
         stream, _ = container.get_archive(CONTAINER_KEY_PATH)
@@ -296,25 +316,21 @@ class DockerRuntime:
         Engine API's archive upload: no host path to share (the controller may itself run in a
         container), nothing in the environment or `docker inspect`. Owned by the image's user when
         it is numeric, else by root; 0400 — a named user (not resolvable here) gets 0444: inside the
-        container only the engine runs."""
+        container only the engine runs. An image without `/run` (busybox) gets one, 0755 root as
+        everywhere else."""
         user = str(container.attrs.get("Config", {}).get("User") or "0")
         uid_text, _, gid_text = user.partition(":")
         numeric = uid_text.isdigit() and (not gid_text or gid_text.isdigit())
         uid = int(uid_text) if numeric else 0
         gid = int(gid_text) if numeric and gid_text else 0
-        data = key_config_yaml(key).encode()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            folder = tarfile.TarInfo(CONTAINER_KEY_DIR.rsplit("/", 1)[1])
-            folder.type, folder.uid, folder.gid = tarfile.DIRTYPE, uid, gid
-            folder.mode = 0o700 if numeric else 0o755
-            tar.addfile(folder)
-            info = tarfile.TarInfo(f"{folder.name}/{KEY_FILE_NAME}")
-            info.size, info.mode, info.uid, info.gid = len(data), 0o400 if numeric else 0o444, uid, gid
-            tar.addfile(info, io.BytesIO(data))
-        parent = CONTAINER_KEY_DIR.rsplit("/", 1)[0] or "/"
+        parent, name = CONTAINER_KEY_DIR.rsplit("/", 1)
         with self._daemon(f"put the engine key file into {container.name}", pass_not_found=False):
-            if not container.put_archive(parent, buf.getvalue()):
+            try:
+                done = container.put_archive(parent or "/", _key_tar(key, name, uid, gid, numeric))
+            except docker.errors.NotFound:  # no such parent in the image: create it from the root
+                done = container.put_archive(
+                    "/", _key_tar(key, name, uid, gid, numeric, under=parent.strip("/")))
+            if not done:
                 raise RuntimeError_(f"the daemon refused the engine key file for {container.name}")
 
     def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:

@@ -11,6 +11,7 @@ containers other people run on the same daemon are never touched (adoption is fi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ import docker.errors
 import psutil
 import pytest
 
+from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
@@ -38,6 +40,7 @@ from controller.runtime.base import (
 )
 from controller.runtime.docker_rt import DockerRuntime
 from controller.runtime.ports import PortInUse
+from controller.supervisor.engine_key import new_engine_key
 from tests.integration.images import busybox_image
 from tests.integration.runtime_specs import docker_options, docker_spec
 
@@ -314,3 +317,21 @@ def test_a_held_published_port_is_refused_before_any_container(
         with pytest.raises(PortInUse, match=held):
             rt.start(spec, launch_id)
     assert rt.client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"}) == []
+
+
+def test_the_engine_key_file_reaches_an_image_without_run_and_only_the_engine_sees_it(
+    rt: DockerRuntime, image: str, made: Tracker,
+) -> None:
+    """Issue 19: the key is a vLLM config file put into the created container (never the
+    environment). busybox has no /run: the runtime creates it (the compose suite's exits-at-once
+    image failed to start before)."""
+    key = new_engine_key()
+    spec = busybox_spec(image, f"cat {CONTAINER_KEY_PATH}; ls -ln {CONTAINER_KEY_PATH}; sleep 300")
+    handle = rt.start(spec, made.launch_id(), key)
+    made.container_ids.append(handle.ref)
+    text = wait_for_log(rt, handle, "engine-key.yaml")
+    assert f"api-key: {key}" in text and "-r--------" in text  # 0400, root (busybox runs as root)
+    assert rt.read_engine_key(handle) == key
+    attrs = rt.client.api.inspect_container(handle.ref)
+    assert key not in json.dumps(attrs)  # not in Env, Cmd, Labels: only in the container's file
+    assert attrs["Config"]["Cmd"][-2:] == ["--config", CONTAINER_KEY_PATH]
