@@ -51,13 +51,18 @@ class Daemon:
         """Our process if it is alive (and really ours: same create time and command line)."""
         try:
             data = json.loads(self.pid_file.read_text())
+            if not isinstance(data, dict):
+                # A bare number (written by hand, or by another tool) proves nothing about whose
+                # process it is: never signal it (processes are stopped by a PID we can prove ours).
+                return None
             proc = psutil.Process(int(data["pid"]))
             if abs(proc.create_time() - float(data["create_time"])) > CREATE_TIME_TOLERANCE_S:
                 return None
             if proc.status() == psutil.STATUS_ZOMBIE or _settled_cmdline(proc) not in (data["argv"], []):
                 return None
             return proc
-        except (FileNotFoundError, ValueError, KeyError, psutil.NoSuchProcess, psutil.AccessDenied):
+        except (FileNotFoundError, ValueError, KeyError, TypeError,
+                psutil.NoSuchProcess, psutil.AccessDenied):
             return None
 
     def start(self, argv: list[str], env: dict[str, str]) -> psutil.Process:

@@ -63,6 +63,18 @@ def test_a_pid_file_pointing_at_someone_elses_process_is_not_ours(tmp_path: Path
     assert d.stop() is False  # and nothing was signalled
 
 
+@pytest.mark.parametrize("text", ["4242\n", "[4242]", "null", '"4242"'])
+def test_a_pid_file_without_an_identity_is_not_ours_and_down_does_not_crash(
+    tmp_path: Path, text: str,
+) -> None:
+    """Hardening 2 (item 4): `appliance down` crashed (TypeError) on a pid file holding a bare number."""
+    d = Daemon("controller", tmp_path / "run", tmp_path / "logs")
+    d.run_dir.mkdir(parents=True)
+    d.pid_file.write_text(text)
+    assert d.process() is None
+    assert d.stop() is False  # nothing was signalled: a bare PID proves nothing about whose it is
+
+
 def test_up_creates_a_token_once_and_stores_only_its_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
