@@ -84,6 +84,20 @@ def _dtype_auto(r: Recipe) -> list[Finding]:
                          "27B model")]
 
 
+def _bf16_gfx906(r: Recipe) -> list[Finding]:
+    """The seed's hard rule on gfx906 is float16, always: the Z100 has no bf16 instructions and bf16
+    prints garbage on the 27B model (DOMAIN §1, §2). Hardening 2 (item 20): lint accepted it."""
+    if r.platform is not Platform.GFX906:
+        return []
+    values = {r.engine.dtype, *_flag_values(r, "--dtype")}
+    if not values & {"bfloat16", "bf16"}:
+        return []
+    return [Finding(rule="dtype-bf16-gfx906", severity="error", field="engine.dtype",
+                    message="dtype bfloat16 on gfx906: use float16",
+                    fact="DOMAIN §1/§2: gfx906 has no bf16 instructions; bf16 prints garbage on the "
+                         "27B model")]
+
+
 def _debug_logging(r: Recipe) -> list[Finding]:
     if (_env(r, "VLLM_LOGGING_LEVEL") or "").upper() != "DEBUG":
         return []
@@ -321,12 +335,13 @@ def _flag_values(r: Recipe, flag: str) -> list[str]:
 
 
 _RULES: tuple[Rule, ...] = (
-    _dtype_auto, _debug_logging, _devices, _cache_root, _forbidden_env, _attention_backend,
+    _dtype_auto, _bf16_gfx906, _debug_logging, _devices, _cache_root, _forbidden_env, _attention_backend,
     _custom_all_reduce, _runtime_rules, _default_full_graph, _graph_budget, _pinned_memlock,
     _torch_first, _gfx906_env, _int8_sdot4_off, _mem_available_bar, _reproducibility, _cgroup_limit,
 )
 RULE_IDS = (
-    "dtype-auto", "debug-logging", "gpu-devices-unpinned", "devices-fewer-than-tp", "devices-in-env",
+    "dtype-auto", "dtype-bf16-gfx906", "debug-logging", "gpu-devices-unpinned", "devices-fewer-than-tp",
+    "devices-in-env",
     "cache-root-missing", "cache-root-unstable", "forbidden-env", "attention-backend-gfx906",
     "custom-all-reduce-gfx906", "default-full-graph-gfx906",
     "ready-budget-default-graph", "pinned-memory-memlock", "no-torch-first-wrapper", "gfx906-env",

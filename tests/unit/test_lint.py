@@ -40,6 +40,8 @@ FIRES: list[Case] = [
     ("dtype-auto", C, lambda r: with_changes(r, engine__dtype="auto"), "error"),
     ("dtype-auto", "cuda-generic", lambda r: with_changes(r, engine__dtype="auto"), "warning"),
     ("dtype-auto", C, lambda r: with_changes(r, engine__extra_args=("--dtype", "auto")), "error"),
+    ("dtype-bf16-gfx906", C, lambda r: with_changes(r, engine__dtype="bfloat16"), "error"),
+    ("dtype-bf16-gfx906", C, lambda r: with_changes(r, engine__extra_args=("--dtype=bfloat16",)), "error"),
     ("debug-logging", C, lambda r: set_env(r, VLLM_LOGGING_LEVEL="DEBUG"), "error"),
     ("debug-logging", "cpu-smollm2", lambda r: set_env(r, VLLM_LOGGING_LEVEL="debug"), "error"),
     ("gpu-devices-unpinned", C, lambda r: with_changes(r, devices=None), "error"),
