@@ -54,7 +54,10 @@ class Client:
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.read(), dict(resp.headers)
+                # Lower-case names: HTTP header names are case-insensitive and uvicorn sends them
+                # lower-case (`dict(resp.headers)` kept the wire's case, so `X-Next-Offset` was never
+                # found and `logs -f` printed the whole log again every second).
+                return resp.read(), {k.lower(): v for k, v in resp.headers.items()}
         except urllib.error.HTTPError as exc:
             raw = exc.read().decode(errors="replace")
             try:

@@ -568,7 +568,7 @@ def logs(
     text = ""
     while True:  # read what is there (the API hands out at most 4 MiB per call)
         chunk, headers = _call(client.text, f"/launches/{launch_id}/log?offset={offset}")
-        next_offset = int(headers.get("X-Next-Offset", offset))
+        next_offset = int(headers.get("x-next-offset", offset))
         text += chunk
         if next_offset == offset or not chunk:
             break
@@ -579,6 +579,6 @@ def logs(
     while follow:
         time.sleep(1.0)
         chunk, headers = _call(client.text, f"/launches/{launch_id}/log?offset={offset}")
-        offset = int(headers.get("X-Next-Offset", offset))
+        offset = int(headers.get("x-next-offset", offset))
         if chunk:
             typer.echo(chunk, nl=False)

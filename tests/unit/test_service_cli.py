@@ -142,3 +142,32 @@ def test_a_controller_whose_supervision_stalled_is_still_alive_for_up_and_down()
         server.server_close()
     # Nothing listening: not alive.
     assert not Client(f"http://127.0.0.1:{server.server_port}", timeout_s=5).alive()
+
+
+def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(tmp_path: Path) -> None:
+    """Hardening 2 (item 11): uvicorn sends `x-next-offset`; the client looked up `X-Next-Offset`."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from controller.cli.service_client import Client
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"line\n"
+            self.send_response(200)
+            self.send_header("x-next-offset", "5")  # as uvicorn writes it
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        text, headers = Client(f"http://127.0.0.1:{server.server_address[1]}").text("/launches/L1/log?offset=0")
+        assert text == "line\n" and headers["x-next-offset"] == "5"
+    finally:
+        server.shutdown()
+        server.server_close()
