@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -269,10 +270,18 @@ def _print_where(client: Client, gateway_url: str | None, token: str | None) -> 
         typer.echo(f"test        through the gateway: {json.dumps(answer, ensure_ascii=False)}")
     typer.echo("")
     typer.echo("try it:")
-    typer.echo(f"  curl -s {gateway_url}/v1/chat/completions -H 'Authorization: Bearer {shown_key}' \\")
-    typer.echo(f"       -H 'Content-Type: application/json' -d '{body}'")
+    for line in try_it_lines(gateway_url, shown_key, body):
+        typer.echo(line)
+    typer.echo(f"console     {client.base}/console   (log in with the admin token)")
     if key is None:
-        typer.echo("  (KEY: `appliance keys create --name NAME` prints a new key once)")
+        typer.echo("  (KEY: `appliance keys create --name NAME` prints a new key once; then `export KEY=…`)")
+
+
+def try_it_lines(gateway_url: str, key: str, body: str) -> list[str]:
+    """A curl that works as pasted: the header in double quotes, so `$KEY` expands (in single quotes
+    it did not: a pasted command got 401, hardening 2 item 13); the body quoted for the shell."""
+    return [f'  curl -s {gateway_url}/v1/chat/completions -H "Authorization: Bearer {key}" \\',
+            f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}"]
 
 
 def _first_key_once(client: Client) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import sys
 import threading
 from pathlib import Path
@@ -171,3 +172,15 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_printed_curl_works_as_pasted(tmp_path: Path) -> None:
+    """Hardening 2 (item 13): `$KEY` sat inside single quotes, so the pasted command sent it literally."""
+    import subprocess
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "it's here?"}]})
+    lines = service_cmd.try_it_lines("http://127.0.0.1:8080", "$KEY", body)
+    command = "\n".join(line.strip() for line in lines).replace("curl -s", "printf '%s\\n'", 1)
+    out = subprocess.run(["bash", "-c", command], env={"KEY": "sk-app-xyz", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "Authorization: Bearer sk-app-xyz" in out and body in out
