@@ -206,6 +206,10 @@ class KeyStore:
         """Make a new key. Returns the record and the key itself, which is not stored anywhere."""
         if not name.strip():
             raise KeyStoreError("a key needs a non-empty name")
+        if not name.isprintable():
+            # Hardening 2 (item 9): a name with control characters (an escape sequence) was printed
+            # raw by `appliance keys list`: terminal injection.
+            raise KeyStoreError("a key name must be printable text (no control characters or line breaks)")
         for label, value in (("rpm_limit", rpm_limit), ("max_concurrent", max_concurrent)):
             if value is not None and value < 1:
                 raise KeyStoreError(f"{label} must be at least 1 (or unset for no limit), got {value}")
@@ -228,15 +232,22 @@ class KeyStore:
         return record, key
 
     def list(self, include_revoked: bool = True) -> list[KeyRecord]:
+        """Every key; none when there is no store. A read never creates the store (hardening 2
+        item 7: a deleted store was silently recreated empty by a listing, and clients then got
+        401 instead of the gateway's 503 + Retry-After): only `create` makes one."""
+        if not self.path.exists():
+            return []
         query = "SELECT * FROM keys"
         if not include_revoked:
             query += " WHERE revoked IS NULL"
-        with self._connect() as conn:
+        with self._connect(create=False) as conn:
             rows = conn.execute(query + " ORDER BY created").fetchall()
         return [_row_to_record(r) for r in rows]
 
     def get(self, key_id: str) -> KeyRecord:
-        with self._connect() as conn:
+        if not self.path.exists():
+            raise KeyNotFound(key_id)
+        with self._connect(create=False) as conn:
             row = conn.execute("SELECT * FROM keys WHERE id = ?", (key_id,)).fetchone()
         if row is None:
             raise KeyNotFound(key_id)
@@ -244,9 +255,9 @@ class KeyStore:
 
     def revoke(self, key_id: str) -> KeyRecord:
         """Mark a key revoked (idempotent: a second revoke keeps the first time)."""
-        if not _ID_RE.match(key_id):
+        if not _ID_RE.match(key_id) or not self.path.exists():
             raise KeyNotFound(key_id)
-        with self._connect() as conn:
+        with self._connect(create=False) as conn:
             conn.execute(
                 "UPDATE keys SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), key_id)
             )
@@ -255,7 +266,7 @@ class KeyStore:
     def version(self) -> int:
         """A number that changes whenever any key is added, changed or removed (in this file: compare
         ``identity()`` too, another file can have the same number)."""
-        with self._connect() as conn:
+        with self._connect(create=False) as conn:
             row = conn.execute("SELECT v FROM meta WHERE k = 'version'").fetchone()
         return int(row[0])
 

@@ -37,6 +37,7 @@ def test_keys_are_random_and_listed_without_secrets(tmp_path: Path) -> None:
 
 def test_version_moves_on_every_change(tmp_path: Path) -> None:
     store = KeyStore(tmp_path / "k.db")
+    store.snapshot(create=True)  # the gateway makes the empty store at start; reads never do
     v0 = store.version()
     record, _ = store.create("a")
     v1 = store.version()
@@ -86,7 +87,9 @@ def test_malformed_keys_have_no_id(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "rpm", "conc"), [("", None, None), ("  ", None, None), ("a", 0, None), ("a", None, 0)]
+    ("name", "rpm", "conc"), [("", None, None), ("  ", None, None), ("a", 0, None), ("a", None, 0),
+                              ("evil\x1b[2J", None, None), ("two\nlines", None, None),
+                              ("bell\x07", None, None)]
 )
 def test_create_rejects_bad_input(tmp_path: Path, name: str, rpm: int | None, conc: int | None) -> None:
     with pytest.raises(KeyStoreError):
@@ -121,6 +124,26 @@ def test_a_deleted_store_is_an_error_and_is_not_recreated(tmp_path: Path) -> Non
     with pytest.raises(KeyStoreUnavailable):
         store.version()
     assert not path.exists()  # before: a 0-byte, 0644 file appeared here
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_reads_never_create_the_store(tmp_path: Path, fresh: bool) -> None:
+    """Hardening 2 (item 7): `GET /keys`, the console's Keys page and `appliance keys list` recreated a
+    deleted store, and clients then got 401 instead of the gateway's 503 + Retry-After."""
+    path = tmp_path / "k.db"
+    if not fresh:
+        KeyStore(path).create("a")
+        for p in tmp_path.iterdir():
+            p.unlink()
+    store = KeyStore(path)
+    assert store.list() == [] and store.list(include_revoked=False) == []
+    with pytest.raises(KeyNotFound):
+        store.get("0123456789abcdef")
+    with pytest.raises(KeyNotFound):
+        store.revoke("0123456789abcdef")
+    assert list(tmp_path.iterdir()) == []  # nothing made
+    store.create("b")  # only a create makes one
+    assert [r.name for r in store.list()] == ["b"]
 
 
 def test_identity_tells_a_replaced_file_apart(tmp_path: Path) -> None:
