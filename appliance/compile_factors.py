@@ -156,16 +156,6 @@ def model_digest(files: Iterable[tuple[str, int, float]]) -> str:
     return digest("\n".join(f"{n}\0{s}\0{int(m)}" for n, s, m in sorted(files)))
 
 
-def model_path(argv: Sequence[str]) -> str | None:
-    """The model the engine serves: `--model X`, or the word after `serve`."""
-    for i, arg in enumerate(argv[:-1]):
-        if arg in ("--model", "serve") and not argv[i + 1].startswith("-"):
-            return argv[i + 1]
-        if arg.startswith("--model="):
-            return arg.split("=", 1)[1]
-    return argv[-1].split("=", 1)[1] if argv and argv[-1].startswith("--model=") else None
-
-
 def factors(
     env: Mapping[str, str], argv: Sequence[str], packages: Mapping[str, str],
     image_id: str | None = None, model: str | None = None,

@@ -101,25 +101,16 @@ def _shell_memlock(spec: LaunchSpec, u: Ulimit) -> list[str]:
 
 def vllm_config(spec: LaunchSpec) -> dict[str, Any]:
     """The engine flags of the argv as a vLLM `--config` mapping (flag name without dashes → value)."""
-    args = list(spec.argv)
-    # The launcher part ends at the first long flag (`-c`/`-m` and the code/module are not flags).
-    start = next((i for i, a in enumerate(args) if a.startswith(("--", "-cc."))), len(args))
     config: dict[str, Any] = {}
-    if "serve" in args[:start]:
-        config["model"] = args[args.index("serve") + 1]
-    i = start
-    while i < len(args):
-        flag = args[i]
+    if "serve" in spec.launcher and spec.model is not None:
+        config["model"] = spec.model
+    for flag, *values in spec.flag_groups:
         if flag.startswith("-cc."):
             key, _, value = flag[4:].partition("=")
             config.setdefault("compilation-config", {})[key] = value
-            i += 1
+            if values:  # words after `-cc.k=v` (render writes none): the first read as a key, as before
+                config[values[0].lstrip("-")] = _config_value(values[1:])
             continue
-        values: list[str] = []
-        i += 1
-        while i < len(args) and not args[i].startswith(("--", "-cc.")):
-            values.append(args[i])
-            i += 1
         config[flag.lstrip("-")] = _config_value(values)
     return config
 

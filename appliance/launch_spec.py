@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from appliance import engine_argv
 from appliance.recipe_model import is_env_name
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import LaunchRuntime
@@ -34,6 +35,13 @@ LABEL_SPEC_HASH = "appliance.spec_hash"
 # Environment variables render pins to directories (appliance/render.py): compile caches and, on the
 # CPU, TMPDIR (inductor's C++ precompiled headers).
 CACHE_DIR_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
+# The engine facts a spec carries as typed fields (issue 25 item 2). They are derived: render sets them
+# from the same recipe fields it writes into argv, so argv already says each of them, and the spec
+# hash leaves them out — it hashes what runs, and a launch hashes the same as before they existed
+# (a restarted controller adopts engines by that hash; tests/unit/test_spec_hash_pins.py pins it).
+DERIVED_FIELDS = frozenset({"model", "tensor_parallel_size", "listen"})
+# What the spec hash does not cover: itself, the labels that carry it, and the derived facts.
+HASH_EXCLUDE = frozenset({"spec_hash", "labels"}) | DERIVED_FIELDS
 
 
 class Frozen(BaseModel):
@@ -73,9 +81,19 @@ class LaunchSpec(Frozen):
     )
     labels: dict[str, str] = Field(default_factory=dict)
     restart_policy: Literal["no"] = "no"  # the controller owns restarts
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="Where the controller reaches the engine.")
     port: int
     served_model_name: str
+    # Derived facts (DERIVED_FIELDS): what the renders read instead of parsing argv.
+    model: str | None = Field(
+        default=None, description="The model as the engine is told (`serve MODEL` / `--model MODEL`): "
+        "the recipe's model.path, expanded. Derived: not in the spec hash.")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, description="The recipe's engine.tensor_parallel_size (`--tensor-parallel-size`), "
+        "the number of GPUs. Derived: not in the spec hash.")
+    listen: str | None = Field(
+        default=None, description="The address the engine binds (`--host`); `host` is where it is "
+        "reached. Derived: not in the spec hash.")
     cache_root: str
     ready_budget_s: int
     stall_window_s: int
@@ -103,6 +121,26 @@ class LaunchSpec(Frozen):
                 out[key] = value
         out["runtime"] = sub
         return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_facts(cls, data: Any) -> Any:
+        """A spec built without the derived facts (a launch record written before them, a spec built
+        by hand) gets them from its argv; render always sets them from the recipe."""
+        if not isinstance(data, dict) or "argv" not in data or data.keys() >= DERIVED_FIELDS:
+            return data
+        found = engine_argv.facts_of(tuple(data["argv"]))
+        return {**{k: v for k, v in found.items() if v is not None}, **data}
+
+    @property
+    def launcher(self) -> tuple[str, ...]:
+        """The words of argv before the first flag (`vllm serve MODEL`, `python -c CODE serve MODEL`)."""
+        return engine_argv.split(self.argv)[0]
+
+    @property
+    def flag_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The engine flags after the launcher, each with its values, in argv order."""
+        return engine_argv.split(self.argv)[1]
 
     @property
     def kind(self) -> str:

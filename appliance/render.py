@@ -25,6 +25,7 @@ from typing import Any
 from appliance.cache_key import variant_cache_root
 from appliance.host_facts import UNLIMITED, HostFacts
 from appliance.launch_spec import (
+    HASH_EXCLUDE,
     LABEL_MANAGED,
     LABEL_RECIPE,
     LABEL_SPEC_HASH,
@@ -68,12 +69,13 @@ def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -
     root = cache_root.rstrip("/") if cache_root else variant_cache_root(recipe, facts)
     plugin = runtime_registry.for_recipe(recipe)
     env = render_env(recipe, facts, root)
+    listen = plugin.listen(recipe)
     fields: dict[str, Any] = {
         "recipe": recipe.name,
         "platform": recipe.platform.value,
         "runtime": plugin.render_launch(recipe, facts, root, env),
         "workdir": plugin.workdir(recipe, facts),
-        "argv": engine_argv(recipe, facts, plugin.listen(recipe)),
+        "argv": engine_argv(recipe, facts, listen),
         "source_files": tuple(facts.expand(f) for f in recipe.env.source_files),
         "env": env,
         "ulimits": (Ulimit(name="memlock", soft=UNLIMITED, hard=UNLIMITED),)
@@ -81,13 +83,17 @@ def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -
         "host": plugin.reach(recipe),
         "port": recipe.engine.port,
         "served_model_name": recipe.model.served_name,
+        # The derived facts (launch_spec.DERIVED_FIELDS): the same recipe fields engine_argv writes.
+        "model": facts.expand(recipe.model.path),
+        "tensor_parallel_size": recipe.engine.tensor_parallel_size,
+        "listen": listen,
         "cache_root": root,
         "ready_budget_s": recipe.expect.ready_budget_s,
         "stall_window_s": recipe.expect.stall_window_s,
         "probes": Probes(),
     }
     digest = spec_hash(LaunchSpec.model_validate({**fields, "spec_hash": "-"}).model_dump(
-        mode="json", exclude={"spec_hash", "labels"}))
+        mode="json", exclude=set(HASH_EXCLUDE)))
     labels = {LABEL_MANAGED: "true", LABEL_RECIPE: recipe.name, LABEL_SPEC_HASH: digest}
     return LaunchSpec.model_validate({**fields, "spec_hash": digest, "labels": labels})
 

@@ -26,7 +26,6 @@ from appliance.runtimes.k8s_spec import (
     cluster_target,
     gpu_resource,
     model_path,
-    tensor_parallel_size,
 )
 
 if TYPE_CHECKING:
@@ -35,9 +34,9 @@ if TYPE_CHECKING:
 
 DATA = "/data"  # where the chart mounts `pvcStorage` (and sets HF_HOME)
 CACHE_IN_DATA = f"{DATA}/appliance-cache"
-# Engine flag → (vllmConfig key, type) for the flags the chart has a key for.
+# Engine flag → (vllmConfig key, type) for the flags the chart has a key for (besides TP, which the
+# spec carries as a typed fact: `LaunchSpec.tensor_parallel_size`).
 _MAPPED: dict[str, tuple[str, type]] = {
-    "--tensor-parallel-size": ("tensorParallelSize", int),
     "--dtype": ("dtype", str),
     "--max-model-len": ("maxModelLen", int),
     "--gpu-memory-utilization": ("gpuMemoryUtilization", float),
@@ -45,18 +44,6 @@ _MAPPED: dict[str, tuple[str, type]] = {
 }
 # The chart writes these itself.
 _CHART_OWNS = ("--host", "--port", "--model")
-
-
-def flag_groups(argv: tuple[str, ...]) -> list[list[str]]:
-    """The engine flags after the launcher, each with its values (`--x a b`, `-cc.k=v`)."""
-    start = next((i for i, a in enumerate(argv) if a.startswith(("--", "-cc."))), len(argv))
-    groups: list[list[str]] = []
-    for arg in argv[start:]:
-        if arg.startswith(("--", "-cc.")) or not groups:
-            groups.append([arg])
-        else:
-            groups[-1].append(arg)
-    return groups
 
 
 def split_image(ref: str) -> tuple[str, str]:
@@ -104,14 +91,16 @@ def _cache_path(spec: LaunchSpec, path: str) -> str:
 def helm_values(spec: LaunchSpec, recipe: Recipe | None = None, *,
                 image: str | None = None) -> dict[str, Any]:
     target = cluster_target(spec, image)
-    tp = tensor_parallel_size(spec)
+    tp = spec.tensor_parallel_size
     vllm_config: dict[str, Any] = {}
     extra: list[str] = []
-    for group in flag_groups(spec.argv):
+    for group in spec.flag_groups:
         flag = group[0]
         if flag in _CHART_OWNS:
             continue
-        if flag in _MAPPED and len(group) == 2:
+        if flag == "--tensor-parallel-size":
+            vllm_config["tensorParallelSize"] = tp  # the typed fact, in its place in the argv order
+        elif flag in _MAPPED and len(group) == 2:
             key, cast = _MAPPED[flag]
             vllm_config[key] = cast(group[1])
         elif flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
@@ -205,7 +194,7 @@ def comment_lines(spec: LaunchSpec, recipe: Recipe | None) -> list[str]:
         lines.append(f"# NOT EXPRESSIBLE in the chart: it runs `vllm serve` directly, so the recipe's "
                      f"sourced files ({', '.join(spec.source_files)}) must be baked into the image's "
                      f"environment.")
-    if len(spec.argv) > 2 and spec.argv[1] == "-c":
+    if spec.launcher[1:2] == ("-c",):
         lines.append("# NOT EXPRESSIBLE in the chart: the torch-first wrapper (importing vllm before torch → "
                      "std::bad_alloc, SIGABRT 134, DOMAIN §5); use `render --format k8s` for this recipe.")
     if recipe is not None:

@@ -62,7 +62,6 @@ from appliance.runtimes.k8s_spec import (
     gpu_resource,
     model_path,
     pod_argv,
-    tensor_parallel_size,
 )
 
 if TYPE_CHECKING:
@@ -176,7 +175,7 @@ def _resources(spec: LaunchSpec, target: KubernetesLaunch) -> dict[str, Any]:
     gpu = gpu_resource(spec)
     if gpu is not None:
         # Extended resources are whole cards, limit = request (the scheduler's rule).
-        requests[gpu] = limits[gpu] = tensor_parallel_size(spec)
+        requests[gpu] = limits[gpu] = spec.tensor_parallel_size
     out: dict[str, Any] = {"requests": requests}
     if limits:
         out["limits"] = limits

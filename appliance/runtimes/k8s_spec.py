@@ -1,5 +1,5 @@
 """What the Kubernetes render reads from a LaunchSpec: the cluster options of any spec with an image,
-and the engine facts in its argv (TP, model, listen address). Pure.
+and the engine facts it carries (TP, model; the pod's own listen address). Pure.
 
 `cluster_target` is the one place that reads a runtime sub-model: a kubernetes spec's own, or a container
 spec's image and options, or (with `--image`) a process spec.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from appliance import engine_argv
 from appliance.runtimes.base import FormatError
 from appliance.runtimes.k8s_model import DEFAULT_CACHE, DEFAULT_MODEL, KubernetesLaunch
 
@@ -74,43 +75,24 @@ def docker_size_to_quantity(size: str | None) -> str | None:
 # -- facts read from the common spec -----------------------------------------------------------------
 
 
-def _flag(argv: tuple[str, ...], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def tensor_parallel_size(spec: LaunchSpec) -> int:
-    value = _flag(spec.argv, "--tensor-parallel-size")
-    return int(value) if value is not None else 1
-
-
 def model_path(spec: LaunchSpec) -> str:
-    """The model as the engine is told (`serve MODEL` or `--model MODEL`)."""
-    argv = spec.argv
-    if "serve" in argv and argv.index("serve") + 1 < len(argv):
-        return argv[argv.index("serve") + 1]
-    found = _flag(argv, "--model")
-    if found is None:
+    """The model as the engine is told (`LaunchSpec.model`)."""
+    if spec.model is None:
         raise K8sRenderError(f"recipe '{spec.recipe}': no model in the engine's argv")
-    return found
+    return spec.model
 
 
 def pod_argv(spec: LaunchSpec, image_given: bool) -> tuple[str, ...]:
     """The engine's command in the pod. Two rewrites, both forced by the pod: `--host` becomes 0.0.0.0
     (the kubelet probes and the Service reach the pod IP; bound to 127.0.0.1 they get `connection
     refused`, DOMAIN §5), and a process recipe's host interpreter becomes the image's `python`."""
-    argv = list(spec.command())
     python = spec.runtime.engine_python()
+    launcher = spec.launcher
     if image_given and python is not None:
-        argv = ["python" if a == python else a for a in argv]
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--host":
-            argv[i + 1] = ANY_ADDRESS
-    return tuple(argv)
+        launcher = tuple("python" if a == python else a for a in launcher)
+    groups = [(flag, ANY_ADDRESS, *rest[1:]) if flag == "--host" and rest else (flag, *rest)
+              for flag, *rest in spec.flag_groups]
+    return spec.model_copy(update={"argv": engine_argv.join(launcher, groups)}).command()
 
 
 def gpu_resource(spec: LaunchSpec) -> str | None:

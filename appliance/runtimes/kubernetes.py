@@ -58,7 +58,6 @@ from appliance.runtimes.k8s_spec import (
     K8sRenderError,
     cluster_target,
     gpu_resource,
-    tensor_parallel_size,
 )
 
 if TYPE_CHECKING:
@@ -130,7 +129,7 @@ def k8s_text(spec: LaunchSpec, recipe: Recipe | None, *, image: str | None = Non
         f"# Apply after creating the Secret '{key_secret_name(spec)}' with key {KEY_FILE_NAME} "
         "(a vLLM config file, 'api-key: KEY') "
         f"(the appliance's Kubernetes runtime does both).",
-        f"# GPUs: {tensor_parallel_size(spec)} × {gpu_resource(spec)}." if gpu_resource(spec) else
+        f"# GPUs: {spec.tensor_parallel_size} × {gpu_resource(spec)}." if gpu_resource(spec) else
         "# GPUs: none (a CPU recipe).",
         f"# Start-up: the startup probe allows {budget} s ≥ the ready budget {spec.ready_budget_s} s "
         f"(the controller judges a slow start first).",

@@ -32,7 +32,6 @@ from appliance.compile_factors import (
     factors,
     hash_dir,
     model_digest,
-    model_path,
     root_warnings,
 )
 from appliance.host_facts import HostFacts
@@ -92,7 +91,7 @@ def model_files(root: Path) -> list[tuple[str, int, float]] | None:
 def launch_factors(spec: LaunchSpec, secret_env: Mapping[str, str], prov: Provenance) -> CompileFactors:
     """The engine's whole environment (the secret one included: hashed, the VLLM_API_KEY bug was
     exactly there), argv, build and model files."""
-    model = model_path(spec.argv)
+    model = spec.model
     files = None if model is None or caches_elsewhere(spec) else model_files(Path(to_host(model, spec)))
     return factors({**spec.env, **secret_env}, spec.argv, prov.packages, prov.image_id,
                    model_digest(files) if files is not None else None)

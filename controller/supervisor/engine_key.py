@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 
+from appliance.engine_argv import flag_value
 from appliance.launch_spec import LaunchSpec
 
 ENGINE_KEY_ENV = "VLLM_API_KEY"
@@ -29,13 +30,8 @@ def new_engine_key() -> str:
 
 def recipe_key(spec: LaunchSpec) -> str | None:
     """A key the recipe itself sets (its env, or `--api-key` in argv, which vLLM prefers)."""
-    argv = list(spec.argv)
-    for i, arg in enumerate(argv):
-        if arg == _API_KEY_FLAG and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(_API_KEY_FLAG + "="):
-            return arg.split("=", 1)[1]
-    return spec.env.get(ENGINE_KEY_ENV) or None
+    own = flag_value(spec.argv, _API_KEY_FLAG)  # never a typed field: the key stays in argv alone
+    return own if own is not None else spec.env.get(ENGINE_KEY_ENV) or None
 
 
 def launch_key(spec: LaunchSpec) -> tuple[str, str | None]:

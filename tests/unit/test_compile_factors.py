@@ -19,7 +19,6 @@ from appliance.compile_factors import (
     flag_factors,
     hash_dir,
     model_digest,
-    model_path,
 )
 from appliance.log_phases import track_text
 
@@ -77,11 +76,7 @@ def test_no_secret_value_appears_in_the_factors() -> None:
     assert f.versions == {"torch": "2.9.0", "vllm": "0.26.0"}
 
 
-def test_model_path_and_digest() -> None:
-    assert model_path(ARGV) == "/m"
-    assert model_path(("python", "-m", "x", "--model", "/n", "--dtype", "auto")) == "/n"
-    assert model_path(("python", "--model=/o")) == "/o"
-    assert model_path(("python",)) is None
+def test_model_digest() -> None:
     a = model_digest([("config.json", 10, 1.0), ("w.safetensors", 99, 2.0)])
     assert a == model_digest([("w.safetensors", 99, 2.9), ("config.json", 10, 1.0)])  # order, sub-second
     assert a != model_digest([("config.json", 10, 1.0), ("w.safetensors", 98, 2.0)])

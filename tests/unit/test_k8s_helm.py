@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from appliance.render import render
 from appliance.runtimes import kubernetes as k8s
-from appliance.runtimes.k8s_helm import flag_groups, split_image
+from appliance.runtimes.k8s_helm import split_image
 from appliance.runtimes.k8s_helm_model import HelmValues
 from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
 
@@ -79,12 +79,10 @@ def test_what_the_chart_cannot_carry_is_said() -> None:
     assert "[k8s-memlock]" in text
 
 
-def test_split_image_and_flag_groups() -> None:
+def test_split_image() -> None:
     assert split_image("z100-vllm:dtk2604-gfx906") == ("z100-vllm", "dtk2604-gfx906")
     assert split_image("reg:5000/a/b") == ("reg:5000/a/b", "latest")
     assert split_image("reg:5000/a/b:t@sha256:" + "0" * 64) == ("reg:5000/a/b", "t@sha256:" + "0" * 64)
-    assert flag_groups(("vllm", "serve", "m", "--a", "1", "2", "--b", "-cc.x=y")) == [
-        ["--a", "1", "2"], ["--b"], ["-cc.x=y"]]
 
 
 def test_every_optional_chart_key_the_render_writes_is_in_the_model() -> None:
