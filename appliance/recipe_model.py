@@ -4,7 +4,7 @@ Pure: pydantic v2 models only. A recipe is frozen and rejects unknown keys, so a
 is an error naming the field instead of a silently ignored setting (one missing variable costs an
 afternoon, DOMAIN §2 "missing one causes trouble").
 
-Facts behind the fields are cited as DOMAIN §n / S<step> (see shared/DOMAIN.md).
+Facts behind the fields are cited as DOMAIN §n / S<step> (see docs/domain.md).
 """
 
 from __future__ import annotations
