@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import secrets
 
+from appliance.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
 from appliance.launch_spec import LaunchSpec
 
-ENGINE_KEY_ENV = "VLLM_API_KEY"
 _API_KEY_FLAG = "--api-key"
 
 
