@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from appliance import engine_argv
+
+# Re-exported: render and the runtimes take the labels from here too.
+from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
+from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
+from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
+from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from appliance.recipe_model import is_env_name
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import LaunchRuntime
@@ -25,13 +31,6 @@ if TYPE_CHECKING:
 else:
     RuntimeLaunch = runtime_registry.launch_union()
 
-# Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
-# Defined here because render writes them and `appliance` may not import `controller`;
-# controller/runtime/base.py must keep the same strings.
-LABEL_MANAGED = "appliance.managed"
-LABEL_LAUNCH_ID = "appliance.launch_id"
-LABEL_RECIPE = "appliance.recipe"
-LABEL_SPEC_HASH = "appliance.spec_hash"
 # Environment variables render pins to directories (appliance/render.py): compile caches and, on the
 # CPU, TMPDIR (inductor's C++ precompiled headers).
 CACHE_DIR_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")

@@ -262,8 +262,8 @@ def _gfx906_env(r: Recipe) -> list[Finding]:
             got = "missing" if value is None else f"is {value!r}"
             out.append(Finding(rule="gfx906-env", severity="error", field=f"env.vars.{name}",
                                message=f"{name} {got}" + (f"; set it to {wanted!r}" if wanted else ""),
-                               fact="DOMAIN §2 / seed 000 chapter 一 §8: the must-export environment — missing one causes "
-                                    "trouble"))
+                               fact="DOMAIN §2 / seed 000 chapter 一 §8: the must-export environment — "
+                                    "missing one causes trouble"))
     for path in _GFX906_SOURCES:
         if path not in r.env.source_files:
             out.append(Finding(rule="gfx906-env", severity="error", field="env.source_files",

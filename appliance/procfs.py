@@ -1,7 +1,7 @@
 """Parsers of the memory files the host watch reads. Pure: text in, frozen models out.
 
-What an operator must watch on these hosts (DOMAIN §3, seed 000 chapter 一 §8): `MemAvailable` and its minimum over
-a run, `/proc/swaps` and the swap peak, `vm.swappiness`, memory pressure (PSI), per-process
+What an operator must watch on these hosts (DOMAIN §3, seed 000 chapter 一 §8): `MemAvailable` and its
+minimum over a run, `/proc/swaps` and the swap peak, `vm.swappiness`, memory pressure (PSI), per-process
 `RssAnon` of the engine's processes (`/proc/<pid>/smaps_rollup`), and the container's cgroup OOM
 counters (`memory.events` on cgroup v2, `memory.oom_control` on v1).
 

@@ -22,6 +22,8 @@ import re
 import secrets
 from pathlib import Path
 
+from appliance import settings
+
 HASH_ENV = "APPLIANCE_ADMIN_TOKEN_SHA256"
 TOKEN_ENV = "APPLIANCE_ADMIN_TOKEN"
 HASH_FILE = "admin-token.sha256"
@@ -43,7 +45,7 @@ def hash_file(home: Path) -> Path:
 
 def configured_hash(home: Path) -> str | None:
     """The admin token's hash, or None when no admin token is configured (mutations refused)."""
-    explicit = os.environ.get(HASH_ENV, "").strip().lower()
+    explicit = settings.current().admin_token_sha256
     if explicit:
         if not _HEX64.match(explicit):
             raise ValueError(f"{HASH_ENV} must be 64 hex characters (a sha256), not {len(explicit)}")

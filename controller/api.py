@@ -38,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact as redact_keys
-from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_loader import RecipeError
 from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
+from controller.catalogue import load_failed
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
@@ -137,7 +138,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         except UnknownRecipe as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launchable recipe named {name!r}") from exc
         except RecipeError as exc:
-            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"recipes do not load: {exc}") from exc
+            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, load_failed(exc)) from exc
 
     @app.get("/healthz", tags=["meta"], responses={503: {"description": "supervision has stopped"}})
     async def healthz() -> JSONResponse:
@@ -157,9 +158,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/recipes", tags=["recipes"], response_model=list[RecipeSummary])
     async def list_recipes() -> list[RecipeSummary]:
         try:
-            recipes = await asyncio.to_thread(load_recipes, preflight.recipes_dir)
+            recipes = await asyncio.to_thread(preflight.catalogue.load)
         except RecipeError as exc:
-            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, f"recipes do not load: {exc}") from exc
+            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, load_failed(exc)) from exc
         return [
             RecipeSummary(
                 name=r.name, description=r.description.strip(), platform=r.platform.value,
@@ -188,7 +189,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         # Issue 19 item 6: a cache root not writable, gone since a launch used it, or shared.
         warnings = [] if spec is None else await asyncio.to_thread(
             lambda: compile_cache.plan_warnings(
-                spec, compile_cache.other_variants(load_recipes(preflight.recipes_dir), report.facts, spec),
+                spec, compile_cache.other_variants(preflight.catalogue.load(), report.facts, spec),
                 store.earlier_on_root("", spec.cache_root)))
         return {
             "recipe": name,

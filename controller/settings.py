@@ -1,4 +1,5 @@
-"""Where the appliance keeps its state, and the knobs an operator sets through the environment.
+"""Where the appliance keeps its state, and the knobs an operator sets through the environment
+(every APPLIANCE_* variable is a field of appliance.settings.Settings, re-exported here).
 
 One place decides the data directory so that the engine environment, the model cache, the launch
 store, the key store and the compile caches all land under the same root (and survive a
@@ -7,18 +8,19 @@ controller restart or a fresh clone of the code).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+# The APPLIANCE_* variables themselves (names, types, defaults, meanings) are appliance/settings.py,
+# re-exported here for the controller.
+from appliance.settings import Settings as Settings
+from appliance.settings import SettingsError as SettingsError
+from appliance.settings import current as current
+
 
 def default_home() -> Path:
-    explicit = os.environ.get("APPLIANCE_HOME")
-    if explicit:
-        return Path(explicit)
-    if os.geteuid() == 0:
-        return Path("/var/lib/appliance")
-    return Path.home() / ".local" / "share" / "appliance"
+    """$APPLIANCE_HOME, else the rule in appliance/settings.py (root: /var/lib/appliance)."""
+    return current().appliance_home()
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,9 @@ def paths() -> Paths:
 
 def recipes_dir() -> Path:
     """The recipe directory: $APPLIANCE_RECIPES, else the `recipes/` folder beside the code."""
-    explicit = os.environ.get("APPLIANCE_RECIPES")
-    if explicit:
-        return Path(explicit)
+    explicit = current().recipes
+    if explicit is not None:
+        return explicit
     return Path(__file__).resolve().parent.parent / "recipes"
 
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from appliance import settings
 from appliance.host_facts import (
     GPU_VENDORS,
     Gpu,
@@ -36,11 +37,8 @@ class HostFactsError(RuntimeError):
 
 
 def default_appliance_home() -> Path:
-    """Same rule as controller.settings.default_home (host_setup may not import controller)."""
-    explicit = os.environ.get("APPLIANCE_HOME")
-    if explicit:
-        return Path(explicit)
-    return Path("/var/lib/appliance") if os.geteuid() == 0 else Path.home() / ".local" / "share" / "appliance"
+    """$APPLIANCE_HOME, else the rule in appliance/settings.py (as controller.settings.default_home)."""
+    return settings.current().appliance_home()
 
 
 def gather_facts(root: Path = Path("/"), appliance_home: Path | None = None) -> HostFacts:

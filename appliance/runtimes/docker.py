@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field
 
+from appliance.engine_names import LABEL_LAUNCH_ID, LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH
 from appliance.engine_secret import CONTAINER_KEY_PATH, with_key_config
 from appliance.runtimes.base import (
     Format,
@@ -55,11 +56,6 @@ if TYPE_CHECKING:
 LOOPBACK = "127.0.0.1"
 CONTAINER_PREFIX = "appliance-"
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# Labels the appliance puts on every engine (appliance/launch_spec.py holds the same strings).
-_LABEL_MANAGED = "appliance.managed"
-_LABEL_LAUNCH_ID = "appliance.launch_id"
-_LABEL_RECIPE = "appliance.recipe"
-_LABEL_SPEC_HASH = "appliance.spec_hash"
 
 
 class DockerRuntime(RuntimeSection):
@@ -136,10 +132,10 @@ def engine_labels(spec: LaunchSpec, launch_id: str) -> dict[str, str]:
     """The spec's labels plus the appliance's own (by which the runtime's `adopt()` finds it again)."""
     return {
         **spec.labels,
-        _LABEL_MANAGED: "true",
-        _LABEL_LAUNCH_ID: launch_id,
-        _LABEL_RECIPE: spec.recipe,
-        _LABEL_SPEC_HASH: spec.spec_hash,
+        LABEL_MANAGED: "true",
+        LABEL_LAUNCH_ID: launch_id,
+        LABEL_RECIPE: spec.recipe,
+        LABEL_SPEC_HASH: spec.spec_hash,
     }
 
 

@@ -11,15 +11,16 @@ import hashlib
 import re
 from typing import TYPE_CHECKING
 
+# Re-exported: the kubernetes plug-in and its callers take them from here.
+from appliance.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
+from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
+from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
+from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
+from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
+
 if TYPE_CHECKING:
     from appliance.launch_spec import LaunchSpec
 
-# Kept equal to appliance/launch_spec.py's constants (a plug-in may not import it at import time).
-LABEL_MANAGED = "appliance.managed"
-LABEL_LAUNCH_ID = "appliance.launch_id"
-LABEL_RECIPE = "appliance.recipe"
-LABEL_SPEC_HASH = "appliance.spec_hash"
-ENGINE_KEY_ENV = "VLLM_API_KEY"  # controller/supervisor/engine_key.py
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
 def dns_label(text: str, max_len: int = 63) -> str:

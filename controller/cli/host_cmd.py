@@ -28,8 +28,9 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_loader import RecipeError
 from appliance.recipe_model import Recipe
+from controller.catalogue import Catalogue
 from controller.settings import paths, recipes_dir
 from host_setup import acs as acs_mod
 from host_setup.commands import Commands, HostContext, SubprocessCommands
@@ -156,15 +157,10 @@ def _need_root(root: HostRoot, verb: str) -> None:
 
 
 def _recipe(name: str) -> Recipe:
-    recipes = load_recipes(recipes_dir())
-    if name not in recipes:
-        raise RecipeError(
-            f"no recipe named '{name}' in {recipes_dir()}; known: {', '.join(sorted(recipes))}",
-            rule="unknown-recipe",
-        )
-    if recipes[name].abstract:
+    recipe = Catalogue(recipes_dir()).named(name)
+    if recipe.abstract:
         raise BadInput(f"'{name}' is an abstract base recipe (abstract: true); use a recipe that extends it")
-    return recipes[name]
+    return recipe
 
 
 def _sysctl_args(values: list[str] | None) -> dict[str, str]:

@@ -7,7 +7,6 @@ token from $APPLIANCE_ADMIN_TOKEN). A key is printed once, at creation; only its
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from appliance import settings
 from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import paths
 
@@ -35,7 +35,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 
 
 def _api(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    token = os.environ.get(ADMIN_TOKEN_CLIENT_ENV)
+    token = settings.current().admin_token
     if not token:
         raise typer.BadParameter(
             f"--api needs the admin token in ${ADMIN_TOKEN_CLIENT_ENV}", param_hint="--api"

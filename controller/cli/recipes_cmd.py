@@ -18,16 +18,17 @@ import typer
 import yaml
 
 from appliance.admission import Admission, admit
-from appliance.cache_key import cache_key, cache_key_inputs
+from appliance.cache_key import cache_key
 from appliance.formats import FORMATS, FormatError, format_spec
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.lint import Finding, has_errors, lint
-from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_loader import RecipeError
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import Placement
 from appliance.runtimes.kubernetes import render_with_image
+from controller.catalogue import Catalogue
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root
 from controller.supervisor import compile_cache
@@ -61,15 +62,11 @@ def _bad_input() -> Iterator[None]:
 
 
 def _recipes() -> dict[str, Recipe]:
-    return load_recipes(recipes_dir())
+    return Catalogue(recipes_dir()).load()
 
 
 def _get(name: str) -> Recipe:
-    recipes = _recipes()
-    if name not in recipes:
-        raise RecipeError(f"no recipe named '{name}' in {recipes_dir()}; known: {', '.join(sorted(recipes))}",
-                          rule="unknown-recipe")
-    return recipes[name]
+    return Catalogue(recipes_dir()).named(name)
 
 
 def _facts(host_root: Path) -> HostFacts:
@@ -162,27 +159,16 @@ def _finding_line(f: Finding) -> str:
 def diff_cmd(a: str, b: str, as_json: JsonOpt = False) -> None:
     """Field-by-field difference of two merged recipes, and whether they share a compile cache."""
     with _bad_input():
-        ra, rb = _get(a), _get(b)
-    fa, fb = _flatten(ra.model_dump(mode="json")), _flatten(rb.model_dump(mode="json"))
-    changes = [{"field": k, a: fa.get(k), b: fb.get(k)}
-               for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
-    same_cache = cache_key_inputs(ra) == cache_key_inputs(rb)
+        d = Catalogue(recipes_dir()).diff(a, b)
+    changes = [{"field": k, a: va, b: vb} for k, va, vb in d.changes]
+    same_cache = d.same_compile_inputs
     if as_json:
         _print_json({"changes": changes, "same_compile_inputs": same_cache})
         return
     for change in changes:
         typer.echo(f"{change['field']}:\n  - {a}: {change[a]!r}\n  + {b}: {change[b]!r}")
     typer.echo(f"compile inputs: {'identical' if same_cache else 'different'} "
-               f"(cache keys {cache_key(ra)} / {cache_key(rb)})")
-
-
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict) and data:
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: data}
+               f"(cache keys {d.keys[0]} / {d.keys[1]})")
 
 
 def plan_cmd(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from appliance import settings
 from controller.admin_token import TOKEN_ENV
 from controller.settings import CONTROLLER_PORT
 
@@ -27,7 +27,7 @@ API_ENV = "APPLIANCE_API"
 
 
 def api_url(explicit: str | None = None) -> str:
-    return (explicit or os.environ.get(API_ENV) or DEFAULT_API).rstrip("/")
+    return (explicit or settings.current().api or DEFAULT_API).rstrip("/")
 
 
 class ApiError(Exception):
@@ -40,7 +40,7 @@ class ApiError(Exception):
 @dataclass
 class Client:
     base: str
-    token: str | None = field(default_factory=lambda: os.environ.get(TOKEN_ENV))
+    token: str | None = field(default_factory=lambda: settings.current().admin_token)
     timeout_s: float = 30.0
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None,

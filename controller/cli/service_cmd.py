@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
+from appliance import settings
 from controller import admin_token
 from controller.cli.service_client import ApiError, Client, StartView, api_url, eta_phase_line, follow_start
 from controller.daemons import Daemon
@@ -155,7 +156,7 @@ def _ensure_engine(recipe: str) -> None:
 
 def _ensure_token(home: Path) -> str | None:
     """The admin token for this run: from $APPLIANCE_ADMIN_TOKEN, or a new one shown once."""
-    token = os.environ.get(admin_token.TOKEN_ENV)
+    token = settings.current().admin_token
     try:
         configured = admin_token.configured_hash(home)
     except ValueError as exc:

@@ -16,10 +16,9 @@ from urllib.parse import urlsplit
 from markupsafe import Markup
 
 from appliance.admission import admit
-from appliance.cache_key import cache_key, cache_key_inputs
 from appliance.lint import lint
 from appliance.log_phases import PHASE_LABELS, Phase
-from appliance.recipe_loader import load_recipes
+from appliance.recipe_diff import RecipeDiff
 from appliance.recipe_model import Recipe
 from controller import admin_token
 from controller.console import charts
@@ -175,15 +174,6 @@ def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
     }
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict) and data:
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: data}
-
-
 def _phase_label(name: str) -> str:
     try:
         return PHASE_LABELS[Phase(name)]
@@ -287,7 +277,7 @@ class ConsoleData:
     # -- Recipes
 
     def recipe_rows(self) -> list[dict[str, Any]]:
-        recipes = load_recipes(self.ctx.preflight.recipes_dir)
+        recipes = self.ctx.preflight.catalogue.load()
         facts = self.ctx.preflight.facts()
         rows = []
         for r in sorted(recipes.values(), key=lambda r: r.name):
@@ -307,12 +297,8 @@ class ConsoleData:
         return rows
 
     def diff(self, a: str, b: str) -> dict[str, Any]:
-        recipes = load_recipes(self.ctx.preflight.recipes_dir)
-        ra, rb = recipes[a], recipes[b]
-        fa, fb = _flatten(ra.model_dump(mode="json")), _flatten(rb.model_dump(mode="json"))
-        changes = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
-        return {"changes": changes, "same_cache": cache_key_inputs(ra) == cache_key_inputs(rb),
-                "keys": (cache_key(ra), cache_key(rb))}
+        d: RecipeDiff = self.ctx.preflight.catalogue.diff(a, b)
+        return {"changes": d.changes, "same_cache": d.same_compile_inputs, "keys": d.keys}
 
     # -- Launches
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from appliance import settings
 from controller.gateway.slot import NoSlotPolicy
 
 ADMIN_TOKEN_ENV = "APPLIANCE_ADMIN_TOKEN_SHA256"
@@ -75,10 +75,8 @@ class GatewayConfig:
 
     @staticmethod
     def admin_hash_from_env() -> str | None:
-        value = os.environ.get(ADMIN_TOKEN_ENV, "").strip().lower()
-        return value or None
+        return settings.current().admin_token_sha256
 
     @staticmethod
     def metrics_hash_from_env() -> str | None:
-        value = os.environ.get(METRICS_TOKEN_ENV, "").strip().lower()
-        return value or None
+        return settings.current().metrics_token_sha256

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+# Labels every engine launched by the appliance carries (re-exported for the runtimes).
+from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
+from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
+from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
+from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes import registry as runtime_registry
 
 if TYPE_CHECKING:
     from controller.store import Provenance
 
-# Labels every engine launched by the appliance carries (docker labels; the PID file holds the same).
-LABEL_MANAGED = "appliance.managed"
-LABEL_LAUNCH_ID = "appliance.launch_id"
-LABEL_RECIPE = "appliance.recipe"
-LABEL_SPEC_HASH = "appliance.spec_hash"
 
 
 class EngineHandle(BaseModel):

@@ -46,6 +46,7 @@ import requests
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
+from appliance.engine_names import ENGINE_KEY_ENV
 from appliance.engine_secret import CONTAINER_KEY_DIR, CONTAINER_KEY_PATH, KEY_FILE_NAME, key_from_config
 from appliance.engine_secret import config_yaml as key_config_yaml
 from appliance.launch_spec import LaunchSpec
@@ -66,7 +67,7 @@ from controller.runtime.ports import ensure_port_free
 from controller.runtime.registry import RuntimeContext
 from controller.store import Provenance
 
-LEGACY_KEY_ENV = "VLLM_API_KEY"  # where controllers before issue 19 put the key: read back still
+LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where controllers before issue 19 put the key: read back still
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,6 @@ import base64
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -71,6 +70,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
+from appliance import settings
 from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes.k8s_manifests import KEY_VOLUME, engine_key_secret, manifests
@@ -104,7 +104,7 @@ UNSCHEDULABLE_GRACE_ENV = "APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S"
 # Long enough for a cluster autoscaler to add a GPU node (a few minutes on the big clouds), short
 # against a cold start's ready budget (DOMAIN §4: 900 s and more), so the scheduler's words still end
 # a launch that no node will ever take, well before the budget would.
-DEFAULT_UNSCHEDULABLE_GRACE_S = 300.0
+DEFAULT_UNSCHEDULABLE_GRACE_S = settings.DEFAULT_UNSCHEDULABLE_GRACE_S
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 # adopt() runs at controller start: a configured but unreachable cluster must not hold it up.
 ADOPT_TIMEOUT_S = (5.0, 15.0)
@@ -315,7 +315,7 @@ class KubernetesRuntime:
     @property
     def namespace(self) -> str:
         if self._namespace is None:
-            env = os.environ.get(NAMESPACE_ENV)
+            env = settings.current().k8s_namespace
             if env:
                 self._namespace = env
             elif IN_CLUSTER_NAMESPACE.is_file():
@@ -327,15 +327,10 @@ class KubernetesRuntime:
     @property
     def unschedulable_grace_s(self) -> float:
         if self._unschedulable_grace_s is None:
-            raw = os.environ.get(UNSCHEDULABLE_GRACE_ENV)
             try:
-                grace = DEFAULT_UNSCHEDULABLE_GRACE_S if raw is None else float(raw)
-            except ValueError:
-                grace = -1.0
-            if not 0 <= grace < math.inf:
-                raise RuntimeError_(f"kubernetes: {UNSCHEDULABLE_GRACE_ENV}={raw!r} is not a number of "
-                                    "seconds >= 0 (0: an unschedulable pod ends the launch at once)")
-            self._unschedulable_grace_s = grace
+                self._unschedulable_grace_s = settings.current().k8s_unschedulable_grace_s
+            except settings.SettingsError as exc:
+                raise RuntimeError_(f"kubernetes: {exc}") from None
         return self._unschedulable_grace_s
 
     def _exit(self, pods: Sequence[k8s.V1Pod]) -> ExitInfo | None:

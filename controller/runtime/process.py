@@ -44,6 +44,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from appliance.engine_names import ENGINE_KEY_ENV
 from appliance.engine_secret import KEY_FILE_NAME, key_from_config, stable_config_path, with_key_config
 from appliance.engine_secret import config_yaml as key_config_yaml
 from appliance.launch_spec import LaunchSpec
@@ -74,7 +75,7 @@ PROCESS_FILE = "process.json"
 HANDLE_FILE = "handle.json"
 STATUS_FILE = "exit_status.json"
 KEYS_DIR = ".engine-keys"  # under runs_dir: the variants' key files, at stable paths
-LEGACY_KEY_ENV = "VLLM_API_KEY"  # where controllers before issue 19 put the key: read back still
+LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where controllers before issue 19 put the key: read back still
 RUNTIME_TAG = "[appliance-runtime]"
 
 # Used only when neither the spec nor the controller's own environment has them.

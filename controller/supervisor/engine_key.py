@@ -18,9 +18,9 @@ from __future__ import annotations
 import secrets
 
 from appliance.engine_argv import flag_value
+from appliance.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
 from appliance.launch_spec import LaunchSpec
 
-ENGINE_KEY_ENV = "VLLM_API_KEY"
 _API_KEY_FLAG = "--api-key"
 
 

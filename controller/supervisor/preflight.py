@@ -20,11 +20,13 @@ from appliance.admission import Admission, admit
 from appliance.host_facts import HostFacts
 from appliance.launch_spec import LaunchSpec
 from appliance.lint import Finding, lint
-from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_loader import RecipeError
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_spec
+from controller.catalogue import Catalogue
+from controller.catalogue import UnknownRecipe as UnknownRecipe  # re-exported: callers catch it from here
 from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
 from host_setup.facts import HostFactsError, gather_facts
 
@@ -32,8 +34,6 @@ from host_setup.facts import HostFactsError, gather_facts
 Check = Callable[[Recipe, HostFacts], Failure | None]
 
 
-class UnknownRecipe(LookupError):
-    pass
 
 
 def lint_check(recipe: Recipe, facts: HostFacts) -> Failure | None:
@@ -137,11 +137,12 @@ class Preflight:
 
     def recipe(self, name: str) -> Recipe:
         """The launchable recipe called `name` (raises UnknownRecipe or RecipeError)."""
-        recipes = load_recipes(self.recipes_dir)
-        found = recipes.get(name)
-        if found is None or found.abstract:
-            raise UnknownRecipe(name)
-        return found
+        return self.catalogue.launchable(name)
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """The recipe directory this preflight launches from."""
+        return Catalogue(self.recipes_dir)
 
     def facts(self) -> HostFacts:
         return gather_facts(self.facts_root, appliance_home=self.appliance_home)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance import settings
+
 
 @dataclass(frozen=True)
 class GrantCheck:
@@ -122,6 +124,6 @@ def grant_paths_from_env(env: dict[str, str] | None = None) -> GrantPaths:
     e = os.environ if env is None else env
     socket = e.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     return GrantPaths(
-        host_cgroup=Path(e.get("APPLIANCE_HOST_CGROUP", "/sys/fs/cgroup")),
+        host_cgroup=(settings.current() if env is None else settings.Settings.from_environ(env)).host_cgroup,
         docker_socket=Path(socket.removeprefix("unix://")) if socket.startswith("unix://") else None,
     )

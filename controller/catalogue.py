@@ -1,0 +1,59 @@
+"""The recipe catalogue: one way to load the recipe directory, look a recipe up and compare two,
+shared by the admin API (controller/api.py), the console (controller/console/) and the CLI
+(controller/cli/recipes_cmd.py, host_cmd.py), and by the preflight (controller/supervisor/preflight.py).
+
+Loading and its checks are appliance/recipe_loader.py (every problem a `RecipeError`); the diff is
+appliance/recipe_diff.py. What is decided here is what "not found" means for each caller: the CLI
+names any recipe (abstract ones included) and says which exist; the API, the console and the
+preflight only launch a concrete recipe (`UnknownRecipe` otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.recipe_diff import RecipeDiff, diff_recipes
+from appliance.recipe_loader import RecipeError, load_recipes
+from appliance.recipe_model import Recipe
+
+
+class UnknownRecipe(LookupError):
+    """No launchable (present, not abstract) recipe by that name."""
+
+
+def load_failed(exc: RecipeError) -> str:
+    """The one sentence the API gives (HTTP 500) when the recipe directory does not load."""
+    return f"recipes do not load: {exc}"
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    directory: Path
+
+    def load(self) -> dict[str, Recipe]:
+        """Every recipe in the directory, merged (raises RecipeError)."""
+        return load_recipes(self.directory)
+
+    def named(self, name: str) -> Recipe:
+        """The recipe called `name`, abstract or not (RecipeError, rule unknown-recipe, when absent)."""
+        return self._pick(self.load(), name)
+
+    def _pick(self, recipes: dict[str, Recipe], name: str) -> Recipe:
+        if name not in recipes:
+            known = ", ".join(sorted(recipes))
+            raise RecipeError(f"no recipe named '{name}' in {self.directory}; known: {known}",
+                              rule="unknown-recipe")
+        return recipes[name]
+
+    def launchable(self, name: str) -> Recipe:
+        """The launchable recipe called `name` (raises UnknownRecipe or RecipeError)."""
+        found = self.load().get(name)
+        if found is None or found.abstract:
+            raise UnknownRecipe(name)
+        return found
+
+    def diff(self, a: str, b: str) -> RecipeDiff:
+        """Field-by-field difference of recipes `a` and `b` (RecipeError when either is absent)."""
+        recipes = self.load()
+        return diff_recipes(self._pick(recipes, a), self._pick(recipes, b))
