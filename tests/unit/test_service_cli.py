@@ -11,8 +11,9 @@ import pytest
 import typer
 
 from controller import admin_token
+from controller.api_client import Client
 from controller.cli import service_cmd
-from controller.cli.service_client import Client, StartView
+from controller.cli.service_client import StartView
 from controller.daemons import Daemon
 
 
