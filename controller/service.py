@@ -23,7 +23,8 @@ from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
 from appliance.render import RenderError
 from controller import admin_token, logsetup
-from controller.api import AdminGuard, ApiContext, create_app
+from controller.api import AdminGuard, create_app
+from controller.api_context import ApiContext
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics

@@ -19,7 +19,7 @@ LABEL_MANAGED = "appliance.managed"
 LABEL_LAUNCH_ID = "appliance.launch_id"
 LABEL_RECIPE = "appliance.recipe"
 LABEL_SPEC_HASH = "appliance.spec_hash"
-ENGINE_KEY_ENV = "VLLM_API_KEY"  # controller/supervisor/engine_key.py
+ENGINE_KEY_ENV = "VLLM_API_KEY"  # appliance/engine_key.py
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
 def dns_label(text: str, max_len: int = 63) -> str:

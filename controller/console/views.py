@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from markupsafe import Markup
@@ -22,6 +22,7 @@ from appliance.log_phases import PHASE_LABELS, Phase
 from appliance.recipe_loader import load_recipes
 from appliance.recipe_model import Recipe
 from controller import admin_token
+from controller.api_context import ApiContext
 from controller.console import charts
 from controller.gateway import control
 from controller.store import LaunchRecord, redact_spec
@@ -29,9 +30,6 @@ from controller.supervisor.driver import Driver
 from controller.supervisor.gateway_link import ControlGateway, NoGateway
 from controller.supervisor.preflight import PlanReport, UnknownRecipe
 from controller.watch.history import HostHistory, HostPoint
-
-if TYPE_CHECKING:
-    from controller.api import ApiContext
 
 log = logging.getLogger(__name__)
 

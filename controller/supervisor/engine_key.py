@@ -11,31 +11,21 @@ engine left over from an earlier launch has another key and answers 401.
 
 vLLM guards only its OpenAI paths with the key (`/v1`, `/v2`, `/inference`, `/cohere`); `/health`
 and its other non-`/v1` routes stay open on loopback (see README "The engine's own door").
+
+The pure half (the key a recipe brings itself, the bearer header) is appliance/engine_key.py,
+where the runtimes reach it too.
 """
 
 from __future__ import annotations
 
 import secrets
 
+from appliance.engine_key import recipe_key
 from appliance.launch_spec import LaunchSpec
-
-ENGINE_KEY_ENV = "VLLM_API_KEY"
-_API_KEY_FLAG = "--api-key"
 
 
 def new_engine_key() -> str:
     return "eng_" + secrets.token_urlsafe(32)
-
-
-def recipe_key(spec: LaunchSpec) -> str | None:
-    """A key the recipe itself sets (its env, or `--api-key` in argv, which vLLM prefers)."""
-    argv = list(spec.argv)
-    for i, arg in enumerate(argv):
-        if arg == _API_KEY_FLAG and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(_API_KEY_FLAG + "="):
-            return arg.split("=", 1)[1]
-    return spec.env.get(ENGINE_KEY_ENV) or None
 
 
 def launch_key(spec: LaunchSpec) -> tuple[str, str | None]:
@@ -47,7 +37,3 @@ def launch_key(spec: LaunchSpec) -> tuple[str, str | None]:
         return own, None
     key = new_engine_key()
     return key, key
-
-
-def bearer(key: str) -> str:
-    return f"Bearer {key}"

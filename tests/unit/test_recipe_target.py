@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import EngineHandle
-from controller.store import Provenance, Store
+from controller.runtime.base import EngineHandle, Provenance
+from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.preflight import Preflight
 from controller.supervisor.signals import Apply
