@@ -625,7 +625,9 @@ class Driver:
             case DrainGateway():
                 self._spawn(self._drain(action), f"drain {action.launch_id}")
             case SetUpstream():
-                self._spawn(self.gateway_sync.point_to(action.launch_id), "gateway point")
+                point = self.gateway_sync.point_to(action.launch_id, action.base_url,
+                                                   action.served_model_name)
+                self._spawn(point, "gateway point")
             case ClearUpstream():
                 self._spawn(self.gateway_sync.clear(action.retry_after_s, action.reason), "gateway clear")
             case MarkReady():

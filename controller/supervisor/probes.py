@@ -27,14 +27,6 @@ class Prober(Protocol):
         ...
 
 
-def reachable_url(spec: LaunchSpec) -> str:
-    """The URL the controller (on the host) uses: a wildcard bind is reached through loopback."""
-    host = spec.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return f"http://{host}:{spec.port}"
-
-
 class HttpProber:
     """The real prober (aiohttp). One session, created lazily inside the running loop."""
 
@@ -54,7 +46,7 @@ class HttpProber:
             await self._session.close()
 
     async def health(self, spec: LaunchSpec) -> str | None:
-        url = reachable_url(spec) + spec.probes.health_path
+        url = spec.base_url + spec.probes.health_path
         try:
             async with self._s().get(url, timeout=self._health_timeout) as resp:
                 if resp.status == 200:
@@ -65,7 +57,7 @@ class HttpProber:
 
     async def completion(self, spec: LaunchSpec, api_key: str | None = None) -> str | None:
         p = spec.probes
-        url = reachable_url(spec) + p.completion_path
+        url = spec.base_url + p.completion_path
         body: dict[str, Any] = {
             "model": spec.served_model_name,
             "messages": [{"role": "user", "content": p.completion_prompt}],
@@ -79,7 +71,7 @@ class HttpProber:
                 text = await resp.text()
                 if resp.status == 401:
                     # Not this launch's engine (another one holds the port), or a key mismatch.
-                    return (f"POST {p.completion_path} → 401: the engine answering on {reachable_url(spec)} "
+                    return (f"POST {p.completion_path} → 401: the engine answering on {spec.base_url} "
                             "does not accept this launch's key (is another engine on its port?)")
                 if resp.status != 200:
                     return f"POST {p.completion_path} → {resp.status}: {text[:200]}"
