@@ -26,6 +26,7 @@ from controller import admin_token, logsetup
 from controller.api import AdminGuard, create_app
 from controller.api_context import ApiContext
 from controller.evaluation.proof import ready_hook, recipe_expectations
+from controller.gateway.control import ControlGateway
 from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
@@ -33,7 +34,7 @@ from controller.runtime.registry import Unavailable, available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
-from controller.supervisor.gateway_link import ControlGateway, GatewayLink, NoGateway
+from controller.supervisor.gateway_link import GatewayLink, NoGateway
 from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe

@@ -27,7 +27,7 @@ from controller.console import charts
 from controller.gateway import control
 from controller.store import LaunchRecord, redact_spec
 from controller.supervisor.driver import Driver
-from controller.supervisor.gateway_link import ControlGateway, NoGateway
+from controller.supervisor.gateway_link import NoGateway
 from controller.supervisor.preflight import PlanReport, UnknownRecipe
 from controller.watch.history import HostHistory, HostPoint
 
@@ -265,7 +265,7 @@ class ConsoleData:
             up = await gw.current()
             return {"attached": False, "upstream": up.url if up else None, "in_flight": None,
                     "note": "no gateway attached to this controller"}
-        if isinstance(gw, ControlGateway):
+        if isinstance(gw, control.ControlGateway):
             token = admin_token.read_gateway_token(self.ctx.home / "run")
             if token is None:
                 return {"attached": True, "upstream": None, "in_flight": None,

@@ -414,8 +414,8 @@ async def test_the_now_page_shows_a_real_gateways_upstream_and_in_flight(
 
     from controller.gateway import control
     from controller.gateway.config import GatewayConfig
+    from controller.gateway.control import ControlGateway
     from controller.gateway.server import build_server
-    from controller.supervisor.gateway_link import ControlGateway
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
