@@ -173,7 +173,13 @@ class LaunchSpec(Frozen):
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The URL the controller and the gateway (on the host) reach the engine at: a wildcard bind
+        (a bridge container listens on 0.0.0.0 inside, published on loopback) is reached through
+        loopback. The one URL function: probes, status, the gateway's upstream all use it."""
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
 
 
 # Every runtime option an old, flat launch record may carry (see LaunchSpec._migrate_flat_runtime).

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,16 +38,16 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact as redact_keys
 from appliance.recipe_loader import RecipeError
-from controller.api_gate import MAX_BODY_BYTES, AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
+from controller.api_context import ApiContext
+from controller.api_gate import AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
 from controller.catalogue import load_failed
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
 from controller.runtime.base import EngineHandle, RuntimeError_
-from controller.store import LaunchRecord, LaunchSummary, Store, redact_spec
+from controller.store import LaunchRecord, LaunchSummary, redact_spec
 from controller.supervisor import compile_cache
-from controller.supervisor.driver import Driver
-from controller.supervisor.preflight import Preflight, UnknownRecipe
+from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import Apply, Restart, Stop
 
 SSE_HEARTBEAT_S = 15.0
@@ -86,19 +85,6 @@ class RecipeSummary(BaseModel):
     ready_budget_s: int
     warm_restart: bool
     default: bool
-
-
-@dataclass
-class ApiContext:
-    driver: Driver
-    store: Store
-    preflight: Preflight
-    home: Path  # where the admin token's hash file lives
-    default_recipe: str | None = None
-    extra_routers: tuple[Any, ...] = ()  # e.g. keys_router(require_admin)
-    listen_host: str | None = None  # the address the API is bound to: also an accepted Host
-    extra_hosts: tuple[str, ...] = ()  # more accepted Host names (besides loopback, $APPLIANCE_ADMIN_HOSTS)
-    max_body_bytes: int = MAX_BODY_BYTES
 
 
 _BEARER = HTTPBearer(auto_error=False, description="The admin token (its sha256 is configured).")

@@ -80,13 +80,14 @@ from appliance.compile_factors import MissReason
 from appliance.gpu_mem import GpuSample
 from appliance.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
 from appliance.procfs import ProcessMemory
-from controller.supervisor.machine import State
 from controller.watch.sampler import HostSample, Watermarks
 
-# The supervisor's states, from the state machine itself: alert rules and dashboards select these
-# label values (tests/unit/test_monitoring_rules.py checks them against State). Unknown states are
-# added on use.
-ENGINE_STATES = tuple(s.value for s in State)
+# The supervisor's states by name (controller.supervisor.machine.State's values, in its order): alert
+# rules and dashboards select these label values. Names, not the enum: metrics sit below the
+# supervisor, which hands them `state.value`; tests/unit/test_monitoring_rules.py holds this tuple
+# to State. Unknown states are added on use.
+ENGINE_STATES = ("idle", "preflight", "starting", "ready", "draining", "stopping", "backoff", "failed",
+                 "exited")
 CACHE_KINDS = ("cold", "warm")
 COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.log_phases.CacheOutcome values
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.

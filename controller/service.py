@@ -24,8 +24,10 @@ from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
 from appliance.render import RenderError
 from controller import admin_token, logsetup
-from controller.api import AdminGuard, ApiContext, create_app
+from controller.api import AdminGuard, create_app
+from controller.api_context import ApiContext
 from controller.evaluation.proof import ready_hook, recipe_expectations
+from controller.gateway.control import ControlGateway
 from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
@@ -33,14 +35,14 @@ from controller.runtime.registry import Unavailable, available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
-from controller.supervisor.gateway_link import ControlGateway, GatewayLink, NoGateway
+from controller.supervisor.gateway_link import GatewayLink, NoGateway
 from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.probes import HttpProber
 from controller.supervisor.provenance import provenance_for
 from controller.supervisor.signals import Apply
-from controller.supervisor.watch_link import HostWatchLink
+from controller.supervisor.watch_link import EngineView, HostWatchLink
 from controller.watch.recipe_target import recipe_mem_target
 from host_setup.facts import HostFactsError
 
@@ -61,6 +63,12 @@ class ServiceConfig:
     policy: Policy = field(default_factory=Policy)
     driver: DriverConfig = field(default_factory=DriverConfig)
     log_level: str = "info"
+
+
+def engine_view(driver: Driver) -> EngineView:
+    """The host watch's narrow view of the driver (controller/supervisor/watch_link.py)."""
+    return EngineView(launch=lambda: driver.m.launch, state=lambda: driver.m.state,
+                      runtime=driver.runtimes.get, note=driver.note)
 
 
 def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], dict[str, Unavailable]]:
@@ -135,9 +143,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
         metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
     )
-    watch.driver = driver
+    watch.engine = engine_view(driver)
     gpu_watch = GpuWatchLink(store, metrics=metrics)
-    gpu_watch.driver = driver
+    gpu_watch.current_launch = watch.engine.launch
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
     driver.unavailable_runtimes = {kind: gap.reason for kind, gap in missing.items()}
     for note in (*(gap.reason for gap in missing.values() if gap.fault), gateway_note):

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from appliance.launch_spec import LaunchSpec
 from appliance.ready_eta import PastLaunch, start_state
-from controller.runtime.base import EngineHandle, ExitInfo
+from controller.runtime.base import EngineHandle, ExitInfo, Provenance
 from controller.sqlite_db import SqliteDb
 
 REDACTED = "<redacted>"
@@ -261,16 +261,6 @@ class EarlierLaunch(BaseModel):
     recipe: str
     spec_hash: str
     compile_cache: dict[str, Any]
-
-
-class Provenance(BaseModel):
-    """Where the engine came from: an image (docker) or an interpreter and its packages (process)."""
-
-    image: str | None = None
-    image_id: str | None = None
-    image_digest: str | None = None
-    interpreter: str | None = None
-    packages: dict[str, str] = {}
 
 
 _SUMMARY_COLUMNS = (

@@ -1,4 +1,5 @@
-"""The CLI's side of the controller API: JSON calls, the event stream, and the start-up display.
+"""The CLI's side of the controller API: the event stream and the start-up display (the JSON
+calls and their client are controller/api_client.py, shared with the evaluation's controls).
 
 An engine start takes 90 s here and up to 30 minutes on the reference host; the display says
 where it is (phase, fraction of the ready budget used) on every phase change and at least every
@@ -10,85 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from appliance import settings
-from controller.admin_token import TOKEN_ENV
-from controller.settings import CONTROLLER_PORT
-
-DEFAULT_API = f"http://127.0.0.1:{CONTROLLER_PORT}"
-API_ENV = "APPLIANCE_API"
-
-
-def api_url(explicit: str | None = None) -> str:
-    return (explicit or settings.current().api or DEFAULT_API).rstrip("/")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int | None, detail: str) -> None:
-        super().__init__(f"{status}: {detail}" if status else detail)
-        self.status = status
-        self.detail = detail
-
-
-@dataclass
-class Client:
-    base: str
-    token: str | None = field(default_factory=lambda: settings.current().admin_token)
-    timeout_s: float = 30.0
-
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
-                 auth: bool = False) -> tuple[bytes, dict[str, str]]:
-        headers = {"Content-Type": "application/json"}
-        if auth:
-            if not self.token:
-                raise ApiError(None, f"needs the admin token in ${TOKEN_ENV} (`appliance up` shows it once)")
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                # Lower-case names: HTTP header names are case-insensitive and uvicorn sends them
-                # lower-case (`dict(resp.headers)` kept the wire's case, so `X-Next-Offset` was never
-                # found and `logs -f` printed the whole log again every second).
-                return resp.read(), {k.lower(): v for k, v in resp.headers.items()}
-        except urllib.error.HTTPError as exc:
-            raw = exc.read().decode(errors="replace")
-            try:
-                detail = json.loads(raw).get("detail", raw)
-            except (ValueError, AttributeError):
-                detail = raw
-            raise ApiError(exc.code, detail if isinstance(detail, str) else json.dumps(detail)) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError(None, f"cannot reach the controller at {self.base}: {reason}") from exc
-
-    def get(self, path: str) -> Any:
-        return json.loads(self._request("GET", path)[0])
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return json.loads(self._request("POST", path, body, auth=True)[0])
-
-    def text(self, path: str) -> tuple[str, dict[str, str]]:
-        raw, headers = self._request("GET", path)
-        return raw.decode(errors="replace"), headers
-
-    def alive(self) -> bool:
-        """A controller answers on this port. Any HTTP answer counts: /healthz is 503 while the
-        controller's supervision has stalled, and that controller is still there — `up` must not
-        start a second one on its port, and `down` must still ask it to stop the engine."""
-        try:
-            self.get("/healthz")
-        except ApiError as exc:
-            return exc.status is not None
-        return True
-
+from controller.api_client import ApiError
 
 # --------------------------------------------------------------------------------------------
 # The start-up display

@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Request, status
@@ -35,6 +35,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from appliance.recipe_loader import RecipeError
+from controller.api_context import ApiContext
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, Session, Sessions
 from controller.console.bench_views import BenchData
@@ -45,9 +46,6 @@ from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import Apply
 from controller.watch.history import HOST_HISTORY, HostHistory
 from host_setup.facts import HostFactsError
-
-if TYPE_CHECKING:
-    from controller.api import ApiContext
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from markupsafe import Markup
@@ -21,16 +21,14 @@ from appliance.log_phases import PHASE_LABELS, Phase
 from appliance.recipe_diff import RecipeDiff
 from appliance.recipe_model import Recipe
 from controller import admin_token
+from controller.api_context import ApiContext
 from controller.console import charts
 from controller.gateway import control
 from controller.store import LaunchRecord, redact_spec
 from controller.supervisor.driver import Driver
-from controller.supervisor.gateway_link import ControlGateway, NoGateway
+from controller.supervisor.gateway_link import NoGateway
 from controller.supervisor.preflight import PlanReport, UnknownRecipe
 from controller.watch.history import HostHistory, HostPoint
-
-if TYPE_CHECKING:
-    from controller.api import ApiContext
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +255,7 @@ class ConsoleData:
             up = await gw.current()
             return {"attached": False, "upstream": up.url if up else None, "in_flight": None,
                     "note": "no gateway attached to this controller"}
-        if isinstance(gw, ControlGateway):
+        if isinstance(gw, control.ControlGateway):
             token = admin_token.read_gateway_token(self.ctx.home / "run")
             if token is None:
                 return {"attached": True, "upstream": None, "in_flight": None,

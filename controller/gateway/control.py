@@ -1,4 +1,5 @@
-"""The controller's client for the gateway's admin surface (used by the supervisor).
+"""The controller's one client for the gateway's admin surface: `ControlGateway` (the supervisor's
+GatewayLink: point_to, drain, clear, current), over the calls below (the CLI and tests use them too).
 
     await set_upstream(gateway, token, "http://127.0.0.1:8000", "qwen3.8-27b")   # engine ready
     await set_upstream(gateway, token, None, None, drain_deadline_s=30)          # before a restart
@@ -134,3 +135,46 @@ async def get_upstream(
     gateway_url: str, admin_token: str, *, session: aiohttp.ClientSession | None = None
 ) -> dict[str, Any]:
     return await _call(gateway_url, admin_token, "GET", "/admin/upstream", None, 0.0, session)
+
+
+@dataclass(frozen=True)
+class GatewayUpstream:
+    """Where the gateway sends new requests."""
+
+    url: str
+    served_model: str | None
+
+
+class ControlGateway:
+    """The real gateway, through its admin surface. `token` is the gateway's control token."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url
+        self._token = token
+
+    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
+        await set_upstream(
+            self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key
+        )
+
+    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
+        await set_upstream(
+            self.url, self._token, None, None, drain_deadline_s=deadline_s, retry_after_s=_secs(retry_after_s)
+        )
+
+    async def clear(self, retry_after_s: float) -> None:
+        await set_upstream(
+            self.url, self._token, None, None, drain_deadline_s=0.0, retry_after_s=_secs(retry_after_s)
+        )
+
+    async def current(self) -> GatewayUpstream | None:
+        data = await get_upstream(self.url, self._token)
+        up = data.get("upstream")
+        if not isinstance(up, dict) or not isinstance(up.get("url"), str):
+            return None
+        served = up.get("served_model")
+        return GatewayUpstream(up["url"], served if isinstance(served, str) else None)
+
+
+def _secs(value: float) -> int:
+    return max(1, round(value))

@@ -10,7 +10,7 @@ daemon). Methods are synchronous (the docker SDK is); the async supervisor drive
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -21,10 +21,6 @@ from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
 from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes import registry as runtime_registry
-
-if TYPE_CHECKING:
-    from controller.store import Provenance
-
 
 
 class EngineHandle(BaseModel):
@@ -58,6 +54,17 @@ class ExitInfo(BaseModel):
     # The runtime's own words for why it is not running, where it has them (kubernetes: a waiting
     # reason such as ImagePullBackOff, or an Unschedulable pod's scheduler message).
     reason: str | None = None
+
+
+class Provenance(BaseModel):
+    """Where the engine came from: an image (docker) or an interpreter and its packages (process).
+    Stored in the launch record (controller/store.py) like the handle and the exit."""
+
+    image: str | None = None
+    image_id: str | None = None
+    image_digest: str | None = None
+    interpreter: str | None = None
+    packages: dict[str, str] = {}
 
 
 class RuntimeError_(Exception):

@@ -59,13 +59,13 @@ from controller.runtime.base import (
     LABEL_SPEC_HASH,
     EngineHandle,
     ExitInfo,
+    Provenance,
     RuntimeError_,
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import slice_log
 from controller.runtime.ports import ensure_port_free
 from controller.runtime.registry import RuntimeContext
-from controller.store import Provenance
 
 LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where controllers before issue 19 put the key: read back still
 

@@ -71,6 +71,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
 from appliance import settings
+from appliance.engine_key import recipe_key
 from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.launch_spec import LaunchSpec
 from appliance.runtimes.k8s_manifests import KEY_VOLUME, engine_key_secret, manifests
@@ -87,7 +88,6 @@ from controller.runtime.base import (
 )
 from controller.runtime.log_offsets import MAX_CHUNK_BYTES, slice_log
 from controller.runtime.registry import RuntimeContext
-from controller.supervisor.engine_key import recipe_key
 
 log = logging.getLogger(__name__)
 

@@ -57,6 +57,7 @@ from controller.runtime.base import (
     LABEL_SPEC_HASH,
     EngineHandle,
     ExitInfo,
+    Provenance,
     RuntimeError_,
     ensure_cache_dirs,
 )
@@ -64,7 +65,6 @@ from controller.runtime.log_offsets import read_log_file
 from controller.runtime.ports import ensure_port_free
 from controller.runtime.process_shim import NATURAL_EXIT_S, exit_code_of, group_members, signal_name
 from controller.runtime.registry import RuntimeContext
-from controller.store import Provenance
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from appliance.launch_spec import LaunchSpec, Mount
 from appliance.log_phases import CacheOutcome, PhaseTracker
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
-from controller.store import EarlierLaunch, Provenance, Store
+from controller.runtime.base import Provenance
+from controller.store import EarlierLaunch, Store
 from controller.supervisor.preflight import caches_elsewhere
 
 MODEL_FILES_MAX = 20_000  # a model directory has tens of files; a wrong path must not walk a disk

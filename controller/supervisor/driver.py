@@ -32,18 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.engine_key import recipe_key
 from appliance.engine_secret import redact as redact_keys
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.phase_record import event_label
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
+from controller.runtime.base import EngineHandle, ExitInfo, Provenance, Runtime, RuntimeError_
 from controller.runtime.ports import PortInUse
-from controller.store import REDACTED, Provenance, Store
+from controller.store import REDACTED, Store
 from controller.supervisor import compile_cache, status_view
 from controller.supervisor.clock import Clock, SystemClock
-from controller.supervisor.engine_key import launch_key, recipe_key
+from controller.supervisor.engine_key import launch_key
 from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
 from controller.supervisor.gateway_link import GatewayLink
@@ -624,7 +625,9 @@ class Driver:
             case DrainGateway():
                 self._spawn(self._drain(action), f"drain {action.launch_id}")
             case SetUpstream():
-                self._spawn(self.gateway_sync.point_to(action.launch_id), "gateway point")
+                point = self.gateway_sync.point_to(action.launch_id, action.base_url,
+                                                   action.served_model_name)
+                self._spawn(point, "gateway point")
             case ClearUpstream():
                 self._spawn(self.gateway_sync.clear(action.retry_after_s, action.reason), "gateway clear")
             case MarkReady():

@@ -11,27 +11,21 @@ engine left over from an earlier launch has another key and answers 401.
 
 vLLM guards only its OpenAI paths with the key (`/v1`, `/v2`, `/inference`, `/cohere`); `/health`
 and its other non-`/v1` routes stay open on loopback (see README "The engine's own door").
+
+The pure half (the key a recipe brings itself, the bearer header) is appliance/engine_key.py,
+where the runtimes reach it too.
 """
 
 from __future__ import annotations
 
 import secrets
 
-from appliance.engine_argv import flag_value
-from appliance.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
+from appliance.engine_key import recipe_key
 from appliance.launch_spec import LaunchSpec
-
-_API_KEY_FLAG = "--api-key"
 
 
 def new_engine_key() -> str:
     return "eng_" + secrets.token_urlsafe(32)
-
-
-def recipe_key(spec: LaunchSpec) -> str | None:
-    """A key the recipe itself sets (its env, or `--api-key` in argv, which vLLM prefers)."""
-    own = flag_value(spec.argv, _API_KEY_FLAG)  # never a typed field: the key stays in argv alone
-    return own if own is not None else spec.env.get(ENGINE_KEY_ENV) or None
 
 
 def launch_key(spec: LaunchSpec) -> tuple[str, str | None]:
@@ -43,7 +37,3 @@ def launch_key(spec: LaunchSpec) -> tuple[str, str | None]:
         return own, None
     key = new_engine_key()
     return key, key
-
-
-def bearer(key: str) -> str:
-    return f"Bearer {key}"

@@ -1,10 +1,11 @@
 """How the supervisor tells the gateway which engine slot is ready (or that there is none).
 
 The gateway is a separate process (a controller restart must not drop a stream); its admin
-surface takes `PUT /admin/upstream` (switch, draining the old slot) and `POST /admin/drain`
-(controller/gateway/control.py). Without a gateway (tests, `serve --no-gateway`) the link is a
-no-op. Gateway errors never stop the supervisor: the engine is still supervised, and the failure
-is reported as an event.
+surface takes `PUT /admin/upstream` (switch, draining the old slot) and `POST /admin/drain`;
+its one client, `ControlGateway`, is controller/gateway/control.py. This module is the
+supervisor's side: the `GatewayLink` protocol that client meets. Without a gateway (tests,
+`serve --no-gateway`) the link is a no-op. Gateway errors never stop the supervisor: the engine is
+still supervised, and the failure is reported as an event.
 
 The gateway keeps its slot in memory only: a gateway restarted under a running controller starts
 with no upstream and answers 503 until told again. `current()` (`GET /admin/upstream`, cheap) lets
@@ -13,18 +14,12 @@ the driver see that while its engine is ready and re-send the upstream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from controller.gateway import control
+from controller.gateway.control import GatewayControlError
 
-
-@dataclass(frozen=True)
-class GatewayUpstream:
-    """Where the gateway sends new requests."""
-
-    url: str
-    served_model: str | None
+# Re-exported: the GatewayLink protocol's own type (what `current()` answers).
+from controller.gateway.control import GatewayUpstream as GatewayUpstream
 
 
 def same_upstream(current: GatewayUpstream | None, url: str, served_model: str) -> bool:
@@ -71,39 +66,4 @@ class NoGateway:
         return self._upstream
 
 
-class ControlGateway:
-    """The real gateway, through its admin surface. `token` is the gateway's control token."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url
-        self._token = token
-
-    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
-        await control.set_upstream(
-            self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key
-        )
-
-    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
-        await control.set_upstream(
-            self.url, self._token, None, None, drain_deadline_s=deadline_s, retry_after_s=_secs(retry_after_s)
-        )
-
-    async def clear(self, retry_after_s: float) -> None:
-        await control.set_upstream(
-            self.url, self._token, None, None, drain_deadline_s=0.0, retry_after_s=_secs(retry_after_s)
-        )
-
-    async def current(self) -> GatewayUpstream | None:
-        data = await control.get_upstream(self.url, self._token)
-        up = data.get("upstream")
-        if not isinstance(up, dict) or not isinstance(up.get("url"), str):
-            return None
-        served = up.get("served_model")
-        return GatewayUpstream(up["url"], served if isinstance(served, str) else None)
-
-
-def _secs(value: float) -> int:
-    return max(1, round(value))
-
-
-GatewayError = control.GatewayControlError
+GatewayError = GatewayControlError

@@ -1,6 +1,7 @@
 """Keeps the gateway's one upstream slot in step with the supervisor (the driver's gateway role).
 
-The driver's actions call `drain`, `point_to` and `clear`; while ready, `check` (every
+The driver's actions call `drain`, `point_to` (with the machine's SetUpstream: the ready slot's URL
+and served model, LaunchSpec.base_url) and `clear`; while ready, `check` (every
 `check_interval_s`) re-sends the upstream when the gateway routes elsewhere or nowhere — a gateway
 restarted under a running controller has no slot and answers 503 until told again. Every call
 runs under one lock, so a periodic check never undoes a drain or clear that overtook it. A failed
@@ -14,7 +15,6 @@ from collections.abc import Callable, Mapping
 
 from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
 from controller.supervisor.machine import Launch
-from controller.supervisor.probes import reachable_url
 
 NoteFn = Callable[[str, str, str | None, Mapping[str, object] | None], None]
 
@@ -46,14 +46,13 @@ class GatewaySync:
             except GatewayError as exc:
                 self._note("gateway-error", f"drain: {exc}", launch_id, None)
 
-    async def point_to(self, launch_id: str, what: str = "point_to") -> None:
+    async def point_to(self, launch_id: str, url: str, served_model: str, what: str = "point_to") -> None:
         async with self._lock:
             launch = self._ready_launch()
             if launch is None or launch.launch_id != launch_id:
                 return  # it stopped being ready before we got here
             try:
-                await self.gateway.point_to(reachable_url(launch.spec), launch.spec.served_model_name,
-                                            self._engine_key(launch_id))
+                await self.gateway.point_to(url, served_model, self._engine_key(launch_id))
             except GatewayError as exc:
                 self._note("gateway-error", f"{what}: {exc}", launch_id, None)
 
@@ -84,7 +83,7 @@ class GatewaySync:
             self._checking = False
 
     async def _reassert_upstream(self, launch: Launch) -> None:
-        url, model = reachable_url(launch.spec), launch.spec.served_model_name
+        url, model = launch.spec.base_url, launch.spec.served_model_name
         try:
             found = await self.gateway.current()
             if not same_upstream(found, url, model):

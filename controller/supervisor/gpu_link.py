@@ -16,7 +16,7 @@ from collections.abc import Callable
 from appliance.gpu_mem import GpuSample, PhasePeaks
 from controller.metrics import ControllerMetrics
 from controller.store import Store
-from controller.supervisor.driver import Driver
+from controller.supervisor.machine import Launch
 from controller.watch.gpu import GpuReader
 
 
@@ -29,7 +29,8 @@ class GpuWatchLink:
         self.reader = reader or GpuReader()
         self.record_every_s = record_every_s
         self.clock = clock
-        self.driver: Driver | None = None
+        # The launch the supervisor is running (wired to the driver by controller/service.py).
+        self.current_launch: Callable[[], Launch | None] = lambda: None
         self._launch_id: str | None = None
         self._peaks = PhasePeaks()
         self._dirty = False
@@ -37,7 +38,7 @@ class GpuWatchLink:
 
     def on_samples(self, samples: list[GpuSample]) -> None:
         self.metrics.observe_gpus(samples)
-        launch = self.driver.m.launch if self.driver else None
+        launch = self.current_launch()
         launch_id = launch.launch_id if launch else None
         if launch_id != self._launch_id:
             self._flush()

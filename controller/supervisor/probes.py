@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from appliance.engine_key import bearer
 from appliance.launch_spec import LaunchSpec
-from controller.supervisor.engine_key import bearer
 
 
 class Prober(Protocol):
@@ -25,14 +25,6 @@ class Prober(Protocol):
         """None when one chat completion succeeded, else what went wrong. `api_key`: this launch's
         engine key (engine_key.py), sent as a bearer token — vLLM guards /v1 with it."""
         ...
-
-
-def reachable_url(spec: LaunchSpec) -> str:
-    """The URL the controller (on the host) uses: a wildcard bind is reached through loopback."""
-    host = spec.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return f"http://{host}:{spec.port}"
 
 
 class HttpProber:
@@ -54,7 +46,7 @@ class HttpProber:
             await self._session.close()
 
     async def health(self, spec: LaunchSpec) -> str | None:
-        url = reachable_url(spec) + spec.probes.health_path
+        url = spec.base_url + spec.probes.health_path
         try:
             async with self._s().get(url, timeout=self._health_timeout) as resp:
                 if resp.status == 200:
@@ -65,7 +57,7 @@ class HttpProber:
 
     async def completion(self, spec: LaunchSpec, api_key: str | None = None) -> str | None:
         p = spec.probes
-        url = reachable_url(spec) + p.completion_path
+        url = spec.base_url + p.completion_path
         body: dict[str, Any] = {
             "model": spec.served_model_name,
             "messages": [{"role": "user", "content": p.completion_prompt}],
@@ -79,7 +71,7 @@ class HttpProber:
                 text = await resp.text()
                 if resp.status == 401:
                     # Not this launch's engine (another one holds the port), or a key mismatch.
-                    return (f"POST {p.completion_path} → 401: the engine answering on {reachable_url(spec)} "
+                    return (f"POST {p.completion_path} → 401: the engine answering on {spec.base_url} "
                             "does not accept this launch's key (is another engine on its port?)")
                 if resp.status != 200:
                     return f"POST {p.completion_path} → {resp.status}: {text[:200]}"

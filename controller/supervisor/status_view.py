@@ -10,7 +10,6 @@ from appliance.ready_eta import ReadyEta, StartState, ready_eta, recipe_skips, s
 from controller.runtime.base import ExitInfo
 from controller.supervisor.launch_run import LaunchRun
 from controller.supervisor.machine import Launch, Machine, State, progress
-from controller.supervisor.probes import reachable_url
 from controller.supervisor.signals import ApplyOutcome, Failure
 
 
@@ -77,7 +76,7 @@ def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str
         "kind": launch.kind.value,
         "runtime": launch.spec.kind,
         "ref": launch.handle.ref if launch.handle else None,
-        "engine_url": reachable_url(launch.spec),
+        "engine_url": launch.spec.base_url,
         "served_model_name": launch.spec.served_model_name,
         "started_at": launch.started_at if started else None,
         "elapsed_s": round(now - launch.started_at, 1) if started else None,

@@ -18,15 +18,15 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.kmsg import OomEvent, OomEventKind, SeqGap
 from appliance.oom_attribution import LaunchTarget, attribute_oom
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import ContainerScoped, EngineHandle, RuntimeError_
+from controller.runtime.base import ContainerScoped, EngineHandle, Runtime, RuntimeError_
 from controller.store import Store
-from controller.supervisor.driver import Driver
-from controller.supervisor.machine import State
+from controller.supervisor.machine import Launch, State
 from controller.watch.history import HOST_HISTORY
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower
 from controller.watch.sample_policy import SamplingPolicy
@@ -35,6 +35,18 @@ from controller.watch.sampler import HostSample, HostSampler, Watermarks
 log = logging.getLogger(__name__)
 
 KEEP_ENDED_S = 120.0  # an OOM record for a launch that just ended still finds it
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What the watch reads of the supervisor and tells it, as narrow callables — no reference to
+    the Driver itself (the driver takes the watch's `oom_events`; `engine_view` in
+    controller/service.py wires these to the driver)."""
+
+    launch: Callable[[], Launch | None]  # the launch the supervisor is running, if any
+    state: Callable[[], State]  # the supervisor's state (starting until READY)
+    runtime: Callable[[str], Runtime | None]  # the runtime of a kind (EngineHandle.runtime)
+    note: Callable[[str, str, str | None], None]  # an event (kind, message, launch id)
 
 
 class HostWatchLink:
@@ -46,7 +58,7 @@ class HostWatchLink:
         self.sampler = sampler or HostSampler(policy=SamplingPolicy())
         self.record_every_s = record_every_s
         self.clock = clock
-        self.driver: Driver | None = None  # set once the driver exists (it takes our oom_events)
+        self.engine: EngineView | None = None  # set once the driver exists (it takes our oom_events)
         self._marks: Watermarks | None = None
         self._last_record = 0.0
         self._targets: dict[str, tuple[LaunchTarget, float]] = {}  # launch id → (target, last seen)
@@ -70,19 +82,19 @@ class HostWatchLink:
 
     def _watched(self) -> tuple[str, str, EngineHandle, str | None, bool] | None:
         """(launch id, recipe, handle, container id, still starting) — without scanning processes."""
-        driver = self.driver
-        launch = driver.m.launch if driver else None
-        if driver is None or launch is None or launch.handle is None:
+        engine = self.engine
+        launch = engine.launch() if engine else None
+        if engine is None or launch is None or launch.handle is None:
             return None
         handle = launch.handle
-        runtime = driver.runtimes.get(handle.runtime)
+        runtime = engine.runtime(handle.runtime)
         container = runtime.container_id(handle) if isinstance(runtime, ContainerScoped) else None
-        starting = driver.m.state is not State.READY
+        starting = engine.state() is not State.READY
         return launch.launch_id, launch.spec.recipe, handle, container, starting
 
     def _engine_pids(self, handle: EngineHandle) -> list[int]:
-        driver = self.driver
-        runtime = driver.runtimes.get(handle.runtime) if driver else None
+        engine = self.engine
+        runtime = engine.runtime(handle.runtime) if engine else None
         try:
             return runtime.engine_pids(handle) if runtime else []
         except (RuntimeError_, OSError) as exc:
@@ -125,8 +137,8 @@ class HostWatchLink:
         if self._marks is None or self._marks.launch_id != launch_id:
             self._flush()
             self._marks = Watermarks(launch_id)
-        driver = self.driver
-        phase = driver.m.launch.phase if driver and driver.m.launch else None
+        launch = self.engine.launch() if self.engine else None
+        phase = launch.phase if launch else None
         self._marks.update(sample, phase)
         self.metrics.observe_watermarks(recipe, self._marks)
         self._targets[launch_id] = (
@@ -170,8 +182,8 @@ class HostWatchLink:
         self.metrics.record_kmsg_gap(gap)
 
     def _note(self, kind: str, message: str, launch_id: str | None) -> None:
-        if self.driver is not None:
-            self.driver.note(kind, message, launch_id)
+        if self.engine is not None:
+            self.engine.note(kind, message, launch_id)
         else:
             self.store.add_event(kind, message, time.time(), launch_id)
 

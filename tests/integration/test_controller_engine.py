@@ -28,8 +28,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from appliance.engine_key import ENGINE_KEY_ENV
 from controller.runtime.process import ProcessRuntime
-from controller.supervisor.engine_key import ENGINE_KEY_ENV
 from tests.integration.controller_harness import (
     ENGINE,
     RECIPE,

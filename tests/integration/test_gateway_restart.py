@@ -16,11 +16,12 @@ import pytest
 from bench.synthetic_upstream import Shape, SyntheticUpstream
 from controller.gateway.auth import hash_admin_token
 from controller.gateway.config import GatewayConfig
+from controller.gateway.control import ControlGateway, GatewayUpstream
 from controller.gateway.embedded import serve_in_loop
 from controller.gateway.keystore import KeyStore
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
-from controller.supervisor.gateway_link import ControlGateway, GatewayError, GatewayUpstream
+from controller.supervisor.gateway_link import GatewayError
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
 from tests.unit.supervisor_helpers import FakeClock, FakePreflight, FakeProber, FakeRuntime, make_spec

@@ -20,12 +20,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from appliance.engine_key import ENGINE_KEY_ENV
 from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig, SystemClock
-from controller.supervisor.engine_key import ENGINE_KEY_ENV
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.signals import Apply
 from tests.integration.test_process_runtime import LIVENESS_S, fake_spec, ready_pids, wait_for_log

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from controller import admin_token
-from controller.api import AdminGuard, ApiContext, create_app
+from controller.api import AdminGuard, create_app
+from controller.api_context import ApiContext
 from controller.api_gate import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
 from controller.gateway.keystore import KeyStore
 from controller.keys_api import keys_router

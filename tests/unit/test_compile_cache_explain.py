@@ -18,7 +18,8 @@ from appliance.compile_factors import DirState, MissReason, Variant, root_warnin
 from appliance.launch_spec import LaunchSpec
 from controller.cli import recipes_cmd, service_cmd
 from controller.metrics import ControllerMetrics
-from controller.store import Provenance, Store
+from controller.runtime.base import Provenance
+from controller.store import Store
 from controller.supervisor import compile_cache
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply

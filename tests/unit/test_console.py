@@ -290,7 +290,7 @@ def test_waterfall_bars_run_from_one_phase_to_the_next() -> None:
 
 
 def _ctx(rig: Rig, home: Path):  # type: ignore[no-untyped-def]
-    from controller.api import ApiContext
+    from controller.api_context import ApiContext
 
     return ApiContext(rig.driver, rig.store, rig.preflight, home, "cpu-smollm2")
 
@@ -366,7 +366,7 @@ async def test_a_recorded_launch_shows_in_the_table_with_its_waterfall_and_memor
 ) -> None:
     import time as _time
 
-    from controller.store import Provenance
+    from controller.runtime.base import Provenance
     from tests.unit.supervisor_helpers import make_handle, make_spec
 
     now = _time.time()
@@ -414,8 +414,8 @@ async def test_the_now_page_shows_a_real_gateways_upstream_and_in_flight(
 
     from controller.gateway import control
     from controller.gateway.config import GatewayConfig
+    from controller.gateway.control import ControlGateway
     from controller.gateway.server import build_server
-    from controller.supervisor.gateway_link import ControlGateway
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

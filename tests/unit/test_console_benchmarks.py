@@ -19,7 +19,7 @@ from appliance.bench_tiers import SEED_TIERS, Tier, plan_tiers
 from appliance.gate import Verdict, decide
 from controller.console import charts
 from controller.evaluation.store import EvalStore
-from controller.store import Provenance
+from controller.runtime.base import Provenance
 from tests.unit import test_console as _console
 from tests.unit.supervisor_helpers import make_spec
 from tests.unit.test_api import Rig

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose
+from appliance.engine_key import ENGINE_KEY_ENV, recipe_key
 from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.docker_rt import container_create_kwargs
 from controller.runtime.ports import PortInUse, ensure_port_free, port_is_free
 from controller.store import REDACTED, redact_spec
-from controller.supervisor.engine_key import ENGINE_KEY_ENV, launch_key, new_engine_key, recipe_key
+from controller.supervisor.engine_key import launch_key, new_engine_key
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
 from tests.unit.spec_helpers import with_runtime

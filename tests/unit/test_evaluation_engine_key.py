@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from appliance.engine_key import ENGINE_KEY_ENV
 from appliance.engine_secret import KEY_FILE_NAME, config_yaml
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.engine_key import read_engine_key
-from controller.supervisor.engine_key import ENGINE_KEY_ENV
 
 
 def test_the_key_is_read_from_the_launchs_key_file_next_to_the_shims_status(tmp_path: Path) -> None:

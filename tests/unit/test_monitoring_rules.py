@@ -188,6 +188,7 @@ def test_every_state_label_in_monitoring_is_a_real_supervisor_state() -> None:
     assert not unknown, f"not a controller.supervisor.machine.State value: {unknown}"
     # And the controller exports exactly these states (present at 0 from start-up).
     assert set(metrics.ENGINE_STATES) == real
+    assert tuple(s.value for s in State) == metrics.ENGINE_STATES  # metrics names them; in State's order
     body = ControllerMetrics().render()[0].decode()
     exported = {m.group(1) for m in re.finditer(r'^appliance_engine_state\{state="([^"]+)"\}', body, re.M)}
     assert exported >= real

@@ -12,8 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import EngineHandle
-from controller.store import Provenance, Store
+from controller.runtime.base import EngineHandle, Provenance
+from controller.service import engine_view
+from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.preflight import Preflight
 from controller.supervisor.signals import Apply
@@ -54,7 +55,7 @@ def _driver(tmp_path: Path, target_bytes: int | None) -> tuple[Driver, FakeRunti
                     prober=FakeProber(runtime), gateway=RecordingGateway(), clock=clock,
                     config=DriverConfig(oom_settle_s=0, watch_exits=False), oom_events=link.oom_events,
                     metrics=metrics, mem_target=lambda name: target_bytes)
-    link.driver = driver
+    link.engine = engine_view(driver)
     return driver, runtime, store, link
 
 

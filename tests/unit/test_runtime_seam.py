@@ -154,7 +154,7 @@ def test_store_reads_a_record_written_before_issue_13(tmp_path: Path) -> None:
     store = Store(tmp_path / "launches.db")
     try:
         spec = LaunchSpec.model_validate(old)
-        from controller.store import Provenance
+        from controller.runtime.base import Provenance
 
         store.create_launch("L1", spec, "cold", Provenance(), 0.0)
         # rewrite the stored JSON as the old controller wrote it

@@ -16,9 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.runtime.base import EngineHandle
+from controller.runtime.base import EngineHandle, Provenance
 from controller.service import Service, ServiceConfig, build
-from controller.store import Provenance
 from controller.supervisor.driver import DriverConfig
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply

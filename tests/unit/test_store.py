@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.runtime.base import ExitInfo
+from controller.runtime.base import ExitInfo, Provenance
 from controller.store import (
     REDACTED,
     SCHEMA_VERSION,
-    Provenance,
     Store,
     StoreError,
     migrate,

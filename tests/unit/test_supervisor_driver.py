@@ -21,8 +21,8 @@ import pytest
 from appliance.diagnosis import DiagnosisCode, oom_events_in_text
 from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
-from controller.store import Provenance, Store
+from controller.runtime.base import EngineHandle, ExitInfo, Provenance, RuntimeError_
+from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayUpstream
 from controller.supervisor.machine import Policy, State

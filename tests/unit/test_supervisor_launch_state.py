@@ -94,7 +94,7 @@ async def test_many_launch_cycles_leave_no_per_launch_state_behind(tmp_path: Pat
 
 
 async def test_an_adopted_launch_state_goes_when_it_exits(tmp_path: Path) -> None:
-    from controller.store import Provenance
+    from controller.runtime.base import Provenance
     from tests.unit.supervisor_helpers import FakeEngine, make_spec
 
     rig = make_rig(tmp_path)

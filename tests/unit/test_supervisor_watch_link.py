@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.kmsg import OomEvent, OomEventKind, OomScope
+from controller.service import engine_view
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.signals import Apply
@@ -32,7 +33,7 @@ async def _rig(tmp_path: Path) -> tuple[Driver, HostWatchLink, Store, FakeRuntim
     driver = Driver(runtimes={"process": runtime}, store=store, preflight=FakePreflight(make_spec()),
                     prober=FakeProber(runtime), gateway=RecordingGateway(), clock=clock,
                     config=DriverConfig(oom_settle_s=0), oom_events=link.oom_events)
-    link.driver = driver
+    link.engine = engine_view(driver)
     driver.submit(Apply("test-recipe"))
     await driver.step()
     await driver.settle()
