@@ -329,7 +329,7 @@ SIGNATURES: tuple[Signature, ...] = (
         retryable=True,
     ),
     Signature(
-        # Not benign (hardening 2 item 21): the seed ties this line to the Triton block-FP8 fallback,
+        # Not benign: the seed ties this line to the Triton block-FP8 fallback,
         # 1984.8 ms/token — unusable — unless the fork's FP8 emulation kernels are on.
         DiagnosisCode.W8A8_BLOCK_FP8_DEFAULT_CONFIG, Severity.WARNING,
         _rx(r"Using default W8A8 Block FP8 kernel config"),

@@ -281,7 +281,7 @@ def _print_where(client: Client, gateway_url: str | None, token: str | None) -> 
 
 def try_it_lines(gateway_url: str, key: str, body: str) -> list[str]:
     """A curl that works as pasted: the header in double quotes, so `$KEY` expands (in single quotes
-    it did not: a pasted command got 401, hardening 2 item 13); the body quoted for the shell."""
+    it did not: a pasted command got 401); the body quoted for the shell."""
     return [f'  curl -s {gateway_url}/v1/chat/completions -H "Authorization: Bearer {key}" \\',
             f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}"]
 

@@ -9,6 +9,7 @@ on). File reads and the host-facts scan run in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import time
@@ -24,7 +25,7 @@ from appliance.recipe_loader import RecipeError
 from appliance.recipe_model import Recipe
 from appliance.render import RenderError, render
 from appliance.runtimes.base import Placement
-from appliance.runtimes.registry import for_spec
+from appliance.runtimes.registry import for_recipe, for_spec
 from controller.catalogue import Catalogue
 from controller.catalogue import UnknownRecipe as UnknownRecipe  # re-exported: callers catch it from here
 from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
@@ -63,7 +64,39 @@ def admission_check(recipe: Recipe, facts: HostFacts) -> Failure | None:
     )
 
 
-DEFAULT_CHECKS: tuple[Check, ...] = (lint_check, admission_check)
+def model_check(recipe: Recipe, facts: HostFacts) -> Failure | None:
+    """The model folder exists where this host can see it, holds `config.json` and is readable, before
+    anything is stopped (a wrong model path passed plan, lint and preflight, the
+    working engine was stopped, and the new one failed four times with `OSError: Repo id must be in
+    the form …` — vLLM takes a path that is not a folder for a Hugging Face repo id, and the
+    appliance never downloads). Only where the folder is on this host: the process runtime's
+    `model.path`, or a container's `model.host_path`; a cluster's claim is the cluster's business."""
+    if recipe.model.host_path is not None:
+        where, field_name = facts.expand(recipe.model.host_path), "model.host_path"
+    elif for_recipe(recipe).traits.placement is Placement.LOCAL_PROCESS:
+        where, field_name = facts.expand(recipe.model.path), "model.path"
+    else:
+        return None
+    path = Path(where)
+    hint = (f"put the model folder (a Hugging Face folder with config.json and the weights) at {where}, "
+            f"or point {field_name} at it; the appliance never downloads a model")
+    problem: str | None = None
+    if not path.is_absolute():
+        problem = (f"{field_name} {where!r} is not an absolute folder path: vLLM would take it for a "
+                   "Hugging Face repo id and fail offline")
+    elif not path.is_dir():
+        problem = f"{field_name} {where} is not a folder on this host"
+    elif not (path / "config.json").is_file():
+        problem = f"{field_name} {where} has no config.json: not a Hugging Face model folder"
+    elif not os.access(path / "config.json", os.R_OK):
+        problem = f"{field_name} {where}/config.json is not readable by the engine's user"
+    if problem is None:
+        return None
+    return Failure("model_missing", problem, hint, retryable=False)
+
+
+# Admission first: a predicted OOM is the weightier refusal when both apply.
+DEFAULT_CHECKS: tuple[Check, ...] = (lint_check, admission_check, model_check)
 
 
 def new_launch_id(recipe: str, now: float) -> str:

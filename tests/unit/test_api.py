@@ -23,6 +23,7 @@ from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
+from tests.unit.model_helpers import seed_model
 from tests.unit.supervisor_helpers import FakeClock, FakeProber, FakeRuntime, RecordingGateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +36,7 @@ class Rig:
         self.clock = FakeClock()
         self.runtime = FakeRuntime(self.clock)
         self.store = Store(home / "appliance.sqlite3")
+        seed_model(home)
         self.preflight = Preflight(
             recipes_dir=REPO / "recipes", appliance_home=home, facts_root=REFERENCE_HOST
         )

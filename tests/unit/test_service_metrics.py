@@ -24,6 +24,7 @@ from controller.supervisor.signals import Apply
 from controller.watch.procreader import ProcReader
 from controller.watch.recipe_target import GIB
 from controller.watch.sampler import HostSampler
+from tests.unit.model_helpers import seed_model
 from tests.unit.promtool_helpers import AVAILABLE, PROMTOOL, TARGET, assert_mem_target_alert_fires
 from tests.unit.supervisor_helpers import FakeClock, FakeEngine, FakeRuntime, make_spec
 
@@ -46,6 +47,7 @@ def _recipes(tmp_path: Path) -> Path:
 
 def _service(tmp_path: Path) -> tuple[Service, FakeRuntime]:
     runtime = FakeRuntime(FakeClock())
+    seed_model(tmp_path / "home")
     cfg = ServiceConfig(home=tmp_path / "home", recipes_dir=_recipes(tmp_path), docker=False,
                         watch_host=False, watch_kmsg=False,
                         driver=DriverConfig(oom_settle_s=0, watch_exits=False))

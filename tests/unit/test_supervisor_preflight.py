@@ -10,12 +10,15 @@ import pytest
 from appliance.host_facts import GIB, HostFacts
 from controller.supervisor.preflight import Preflight, cache_is_empty, empty_cache_root
 from controller.supervisor.signals import PreflightFailed, PreflightOk
+from tests.unit.model_helpers import seed_models
 
 REPO = Path(__file__).resolve().parents[2]
+
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 
 
 def _preflight(home: Path, host: str = "reference") -> Preflight:
+    seed_models(home)
     return Preflight(recipes_dir=REPO / "recipes", appliance_home=home, facts_root=HOSTS / host)
 
 
@@ -148,3 +151,35 @@ async def test_a_cluster_recipes_cache_is_not_judged_or_emptied_on_this_host(tmp
     fresh = await pre(2, "gfx906-b-tp4-eager-k8s", True)
     assert isinstance(fresh, PreflightFailed) and fresh.failure.code == "cache_not_emptied"
     assert "cluster volume" in fresh.failure.summary and "claim" in fresh.failure.hint
+
+
+async def test_a_missing_model_folder_is_refused_before_anything_is_stopped(tmp_path: Path) -> None:
+    """Hardening 2 (item 5): a wrong model path passed plan and preflight, the working engine was
+    stopped, and the new one failed four times with vLLM's `OSError: Repo id must be in the form …`."""
+    bare = Preflight(recipes_dir=REPO / "recipes", appliance_home=tmp_path / "bare",
+                     facts_root=HOSTS / "reference")
+    answer = await bare(1, "cpu-smollm2", False)
+    assert isinstance(answer, PreflightFailed)
+    assert answer.failure.code == "model_missing" and not answer.failure.retryable
+    assert "is not a folder on this host" in answer.failure.summary
+    assert "never downloads" in answer.failure.hint
+    assert not bare.report("cpu-smollm2").launchable  # `appliance plan` says so too
+    folder = tmp_path / "bare" / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    answer = await bare(2, "cpu-smollm2", False)
+    assert isinstance(answer, PreflightFailed) and "has no config.json" in answer.failure.summary
+    (folder / "config.json").write_text("{}")
+    assert isinstance(await bare(3, "cpu-smollm2", False), PreflightOk)
+    # A docker recipe is checked at its host_path (the folder mounted into the container).
+    docker = await _preflight(tmp_path / "d")(4, "cpu-smollm2-docker", False)
+    assert not (isinstance(docker, PreflightFailed) and docker.failure.code == "model_missing"), docker
+
+
+def test_a_model_path_that_is_no_folder_path_is_refused_in_words(tmp_path: Path) -> None:
+    from appliance.recipe_model import Recipe
+    from controller.supervisor.preflight import model_check
+    from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
+
+    recipe: Recipe = with_changes(shipped()["cpu-smollm2"], model__path="Qwen/Qwen2.5-0.5B")
+    failure = model_check(recipe, fixed_facts())
+    assert failure is not None and "Hugging Face repo id" in failure.summary
