@@ -1,4 +1,4 @@
-"""Issue 19: a cache miss explains itself — the driver records each launch's compile factors, the
+"""A cache miss explains itself — the driver records each launch's compile factors, the
 log's cache lines (real vLLM 0.26.0 lines from the H200), and why a miss happened; the metric
 counts it by reason; bad cache roots are named (item 6)."""
 
