@@ -190,7 +190,7 @@ def cache_seen(events: Iterable[PhaseEvent], evidence: Sequence[str] = ()) -> Ca
                      aot_path=aot, evidence=tuple(evidence))
 
 
-# ---- bad cache roots (item 6) ---------------------------------------------------------------------
+# ---- bad cache roots ------------------------------------------------------------------------------
 
 
 class Variant(_Frozen):

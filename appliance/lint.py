@@ -86,7 +86,7 @@ def _dtype_auto(r: Recipe) -> list[Finding]:
 
 def _bf16_gfx906(r: Recipe) -> list[Finding]:
     """The seed's hard rule on gfx906 is float16, always: the Z100 has no bf16 instructions and bf16
-    prints garbage on the 27B model (DOMAIN §1, §2). Hardening 2 (item 20): lint accepted it."""
+    prints garbage on the 27B model (DOMAIN §1, §2). Lint once accepted it."""
     if r.platform is not Platform.GFX906:
         return []
     values = {r.engine.dtype, *_flag_values(r, "--dtype")}

@@ -207,7 +207,7 @@ class KeyStore:
         if not name.strip():
             raise KeyStoreError("a key needs a non-empty name")
         if not name.isprintable():
-            # Hardening 2 (item 9): a name with control characters (an escape sequence) was printed
+            # A name with control characters (an escape sequence) was printed
             # raw by `appliance keys list`: terminal injection.
             raise KeyStoreError("a key name must be printable text (no control characters or line breaks)")
         for label, value in (("rpm_limit", rpm_limit), ("max_concurrent", max_concurrent)):
@@ -232,8 +232,8 @@ class KeyStore:
         return record, key
 
     def list(self, include_revoked: bool = True) -> list[KeyRecord]:
-        """Every key; none when there is no store. A read never creates the store (hardening 2
-        item 7: a deleted store was silently recreated empty by a listing, and clients then got
+        """Every key; none when there is no store. A read never creates the store (a
+        deleted store was silently recreated empty by a listing, and clients then got
         401 instead of the gateway's 503 + Retry-After): only `create` makes one."""
         if not self.path.exists():
             return []

@@ -6,7 +6,7 @@ appliance/compile_factors.py; here is what reads the disk and the store: the mod
 found at launch (before the engine writes anything), and the earlier launch on the same root.
 The driver calls `begin` (in a thread) at start and `CompileWatch.observe` on every log poll.
 
-"Bad input" is never silent (item 6): a root that is not writable, a root an earlier launch used
+"Bad input" is never silent: a root that is not writable, a root an earlier launch used
 and that is now gone, and a root that two variants share (other recipe, other spec hash: each
 start evicts the other's artifacts or, worse, loads them) become `warnings` in the record and
 `compile-cache-warning` events.

@@ -138,7 +138,7 @@ def test_benign_lines_are_flagged_expected_and_ignored(name: str) -> None:
 
 
 def test_the_default_block_fp8_config_line_is_a_check_of_the_fp8_emulation_not_noise() -> None:
-    """Hardening 2 (item 21): it was called benign ("expected on Z100, ignore"); the seed ties it to
+    """It was once called benign ("expected on Z100, ignore"); the seed ties it to
     the Triton block-FP8 fallback (1984.8 ms/token) unless VLLM_DCU_USE_FP8_EMU=1 took effect."""
     findings = scan_text(read("w8a8_block_fp8_default_config_check.log"))
     assert [(f.code, f.benign, f.severity) for f in findings] == [
