@@ -1,6 +1,6 @@
 """What a launch's compile cache depended on, and why a miss happened. Pure.
 
-Issue 19 (items 3 and 6). vLLM 0.26.0 (vllm/compilation/backends.py) names its compile cache
+vLLM 0.26.0 (vllm/compilation/backends.py) names its compile cache
 directory `VLLM_CACHE_ROOT/torch_compile_cache/<sha256([env_hash, config_hash, code_hash,
 compiler_hash])[:10]>/rank_0_0/<prefix>`, where env_hash covers every known `VLLM_*` variable
 outside an ignore list. A real GPU bug: the per-launch engine key went in as `VLLM_API_KEY`, which
@@ -190,7 +190,7 @@ def cache_seen(events: Iterable[PhaseEvent], evidence: Sequence[str] = ()) -> Ca
                      aot_path=aot, evidence=tuple(evidence))
 
 
-# ---- bad cache roots (item 6) ---------------------------------------------------------------------
+# ---- bad cache roots ------------------------------------------------------------------------------
 
 
 class Variant(_Frozen):

@@ -51,8 +51,8 @@ class DiagnosisCode(StrEnum):
     CUDA_REINIT_FORKED = "cuda_reinit_forked"
     PACKED_SILU_NAN = "packed_silu_nan"
     HYDCU_MODULE_MISSING = "hydcu_module_missing"
-    MODULE_NOT_FOUND = "module_not_found"  # issue 12: a broken engine image/venv
-    ENGINE_CONFIG_INVALID = "engine_config_invalid"  # issue 12: vLLM refused the configuration
+    MODULE_NOT_FOUND = "module_not_found"  # a broken engine image/venv
+    ENGINE_CONFIG_INVALID = "engine_config_invalid"  # vLLM refused the configuration
     BIND_LOCALHOST_IN_BRIDGE = "bind_localhost_in_bridge"
     WORKER_DIED = "worker_died"
     ENGINE_START_FAILED = "engine_start_failed"
@@ -70,8 +70,8 @@ class DiagnosisCode(StrEnum):
     RCCL_NET_SOCKET = "rccl_net_socket"
     RCCL_IOMMU_PT_MISSING = "rccl_iommu_pt_missing"
     CLIENT_DISCONNECT = "client_disconnect"
-    PORT_IN_USE = "port_in_use"  # issue 9 (supervision): the engine's port held by another process
-    # issue 13: the runtime reports why the engine never ran (an unschedulable pod, an image that cannot
+    PORT_IN_USE = "port_in_use"  # the engine's port held by another process
+    # The runtime reports why the engine never ran (an unschedulable pod, an image that cannot
     # be pulled) — there is no exit code and often no log line to read.
     RUNTIME_CANNOT_RUN = "runtime_cannot_run"
     # Informational lines (never a failure).
@@ -276,7 +276,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "the start of the second graph-capture pass",
         retryable=True,
     ),
-    # Issue 12 (H200, gpu-kit): `No module named 'flashinfer'` when the engine core started. A missing
+    # Seen on the H200 (gpu-kit): `No module named 'flashinfer'` when the engine core started. A missing
     # module is the same on every retry: the image or venv is broken, so this stops instead of backing off.
     Signature(
         DiagnosisCode.MODULE_NOT_FOUND, Severity.ERROR,
@@ -288,7 +288,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "flashinfer; gpu-kit: `No module named 'llguidance'` at api_server import",
         retryable=False,
     ),
-    # Issue 12 (2 × H200, TP=2 with SmolLM2-135M): "Value error, Total number of attention heads (9)
+    # Seen on 2 × H200 (TP=2 with SmolLM2-135M): "Value error, Total number of attention heads (9)
     # must be divisible by tensor parallel size (2)" — vLLM's config validation, the same on every retry.
     Signature(
         DiagnosisCode.ENGINE_CONFIG_INVALID, Severity.ERROR,
@@ -346,7 +346,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §5: hipBLASLt has no gfx906 code; the rocBLAS fallback is what runs", retryable=True,
         benign=True,
     ),
-    # Issue 9 (supervision): an engine orphaned by a killed shim kept the port; every relaunch died
+    # An engine orphaned by a killed shim kept the port; every relaunch died
     # with this line while the orphan answered the probes.
     Signature(
         DiagnosisCode.PORT_IN_USE, Severity.ERROR,
@@ -599,7 +599,7 @@ _VALUE_ERROR = re.compile(r"Value error, (.+?)(?: \[type=|$)")
 
 
 def _missing_module_summary(finding: Finding) -> str | None:
-    """MODULE_NOT_FOUND names the module(s), ENGINE_CONFIG_INVALID vLLM's reason (issue 12); None for
+    """MODULE_NOT_FOUND names the module(s), ENGINE_CONFIG_INVALID vLLM's reason; None for
     every other code."""
     if finding.code is DiagnosisCode.ENGINE_CONFIG_INVALID:
         reasons = [m.group(1).strip() for line in finding.evidence if (m := _VALUE_ERROR.search(line))]

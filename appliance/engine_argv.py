@@ -1,4 +1,4 @@
-"""The one reader of an engine argv's shape (issue 25 item 2). Pure, no imports of the appliance.
+"""The one reader of an engine argv's shape. Pure, no imports of the appliance.
 
 render (appliance/render.py) writes the engine command as `LAUNCHER FLAG-GROUPS`: the launcher is the
 words before the first flag (`vllm serve MODEL`, `python -c CODE serve MODEL`, `python -m MODULE`), each

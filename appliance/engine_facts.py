@@ -2,7 +2,7 @@
 
 Kept apart from `log_phases` (which tracks *progress*): these are facts about the start that explain
 its speed and memory — which attention backend and model runner ran, and vLLM's own accounting of
-the GPU memory at start-up (issue 12, read on the H200 with upstream vLLM 0.26.0):
+the GPU memory at start-up (read on the H200, docs/gpu-h200.md, with upstream vLLM 0.26.0):
 
 - ``Using FLASH_ATTN attention backend out of potential backends: [...]``; ``Using FlashAttention
   version 3``; the model runner (``… V2 model runner …``);

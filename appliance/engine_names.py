@@ -1,4 +1,4 @@
-"""Names the appliance puts on every engine, defined once (issue #25).
+"""Names the appliance puts on every engine, defined once.
 
 A leaf module (it imports nothing) so that the runtime plug-ins in appliance/runtimes/, which may
 not import appliance/launch_spec.py at import time, and the controller's effectful halves can all
@@ -15,5 +15,6 @@ LABEL_RECIPE = "appliance.recipe"
 LABEL_SPEC_HASH = "appliance.spec_hash"
 
 # The environment variable vLLM reads its API key from. The controller never puts the key there
-# (issue 19: a key file instead); it is named to keep it out of specs and to read old launches back.
+# (a key file instead: there it moved vLLM 0.26.0's compile cache);
+# it is named to keep it out of specs and to read old launches back.
 ENGINE_KEY_ENV = "VLLM_API_KEY"

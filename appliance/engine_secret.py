@@ -1,6 +1,6 @@
 """How the per-launch engine key reaches vLLM: a small vLLM config file, never a `VLLM_*` variable. Pure.
 
-Issue 19, measured on an H200 with vLLM 0.26.0: vLLM names its torch.compile cache directory after a
+Measured on an H200 with vLLM 0.26.0 (docs/measured.md): vLLM names its torch.compile cache directory after a
 hash of `envs.compile_factors()` — every known `VLLM_*` variable except an ignore list — and 0.26.0's
 list does not hold `VLLM_API_KEY`. A fresh key per launch in `VLLM_API_KEY` therefore gave every
 launch its own compile cache: four warm restarts of the graph recipe, four cache directories, four

@@ -1,4 +1,4 @@
-"""The GPU acceptance run's judge (issue 19 item 5): pure, no I/O beyond what the caller passes.
+"""The GPU acceptance run's judge (docs/gpu-h200.md): pure, no I/O beyond what the caller passes.
 
 `scripts/gpu_h200/acceptance.sh` runs, on a lent H200, the launch path a change to how the engine
 is launched (env, argv, cache paths, keys) must keep working: `up` with cuda-smollm2-graph (cold,

@@ -1,6 +1,6 @@
 """GPU memory and utilisation samples, and a launch's peaks by start-up phase. Pure.
 
-Issue 12: graph capture is where GPU memory jumps (MEASURED.md, H200: the default mode's graph pool
+Graph capture is where GPU memory jumps (MEASURED.md, H200: the default mode's graph pool
 took 0.39 GiB, PIECEWISE [1,2,4,8] 0.05 GiB; DOMAIN §3: on a 31.98 GiB Z100 the margin is what
 decides a start), so a launch record keeps, per phase, the highest memory use and utilisation each
 card showed. Samples come from NVML on NVIDIA (controller/watch/gpu.py) and from the amdgpu sysfs

@@ -1,6 +1,6 @@
 """Kernel log records (`/dev/kmsg`) and the OOM killer's lines in them → OOM events. Pure.
 
-Operators found out about engine deaths by reading `dmesg` afterwards (issue 4); this module turns
+Operators found out about engine deaths by reading `dmesg` afterwards; this module turns
 the same text into structured events while it happens. Nothing here opens a file: the follower in
 `controller/watch/kmsg_follower.py` feeds records in, tests feed fixture text.
 

@@ -34,7 +34,7 @@ else:
 # Environment variables render pins to directories (appliance/render.py): compile caches and, on the
 # CPU, TMPDIR (inductor's C++ precompiled headers).
 CACHE_DIR_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR")
-# The engine facts a spec carries as typed fields (issue 25 item 2). They are derived: render sets them
+# The engine facts a spec carries as typed fields. They are derived: render sets them
 # from the same recipe fields it writes into argv, so argv already says each of them, and the spec
 # hash leaves them out — it hashes what runs, and a launch hashes the same as before they existed
 # (a restarted controller adopts engines by that hash; tests/unit/test_spec_hash_pins.py pins it).
@@ -101,7 +101,7 @@ class LaunchSpec(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _migrate_flat_runtime(cls, data: Any) -> Any:
-        """A launch record written before issue 13 has `runtime: "docker"|"process"` and the runtime's
+        """A launch record of an older controller has `runtime: "docker"|"process"` and the runtime's
         options as flat fields beside it (image, mounts, python, ...): move them into the sub-model.
         Flat fields the kind does not have were written empty (None, (), {}) and are dropped; a
         non-empty one is left where it is, so validation names it instead of losing it."""

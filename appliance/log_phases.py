@@ -230,7 +230,7 @@ _RULES: tuple[_Rule, ...] = (
           re.compile(r"Bypassing autograd cache due to: (.*)$"),
           lambda m: {"detail": m.group(1).strip() or None}),
     _Rule("torch_compile_total", Phase.COMPILE_FINISHED,
-          # AOT compile off (VLLM_USE_AOT_COMPILE=0, issue 12 on the H200): "torch.compile and initial
+          # AOT compile off (VLLM_USE_AOT_COMPILE=0, as on the H200 run): "torch.compile and initial
           # profiling/warmup run together took 22.42 s in total".
           re.compile(rf"torch\.compile (?:and initial profiling/warmup run together )?(?:takes|took) {_NUM} s"
                      r" in total"), lambda m: {"seconds": _f(m, 1)}),

@@ -1,6 +1,6 @@
 """Which phase events a launch record keeps, and the label each one carries. Pure.
 
-Issue 12, seen on the H200: a cold start stored 51 phase events — every graph-capture step, the
+Seen on the H200: a cold start stored 51 phase events — every graph-capture step, the
 same ``capturing graphs round 1: 51/51`` ten times in one millisecond (the label was the tracker's
 state *after* the whole poll, not the event's own), ``process started`` twice (the API server's
 version line, then the engine core's ``Initializing a V1 LLM engine`` 20 s later), and the
@@ -33,7 +33,7 @@ class PhaseRecorder:
 
     def keep(self, event: PhaseEvent) -> bool:
         if event.phase is Phase.GRAPH_CAPTURE:
-            # One round holds a PIECEWISE and a FULL bar (issue 9: the seed counts the pass, not the
+            # One round holds a PIECEWISE and a FULL bar (the seed counts the pass, not the
             # bar), so first/done are kept per bar of the round: where a start died stays visible.
             rnd, bar = event.round or 1, event.label or ""
             if (event.phase.value, rnd, bar, "first") not in self._seen:

@@ -193,7 +193,7 @@ class Expectations(Strict):
         default=False, description="Warm the compile cache on an empty root, then restart (DOMAIN §4)."
     )
     notes: str = ""
-    # --- kernel-path and deployment proof (DOMAIN §7; owned by the evaluation work, issue 11) ---
+    # --- kernel-path and deployment proof (DOMAIN §7; owned by controller/evaluation/) ---
     # Checked at ready and kept with the launch; a missing marker or a digest mismatch is a warning
     # at ready and fails `appliance compare` (controller/evaluation/proof.py).
     markers: tuple[str, ...] = Field(

@@ -1,4 +1,4 @@
-"""Every `APPLIANCE_*` environment variable, with its type, default and meaning (issue 25 item 5).
+"""Every `APPLIANCE_*` environment variable, with its type, default and meaning, in one place.
 
 `current()` is the one place that reads them from the process environment; everything else
 (controller/settings.py re-exports this module, host_setup/facts.py, the runtimes, the CLI) takes

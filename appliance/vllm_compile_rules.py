@@ -8,7 +8,7 @@ vLLM names its compile cache directory `VLLM_CACHE_ROOT/torch_compile_cache/<has
 from the engine arguments. So a value that differs between two launches of one variant moves the
 cache — a full recompile on a warm restart — when it reaches a hashed variable or an engine argument.
 
-Issue 19: the per-launch engine key in `VLLM_API_KEY` did exactly that on vLLM 0.26.0, whose ignore
+On the H200: the per-launch engine key in `VLLM_API_KEY` did exactly that on vLLM 0.26.0, whose ignore
 list lacks it, while the CPU engine's vLLM 0.32 ignores it (so a check run with the CPU engine alone
 passes). The rules of the versions the appliance runs are therefore kept here with their provenance,
 and tests/unit/test_compile_key_guard.py holds every shipped recipe, as the runtimes really start it

@@ -1,6 +1,6 @@
 """The controller's host sampler idle beside a ready engine: CPU% of a core and RSS, old policy vs new.
 
-Issue 9 measured the idle controller at 7.9% of a core (goal < 1%, < 150 MB RSS), nearly all of it in
+The idle controller was measured at 7.9% of a core (goal < 1%, < 150 MB RSS), nearly all of it in
 the once-a-second host sample reading /proc (`controller.watch.sample_policy` explains the policy).
 This runs the real sampling loop (`controller.watch.sampler.run_sampler` with `HostSampler`, the
 engine's pids found the way the process runtime finds them — psutil children — and every sample fed

@@ -13,7 +13,7 @@ started through the real runtime (`ProcessRuntime` / `DockerRuntime`, the contro
   otherwise), median over --reps, sequential requests (no batching), greedy;
 - the warm-start proof from the engine's own log (`fx graph cache hit` lines).
 
-Goal (issue 10): the container costs ≤ 5 % on decode and ≤ 10 s on a warm start. Results go to
+Goal: the container costs ≤ 5 % on decode and ≤ 10 s on a warm start. Results go to
 stdout as a table and to bench/results/runtime_compare-<time>.json. The model is
 `${APPLIANCE_HOME}/models/smollm2-135m-instruct` (`appliance engine setup`), the image
 appliance/cpu-vllm:0.32.0 (`bash scripts/build-images.sh`). Each engine is stopped by its PID /

@@ -172,7 +172,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         report = await asyncio.to_thread(preflight.report, name)
         current = driver.m.launch
         spec = report.spec
-        # Issue 19 item 6: a cache root not writable, gone since a launch used it, or shared.
+        # A cache root not writable, gone since a launch used it, or shared.
         warnings = [] if spec is None else await asyncio.to_thread(
             lambda: compile_cache.plan_warnings(
                 spec, compile_cache.other_variants(preflight.catalogue.load(), report.facts, spec),

@@ -2,7 +2,7 @@
 
 Why a gate in front of FastAPI and not only route dependencies: FastAPI reads and parses a route's
 JSON body *before* it solves the route's dependencies, so with the token check as a dependency an
-unauthenticated 50 MB body to `/apply` was read into memory (84 → 218 MB) before the 401 (issue 9).
+unauthenticated 50 MB body to `/apply` was read into memory (84 → 218 MB) before the 401.
 The gate is plain ASGI and runs on the request head alone:
 
 1. Host (Starlette's TrustedHostMiddleware): only loopback names and configured ones, so a page that

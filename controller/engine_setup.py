@@ -462,7 +462,7 @@ def package_versions(python: Path, env: Mapping[str, str] | None = None) -> dict
     omitted).
 
     `env`: the engine's own environment. With it, the lookup sees what the engine sees — a vLLM found
-    through the engine's PYTHONPATH (issue 12: the GPU kit installs vLLM into a --target folder) is
+    through the engine's PYTHONPATH (the GPU kit installs vLLM into a --target folder) is
     recorded; without it, our own venv's variables are removed (`_child_env`).
     Reads distribution metadata only (no `import vllm`: that takes seconds)."""
     child_env = dict(env) if env is not None else _child_env()

@@ -1,6 +1,6 @@
 """The controller's and gateway's logging, configured the same way on every host.
 
-Issue 12: on the H200 host `logs/controller.log` held uvicorn's lines only. `logging.basicConfig` does
+On the H200 host `logs/controller.log` held uvicorn's lines only. `logging.basicConfig` does
 nothing when the root logger already has a handler (a `sitecustomize`, a `.pth` hook or any imported
 package may add one; the root then stays at WARNING and every INFO line of ours is dropped), and a
 dictConfig run by a library with `disable_existing_loggers: True` silences loggers created before

@@ -34,7 +34,7 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
 - `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
   (start: cold/warm; result: hit/miss/unknown, as `appliance.log_phases.CacheOutcome`).
 - `record_compile_cache_miss(reason)` → `appliance_compile_cache_misses_total{reason}`: why a start
-  missed (issue 19, `appliance.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
+  missed (`appliance.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
   cold_first, unknown), every reason present at 0 from start-up. Not labelled by recipe: the launch
   record names the launch and the factor; the alert needs only "a warm restart missed, and why".
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
@@ -52,7 +52,7 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
   `appliance_launch_memory_pressure_peak_ratio{recipe,kind}`.
 - `observe_gpus(samples)` → `appliance_gpu_memory_used_bytes{gpu,vendor}`,
   `appliance_gpu_memory_total_bytes{gpu,vendor}`, `appliance_gpu_utilization_ratio{gpu,vendor}` (NVML or
-  amdgpu sysfs, controller/watch/gpu.py; issue 12).
+  amdgpu sysfs, controller/watch/gpu.py).
 - `render()` → `(body, content_type)` for the admin API's `GET /metrics`.
 
 Why two OOM counters: a counter series that is born at 1 (a new `victim` label value) has no

@@ -135,7 +135,7 @@ _V2 = (
     "ALTER TABLE launches ADD COLUMN oom_json TEXT",
 )
 
-# Issue 12: what the engine's start-up log said about the engine (attention backend, model runner,
+# What the engine's start-up log said about the engine (attention backend, model runner,
 # vLLM's GPU memory breakdown, KV cache, graph pool, compile/weights seconds: appliance/engine_facts.py)
 # and the GPU memory/utilisation peaks per start-up phase (appliance/gpu_mem.py).
 _V3 = (
@@ -143,7 +143,7 @@ _V3 = (
     "ALTER TABLE launches ADD COLUMN gpu_peaks_json TEXT",
 )
 
-# Issue 19: a cache miss explains itself. `compile_json` holds the launch's compile factors (hashed
+# A cache miss explains itself. `compile_json` holds the launch's compile factors (hashed
 # values), the cache root's state at launch, what the log said (vLLM's cache dir hash, the AOT path,
 # the marker lines), the warnings (root not writable, deleted, shared) and, on a miss, why
 # (appliance/compile_factors.py). `cache_root` is a column so the earlier launch on the same root is
@@ -155,7 +155,7 @@ _V4 = (
     "CREATE INDEX launches_cache_root ON launches(cache_root, created_at)",
 )
 
-# Issue 19 (ETA from history): whether the controller started the launch cold (its compile cache root
+# For the ETA from history: whether the controller started the launch cold (its compile cache root
 # empty or a warm-up's first start) or expected it warm. The log's hit/miss (`cache`) is the proof
 # once it comes; an eager start logs neither, and its ETA is still compared like with like.
 _V5 = (
@@ -247,9 +247,9 @@ class LaunchRecord(LaunchSummary):
     oom: list[dict[str, Any]]
     phases: list[PhaseRecord]
     events: list[EventRecord]
-    engine: dict[str, Any] = {}  # appliance/engine_facts.py + the start's seconds (issue 12)
+    engine: dict[str, Any] = {}  # appliance/engine_facts.py + the start's seconds
     gpu_peaks: dict[str, Any] = {}  # {phase: {card: {used_max_bytes, total_bytes, busy_max_percent}}}
-    # Issue 19: {factors, cache_root_state, previous_launch, previous_cache_dir, seen, miss, warnings}
+    # {factors, cache_root_state, previous_launch, previous_cache_dir, seen, miss, warnings}
     # (controller/supervisor/compile_cache.py writes it; appliance/compile_factors.py defines the parts).
     compile_cache: dict[str, Any] = {}
 

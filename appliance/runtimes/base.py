@@ -1,4 +1,4 @@
-"""The pure half of a runtime plug-in (issue 13): what a runtime kind means before anything runs.
+"""The pure half of a runtime plug-in: what a runtime kind means before anything runs.
 
 A runtime kind is two files: this pure half in `appliance/runtimes/<kind>.py` and an effectful half in
 `controller/runtime/<kind>.py`, joined by one line in each registry (`appliance/runtimes/registry.py`,

@@ -3,7 +3,7 @@
 Its effectful half is controller/runtime/docker_rt.py, which creates the container with exactly
 `container_kwargs(spec, launch_id, ...)`: the `docker-py` render prints the same function's output,
 and the `docker run` and compose renders are written from it too, so a hand-run container and the
-appliance's own cannot drift apart (issue 13). What the container is *created* with matters because
+appliance's own cannot drift apart. What the container is *created* with matters because
 some of it cannot be fixed later:
 
 - **No memory limit** (DOMAIN §3): a cgroup limit counts page cache, so 29 GB of mmapped weights plus
@@ -180,7 +180,7 @@ def container_kwargs(
 
     `key_file`: the engine reads its per-launch API key from a vLLM config file that the runtime
     puts into the created container before it starts (appliance/engine_secret.py: `--config` at a
-    path that is the same for every launch; never an environment variable, issue 19) — renders
+    path that is the same for every launch; never an environment variable) — renders
     never pass it. `host_mounts`: the controller's own mounts when it runs in a container
     (`translate_source`). Raises ValueError for a spec that cannot become a container.
     """

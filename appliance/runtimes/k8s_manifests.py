@@ -29,7 +29,7 @@ Other choices, each from a fact:
   volume mounts at a path that is the same for every launch (appliance/engine_secret.py); the
   effectful half creates the Secret from the launch's key (controller/supervisor/engine_key.py).
   Not `VLLM_API_KEY` from a secretKeyRef: vLLM 0.26.0 hashes that variable into its compile-cache
-  key, so a fresh key per launch made every warm restart a full recompile (issue 19).
+  key, so a fresh key per launch made every warm restart a full recompile (docs/measured.md).
 """
 
 from __future__ import annotations

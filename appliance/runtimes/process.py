@@ -36,7 +36,7 @@ class ProcessLaunch(LaunchRuntime):
     """LaunchSpec.runtime of a process launch."""
 
     kind: Literal["process"] = "process"
-    # Optional as it was before issue 13 (a spec built by hand may leave it out): argv[0] runs; this
+    # Optional as it was in flat specs (a spec built by hand may leave it out): argv[0] runs; this
     # names the interpreter for the launch record (provenance) only.
     python: str | None = Field(default=None, description="The engine's interpreter, as rendered.")
 

@@ -187,7 +187,7 @@ def plan_cmd(
     findings = lint(recipe)
     admission = admit(recipe, facts)
     failed = has_errors(findings) or admission.verdict == "refuse"
-    # Issue 19 item 6: a cache root that is not writable, gone since a launch used it, or shared with
+    # A cache root that is not writable, gone since a launch used it, or shared with
     # another variant is named here, before anything starts (warnings: they do not fail the plan).
     others = compile_cache.other_variants(_recipes(), facts, spec)
     warnings = compile_cache.plan_warnings(spec, others, read_earlier_on_root(paths().db, spec.cache_root))

@@ -91,7 +91,7 @@ def _refused(recipe: str, failure: dict[str, Any], serving: str | None) -> typer
 
 def _end_of_follow(client: Client, outcome: str | None, recipe: str | None = None) -> None:
     """`recipe`: what was asked for. Ready with another recipe means this apply did not happen
-    (issue 9: a refused apply printed "ready: <the old recipe>" and exited 0)."""
+    (a refused apply once printed "ready: <the old recipe>" and exited 0)."""
     if outcome == "ready":
         s = client.get("/status")
         if recipe is not None and s.get("recipe") != recipe:
@@ -513,7 +513,7 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
 
 
 def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:
-    """Issue 19: why the compile cache missed (compared with which launch), and bad cache roots.
+    """Why the compile cache missed (compared with which launch), and bad cache roots.
     `cc`: a status's `launch.compile_cache` or a record's `compile_cache` (same keys where shared)."""
     if not cc:
         return []

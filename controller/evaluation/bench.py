@@ -42,7 +42,7 @@ class LaunchInfo:
     reproducibility: str | None = None  # the recipe's declared expect.reproducibility
     max_num_seqs: int | None = None
     proof: ProofResult = field(default_factory=ProofResult)
-    # The launch's per-launch engine API key (issue 9: the engine's /v1 answers 401 without it). Kept
+    # The launch's per-launch engine API key (the engine's /v1 answers 401 without it). Kept
     # out of repr and never written to a result; None for an engine given directly (then --key).
     engine_key: str | None = field(default=None, repr=False)
 

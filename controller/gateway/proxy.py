@@ -431,7 +431,7 @@ class Proxy:
                     return 502
             except aiohttp.ClientConnectorError as exc:
                 # Nothing listens: the engine died, and the controller is taking it out of the slot
-                # (issue 9). The client should come back, as for "no engine": 503 + Retry-After.
+                # The client should come back, as for "no engine": 503 + Retry-After.
                 errors.labels("connect").inc()
                 await send_error(
                     send,

@@ -85,7 +85,7 @@ class Runtime(Protocol):
         `engine_key` (the per-launch engine API key) reaches vLLM as a 0600 config file given with
         `--config` at a path that is the same for every launch of the variant
         (appliance/engine_secret.py) — never argv, the environment (a `VLLM_*` variable can enter
-        vLLM's compile-cache hash: issue 19), records or logs. Returns at once; readiness is the
+        vLLM's compile-cache hash), records or logs. Returns at once; readiness is the
         supervisor's job."""
         ...
 
@@ -99,7 +99,7 @@ class Runtime(Protocol):
 
     def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
         """Block up to timeout_s for the engine to end; returns running=True on timeout. Event-driven
-        where the runtime can be (the supervisor's death notice, issue 9: within about a second)."""
+        where the runtime can be (the supervisor's death notice: within about a second)."""
         ...
 
     def read_engine_key(self, handle: EngineHandle) -> str | None:

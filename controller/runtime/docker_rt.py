@@ -67,7 +67,7 @@ from controller.runtime.log_offsets import slice_log
 from controller.runtime.ports import ensure_port_free
 from controller.runtime.registry import RuntimeContext
 
-LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where controllers before issue 19 put the key: read back still
+LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where older controllers put the key: read back still
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _key_of_container(container: Container) -> str | None:
             if data is not None:
                 return key_from_config(data.read().decode(errors="replace"))
     except docker.errors.NotFound:
-        pass  # no key file: an engine started before issue 19, or a recipe with its own key
+        pass  # no key file: an engine started by an older controller, or a recipe with its own key
     for item in container.attrs.get("Config", {}).get("Env") or []:
         name, sep, value = str(item).partition("=")
         if sep and name == LEGACY_KEY_ENV:
@@ -339,7 +339,7 @@ class DockerRuntime:
         if not isinstance(rt, docker_plugin.DockerLaunch):
             raise RuntimeError_(f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'")
         ensure_cache_dirs(spec)
-        # Prove the host port free first (issue 9: an orphan on it answered the next launch's probes).
+        # Prove the host port free first (an orphan on it once answered the next launch's probes).
         if rt.network_mode == "host":  # the engine binds the host's port itself
             ensure_port_free(spec.host, spec.port)
         elif rt.network_mode != "none":

@@ -13,7 +13,7 @@ this module only applies, watches, reads and deletes them. Choices, and why:
 - **The engine API key** goes into a per-launch Secret created first (the pure half's
   `engine_key_secret`, made `immutable`): the launch's key, or the recipe's own when it brings one,
   as vLLM's config file, mounted 0400 and given with `--config` at one path for every launch (never
-  `VLLM_API_KEY`: vLLM 0.26.0 hashes it into its compile-cache key, issue 19). The manifests only
+  `VLLM_API_KEY`: vLLM 0.26.0 hashes it into its compile-cache key). The manifests only
   name the Secret, so the key is never in a manifest, a log line or a record. `read_engine_key`
   reads it back through the workload's Secret volume.
 - **Ended = the first container run ended.** A Deployment's pod always restarts (restartPolicy

@@ -1,6 +1,6 @@
 """Is the engine's port free? Asked before every launch, and answered with who holds it.
 
-Issue 9: a vLLM server orphaned by a killed shim kept port 8000; every relaunch then died with
+A vLLM server orphaned by a killed shim kept port 8000; every relaunch then died with
 `Address already in use` while the orphan answered the new launch's readiness probes. A launch now
 proves the port free first, and says which process holds it when the kernel lets us know.
 """

@@ -9,7 +9,7 @@ Layout of one launch, `runs_dir/<launch_id>/`:
 - `exit_status.json` written by the shim when the engine ends: exit code and terminating signal
 - `engine-key.yaml`  (0600) this launch's engine key as the vLLM config file it was given, for read-back
   on adoption; the engine itself reads the same text from `runs_dir/.engine-keys/<variant>.engine-key.yaml`,
-  a path that is the same for every launch of the variant (appliance/engine_secret.py, issue 19)
+  a path that is the same for every launch of the variant (appliance/engine_secret.py)
 
 The run directory is 0700: the engine log can hold the key too (vLLM 0.26.0 logs its arguments).
 
@@ -75,7 +75,7 @@ PROCESS_FILE = "process.json"
 HANDLE_FILE = "handle.json"
 STATUS_FILE = "exit_status.json"
 KEYS_DIR = ".engine-keys"  # under runs_dir: the variants' key files, at stable paths
-LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where controllers before issue 19 put the key: read back still
+LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where older controllers put the key: read back still
 RUNTIME_TAG = "[appliance-runtime]"
 
 # Used only when neither the spec nor the controller's own environment has them.
@@ -373,7 +373,7 @@ class ProcessRuntime:
 
     def read_engine_key(self, handle: EngineHandle) -> str | None:
         """The running engine's key (for a controller that adopted it after a restart), from the
-        launch's own copy of its key file; an engine started before issue 19 has it in its
+        launch's own copy of its key file; an engine started by an older controller has it in its
         environment. Readable only by the engine's own user (or root)."""
         shim = self._shim(handle)
         if shim is None:
@@ -475,7 +475,7 @@ class ProcessRuntime:
         if status is not None:
             return self._info(status)
         # No status: the shim itself was killed (SIGKILL, OOM killer) before its engine ended. Its
-        # own exit code is not the engine's (issue 9: "exited 137" was recorded while the engine
+        # own exit code is not the engine's ("exited 137" was once recorded while the engine
         # still served). The engine got TERM from the kernel (parent-death signal); whatever is left
         # of the group is ended here, and the run directory says what happened.
         if shim_returncode is None and _pid_taken(handle.ref):

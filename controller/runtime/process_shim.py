@@ -21,7 +21,7 @@ imported by the controller. It exists for three reasons:
 4. **The engine dies with its shim.** The engine's main process is started with a parent-death
    signal (`PR_SET_PDEATHSIG` = TERM, set between fork and exec): if the shim itself is SIGKILLed,
    the kernel TERMs the engine, and vLLM's own TERM handler takes its engine core and workers down
-   (issue 9: a killed shim left the vLLM server orphaned on its port, answering the next launch's
+   (a killed shim once left the vLLM server orphaned on its port, answering the next launch's
    probes). The runtime ends whatever is left of the group when it sees the shim gone.
 
 The status is written as soon as the engine's main process ends — before the orphans are reaped —

@@ -3,7 +3,7 @@ appliance/runtimes/registry.py for its pure half).
 
 Each entry names the module of the runtime and says whether it needs something that may be absent
 on this host (a daemon, a cluster, an SDK). Modules are imported only when their kind is asked for,
-so a host without the docker SDK still runs the process runtime (issue 12). The module provides
+so a host without the docker SDK still runs the process runtime (as on the H200 host). The module provides
 `make(ctx: RuntimeContext) -> Runtime` and `engine_key_of(ref: str) -> str | None` (the running
 engine's API key by the runtime's own id, for a CLI that has no runtime object).
 

@@ -1,12 +1,12 @@
 """The compile-cache record of a launch: what it ran with, what the cache looked like, why it missed.
 
-Issue 19 items 3 and 6. The pure half (factors, the log's cache lines, the comparison) is
+The pure half (factors, the log's cache lines, the comparison) is
 appliance/compile_factors.py; here is what reads the disk and the store: the model directory
 (names, sizes, mtimes — no content), the cache root and the earlier launch's cache directory as
 found at launch (before the engine writes anything), and the earlier launch on the same root.
 The driver calls `begin` (in a thread) at start and `CompileWatch.observe` on every log poll.
 
-"Bad input" is never silent (item 6): a root that is not writable, a root an earlier launch used
+"Bad input" is never silent: a root that is not writable, a root an earlier launch used
 and that is now gone, and a root that two variants share (other recipe, other spec hash: each
 start evicts the other's artifacts or, worse, loads them) become `warnings` in the record and
 `compile-cache-warning` events.
@@ -110,7 +110,7 @@ def _compiled(e: EarlierLaunch) -> bool:
 
 def baseline(spec: LaunchSpec, earlier: list[EarlierLaunch]) -> tuple[EarlierLaunch | None, list[str]]:
     """The launch a miss is compared with: the newest one of the same variant on this root that got
-    as far as the compile cache, else one recorded before issue 19 (no factors: an honest unknown).
+    as far as the compile cache, else one recorded before factors were kept (no factors: an honest unknown).
     Also the ids of same-variant launches that never got there (a launch that died loading weights
     left nothing behind: the next start is cold by nature, not by a changed factor)."""
     same = [e for e in earlier if _same_variant(spec, e)]

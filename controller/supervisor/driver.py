@@ -108,14 +108,14 @@ class DriverConfig:
     health_interval_s: float = 10.0  # liveness probes while ready
     health_failures: int = 3  # consecutive failed health probes → HealthLost
     # The kernel's OOM record can trail the process's death a little; wait this long for the kmsg
-    # watch before classifying an exit (its detection latency goal is < 1 s, issue 4).
+    # watch before classifying an exit (its detection latency goal is < 1 s).
     oom_settle_s: float = 1.0
     stop_retries: int = 3
     # While ready: ask the gateway (GET /admin/upstream) whether it still routes to the engine. A
     # gateway restarted under a running controller has no slot and answers 503 until told again.
     gateway_check_interval_s: float = 10.0
     # A thread per engine blocks in Runtime.wait (pidfd / docker) so that a death is known at once,
-    # not at the next poll (issue 9); it re-checks that its launch is still current this often.
+    # not at the next poll; it re-checks that its launch is still current this often.
     watch_exits: bool = True
     exit_watch_s: float = 30.0
 
@@ -394,7 +394,7 @@ class Driver:
         self.store.set_cache(launch.launch_id, outcome.value)
 
     def _record_compile(self, launch: Launch, run: LaunchRun) -> None:
-        """The log's cache lines into the record; a miss explained once, counted by why (issue 19)."""
+        """The log's cache lines into the record; a miss explained once, counted by why."""
         if run.compile is None:
             return
         already = run.compile.miss is not None
@@ -516,7 +516,7 @@ class Driver:
             error = await self.prober.health(launch.spec)
             if error is None:
                 # With this launch's key: an engine left over from another launch answers 401 here,
-                # so a ready is never an orphan's (issue 9).
+                # so a ready is never an orphan's.
                 error = await self.prober.completion(launch.spec, self.engine_key(launch.launch_id))
         finally:
             self._probing = False

@@ -1,5 +1,5 @@
 """A thread per engine blocked in `Runtime.wait` (pidfd / docker), so a death is known at once, not
-at the next poll (issue 9). A daemon thread: a controller exit is never held up by it (the engine
+at the next poll. A daemon thread: a controller exit is never held up by it (the engine
 is adopted next time). It reports back on the event loop and ends when its launch is no longer the
 current one."""
 

@@ -1,4 +1,4 @@
-"""The GPU watch tied to the launch it is watching (issue 12).
+"""The GPU watch tied to the launch it is watching.
 
 Every few seconds: one sample per card (controller/watch/gpu.py) → Prometheus; while an engine is
 starting or running, the samples are folded into that launch's peaks by the supervisor's current

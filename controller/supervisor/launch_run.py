@@ -39,7 +39,7 @@ class LaunchRun:
     # What was last written to the launch record (written again only when it changes).
     cache_seen: CacheOutcome | None = None
     engine_seen: dict[str, object] | None = None
-    # The compile-cache record (issue 19): factors at start, the log's cache lines, why a miss.
+    # The compile-cache record: factors at start, the log's cache lines, why a miss.
     compile: CompileWatch | None = None
     # The exit: `exit_seen` as soon as the runtime says the engine ended (status shows it);
     # `exit`/`diagnosis` once classified or stopped, for the launch record at `MarkEnded`.

@@ -284,7 +284,7 @@ def _preflight_ok(m: Machine, obs: PreflightOk, now: float) -> tuple[Machine, li
     if (ours and not m.force and current is not None and current.handle is not None
             and current.spec.recipe == obs.spec.recipe and current.spec.spec_hash == obs.spec.spec_hash):
         # preflight ok for exactly the launch that is ready → ready, nothing restarted (an apply of
-        # the running recipe cost 95 s of 503 without a word, issue 9; `--force` restarts it).
+        # the running recipe cost 95 s of 503 without a word; `--force` restarts it).
         message = (f"{obs.spec.recipe} is already running with this exact launch spec "
                    f"({obs.spec.spec_hash}): nothing restarted (use --force to restart it)")
         assert m.apply is not None
@@ -446,7 +446,7 @@ def _exit_seen(m: Machine, obs: ExitSeen) -> tuple[Machine, list[Action]]:
     clear = ClearUpstream("engine exited", m.policy.retry_after_s)
     if m.state in (State.READY, State.STARTING):
         # ready/starting + death seen → exited: the gateway answers 503 + Retry-After at once,
-        # not 502 "cannot connect" while the exit is classified (issue 9: ~12 s of 502).
+        # not 502 "cannot connect" while the exit is classified (it was ~12 s of 502).
         return replace(m, state=State.EXITED, halt=False), [note, clear]
     if m.state is State.PREFLIGHT:
         # preflight (old engine serving) + death seen → preflight; the old engine leaves the gateway.

@@ -123,7 +123,7 @@ class HealthLost:
 @dataclass(frozen=True)
 class ExitSeen:
     """The runtime says the engine ended — before the exit is classified (the kernel's OOM record
-    may trail the death). Enough to take it out of the gateway at once (issue 9)."""
+    may trail the death). Enough to take it out of the gateway at once."""
 
     launch_id: str
     exit: ExitInfo

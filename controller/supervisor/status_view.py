@@ -90,7 +90,7 @@ def launch_status(launch: Launch, run: LaunchRun | None, now: float) -> dict[str
             if at is not None or p not in skip
         ] if tracker else [],
         "cache": tracker.cache_outcome.value if tracker else None,
-        # Issue 19: why a miss, vLLM's cache dir hash, bad cache roots (None: not recorded).
+        # Why a compile-cache miss, vLLM's cache dir hash, bad cache roots (None: not recorded).
         "compile_cache": run.compile.summary() if run is not None and run.compile is not None else None,
         "probe_error": run.probe_error if run is not None else None,
         "runtime_note": run.runtime_note if run is not None else None,

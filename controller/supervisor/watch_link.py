@@ -1,4 +1,4 @@
-"""The host watch, tied to the launch it is watching (issue 4's readers, issue 3's records).
+"""The host watch, tied to the launch it is watching (the host readers, the launch records).
 
 - Every second: one host sample (MemAvailable, swap, PSI; the engine's processes' RssAnon when
   `controller.watch.sample_policy` says it can have changed: start-up, MemAvailable moving, a slow

@@ -1,4 +1,4 @@
-"""Reading GPU memory and utilisation: NVML on NVIDIA, amdgpu sysfs on AMD/Hygon (issue 12).
+"""Reading GPU memory and utilisation: NVML on NVIDIA, amdgpu sysfs on AMD/Hygon.
 
 NVML comes from `nvidia-ml-py` (module `pynvml`), imported only when this runs: a host without it,
 or without an NVIDIA driver, just has no NVIDIA samples. NVML asks the driver, so it is used only

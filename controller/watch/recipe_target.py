@@ -1,7 +1,7 @@
 """The running recipe's MemAvailable floor, for the `MemAvailableBelowRecipeTarget` alert.
 
 The alert compares `appliance_host_memory_available_bytes` with
-`appliance_launch_memory_available_target_bytes{recipe}`; issue 9 found nothing in production set the
+`appliance_launch_memory_available_target_bytes{recipe}`; nothing in production used to set the
 target, so the alert could never fire. The supervisor's driver asks this (its `mem_target` seam) when a
 launch starts or an engine is adopted and sets the gauge through the injected `ControllerMetrics`
 (cleared when the launch ends); this turns the recipe's `expect.min_mem_available_gib` (DOMAIN §3:

@@ -1,6 +1,6 @@
 """When the host sampler reads the expensive sources. A pure decision over (clock, MemAvailable, launch).
 
-Issue 9 measured the controller idle beside a ready engine at 7.9% of a core, nearly all of it in
+The controller was measured idle beside a ready engine at 7.9% of a core, nearly all of it in
 `Path.read_text` of /proc files from the once-a-second host sample: finding the engine's process tree
 (every /proc/<pid>/stat on the host, twice) and each engine process's `smaps_rollup` (the kernel walks
 every VMA of a 4–7 GiB worker to produce it). The cheap sources — `/proc/meminfo`, `/proc/pressure/

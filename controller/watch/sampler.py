@@ -9,7 +9,7 @@ dead when the kernel's kill line arrives).
 
 Cheap sources (meminfo, PSI, swaps, swappiness) are read on every sample; the engine's process tree
 and per-process smaps_rollup only when `controller.watch.sample_policy` says they can change an
-answer (issue 9: reading them every second cost the idle controller 7.9% of a core). In between, a
+answer (reading them every second cost the idle controller 7.9% of a core). In between, a
 sample carries the last per-process read and says when it was made (`processes_at`).
 """
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# acceptance.sh — the GPU acceptance run (issue 19 item 5), on the lent H200, for any change that touches
+# acceptance.sh — the GPU acceptance run, on the lent H200, for any change that touches
 # how the engine is launched (env, argv, cache paths, keys). docs/gpu-h200.md says how it is sent: the
 # kit set up by an earlier call (gpu-kit's setup.sh: vLLM 0.26.0 in /root/site, the model in
 # /root/gpu/smollm2), the appliance's code in .gpuwt/; run from the repo root copy as
@@ -132,7 +132,7 @@ for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.lo
   mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null
 done
 "${APP[@]}" status --json > "$R/status.json" 2>&1
-# Issue 19's facts, before anything is redacted: how the key reached vLLM (mode of the key files,
+# The key's facts, before anything is redacted: how the key reached vLLM (mode of the key files,
 # never a VLLM_API_KEY in the engine's environment) and whether vLLM 0.26.0 logged it in clear.
 { echo "key files:"; ls -l /root/app/runs/.engine-keys/ 2>&1 | sed 's/^/  /'
   echo "engine logs with the key in vLLM's non-default args line: $(grep -l "'api_key': \['eng_" /root/app/runs/*/engine.log 2>/dev/null | wc -l) of $(ls /root/app/runs/*/engine.log 2>/dev/null | wc -l)"

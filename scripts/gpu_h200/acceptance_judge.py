@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Judge a GPU acceptance run (issue 19 item 5): the I/O around appliance.gpu_acceptance.judge.
+"""Judge a GPU acceptance run (docs/gpu-h200.md): the I/O around appliance.gpu_acceptance.judge.
 
     python3 scripts/gpu_h200/acceptance_judge.py DIR [--write-docs docs/gpu-h200.md] [--fixtures OUT]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""decode_client.py URL MODEL LABEL OUT.json — a small measuring client for the H200 runs (issue 12).
+"""decode_client.py URL MODEL LABEL OUT.json — a small measuring client for the H200 runs (docs/gpu-h200.md).
 
 Standard library only (it runs on the device image). Against an OpenAI-compatible /v1/completions:
 - TTFT and decode ms/token from streamed greedy completions (ignore_eos, 128 tokens; MEASURED.md: the

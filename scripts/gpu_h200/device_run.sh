@@ -1,5 +1,5 @@
 #!/bin/bash
-# device_run.sh A|B — the appliance on the lent H200 (issue 12; docs/gpu-h200.md says how it is sent).
+# device_run.sh A|B — the appliance on the lent H200 (docs/gpu-h200.md says how it is sent).
 # Runs in the device tool's copy of the repo root, after gpu-kit's setup.sh put vLLM 0.26.0 into
 # /root/site and the model into /root/gpu/smollm2. The appliance's own code travels in .gpuwt/.
 #   A: layout + probes (docker SDK absent, logging, NVML) + `appliance up` with cuda-smollm2-graph

@@ -5,7 +5,7 @@ The runtime contract (test_runtime_contract.py) runs a stand-in engine
 real vLLM command line — `python -m vllm.entrypoints.openai.api_server --model … --port …` — and the
 runtime runs exactly that, in a process under the test interpreter or in a container of the
 appliance image (which has Python). Only this module knows how a LaunchSpec is shaped: when the
-spec changes (issue 13's `runtime:` sub-model), this is the one place the tests adapt.
+spec changes (as with the `runtime:` sub-model), this is the one place the tests adapt.
 """
 
 from __future__ import annotations

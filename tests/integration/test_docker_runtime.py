@@ -322,7 +322,7 @@ def test_a_held_published_port_is_refused_before_any_container(
 def test_the_engine_key_file_reaches_an_image_without_run_and_only_the_engine_sees_it(
     rt: DockerRuntime, image: str, made: Tracker,
 ) -> None:
-    """Issue 19: the key is a vLLM config file put into the created container (never the
+    """The key is a vLLM config file put into the created container (never the
     environment). busybox has no /run: the runtime creates it (the compose suite's exits-at-once
     image failed to start before)."""
     key = new_engine_key()

@@ -147,7 +147,7 @@ async def test_headers_auth_not_forwarded_request_id_and_model_alias(
 
 async def test_connect_failure_is_503_with_retry_after_and_reason(store: KeyStore, key: str) -> None:
     """Nothing listens where the engine was (it died; the controller is taking it out of the slot):
-    the client is told to come back, like for "no engine" — not 502 (issue 9)."""
+    the client is told to come back, like for "no engine" — not 502."""
     sock_owner = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     port = sock_owner.sockets[0].getsockname()[1]
     sock_owner.close()
@@ -162,7 +162,7 @@ async def test_connect_failure_is_503_with_retry_after_and_reason(store: KeyStor
 async def test_the_engine_key_goes_upstream_instead_of_the_clients(
     gateway: RunningGateway, upstream: SyntheticUpstream, key: str
 ) -> None:
-    """The engine's own door (issue 9): the gateway sends the engine's per-launch key upstream, never
+    """The engine's own door: the gateway sends the engine's per-launch key upstream, never
     the client's key, and never shows the engine key back."""
     async with aiohttp.ClientSession() as s:
         await control.set_upstream(gateway.url, ADMIN, upstream.url, "served-name", drain_deadline_s=0,

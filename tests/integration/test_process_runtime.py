@@ -206,7 +206,7 @@ def _gone(pids: list[int], timeout_s: float = LIVENESS_S) -> bool:
 
 
 def test_killing_the_shim_takes_the_engine_down_and_frees_its_port(rt: ProcessRuntime) -> None:
-    """Issue 9 (high): `kill -9` of the shim left the vLLM server running, reparented to init and
+    """`kill -9` of the shim once left the vLLM server running, reparented to init and
     holding its port; every relaunch then failed with `Address already in use`."""
     port = _free_port()
     spec = fake_spec("--workers", "1", "--listen", str(port), port=port)

@@ -58,7 +58,7 @@ from tests.integration.images import APPLIANCE_IMAGE
 from tests.integration.runtime_specs import SERVED_NAME, STANDIN_KINDS, standin_spec
 
 LIVENESS_S = 60.0
-KEY_NAME = "VLLM_API_KEY"  # where the key must NOT be (issue 19); README "The engine's own door"
+KEY_NAME = "VLLM_API_KEY"  # where the key must NOT be; README "The engine's own door"
 
 
 def free_port() -> int:
@@ -135,7 +135,7 @@ class DockerSide:
         return list(self.client.containers.list(all=True, filters=label))
 
     def records(self, handle: EngineHandle) -> str:
-        attrs = self.client.api.inspect_container(handle.ref)  # the environment too (issue 19)
+        attrs = self.client.api.inspect_container(handle.ref)  # the environment too
         return json.dumps(attrs)
 
     def created(self, launch_id: str) -> bool:
@@ -344,7 +344,7 @@ def test_start_runs_the_rendered_command_and_answers(served: Served) -> None:
 
     info = h.get(spec, "/standin/info").json()
     # Exactly the rendered command (`python -m MODULE ARGS`: sys.argv[0] is the module's file), and
-    # the key's config file at the variant's one path (appliance/engine_secret.py, issue 19).
+    # the key's config file at the variant's one path (appliance/engine_secret.py).
     assert info["argv"][1:-2] == list(spec.argv[3:])
     assert info["argv"][-2] == "--config" and info["argv"][-1].endswith(KEY_FILE_NAME)
     assert spec.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
@@ -364,7 +364,7 @@ def test_the_key_is_only_in_the_engine_environment(served: Served) -> None:
     assert rt.read_engine_key(handle) == h.key
     assert h.runtime().read_engine_key(handle) == h.key
     assert engine_key_of(handle.runtime, handle.ref) == h.key  # the CLI's reader, by ref
-    # ...and nothing else does: not argv, not the environment (issue 19: vLLM 0.26.0 hashes
+    # ...and nothing else does: not argv, not the environment (vLLM 0.26.0 hashes
     # VLLM_API_KEY into its compile-cache key), not the runtime's records.
     pids = rt.engine_pids(handle)
     assert pids
@@ -411,7 +411,7 @@ def test_a_port_held_by_another_process_is_refused_naming_it(h: Harness) -> None
 
 
 def test_a_port_held_by_the_previous_engine_is_refused_naming_it(served: Served) -> None:
-    # The usual holder (issue 9): the previous engine, still running.
+    # The usual holder: the previous engine, still running.
     h, rt, spec, handle = served.h, served.rt, served.spec, served.handle
     holder = port_holder_pid(spec.port)
     assert holder in rt.engine_pids(handle)

@@ -1,4 +1,4 @@
-"""The supervisor over real processes (issue 9): a death is known at once — from the runtime's own
+"""The supervisor over real processes: a death is known at once — from the runtime's own
 notice, not the next poll — and the engine leaves the gateway before anything else happens; each
 launch's engine gets a secret key through its environment only.
 
@@ -79,7 +79,7 @@ async def test_a_killed_engine_leaves_the_gateway_before_the_next_poll(tmp_path:
         main, _ = ready_pids(wait_for_log(rt, launch.handle, r"READY"))
         await _until(lambda: ("point_to", "http://127.0.0.1:1") in gateway.calls, "the gateway has it")
 
-        # The engine's own door: one key, in its 0600 key file only (issue 19: never the environment,
+        # The engine's own door: one key, in its 0600 key file only (never the environment,
         # which vLLM 0.26.0 hashes into its compile key), known to probe and gateway.
         assert ENGINE_KEY_ENV not in json.loads(env_dump.read_text())
         key_file = runs / launch.launch_id / KEY_FILE_NAME

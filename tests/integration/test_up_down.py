@@ -55,7 +55,7 @@ def test_up_starts_everything_and_down_stops_it_by_pid(tmp_path: Path) -> None:
         assert f"ready: {RECIPE} at http://127.0.0.1:" in out
         assert re.search(r"\[ *\d+\.\d+s\] .*weights loaded", out)  # the start was shown phase by phase
         # The answer line is JSON, made for parsing: the model's words (any quotes, any language;
-        # greedy output differs between CPUs) are never what the test looks at (issue 9).
+        # greedy output differs between CPUs) are never what the test looks at.
         line = next((x for x in out.splitlines() if re.match(r"test +through the gateway: ", x)), None)
         assert line is not None, out
         answer = json.loads(line.split("through the gateway: ", 1)[1])

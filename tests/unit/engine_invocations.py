@@ -1,4 +1,4 @@
-"""Each shipped recipe's engine environment and argv exactly as its runtime starts it (issue 19's
+"""Each shipped recipe's engine environment and argv exactly as its runtime starts it (for the
 compile-key guard): the same functions the runtimes call, nothing re-typed here.
 
 - process: `engine_env(spec.env)` and `ProcessRuntime.engine_command` (the spec's argv plus `--config`

@@ -164,7 +164,7 @@ def test_swap_efficiency_is_calibrated_on_s14c(swappiness: int | None, efficienc
     assert swap_efficiency(swappiness) == efficiency
 
 
-# --- issue 9: the numbers against the seed record ------------------------------------------------
+# --- the numbers against the seed record -------------------------------------------------------
 
 
 def test_b_is_not_predicted_better_than_s14d_measured() -> None:

@@ -224,7 +224,7 @@ async def test_plan_and_show_render_on_this_host_without_starting_anything(rig: 
     assert plan["launchable"] is True and plan["admission"]["verdict"] in ("admit", "warn")
     assert plan["rendered"]["recipe"] == "cpu-smollm2"
     assert plan["cache_root"].startswith(str(rig.preflight.appliance_home))
-    assert plan["cache_warnings"] == []  # issue 19: a fresh root under a writable home is fine
+    assert plan["cache_warnings"] == []  # a fresh root under a writable home is fine
     shown = (await client.get("/recipes/cpu-smollm2")).json()
     assert shown["recipe"]["name"] == "cpu-smollm2"
     assert shown["rendered"]["env"]["VLLM_USE_AOT_COMPILE"] == "0"

@@ -1,4 +1,4 @@
-"""The admin API's gate (issue 9): token before body, bounded bodies and values, Host checked.
+"""The admin API's gate: token before body, bounded bodies and values, Host checked.
 
 Requests are driven as raw ASGI calls where it matters how much of the body the app pulled: the
 `receive` callable counts the chunks handed over, so "the body was never read" is an assertion,

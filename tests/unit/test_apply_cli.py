@@ -1,6 +1,6 @@
 """`appliance apply | up | down` against a scripted controller (the CLI's API client is the seam):
 what a refused, an unchanged and a started apply print and return; the parse-friendly answer line
-of `up`; the key hint `up` prints; `down` leaves no gateway token behind (issue 9)."""
+of `up`; the key hint `up` prints; `down` leaves no gateway token behind."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from tests.unit.recipe_helpers import HOME, C, fixed_facts, shipped, with_change
     {"engine__why": {"dtype": "another reason"}},
     {"engine__port": 8001},
     {"engine__host": "0.0.0.0"},
-    # issue 9: flags that do not reach the compiler (sampling, API server, memory sizing, all-reduce)
+    # flags that do not reach the compiler (sampling, API server, memory sizing, all-reduce)
     {"engine__override_generation_config": {"temperature": 0.2, "repetition_penalty": 1.05}},
     {"engine__override_generation_config": None},
     {"engine__default_chat_template_kwargs": {"reasoning_effort": "high"}},

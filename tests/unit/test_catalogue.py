@@ -1,4 +1,4 @@
-"""controller/catalogue.py and appliance/recipe_diff.py: the one recipe catalogue (issue 25 item 5)."""
+"""controller/catalogue.py and appliance/recipe_diff.py: the one recipe catalogue."""
 
 from __future__ import annotations
 

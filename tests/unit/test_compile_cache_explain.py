@@ -1,6 +1,6 @@
-"""Issue 19: a cache miss explains itself — the driver records each launch's compile factors, the
+"""A cache miss explains itself — the driver records each launch's compile factors, the
 log's cache lines (real vLLM 0.26.0 lines from the H200), and why a miss happened; the metric
-counts it by reason; bad cache roots are named (item 6)."""
+counts it by reason; bad cache roots are named."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_launches_id_keeps_json_on_stdout_and_says_why_on_stderr(monkeypatch: py
     assert "cache miss: env vs launch L1: env VLLM_API_KEY changed" in result.stderr
 
 
-# ---- `appliance plan`: bad cache roots are named before anything starts (item 6)
+# ---- `appliance plan`: bad cache roots are named before anything starts
 
 
 def _plan(monkeypatch: pytest.MonkeyPatch, home: Path, *args: str) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""appliance/compile_factors.py: factors with hashed values, and why a miss happened (issue 19 item 3).
+"""appliance/compile_factors.py: factors with hashed values, and why a miss happened.
 Pure: plain equality on golden values; the log lines are real vLLM 0.26.0 output (H200)."""
 
 from __future__ import annotations

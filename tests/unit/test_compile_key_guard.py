@@ -1,4 +1,4 @@
-"""Issue 19's guard: no per-launch value may move vLLM's compile cache, under any supported version.
+"""The compile-key guard: no per-launch value may move vLLM's compile cache, under any supported version.
 
 Two launches of every shipped recipe, each with its own launch id and fresh engine key, exactly as
 the runtimes start them (tests/unit/engine_invocations.py), must give vLLM the same hashed
@@ -40,7 +40,7 @@ def test_two_launches_of_a_shipped_recipe_give_vllm_the_same_compile_inputs(
 
 
 def test_the_old_delivery_and_a_compile_variable_do_move_the_key() -> None:
-    """The converse: the check fires on issue 19's bug and on a real compile input."""
+    """The converse: the check fires on the old VLLM_API_KEY delivery and on a real compile input."""
     old_a, old_b = {"VLLM_API_KEY": "eng_one"}, {"VLLM_API_KEY": "eng_two"}
     assert moved_by(RULES["0.26.0"], old_a, old_b) == ["VLLM_API_KEY"]
     assert moved_by(RULES["gfx906"], old_a, old_b) == ["VLLM_API_KEY"]

@@ -379,7 +379,7 @@ async def test_a_recorded_launch_shows_in_the_table_with_its_waterfall_and_memor
     store.set_cache("L1", "hit")
     store.mark_ready("L1", now - 20, 80.0)
     store.add_event("oom-kill", "global OOM kill: x", now - 50, "L1")
-    store.update_compile_cache("L1", {  # issue 19: why a miss, named on the page
+    store.update_compile_cache("L1", {  # why a miss, named on the page
         "seen": {"cache_hash": "f100a03e45", "aot_path": "/c/aot/model"}, "previous_launch": "L0",
         "miss": {"reason": "flag", "details": ["flag --max-model-len changed"], "compared_with": "L0"},
         "warnings": ["cache root /c is not writable: every start compiles, nothing is kept"]})

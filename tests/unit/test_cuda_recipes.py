@@ -1,4 +1,4 @@
-"""The cuda-smollm2-* recipes (issue 12): B / C / C′ at the GPU kit's scale, filled from MEASURED.md."""
+"""The cuda-smollm2-* recipes: B / C / C′ at the GPU kit's scale, filled from MEASURED.md."""
 
 from __future__ import annotations
 

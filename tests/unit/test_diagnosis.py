@@ -70,7 +70,7 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
         C.BIND_LOCALHOST_IN_BRIDGE, {C.BIND_LOCALHOST_IN_BRIDGE, C.LOOPBACK_BIND}, False,
     ),
     "hydcu_module_missing.txt": (C.HYDCU_MODULE_MISSING, {C.HYDCU_MODULE_MISSING}, False),
-    # Issue 9: the seed record's further signatures, and PyTorch's wordings of the same failures.
+    # The seed record's further signatures, and PyTorch's wordings of the same failures.
     "custom_allreduce_hip_error_oom.log": (
         C.CUSTOM_ALLREDUCE_UNSUPPORTED, {C.CUSTOM_ALLREDUCE_UNSUPPORTED, C.ENGINE_START_FAILED}, False,
     ),
@@ -138,7 +138,7 @@ def test_benign_lines_are_flagged_expected_and_ignored(name: str) -> None:
 
 
 def test_the_default_block_fp8_config_line_is_a_check_of_the_fp8_emulation_not_noise() -> None:
-    """Hardening 2 (item 21): it was called benign ("expected on Z100, ignore"); the seed ties it to
+    """It was once called benign ("expected on Z100, ignore"); the seed ties it to
     the Triton block-FP8 fallback (1984.8 ms/token) unless VLLM_DCU_USE_FP8_EMU=1 took effect."""
     findings = scan_text(read("w8a8_block_fp8_default_config_check.log"))
     assert [(f.code, f.benign, f.severity) for f in findings] == [
@@ -155,7 +155,7 @@ def test_informational_fixture_is_no_failure(name: str) -> None:
 
 
 def test_client_disconnect_in_a_healthy_engine_log_is_not_an_engine_failure() -> None:
-    """Issue 9: a client that hung up mid-stream (ConnectionResetError in the engine's stream
+    """A client that hung up mid-stream (ConnectionResetError in the engine's stream
     generator) was diagnosed as the bridge-network bind failure of DOMAIN §2."""
     text = read("client_disconnect_healthy_cpu.log")
     codes = {f.code for f in scan_text(text)}
@@ -430,7 +430,7 @@ def test_a_pybind_error_near_the_word_triton_is_not_a_triton_mismatch() -> None:
 
 
 def test_the_runtimes_reason_explains_an_engine_that_never_ran() -> None:
-    """Issue 13: an unschedulable pod has no exit code and no log; the runtime's words are the diagnosis."""
+    """An unschedulable pod has no exit code and no log; the runtime's words are the diagnosis."""
     reason = "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
     d = diagnose(FailureFacts(runtime_reason=reason))
     assert d.code is DiagnosisCode.RUNTIME_CANNOT_RUN and d.retryable

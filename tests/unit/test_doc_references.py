@@ -6,11 +6,18 @@ seed labels ("S14c", "S11f §10.1", "seed 004 §6": the engineering records behi
 in the repository as docs/domain.md, docs/measured.md and ARCHITECTURE.md; this test holds every
 citation to a heading there. How a reference maps to a heading is written at the top of
 docs/domain.md ("How references resolve") and implemented by `resolve` below.
+
+The other way round: a citation of the project's issue tracker by number ("issue 9", "Issue 19 item 3",
+"hardening 2 item 7") cannot be followed from the repository, so comments and docstrings say what
+was meant instead; the last tests below hold that.
 """
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,3 +180,69 @@ def test_scanner_reads_citation_forms() -> None:
     assert refs == ["DOMAIN §2", "DOMAIN §4", "DOMAIN §3", "DOMAIN §5", "S8 §5.4", "S11m", "S9 §3.10.1",
                     "S9", "S14", "S11a §5-3", "S14b", "S14d", "seed 004 §5.4", "seed 004 §6",
                     "seed 000 chapter 一 §8", 'MEASURED.md "warm restart"', 'ARCHITECTURE "Failure"']
+
+
+# ---- tracker numbers: the tracker is not in the repository ---------------------------------------
+
+# Where comments and docstrings are read for tracker numbers. Python files: their comments and
+# docstrings only (a string the program uses is code, and its tests pin it). Every other text file
+# (recipes, rules, scripts, Dockerfiles, READMEs): all of it, its comments and notes alike.
+TRACKER_SCANNED = ("appliance", "controller", "host_setup", "recipes", "monitoring", "bench", "scripts",
+                   "images", "compose.yaml", "Makefile")
+TRACKER_REF = re.compile(r"\b[Ii]ssues? #?\d+|\b[Hh]ardening \d+|\(items? \d+")
+
+
+def python_prose(text: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of each comment and each line of each docstring of a Python source."""
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = node.body[0] if node.body else None
+        if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)):
+            for offset, line in enumerate(first.value.value.splitlines()):
+                yield first.lineno + offset, line
+
+
+def tracker_citations_in(text: str, name: str) -> Iterator[Ref]:
+    lines = python_prose(text) if name.endswith(".py") else enumerate(text.splitlines(), 1)
+    for lineno, line in lines:
+        for m in TRACKER_REF.finditer(line):
+            yield Ref(f"{name}:{lineno}", m.group(0))
+
+
+def tracker_scanned_files() -> Iterator[Path]:
+    for name in TRACKER_SCANNED:
+        top = REPO / name
+        paths = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
+        yield from (p for p in paths if p.is_file() and not SKIPPED_DIRS & set(p.parts))
+
+
+def test_no_comment_or_docstring_cites_the_tracker_by_number() -> None:
+    found, scanned = [], 0
+    for path in tracker_scanned_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        scanned += path.suffix == ".py"
+        found += tracker_citations_in(text, str(path.relative_to(REPO)))
+    assert scanned > 100, "the scan read too few Python files: is TRACKER_SCANNED still right?"
+    assert not found, "say what was meant, not the tracker's number (the tracker is not in the " \
+                      "repository):\n" + "\n".join(f"{r.where}: {r.text}" for r in found)
+
+
+def test_tracker_scanner_reads_comments_and_docstrings_not_code_strings() -> None:
+    source = ('"""Module (issue 9)."""\n'
+              "X = 1  # Issue 19 item 3: a trailing comment\n"
+              "def f():\n"
+              '    """First line.\n\n    hardening 2 item 7 on a later line."""\n'
+              '    return "issue 13: a message the program prints"  # see (item 6)\n')
+    refs = [(r.where, r.text) for r in tracker_citations_in(source, "example.py")]
+    assert sorted(refs) == [("example.py:1", "issue 9"), ("example.py:2", "Issue 19"),
+                            ("example.py:6", "hardening 2"), ("example.py:7", "(item 6")]
+    assert [r.text for r in tracker_citations_in("# issue #25\nkey: 1\n", "example.yaml")] == ["issue #25"]
+    assert list(tracker_citations_in("# DOMAIN §3, S14c §3.12.1, 5 items 2 GiB, tissue 4\n", "x.sh")) == []

@@ -89,7 +89,7 @@ def test_benign_fixture_exits_0(run: CliRunner, name: str) -> None:
 
 
 def test_the_default_block_fp8_config_is_a_warning_that_says_what_to_check(run: CliRunner) -> None:
-    """Hardening 2 (item 21): not "expected on Z100, ignore" — the fallback kernel ran 1984.8 ms/token."""
+    """Not "expected on Z100, ignore" — the fallback kernel ran 1984.8 ms/token."""
     code, out, _ = invoke(run, str(DOCTOR / "w8a8_block_fp8_default_config_check.log"))
     assert code == 1, out  # a degradation signature: doctor's exit 1 (see its docstring)
     assert "[warning] w8a8_block_fp8_default_config" in out and "VLLM_DCU_USE_FP8_EMU=1" in out

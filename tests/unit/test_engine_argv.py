@@ -1,5 +1,5 @@
-"""The one argv reader (appliance/engine_argv.py) and the typed facts a LaunchSpec carries (issue 25
-item 2): render sets them from the recipe, they agree with what argv says, and a spec built without
+"""The one argv reader (appliance/engine_argv.py) and the typed facts a LaunchSpec carries:
+render sets them from the recipe, they agree with what argv says, and a spec built without
 them (an old launch record, a spec built by hand) gets them from its argv."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9, supervision and the engine's own door, in pure pieces: the per-launch engine key (made,
+"""Supervision and the engine's own door, in pure pieces: the per-launch engine key (made,
 passed by environment only, redacted, never shown), the port proven free before a launch, and the
 `Address already in use` diagnosis."""
 
@@ -53,7 +53,7 @@ def test_the_key_is_redacted_from_records() -> None:
 
 
 def test_docker_gives_the_engine_its_key_file_path_and_nothing_of_the_key() -> None:
-    """Issue 19: never the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile key); the
+    """Never the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile key); the
     file itself is put into the created container (tests/integration/test_runtime_contract.py)."""
     spec = with_runtime(_spec(env={"A": "1"}), "docker", image="engine:1")
     kwargs = container_create_kwargs(spec, "L1", key_file=True)
@@ -80,7 +80,7 @@ def test_a_taken_port_is_refused_with_its_holder() -> None:
     "OSError: [Errno 98] Address already in use",
 ])
 def test_address_already_in_use_is_a_diagnosis_with_the_fix(line: str) -> None:
-    """Issue 9: the record of a relaunch over an orphan said "no known signature"."""
+    """The record of a relaunch over an orphan said "no known signature"."""
     diagnosis = diagnose(FailureFacts(exit_code=1, log_tail=("INFO starting", line, "Traceback ...")))
     assert diagnosis.code is DiagnosisCode.PORT_IN_USE
     assert "stop it by PID" in diagnosis.hint and diagnosis.retryable

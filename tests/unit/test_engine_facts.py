@@ -1,4 +1,4 @@
-"""Engine facts from a GPU start-up log (issue 12): attention backend, model runner, vLLM's memory
+"""Engine facts from a GPU start-up log: attention backend, model runner, vLLM's memory
 breakdown, KV cache, graph pool — parsed, and kept in the launch record."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A CLI bench reads the launch's engine key back from where the runtime put it (issue 9's
-per-launch key: the engine's /v1 answers 401 without it): since issue 19 the launch's key file in
+"""A CLI bench reads the launch's engine key back from where the runtime put it (the
+per-launch key: the engine's /v1 answers 401 without it): now the launch's key file in
 its run directory (found through the shim's `--status` argument), before that the environment."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_docker_command_round_trips_through_a_shell(gfx: LaunchSpec) -> None:
 
 def test_docker_py_kwargs(gfx: LaunchSpec) -> None:
     kwargs = json.loads(format_spec(gfx, "docker-py"))
-    # The runtime's split (issue 13: the render used to pass the whole command as the entrypoint).
+    # The runtime's split (the render used to pass the whole command as the entrypoint).
     assert kwargs["entrypoint"] == [gfx.command()[0]]
     assert kwargs["command"] == list(gfx.command()[1:])
     assert kwargs["name"] == f"appliance-manual-{gfx.recipe}"

@@ -1,4 +1,4 @@
-"""The rendered launch, run for real where that is cheap and harmless (issue 9):
+"""The rendered launch, run for real where that is cheap and harmless:
 
 - the shell script under a hard memlock limit lower than the recipe needs (DOMAIN §3: a container's
   64 MB default) must say which limit and the fix, and stop — never a silent `set -e` exit 1;

@@ -128,7 +128,7 @@ def test_a_deleted_store_is_an_error_and_is_not_recreated(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("fresh", [True, False])
 def test_reads_never_create_the_store(tmp_path: Path, fresh: bool) -> None:
-    """Hardening 2 (item 7): `GET /keys`, the console's Keys page and `appliance keys list` recreated a
+    """`GET /keys`, the console's Keys page and `appliance keys list` once recreated a
     deleted store, and clients then got 401 instead of the gateway's 503 + Retry-After."""
     path = tmp_path / "k.db"
     if not fresh:

@@ -1,4 +1,4 @@
-"""The GPU acceptance run's judge (issue 19 item 5) on inputs built from the real H200 run.
+"""The GPU acceptance run's judge (docs/gpu-h200.md) on inputs built from the real H200 run.
 
 tests/fixtures/engine_logs/gpu-h200/ holds the engine logs and launch records of the 2026-11-30 run
 (docs/gpu-h200.md); the acceptance folders are assembled from them as

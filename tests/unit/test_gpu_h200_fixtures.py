@@ -1,4 +1,4 @@
-"""The parser, the engine facts, the phase record and the doctor on REAL H200 output (issue 12).
+"""The parser, the engine facts, the phase record and the doctor on REAL H200 output (docs/gpu-h200.md).
 
 tests/fixtures/engine_logs/gpu-h200/: what the appliance itself produced on a lent NVIDIA H200 with
 upstream vLLM 0.26.0 and SmolLM2-135M (docs/gpu-h200.md has the commands): the engine logs of a cold
@@ -51,7 +51,7 @@ def test_every_start_reaches_api_up_with_the_right_cache_outcome(mode: str, outc
 def test_compiled_starts_finish_the_compile_phase_with_its_seconds() -> None:
     cold, warm = track_text(_log("graph-cold")).summary(), track_text(_log("graph-warm")).summary()
     assert cold.compile_seconds == 18.35 and warm.compile_seconds == 3.93  # the warm start loads
-    # PIECEWISE then FULL bars of one pass: one round (issue 9, the seed's counting), 51 sizes
+    # PIECEWISE then FULL bars of one pass: one round (the seed's counting), 51 sizes
     assert cold.capture_rounds == 1 and cold.capture_total == 51
     assert track_text(_log("piecewise-cold")).summary().capture_total == 4  # sizes 1 2 4 8
 
@@ -79,9 +79,9 @@ def test_engine_facts_of_the_real_logs(mode: str, pool: float | None, kv_gib: fl
 def test_the_record_keeps_one_row_per_phase_as_the_recorder_says(recipe: str, kind: str,
                                                                   mode: str) -> None:
     # The rows the controller stored on the H200 are exactly what the recorder keeps of the whole log:
-    # one per phase, and per capture round its first and last step (issue 12: 51 rows before).
+    # one per phase, and per capture round its first and last step (51 rows before).
     # The records were stored by the H200 run, before capture rounds were counted the seed's way
-    # (issue 9: the PIECEWISE and FULL bars of one pass are one round): the rows are the same, the
+    # (the PIECEWISE and FULL bars of one pass are one round): the rows are the same, the
     # capture labels now say round 1 for the FULL bar where the run wrote round 2.
     rec = _record(recipe, kind)
     recorder = PhaseRecorder()

@@ -1,4 +1,4 @@
-"""Parser and doctor fixes found on the real H200 logs (issue 12)."""
+"""Parser and doctor fixes found on the real H200 logs (docs/gpu-h200.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPU memory watch (issue 12): amdgpu sysfs through the host root, NVML when present, peaks by
+"""GPU memory watch: amdgpu sysfs through the host root, NVML when present, peaks by
 phase into the launch record, Prometheus gauges."""
 
 from __future__ import annotations

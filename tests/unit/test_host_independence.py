@@ -1,4 +1,4 @@
-"""Issue 12: the controller must run the same on a host without the docker SDK, record where the
+"""The controller must run the same on a host without the docker SDK, record where the
 engine's packages really live, and log its own lines whatever the host's Python set up before it."""
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def test_the_engine_key_comes_from_a_secret_and_never_appears() -> None:
     assert secret not in repr(docs)
     for fmt in ("k8s", "helm-values"):
         assert secret not in k8s.PLUGIN.formats[fmt](spec, recipe)
-    # Issue 19: no VLLM_API_KEY at all (vLLM 0.26.0 hashes it into its compile-cache key): the key
+    # No VLLM_API_KEY at all (vLLM 0.26.0 hashes it into its compile-cache key): the key
     # is the Secret's vLLM config file, mounted and given with --config at one path.
     container = _container(docs)
     assert all(e["name"] != "VLLM_API_KEY" for e in container["env"])

@@ -87,14 +87,14 @@ FIRES: list[Case] = [
                                                        expect__reproducibility="bitwise"), "info"),
     ("cgroup-memory-limit-allowed", C, lambda r: with_changes(r, host__no_cgroup_memory_limit=False),
      "warning"),
-    # issue 9: production sets VLLM_DCU_USE_INT8_SDOT4=1 (DOMAIN §2); =0 is the rollback, never silent
+    # production sets VLLM_DCU_USE_INT8_SDOT4=1 (DOMAIN §2); =0 is the rollback, never silent
     ("int8-sdot4-off", C, lambda r: set_env(r, VLLM_DCU_USE_INT8_SDOT4="0"), "warning"),
     ("int8-sdot4-off", B, lambda r: set_env(r, VLLM_DCU_USE_INT8_SDOT4="false"), "warning"),
-    # issue 9: the MemAvailable bar is "leave 2 GB" (S14c §3.12.1), 1.78 GiB was a miss
+    # the MemAvailable bar is "leave 2 GB" (S14c §3.12.1), 1.78 GiB was a miss
     ("mem-available-bar", C, lambda r: with_changes(r, expect__min_mem_available_gib=1.0), "warning"),
     ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=1.78), "warning"),
     ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=None), "warning"),
-    # issue 13: what a pod spec cannot express (appliance/runtimes/k8s_needs.py)
+    # what a pod spec cannot express (appliance/runtimes/k8s_needs.py)
     ("k8s-memlock", "cpu-smollm2", lambda r: on_k8s(r, host__memlock_unlimited=True), "warning"),
     ("k8s-memory-limit", "cpu-smollm2", lambda r: on_k8s(r, host__no_cgroup_memory_limit=True), "warning"),
     ("k8s-swap", "cpu-smollm2", lambda r: on_k8s(r, host__swap_total_gib=8), "warning"),
@@ -167,7 +167,7 @@ def test_shipped_findings_are_the_expected_warnings() -> None:
         "cuda-smollm2-graph": [], "cuda-smollm2-eager": [], "cuda-smollm2-piecewise": [],
         B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
         "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],
-        # issue 13: recipe B on a cluster — what the node and namespace must provide
+        # recipe B on a cluster — what the node and namespace must provide
         "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-kernel-module",
                                    "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs"],
     }

@@ -307,7 +307,7 @@ def test_old_and_new_wordings() -> None:
 
 def test_capture_label_change_is_the_same_round() -> None:
     """Upstream FULL_AND_PIECEWISE: a PIECEWISE bar of 51, then a FULL decode bar of 35 — one pass,
-    one round (issue 9: this used to count the FULL bar as round 2)."""
+    one round (this used to count the FULL bar as round 2)."""
     tracker = feed_all([
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 51/51 [00:02<00:00]",
         "Capturing CUDA graphs (decode, FULL):  51%|█████     | 18/35 [00:01<00:01]",
@@ -373,7 +373,7 @@ def test_garbage_lines_never_raise() -> None:
 
 
 def test_piecewise_and_full_bars_of_one_pass_are_one_round() -> None:
-    """Issue 9: FULL_AND_PIECEWISE draws a PIECEWISE bar then a FULL bar per pass (S9b: "PIECEWISE
+    """FULL_AND_PIECEWISE draws a PIECEWISE bar then a FULL bar per pass (S9b: "PIECEWISE
     51/51 + FULL 35/35"); the record counts the pass, so a kill at 38/51 of the second pass is
     round 2 — not round 3."""
     text = (FIXTURES / "doctor" / "graph_capture_killed_round2_full_and_piecewise.log").read_text()

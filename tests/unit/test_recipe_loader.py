@@ -182,7 +182,7 @@ def test_error_file_is_the_path_read(tmp_path: Path) -> None:
     assert info.value.field == "runtime.imgae"
 
 
-# --- issue 9: env var names, YAML limits -------------------------------------------------------
+# --- env var names, YAML limits --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["X=1; touch p; Y", "Z$(touch q)", "1ABC", "A-B", "", "A B"])

@@ -1,6 +1,6 @@
-"""Issue 9: the `MemAvailableBelowRecipeTarget` alert could never fire — nothing in production set
+"""The `MemAvailableBelowRecipeTarget` alert could never fire — nothing in production set
 `appliance_launch_memory_available_target_bytes`. Launching (or adopting) now publishes the running
-recipe's `expect.min_mem_available_gib` through the driver's injected `ControllerMetrics` (issue 13),
+recipe's `expect.min_mem_available_gib` through the driver's injected `ControllerMetrics`,
 clears it when the launch ends, and promtool fires the alert on what the controller exports.
 The production wiring itself (controller/service.py `build`) is tested in test_service_metrics.py."""
 

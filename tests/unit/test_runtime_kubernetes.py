@@ -99,7 +99,7 @@ def test_start_creates_the_secret_then_applies_in_order(
     deployment = cluster.requests[6].json()
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    # Issue 19: the key is vLLM's --config file from the Secret, never VLLM_API_KEY (vLLM 0.26.0
+    # The key is vLLM's --config file from the Secret, never VLLM_API_KEY (vLLM 0.26.0
     # hashes that variable into its compile-cache key).
     assert all(e["name"] != "VLLM_API_KEY" for e in container["env"])
     assert container["command"][-2:] == ["--config", "/run/appliance-engine/engine-key.yaml"]

@@ -1,4 +1,4 @@
-"""The runtime seam (issue 13): a runtime kind is its two files plus one line in each registry.
+"""The runtime seam: a runtime kind is its two files plus one line in each registry.
 
 - nothing outside a runtime's own files compares kind strings or checks a runtime's class (AST scan);
 - an old, flat launch record still loads, into exactly what render gives today;
@@ -30,7 +30,7 @@ from controller.runtime.docker_rt import DockerRuntime
 from tests.unit.recipe_helpers import REPO, SHIPPED, C, fixed_facts, shipped
 from tests.unit.spec_helpers import launch_spec
 
-V1 = REPO / "tests" / "fixtures" / "launch_spec_v1"  # LaunchSpec JSON as written before issue 13
+V1 = REPO / "tests" / "fixtures" / "launch_spec_v1"  # LaunchSpec JSON with flat runtime fields
 SCANNED = ("appliance", "host_setup", "controller")
 
 # -- no kind comparisons outside a runtime's own files ---------------------------------------------
@@ -231,7 +231,7 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
 
 
 def test_the_key_file_flag_is_the_only_difference() -> None:
-    """Issue 19: the launch's key reaches vLLM as `--config FILE` at one path for every launch,
+    """The launch's key reaches vLLM as `--config FILE` at one path for every launch,
     never in the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile-cache key)."""
     from appliance.engine_secret import CONTAINER_KEY_PATH
     from appliance.runtimes.docker import container_kwargs

@@ -1,4 +1,4 @@
-"""The host sampler's read policy (issue 9 footprint): cheap sources every sample, the engine's process
+"""The host sampler's read policy (the idle footprint): cheap sources every sample, the engine's process
 tree and smaps_rollup only when they can change an answer. Fake clock, fake /proc tree."""
 
 from __future__ import annotations

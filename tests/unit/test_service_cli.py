@@ -69,7 +69,7 @@ def test_a_pid_file_pointing_at_someone_elses_process_is_not_ours(tmp_path: Path
 def test_a_pid_file_without_an_identity_is_not_ours_and_down_does_not_crash(
     tmp_path: Path, text: str,
 ) -> None:
-    """Hardening 2 (item 4): `appliance down` crashed (TypeError) on a pid file holding a bare number."""
+    """`appliance down` once crashed (TypeError) on a pid file holding a bare number."""
     d = Daemon("controller", tmp_path / "run", tmp_path / "logs")
     d.run_dir.mkdir(parents=True)
     d.pid_file.write_text(text)
@@ -147,7 +147,7 @@ def test_a_controller_whose_supervision_stalled_is_still_alive_for_up_and_down()
 
 
 def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(tmp_path: Path) -> None:
-    """Hardening 2 (item 11): uvicorn sends `x-next-offset`; the client looked up `X-Next-Offset`."""
+    """uvicorn sends `x-next-offset`; the client looked up `X-Next-Offset`."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -176,7 +176,7 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
 
 
 def test_the_printed_curl_works_as_pasted(tmp_path: Path) -> None:
-    """Hardening 2 (item 13): `$KEY` sat inside single quotes, so the pasted command sent it literally."""
+    """`$KEY` once sat inside single quotes, so the pasted command sent it literally."""
     import subprocess
 
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "it's here?"}]})

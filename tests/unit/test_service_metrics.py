@@ -1,4 +1,4 @@
-"""The controller's metrics as production wires them (issue 13): `controller.service.build` constructs
+"""The controller's metrics as production wires them: `controller.service.build` constructs
 one `ControllerMetrics` and hands it to the driver, the host watch and the API; a launch or an
 adoption of a recipe publishes its MemAvailable target on the `GET /metrics` text, the end of the
 launch clears it, and promtool fires `ApplianceMemAvailableBelowRecipeTarget` on that text.

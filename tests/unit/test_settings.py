@@ -1,4 +1,4 @@
-"""appliance/settings.py: every APPLIANCE_* variable is one field of Settings (issue 25 item 5)."""
+"""appliance/settings.py: every APPLIANCE_* variable is one field of Settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every shipped recipe's spec hash, pinned (issue 25 item 2).
+"""Every shipped recipe's spec hash, pinned.
 
 The spec hash labels each engine; a restarted controller adopts an engine only when the label equals
 the hash of the spec it would launch now. A change in how specs are built (a new LaunchSpec field, a

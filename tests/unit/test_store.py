@@ -195,7 +195,7 @@ def test_the_launch_store_waits_out_the_evaluation_stores_write(tmp_path: Path) 
     evals.close()
 
 
-# ---- issue 19: the compile-cache record
+# ---- the compile-cache record
 
 def test_a_v3_database_gets_the_compile_record_and_its_cache_root(tmp_path: Path) -> None:
     path = tmp_path / "v3.sqlite3"

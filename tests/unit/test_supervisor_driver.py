@@ -596,7 +596,7 @@ def _bar(label: str, total: int) -> str:
 
 
 async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: Path) -> None:
-    # Issue 12 (H200, vLLM 0.26): 51 phase rows for one cold start — 51/51 ten times in the same
+    # Seen on the H200 (vLLM 0.26): 51 phase rows for one cold start — 51/51 ten times in the same
     # millisecond, "process started" from API server and engine core, weights loading labelled
     # "weights loaded".
     rig = make_rig(tmp_path, make_spec(budget=600, stall=300))
@@ -629,7 +629,7 @@ async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: 
     assert rec is not None
     names = [p.name for p in rec.phases]
     assert names.count("process_started") == 1 and names.count("weights_loading") == 1
-    # per bar of a capture round (PIECEWISE + FULL bars of one pass are one round, issue 9): first and last
+    # per bar of a capture round (PIECEWISE + FULL bars of one pass are one round): first and last
     assert names.count("graph_capture") == 4, names
     assert len(names) == len(set(names)) + 3
     labels = [e.message for e in rec.events if e.kind == "phase"]

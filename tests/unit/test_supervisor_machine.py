@@ -428,7 +428,7 @@ def test_the_machines_own_failures_carry_diagnosis_codes() -> None:
 
 
 def test_apply_of_the_ready_launch_spec_is_a_no_op_that_says_so() -> None:
-    """Issue 9: `apply` of the recipe already running restarted it (95 s of 503) without a word."""
+    """`apply` of the recipe already running once restarted it (95 s of 503) without a word."""
     r = Run()
     r.feed(Apply("test-recipe"), 0)
     lid = r.start(0)
@@ -448,7 +448,7 @@ def test_apply_of_the_ready_launch_spec_is_a_no_op_that_says_so() -> None:
 
 
 def test_a_refused_apply_over_a_ready_engine_is_recorded_as_refused() -> None:
-    """Issue 9: `apply X --follow` refused by admission printed "ready: <old recipe>" and exit 0."""
+    """`apply X --follow` refused by admission once printed "ready: <old recipe>" and exit 0."""
     r = Run()
     r.feed(Apply("test-recipe"), 0)
     lid = r.start(0)
@@ -461,7 +461,7 @@ def test_a_refused_apply_over_a_ready_engine_is_recorded_as_refused() -> None:
 
 
 def test_a_death_takes_the_engine_out_of_the_gateway_before_it_is_classified() -> None:
-    """Issue 9: after kill -9 of the engine, ~12 s of 502 while `status` said ready."""
+    """After kill -9 of the engine there were, ~12 s of 502 while `status` said ready."""
     r = Run()
     r.feed(Apply("test-recipe"), 0)
     lid = r.start(0)

@@ -1,4 +1,4 @@
-"""The controller's sampling loop (HostWatchLink.run_sampler) under the read policy of issue 9: the
+"""The controller's sampling loop (HostWatchLink.run_sampler) under its read policy: the
 engine's processes are looked up and read every second while it starts, not while it idles ready."""
 
 from __future__ import annotations
