@@ -105,12 +105,44 @@ def _per_worker_gib(recipe: Recipe) -> float:
     return model.worker_anon_gib_eager + model.worker_file_gib_eager
 
 
+def kv_request_gib(recipe: Recipe) -> float | None:
+    """The KV cache a CPU engine will allocate in host RAM, in GiB: `--kv-cache-memory-bytes`, else
+    `VLLM_CPU_KVCACHE_SPACE` (vLLM's CPU backend). None for other platforms (a GPU's KV cache is on
+    the card) or when the recipe sets neither."""
+    if recipe.platform is not Platform.CPU:
+        return None
+    args = list(recipe.engine.extra_args)
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--kv-cache-memory-bytes" and i + 1 < len(args) else (
+            arg.split("=", 1)[1] if arg.startswith("--kv-cache-memory-bytes=") else None)
+        if value is not None:
+            try:
+                return float(value) / GIB
+            except ValueError:
+                return None
+    var = recipe.env.vars.get("VLLM_CPU_KVCACHE_SPACE")
+    try:
+        return float(var.value) if var is not None else None
+    except ValueError:
+        return None
+
+
+def _kv_extra_gib(recipe: Recipe) -> float:
+    """KV cache requested beyond what the memory model's worker figures include (a child recipe that
+    raises VLLM_CPU_KVCACHE_SPACE from 1 to 40 GiB was admitted on a 23 GiB host, then vLLM refused
+    the allocation five times: the CPU model ignored the knob that dominates CPU memory)."""
+    requested = kv_request_gib(recipe)
+    if requested is None or recipe.memory is None:
+        return 0.0
+    return max(0.0, requested - recipe.memory.kv_cache_gib_included)
+
+
 def _starts(recipe: Recipe) -> list[tuple[Literal["cold", "warm"], float, float]]:
     """(start, transient, predicted peak demand in GiB) for each start the recipe must survive. The
     recipe's memory model alone decides them — no host fact enters."""
     model = recipe.memory
     assert model is not None
-    steady = recipe.workers * _per_worker_gib(recipe) + model.overhead_gib
+    steady = recipe.workers * (_per_worker_gib(recipe) + _kv_extra_gib(recipe)) + model.overhead_gib
     starts: list[tuple[Literal["cold", "warm"], float]] = [("cold", model.startup_transient_gib)]
     if recipe.expect.warm_restart:
         warm = model.warm_transient_gib
@@ -155,6 +187,7 @@ def _memory_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
             numbers={
                 "workers": recipe.workers, "mode": recipe.engine.mode.value,
                 "per_worker_gib": round(per_worker, 3), "overhead_gib": model.overhead_gib,
+                "kv_extra_gib": round(_kv_extra_gib(recipe), 3),
                 "transient_gib": transient, "demand_gib": round(demand, 3),
                 "mem_total_gib": round(facts.mem_total_gib, 3),
                 "page_cache_floor_gib": model.page_cache_floor_gib,

@@ -246,6 +246,12 @@ class MemoryModel(Strict):
         ge=0,
         description="Pinned host bytes per worker; None = max_num_seqs × max_model_len × 4 B.",
     )
+    kv_cache_gib_included: float = Field(
+        default=0.0, ge=0,
+        description="CPU engines: the KV cache space (VLLM_CPU_KVCACHE_SPACE, GiB) the worker figures "
+                    "were measured with. Admission adds any larger request on top (a CPU KV cache lives "
+                    "in host RAM).",
+    )
 
 
 class Recipe(Strict):

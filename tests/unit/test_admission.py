@@ -72,7 +72,8 @@ def test_c_is_admitted_with_8_gib_swap_and_swappiness_200_and_shows_its_margin()
     assert a.verdict == "admit"
     memory = {c.name: c for c in a.checks if c.name.startswith("memory")}
     assert memory["memory-peak-cold"].numbers == {
-        "workers": 4, "mode": "graph", "per_worker_gib": 8.03, "overhead_gib": 3.1, "transient_gib": 1.43,
+        "workers": 4, "mode": "graph", "per_worker_gib": 8.03, "overhead_gib": 3.1, "kv_extra_gib": 0.0,
+        "transient_gib": 1.43,
         "demand_gib": 36.65, "mem_total_gib": 31.26, "page_cache_floor_gib": 0.6, "swap_total_gib": 8.0,
         "swappiness": 200, "swap_efficiency": 1.0, "capacity_gib": 38.66, "margin_gib": 2.01,
         "ram_left_gib": -5.99, "mem_available_gib": 2.01, "min_mem_available_gib": 2.0,
@@ -259,3 +260,25 @@ def test_placement_is_asked_of_the_plugin_not_read_from_the_kind(monkeypatch: py
     a = admit(shipped()[B], tiny_host())
     assert a.verdict == "admit"
     assert a.checks[-1].message.endswith("the node must allow memlock=unlimited for the engine's container")
+
+
+def test_a_cpu_kv_cache_request_larger_than_the_host_is_refused() -> None:
+    """A child of cpu-smollm2 with VLLM_CPU_KVCACHE_SPACE=40 on a 23 GiB host was admitted (the CPU
+    model ignored the KV space), then vLLM refused the allocation and the controller retried 5 times."""
+    from appliance.admission import kv_request_gib
+
+    base = shipped()["cpu-smollm2"]
+    env = {n: {"value": v.value} for n, v in base.env.vars.items()}
+    big = with_changes(base, env__vars={**env, "VLLM_CPU_KVCACHE_SPACE": {"value": "40"}})
+    facts = HostFacts(mem_total_bytes=23 * GIB, mem_available_bytes=21 * GIB, swap_total_bytes=0,
+                      swap_free_bytes=0, swappiness=60, appliance_home="/var/lib/appliance")
+    assert kv_request_gib(base) == 1.0 and kv_request_gib(big) == 40.0
+    assert admit(base, facts).verdict != "refuse"
+    refused = admit(big, facts)
+    assert refused.verdict == "refuse" and "global OOM" in refused.checks[0].message
+    assert refused.checks[0].numbers["kv_extra_gib"] == 39.0
+    # --kv-cache-memory-bytes wins over the variable, as in vLLM.
+    flag = with_changes(big, engine__extra_args=("--kv-cache-memory-bytes", str(2 * GIB)))
+    assert kv_request_gib(flag) == 2.0 and admit(flag, facts).verdict != "refuse"
+    # A GPU recipe's KV cache is on the card: no host term.
+    assert kv_request_gib(shipped()["cuda-smollm2-graph"]) is None

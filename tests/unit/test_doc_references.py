@@ -222,7 +222,8 @@ def tracker_scanned_files() -> Iterator[Path]:
 
 
 def test_no_comment_or_docstring_cites_the_tracker_by_number() -> None:
-    found, scanned = [], 0
+    found: list[Ref] = []
+    scanned = 0
     for path in tracker_scanned_files():
         try:
             text = path.read_text(encoding="utf-8")
