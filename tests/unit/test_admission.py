@@ -123,6 +123,17 @@ def test_missing_gpus_are_refused() -> None:
     assert verdicts(admit(shipped()["gfx906-a-tp2-graph"], facts))["gpus"] == "admit"
 
 
+@pytest.mark.parametrize(("cards", "verdict"), [(3, "refuse"), (4, "admit")])
+def test_one_gpu_too_few_is_refused_at_the_boundary(cards: int, verdict: str) -> None:
+    """Devices [0, 1, 2, 3] need four cards: a mutant that needed max(devices) (3) survived the
+    suite, which only tried two cards."""
+    reference = host("reference")
+    assert len(reference.gpus) >= 4 and list(shipped()[B].devices) == [0, 1, 2, 3]
+    facts = reference.model_copy(update={"gpus": reference.gpus[:cards]})
+    check = next(c for c in admit(shipped()[B], facts).checks if c.name == "gpus")
+    assert (check.verdict, check.numbers["needed"]) == (verdict, 4)
+
+
 def test_missing_boot_params_only_warn() -> None:
     facts = host("reference").model_copy(update={"cmdline": "ro quiet"})
     a = admit(shipped()[B], facts)

@@ -61,11 +61,12 @@ def test_own_cgroup_instead_of_the_hosts_tree(tmp_path: Path) -> None:
 
 def test_real_kmsg_without_permission_is_reported(tmp_path: Path) -> None:
     paths = host_tree(tmp_path)
-    (paths.kmsg).chmod(0)
-    checks = {c.grant: c for c in check_grants(paths, pid=7)}
-    import os
-    if os.geteuid() != 0:  # root reads a 0000 file anyway
-        assert not checks["/dev/kmsg"].ok
+    # Unreadable for everyone, root included (root reads a 0000 file anyway: the old chmod(0) version
+    # asserted nothing when the suite ran as root, as CI does).
+    paths.kmsg.unlink()
+    paths.kmsg.mkdir()
+    check = {c.grant: c for c in check_grants(paths, pid=7)}["/dev/kmsg"]
+    assert not check.ok and f"cannot read {paths.kmsg}" in check.detail
 
 
 def test_paths_from_env() -> None:

@@ -45,6 +45,10 @@ def test_revoke_and_create_are_seen_after_refresh(tmp_path: Path) -> None:
     assert cache.authenticate(bearer(key)) != AuthFailure.REVOKED  # not yet: cache is stale
     assert cache.refresh_if_changed()
     assert cache.authenticate(bearer(key)) is AuthFailure.REVOKED
+    # A revoked key's id with a wrong secret is invalid, not "revoked": only the holder learns that
+    # (a mutant checking revocation before the secret survived the suite).
+    forged = key[: len("sk-app-") + 13] + "A" * 43
+    assert cache.authenticate(bearer(forged)) is AuthFailure.INVALID
     assert isinstance(cache.authenticate(bearer(new_key)), KeyRecord)
     assert cache.size == 2
 

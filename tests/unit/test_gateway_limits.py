@@ -73,3 +73,21 @@ def test_keys_are_independent() -> None:
     assert isinstance(limiter.try_acquire(a), Lease)
     assert isinstance(limiter.try_acquire(b), Lease)
     assert isinstance(limiter.try_acquire(a), LimitExceeded)
+
+
+def test_an_idle_key_saves_up_at_most_one_minute_of_requests() -> None:
+    """The bucket is capped at rpm: a 6 rpm key idle for an hour gets 6 at once, not ~360 (a mutant
+    without the cap survived the suite)."""
+    clock = Clock()
+    limiter = KeyLimiter(clock)
+    k = key(rpm=6)
+    first = limiter.try_acquire(k)  # the key's state starts here
+    assert isinstance(first, Lease)
+    first.release()
+    clock.t += 3600.0
+    admitted = 0
+    while isinstance(lease := limiter.try_acquire(k), Lease):
+        lease.release()
+        admitted += 1
+        assert admitted <= 100, "the bucket is not capped"
+    assert admitted == 6

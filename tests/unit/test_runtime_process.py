@@ -98,6 +98,12 @@ def test_exit_code_convention_matches_docker() -> None:
     assert exit_code_of(3) == (3, None)
     assert exit_code_of(-6) == (134, 6)  # SIGABRT, DOMAIN §5
     assert exit_code_of(-9) == (137, 9)
+    # An engine that *exits* with 137 or 255 (a wrapper shell passing its child's status on) was not
+    # killed by a signal: only a negative returncode is one (a mutant reading codes > 128 as signals
+    # survived the suite).
+    assert exit_code_of(137) == (137, None)
+    assert exit_code_of(255) == (255, None)
+    assert exit_code_of(129) == (129, None)
 
 
 def test_shim_args() -> None:

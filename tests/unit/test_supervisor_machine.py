@@ -447,6 +447,20 @@ def test_apply_of_the_ready_launch_spec_is_a_no_op_that_says_so() -> None:
     assert r.m.state is State.DRAINING and r.m.apply is not None and r.m.apply.outcome == "started"
 
 
+def test_apply_of_an_edited_recipe_restarts_even_though_its_name_is_the_same() -> None:
+    """Only the exact spec is a no-op: every test preflight returned the same spec hash, so a mutant
+    that compared names only ("unchanged" for an edited recipe) survived the suite."""
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    lid = r.start(0)
+    r.feed(ReadyProbed(lid), 50)
+    r.feed(Apply("test-recipe"), 100)
+    edited = make_spec().model_copy(update={"spec_hash": "edited-" + make_spec().spec_hash})
+    r.feed(PreflightOk(r.m.token, "L9", edited, warm_restart=False, cache_empty=False), 101)
+    assert r.m.apply is not None and r.m.apply.outcome == "started"
+    assert r.m.state is State.DRAINING and r.of(DrainGateway)
+
+
 def test_a_refused_apply_over_a_ready_engine_is_recorded_as_refused() -> None:
     """`apply X --follow` refused by admission once printed "ready: <old recipe>" and exit 0."""
     r = Run()
