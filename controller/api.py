@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact as redact_keys
+from appliance.engine_secret import redact_recipe_data
 from appliance.recipe_loader import RecipeError
 from controller.api_context import ApiContext
 from controller.api_gate import AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
@@ -161,7 +162,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
         return {
-            "recipe": report.recipe.model_dump(mode="json"),
+            # unauthenticated: a recipe's own key (env VLLM_API_KEY, `--api-key` in extra_args) is redacted
+            "recipe": redact_recipe_data(report.recipe.model_dump(mode="json")),
             "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
             "render_error": report.render_error,
         }
