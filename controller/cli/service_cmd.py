@@ -26,6 +26,7 @@ import typer
 from appliance import settings
 from controller import admin_token
 from controller.api_client import API_ENV, ApiError, Client, api_url, forget_api, remember_api
+from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.service_client import StartView, eta_phase_line, follow_start
 from controller.daemons import Daemon
 from controller.settings import (
@@ -544,7 +545,9 @@ def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:
 
 
 def launches(
-    launch_id: Annotated[str | None, typer.Argument(help="Show this launch in full.")] = None,
+    launch_id: Annotated[str | None, typer.Argument(
+        help="Show this launch (a unique prefix of its ID is enough): phases, cache, memory, diagnosis; "
+        "with --json the full record.")] = None,
     limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
     recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
     as_json: JsonOpt = False,
@@ -553,10 +556,17 @@ def launches(
     """The launch records: what ran, how long the start took, cache hit/miss, how it ended."""
     client = _client(api)
     if launch_id:
-        record = _call(client.get, f"/launches/{launch_id}")
+        try:
+            record = _call(resolve_launch, client.get, launch_id)
+        except LaunchLookupError as exc:
+            raise _fail(str(exc), 2) from exc
+        explained = compile_cache_lines(record.get("compile_cache"))
+        if not as_json:
+            typer.echo("\n".join(launch_lines(record, explained)))
+            return
         typer.echo(json.dumps(record, indent=2))
         # Stdout stays the record as JSON (scripts read it); a reader also sees why the cache missed.
-        for line in compile_cache_lines(record.get("compile_cache")):
+        for line in explained:
             typer.echo(line, err=True)
         return
     query = f"/launches?limit={limit}" + (f"&recipe={recipe}" if recipe else "")
