@@ -235,7 +235,7 @@ class Proxy:
             request_id = os.urandom(12).hex().encode()
         rid = (b"x-request-id", request_id)
 
-        key = self.keys.authenticate(authorization)
+        key = await self.keys.authenticate_fresh(authorization)
         if isinstance(key, AuthFailure):
             if key is AuthFailure.UNAVAILABLE:
                 retry = (b"retry-after", str(self.slot.retry_after_s).encode())

@@ -310,3 +310,10 @@ async def test_models_listing_shows_the_served_name_not_the_model_path(
     finally:
         await app.shutdown()
         await runner.cleanup()
+
+
+async def test_a_key_created_after_the_gateway_loaded_the_store_is_not_a_401(store: KeyStore) -> None:
+    app = make_app(store)  # the store is loaded; the once-a-second refresher has not run since
+    _, key = store.create("fresh")  # what POST /keys does
+    r = await call(app, "GET", "/v1/models", headers=auth(key))
+    assert r.status == 503, r.body  # past authentication: no engine yet, not "invalid API key"
