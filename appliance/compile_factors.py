@@ -24,16 +24,13 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.cache_key import compile_env
+from appliance.engine_secret import is_secret_name
 from appliance.log_phases import PhaseEvent
 
 DIGEST_CHARS = 12
 # Flags that are not compile factors: the key file (`--config PATH`, consumed by vLLM's arg parser, a
 # fresh 0600 file per launch) and the key itself. Any other secret-looking flag is dropped too.
 IGNORED_FLAGS = frozenset({"--config", "--api-key"})
-_SECRET_NAME = re.compile(
-    r"(?:^|_)(?:TOKEN|TOKENS|KEY|KEYS|APIKEY|SECRET|SECRETS|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)",
-    re.IGNORECASE,
-)
 # The 10-hex directory vLLM derives from its factor hash, and the AOT artifact directory.
 _CACHE_HASH = re.compile(r"/torch_compile_cache/([0-9a-f]{10})(?:/|$)")
 
@@ -97,10 +94,6 @@ class MissExplanation(_Frozen):
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:DIGEST_CHARS]
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
 
 
 # ---- factors --------------------------------------------------------------------------------------

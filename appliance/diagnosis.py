@@ -356,7 +356,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "find the holder (`ss -ltnp 'sport = :PORT'`) and stop it by PID — the controller refuses to "
         "launch while the port is taken and names the holder when it can — or give the recipe another "
         "engine.port",
-        "issue 9: a vLLM server orphaned by a killed shim held port 8000; each relaunch failed with "
+        "a vLLM server orphaned by a killed shim held port 8000; each relaunch failed with "
         "`Address already in use`",
         retryable=True,
     ),
@@ -755,7 +755,7 @@ def _runtime_cannot_run(reason: str, facts: FailureFacts, findings: tuple[Findin
               "the image cannot be pulled or the container cannot be created as rendered: check the image "
               "name, the registry's pull secret and the referenced Secret/claims"),
         evidence=(f"runtime: {reason}",), retryable=capacity,
-        fact="issue 13: a pod the scheduler cannot place never starts, so it has neither exit code nor log",
+        fact="a pod the scheduler cannot place never starts, so it has neither exit code nor log",
         findings=findings,
     )
 

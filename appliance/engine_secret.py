@@ -28,7 +28,8 @@ refused by the runtimes with the reason (`config_flag_in`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -46,6 +47,12 @@ _ENGINE_KEY = re.compile(r"eng_[A-Za-z0-9_-]{43}")
 # vLLM 0.26.0's "non-default args: {…, 'api_key': ['KEY'], …}" (a key of any shape, e.g. a recipe's own).
 _ARGS_API_KEY = re.compile(r"""(['"]api_key['"]\s*:\s*)(\[[^\]]*\]|'[^']*'|"[^"]*")""")
 REDACTED = "<redacted>"
+# A secret-looking word as a whole `_`-separated component (HF_TOKEN, OPENAI_API_KEY, APIKEY...):
+# a bare substring match redacted TOKENIZERS_PARALLELISM and hid a DOMAIN §2 must-export value.
+_SECRET_NAME = re.compile(
+    r"(?:^|_)(?:TOKEN|TOKENS|KEY|KEYS|APIKEY|SECRET|SECRETS|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)",
+    re.IGNORECASE,
+)
 
 
 def config_yaml(key: str) -> str:
@@ -97,3 +104,55 @@ def redact(text: str, keys: Iterable[str] = ()) -> str:
             text = text.replace(key, REDACTED)
     text = _ARGS_API_KEY.sub(lambda m: m.group(1) + f"'{REDACTED}'", text)
     return _ENGINE_KEY.sub(REDACTED, text)
+
+
+# ---- secret-shaped values: the one place every shown recipe, spec and launch record is redacted ----
+
+
+def is_secret_name(name: str) -> bool:
+    """An environment variable or flag name that looks like it holds a secret (HF_TOKEN, API_KEY...)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Values of variables whose names look secret are replaced (HF_TOKEN, OPENAI_API_KEY, ...)."""
+    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """`--api-key X` and `--api-key=X` (any flag whose name looks secret) lose their value."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("-") and is_secret_name(arg.lstrip("-").split("=", 1)[0].replace("-", "_")):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def redact_recipe_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A recipe's `model_dump(mode="json")` fit to show: the value of every secret-named variable of
+    `env.vars` (a recipe's own VLLM_API_KEY, HF_TOKEN...) and of every secret-named flag in
+    `engine.extra_args` (`--api-key KEY`) replaced. Anything else is returned as it was."""
+    out = dict(data)
+    env = out.get("env")
+    if isinstance(env, Mapping) and isinstance(env.get("vars"), Mapping):
+        shown_vars: dict[str, Any] = {}
+        for name, var in env["vars"].items():
+            if is_secret_name(name):
+                var = {**var, "value": REDACTED} if isinstance(var, Mapping) else REDACTED
+            shown_vars[name] = var
+        out["env"] = {**env, "vars": shown_vars}
+    engine = out.get("engine")
+    if isinstance(engine, Mapping) and isinstance(engine.get("extra_args"), list | tuple):
+        out["engine"] = {**engine, "extra_args": redact_argv([str(a) for a in engine["extra_args"]])}
+    return out

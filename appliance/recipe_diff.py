@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.cache_key import cache_key, cache_key_inputs
+from appliance.engine_secret import redact_recipe_data
 from appliance.recipe_model import Recipe
 
 
@@ -35,7 +36,9 @@ class RecipeDiff:
 
 
 def diff_recipes(a: Recipe, b: Recipe) -> RecipeDiff:
-    fa, fb = flatten(a.model_dump(mode="json")), flatten(b.model_dump(mode="json"))
+    # shown by the CLI and the console: a recipe's own engine key or token never appears in a diff
+    fa = flatten(redact_recipe_data(a.model_dump(mode="json")))
+    fb = flatten(redact_recipe_data(b.model_dump(mode="json")))
     changes = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     return RecipeDiff(changes=changes, same_compile_inputs=cache_key_inputs(a) == cache_key_inputs(b),
                       keys=(cache_key(a), cache_key(b)))

@@ -165,7 +165,7 @@ def main() -> None:
           f"{old['process_reads']:>14}")
     print(f"{'new: cheap every second, processes on need':<44} {new['cpu_percent_of_core']:>16.2f} "
           f"{new['rss_mb']:>8.1f} {new['process_reads']:>14}")
-    print(f"goal (issue 9, whole idle controller): < 1% of a core, < 150 MB RSS; load average now "
+    print(f"goal (whole idle controller): < 1% of a core, < 150 MB RSS; load average now "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 

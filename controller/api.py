@@ -37,9 +37,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact as redact_keys
+from appliance.engine_secret import redact_recipe_data
 from appliance.recipe_loader import RecipeError
 from controller.api_context import ApiContext
-from controller.api_gate import AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
+from controller.api_gate import (
+    SQLITE_INT_MAX,
+    AdminTokenFirst,
+    BodyLimit,
+    StrictJson,
+    admin_refusal,
+    allowed_hosts,
+    install_error_handlers,
+)
 from controller.catalogue import load_failed
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
@@ -111,10 +120,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         description="Supervises one engine per host: recipes, launches, phases, diagnosis.",
     )
     # Starlette runs the last added middleware first: Host, then the token, then the body size.
+    app.add_middleware(StrictJson)  # innermost: reads a body BodyLimit has already bounded
     app.add_middleware(BodyLimit, max_bytes=ctx.max_body_bytes)
     app.add_middleware(AdminTokenFirst, home=ctx.home)
     app.add_middleware(TrustedHostMiddleware, www_redirect=False,
                        allowed_hosts=allowed_hosts(ctx.listen_host, ctx.extra_hosts))
+    install_error_handlers(app)
     Admin = Depends(AdminGuard(ctx.home))
     driver, store, preflight = ctx.driver, ctx.store, ctx.preflight
 
@@ -161,7 +172,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
         return {
-            "recipe": report.recipe.model_dump(mode="json"),
+            # unauthenticated: a recipe's own key (env VLLM_API_KEY, `--api-key` in extra_args) is redacted
+            "recipe": redact_recipe_data(report.recipe.model_dump(mode="json")),
             "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
             "render_error": report.render_error,
         }
@@ -235,7 +247,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return record
 
     @app.get("/launches/{launch_id}/log", tags=["launches"], response_class=Response)
-    async def launch_log(launch_id: str, offset: Annotated[int, Query(ge=0)] = 0) -> Response:
+    async def launch_log(
+        launch_id: str, offset: Annotated[int, Query(ge=0, le=SQLITE_INT_MAX)] = 0,
+    ) -> Response:
         """Engine log text from byte `offset` (at most 4 MiB); `X-Next-Offset` says where to go on."""
         record = await asyncio.to_thread(store.get_launch, launch_id)
         if record is None:
@@ -258,8 +272,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/events", tags=["status"], response_class=StreamingResponse)
     async def events(
         request: Request,
-        after: Annotated[int | None, Query(ge=0, description="Replay stored events with a larger id first.")]
-        = None,
+        after: Annotated[int | None, Query(
+            ge=0, le=SQLITE_INT_MAX, description="Replay stored events with a larger id first.")] = None,
     ) -> StreamingResponse:
         async def stream() -> AsyncIterator[bytes]:
             async with driver.subscribe() as queue:

@@ -10,18 +10,40 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from appliance import settings
 from controller.admin_token import TOKEN_ENV
-from controller.settings import CONTROLLER_PORT
+from controller.settings import CONTROLLER_PORT, Paths, default_home
 
 DEFAULT_API = f"http://127.0.0.1:{CONTROLLER_PORT}"
 API_ENV = "APPLIANCE_API"
 
 
 def api_url(explicit: str | None = None) -> str:
-    return (explicit or settings.current().api or DEFAULT_API).rstrip("/")
+    """`--api`, else $APPLIANCE_API, else the controller `appliance up` started for this
+    APPLIANCE_HOME (`up --port 8091` is remembered), else the default port."""
+    return (explicit or settings.current().api or remembered_api() or DEFAULT_API).rstrip("/")
+
+
+def remembered_api(home: Path | None = None) -> str | None:
+    """The URL `remember_api` wrote under APPLIANCE_HOME; None when there is none (or it is unreadable)."""
+    try:
+        text = Paths(home or default_home()).api_file.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.startswith(("http://", "https://")) and "\n" not in text else None
+
+
+def remember_api(home: Path, url: str) -> None:
+    path = Paths(home).api_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(url + "\n")
+
+
+def forget_api(home: Path) -> None:
+    Paths(home).api_file.unlink(missing_ok=True)
 
 
 class ApiError(Exception):

@@ -12,15 +12,21 @@ The gate is plain ASGI and runs on the request head alone:
    token anyway; the route dependency (`AdminGuard`) stays, for GET /keys and for the OpenAPI schema.
 3. Body size: `Content-Length` over the limit is 413 at once; a body without one (chunked) is counted
    as it is read and cut off with 413 at the limit. Admin bodies are a few hundred bytes.
+4. JSON that no answer can carry back: NaN/Infinity/1e999 and lone surrogates are a
+   422 with the reason (`StrictJson`), and FastAPI's own 422 never echoes such input
+   (`install_error_handlers`): both were 500s with a traceback.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-from fastapi import HTTPException, status
+from fastapi import FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -149,3 +155,120 @@ class BodyLimit:
             if not started:
                 await _send_error(send, exc)
 
+
+
+# ---- bodies and errors that must be a 4xx with a reason, never a 500 ------------
+
+# SQLite's INTEGER is 64-bit signed: a larger query number raised OverflowError per request.
+SQLITE_INT_MAX = 2**63 - 1
+
+
+def _json_problem(text: str) -> str | None:
+    """Why `text` (a JSON body) is refused, or None: non-finite numbers (`NaN`, `Infinity`, `1e999`,
+    which Python's json accepts and no response can carry back) and lone surrogates (`"\\ud800"`,
+    which cannot be written as UTF-8: not to SQLite, not into a response)."""
+
+    def constant(name: str) -> float:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite(literal: str) -> float:
+        value = float(literal)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError("a number out of range (not a finite 64-bit float)")
+        return value
+
+    try:
+        data = json.loads(text, parse_constant=constant, parse_float=finite)
+    except ValueError as exc:  # JSONDecodeError is one; FastAPI answers those itself
+        return None if isinstance(exc, json.JSONDecodeError) else str(exc)
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "a string holds a lone UTF-16 surrogate (not valid Unicode text)"
+    except ValueError:  # json.dumps cannot fail otherwise on what json.loads built
+        return "unreadable JSON"
+    return None
+
+
+def _json_content(scope: Scope) -> bool:
+    """FastAPI parses a body as JSON when it has no content type or an application/…json one."""
+    content_type = Headers(scope=scope).get("content-type")
+    return content_type is None or "json" in content_type.lower()
+
+
+def _validation_detail(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """FastAPI's 422 detail, with the offending `input` kept only where it can be written back."""
+    out = []
+    for error in errors:
+        item: dict[str, Any] = {"type": str(error.get("type", "value_error")),
+                                "loc": [_printable(part) for part in error.get("loc", ())],
+                                "msg": _printable(error.get("msg", "invalid value"))}
+        value = error.get("input")
+        try:
+            json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
+            pass
+        else:
+            item["input"] = value
+        out.append(item)
+    return out
+
+
+def _printable(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """RequestValidationError → 422 with each field's reason; never echoes what JSON cannot carry."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": _validation_detail(errors)},
+                        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, validation_error)
+
+
+class StrictJson:
+    """422 for a JSON body with NaN/Infinity/1e999 or a lone surrogate, before any route reads it.
+    Runs inside BodyLimit: the body is at most a few KiB and read once more here."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] in _BODYLESS
+                or scope["path"].startswith(CONSOLE_PREFIX) or not _json_content(scope)):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        problem = None
+        if body:
+            try:
+                problem = _json_problem(body.decode("utf-8"))
+            except UnicodeDecodeError:
+                problem = None  # FastAPI answers bytes that are not UTF-8 with its own 422
+        if problem is not None:
+            detail = [{"type": "json_invalid", "loc": ["body"], "msg": f"JSON body refused: {problem}"}]
+            await _send_error(send, HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail))
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -43,6 +43,8 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
   `appliance_oom_last_kill_timestamp_seconds{constraint}`.
 - `record_cgroup_oom_kills(n)` → `appliance_cgroup_oom_kills_total` (memory.events/oom_control witness).
 - `record_kmsg_gap(gap)` → `appliance_kmsg_lost_records_total`.
+- `record_console_login_failure(reason)` → `appliance_console_login_failures_total{reason}` (refused,
+  throttled; both present at 0 from start-up): failed console log-ins.
 - `observe_host(sample)` → `appliance_host_memory_total_bytes`, `appliance_host_memory_available_bytes`,
   `appliance_host_swap_total_bytes`, `appliance_host_swap_used_bytes`, `appliance_host_swappiness`,
   `appliance_host_memory_pressure_ratio{kind,window}` (kind some/full, window 10s/60s/300s),
@@ -90,6 +92,7 @@ ENGINE_STATES = ("idle", "preflight", "starting", "ready", "draining", "stopping
                  "exited")
 CACHE_KINDS = ("cold", "warm")
 COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.log_phases.CacheOutcome values
+LOGIN_FAILURE_REASONS = ("refused", "throttled")  # console log-ins (controller/console/routes.py)
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
 READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)
 
@@ -264,6 +267,13 @@ class ControllerMetrics:
             "appliance_kmsg_lost_records", "Kernel log records overwritten before the watcher read them.",
             registry=r,
         )
+        self.console_login_failures_total = Counter(
+            "appliance_console_login_failures",
+            "Console log-ins refused: refused (wrong or unconfigured token), throttled (too many failures "
+            "from the client's address; the token was not checked).", ["reason"], registry=r,
+        )
+        for reason in LOGIN_FAILURE_REASONS:
+            self.console_login_failures_total.labels(reason)
 
         # --- host memory
         self.host_mem_total = Gauge("appliance_host_memory_total_bytes", "MemTotal.", registry=r)
@@ -436,6 +446,10 @@ class ControllerMetrics:
 
     def record_kmsg_gap(self, gap: SeqGap) -> None:
         self.kmsg_lost_records_total.inc(gap.lost)
+
+    def record_console_login_failure(self, reason: str) -> None:
+        """`reason`: one of LOGIN_FAILURE_REASONS."""
+        self.console_login_failures_total.labels(reason).inc()
 
     def observe_host(self, sample: HostSample) -> None:
         self.host_mem_total.set(sample.meminfo.mem_total_bytes)

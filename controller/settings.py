@@ -55,6 +55,12 @@ class Paths:
         return self.home / "appliance.sqlite3"
 
     @property
+    def api_file(self) -> Path:
+        """The URL of the controller `appliance up` started here (`up --port`): every command of this
+        home talks to it when $APPLIANCE_API is not set (controller/api_client.py)."""
+        return self.home / "run" / "controller-api"
+
+    @property
     def keys_db(self) -> Path:
         return self.home / "keys.sqlite3"
 

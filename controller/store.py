@@ -14,55 +14,24 @@ a database written by an older version is upgraded in place on open.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from appliance.engine_secret import REDACTED as REDACTED
+from appliance.engine_secret import is_secret_name as is_secret_name
+from appliance.engine_secret import redact_argv as redact_argv
+from appliance.engine_secret import redact_env as redact_env
 from appliance.launch_spec import LaunchSpec
 from appliance.ready_eta import PastLaunch, start_state
 from controller.runtime.base import EngineHandle, ExitInfo, Provenance
 from controller.sqlite_db import SqliteDb
 
-REDACTED = "<redacted>"
-# A secret-looking word as a whole `_`-separated component (HF_TOKEN, OPENAI_API_KEY, APIKEY...):
-# a bare substring match redacted TOKENIZERS_PARALLELISM and hid a DOMAIN §2 must-export value.
-_SECRET_NAME = re.compile(
-    r"(?:^|_)(?:TOKEN|TOKENS|KEY|KEYS|APIKEY|SECRET|SECRETS|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)",
-    re.IGNORECASE,
-)
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Values of variables whose names look secret are replaced (HF_TOKEN, OPENAI_API_KEY, ...)."""
-    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
-
-
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """`--api-key X` and `--api-key=X` (any flag whose name looks secret) lose their value."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if arg.startswith("-") and is_secret_name(arg.lstrip("-").split("=", 1)[0].replace("-", "_")):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(arg)
-    return out
+# REDACTED, is_secret_name, redact_argv, redact_env: re-exported from appliance/engine_secret.py, the
+# one definition of "secret-shaped" for launch records, API answers, console pages and the CLI.
 
 
 def redact_spec(spec: LaunchSpec) -> LaunchSpec:

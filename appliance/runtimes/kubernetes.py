@@ -81,7 +81,8 @@ _NOTES = {
     "command": "the recipe's command; --host is 0.0.0.0 in a pod (probes and the Service reach the pod IP, "
                "DOMAIN §5)",
     "env": "HIP_/CUDA_VISIBLE_DEVICES dropped: the device plugin assigns the cards. The engine key is a "
-           "Secret mounted as vLLM's --config file, never in this file nor a VLLM_* variable (issue 19)",
+           "Secret mounted as vLLM's --config file, never in this file nor a VLLM_* variable (it would "
+           "enter vLLM's compile-cache key)",
     "resources": "GPUs as extended resources, count = tensor_parallel_size; memory: a request, never a "
                  "limit (DOMAIN §3: a cgroup limit counts page cache)",
     "startupProbe": "failureThreshold × periodSeconds covers the recipe's ready budget (DOMAIN §4); "

@@ -19,6 +19,7 @@ import yaml
 
 from appliance.admission import Admission, admit
 from appliance.cache_key import cache_key
+from appliance.engine_secret import redact_recipe_data
 from appliance.formats import FORMATS, FormatError, format_spec
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.lint import Finding, has_errors, lint
@@ -99,7 +100,7 @@ def show_cmd(name: str, as_json: JsonOpt = False) -> None:
     """The merged recipe (after `extends`) and its compile-cache key."""
     with _bad_input():
         recipe = _get(name)
-    data = recipe.model_dump(mode="json")
+    data = redact_recipe_data(recipe.model_dump(mode="json"))
     data["cache_key"] = cache_key(recipe)
     if as_json:
         _print_json(data)

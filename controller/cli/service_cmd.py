@@ -5,7 +5,8 @@ and the controller as background processes (PID files and logs under APPLIANCE_H
 default recipe, shows the start phase by phase, and ends by printing where everything is and a
 chat completion answered through the gateway. `down` stops what `up` started, by PID.
 
-The other commands talk to the controller's API (`--api`, $APPLIANCE_API, default
+The other commands talk to the controller's API (`--api`, else $APPLIANCE_API, else the controller `up`
+started for this APPLIANCE_HOME — `up --port` is remembered in run/controller-api — else
 http://127.0.0.1:8090); mutations need the admin token in $APPLIANCE_ADMIN_TOKEN.
 """
 
@@ -24,7 +25,8 @@ import typer
 
 from appliance import settings
 from controller import admin_token
-from controller.api_client import ApiError, Client, api_url
+from controller.api_client import API_ENV, ApiError, Client, api_url, forget_api, remember_api
+from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.service_client import StartView, eta_phase_line, follow_start
 from controller.daemons import Daemon
 from controller.settings import (
@@ -36,7 +38,8 @@ from controller.settings import (
     recipes_dir,
 )
 
-ApiOpt = Annotated[str | None, typer.Option("--api", help="Controller API URL (default $APPLIANCE_API or "
+ApiOpt = Annotated[str | None, typer.Option("--api", help="Controller API URL (default $APPLIANCE_API, else "
+                                            "the one `appliance up` started for this APPLIANCE_HOME, else "
                                             f"http://127.0.0.1:{CONTROLLER_PORT}).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Show the start phase by phase until "
@@ -224,6 +227,12 @@ def up(
         else:
             typer.echo(f"gateway: already running (pid {running.pid})")
 
+    if controller_d.process() is not None:
+        running_port = _port_of(controller_d)  # the running controller's port wins over --port
+        if running_port != port:
+            typer.echo(f"controller: running on port {running_port}, not {port} (`appliance down` first "
+                       "to move it)")
+            port = running_port
     client = Client(f"http://127.0.0.1:{port}", token=token)
     if controller_d.process() is None and not client.alive():
         argv = [*me, "serve", "--port", str(port), "--apply", recipe]
@@ -246,6 +255,8 @@ def up(
             except ApiError as exc:
                 raise _fail(f"apply {recipe}: {exc}") from exc
 
+    # Every later command of this APPLIANCE_HOME (status, logs, apply …) finds it without $APPLIANCE_API.
+    remember_api(home, client.base)
     if follow:
         _end_of_follow(client, _follow(client), recipe)
     _print_where(client, gateway_url, token)
@@ -258,6 +269,7 @@ def _print_where(client: Client, gateway_url: str | None, token: str | None) -> 
     model = launch.get("served_model_name") or "MODEL"
     typer.echo("")
     typer.echo(f"controller  {client.base}   (state {s['state']}; `appliance status`, `appliance logs -f`)")
+    typer.echo(f"  export {API_ENV}={client.base}   (commands of this APPLIANCE_HOME find it without)")
     typer.echo(f"engine      {engine_url}   (recipe {s.get('recipe')}, served model '{model}')")
     if gateway_url is None:
         return
@@ -342,6 +354,7 @@ def down(
         except ApiError as exc:
             typer.echo(f"stop through the API failed ({exc}); stopping by PID", err=True)
     typer.echo(f"controller: {'stopped' if controller_d.stop(grace) else 'was not running'}")
+    forget_api(home)
     if not keep_engine and not stopped_cleanly:
         _stop_engines_by_pid(home, grace)
     if gateway_d.stop(grace):
@@ -532,7 +545,9 @@ def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:
 
 
 def launches(
-    launch_id: Annotated[str | None, typer.Argument(help="Show this launch in full.")] = None,
+    launch_id: Annotated[str | None, typer.Argument(
+        help="Show this launch (a unique prefix of its ID is enough): phases, cache, memory, diagnosis; "
+        "with --json the full record.")] = None,
     limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
     recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
     as_json: JsonOpt = False,
@@ -541,10 +556,17 @@ def launches(
     """The launch records: what ran, how long the start took, cache hit/miss, how it ended."""
     client = _client(api)
     if launch_id:
-        record = _call(client.get, f"/launches/{launch_id}")
+        try:
+            record = _call(resolve_launch, client.get, launch_id)
+        except LaunchLookupError as exc:
+            raise _fail(str(exc), 2) from exc
+        explained = compile_cache_lines(record.get("compile_cache"))
+        if not as_json:
+            typer.echo("\n".join(launch_lines(record, explained)))
+            return
         typer.echo(json.dumps(record, indent=2))
         # Stdout stays the record as JSON (scripts read it); a reader also sees why the cache missed.
-        for line in compile_cache_lines(record.get("compile_cache")):
+        for line in explained:
             typer.echo(line, err=True)
         return
     query = f"/launches?limit={limit}" + (f"&recipe={recipe}" if recipe else "")

@@ -33,6 +33,11 @@ COOKIE_PATH = "/console"
 DEFAULT_TTL_S = 8 * 3600  # one working shift
 LOGIN_FORM_TTL_S = 3600
 MAX_SESSIONS = 64  # a loop of log-ins cannot grow the table without bound: the oldest goes
+# Failed log-ins: a few are free, then each further failure from the same client
+# address doubles the wait before the next try (1 s, 2 s, 4 s … at most 5 minutes). A success clears it.
+FREE_LOGIN_FAILURES = 3
+MAX_LOGIN_WAIT_S = 300.0
+MAX_THROTTLED_CLIENTS = 4096  # addresses remembered; the stalest go first
 
 
 class LoginError(Exception):
@@ -142,3 +147,37 @@ class Sessions:
         now = self.clock()
         for sid in [sid for sid, s in self._live.items() if now >= s.expires_at]:
             del self._live[sid]
+
+
+class LoginThrottle:
+    """Per-client-address backoff for failed console log-ins. Thread-safe; `clock` injectable."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_LOGIN_FAILURES,
+                 max_wait_s: float = MAX_LOGIN_WAIT_S) -> None:
+        self.clock = clock
+        self.free = free
+        self.max_wait_s = max_wait_s
+        self._failures: dict[str, tuple[int, float]] = {}  # client -> (failures in a row, not before)
+        self._lock = threading.Lock()
+
+    def wait_s(self, client: str) -> float:
+        """Seconds before `client` may try again; 0 when it may now."""
+        with self._lock:
+            _, not_before = self._failures.get(client, (0, 0.0))
+        return max(0.0, not_before - self.clock())
+
+    def failed(self, client: str) -> tuple[int, float]:
+        """Count a failure; (failures in a row, seconds the client must now wait)."""
+        now = self.clock()
+        with self._lock:
+            count, _ = self._failures.pop(client, (0, 0.0))
+            count += 1
+            wait = 0.0 if count <= self.free else min(self.max_wait_s, 2.0 ** (count - self.free - 1))
+            self._failures[client] = (count, now + wait)
+            while len(self._failures) > MAX_THROTTLED_CLIENTS:  # dicts keep order: least recent first
+                del self._failures[next(iter(self._failures))]
+        return count, wait
+
+    def succeeded(self, client: str) -> None:
+        with self._lock:
+            self._failures.pop(client, None)

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from fastapi.templating import Jinja2Templates
 from appliance.recipe_loader import RecipeError
 from controller.api_context import ApiContext
 from controller.console import views
-from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, Session, Sessions
+from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
 from controller.evaluation.store import EvalStore
 from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
@@ -103,14 +104,18 @@ async def read_form(request: Request) -> dict[str, str]:
 
 
 def console_router(ctx: ApiContext, sessions: Sessions | None = None,
-                   history: HostHistory = HOST_HISTORY, evals: EvalStore | None = None) -> APIRouter:
+                   history: HostHistory = HOST_HISTORY, evals: EvalStore | None = None,
+                   throttle: LoginThrottle | None = None) -> APIRouter:
     """`evals`: the EvalStore create_app shares with the evaluation API; mounted alone (tests), the
-    console opens one on the launch store's file, where the evaluation tables live."""
+    console opens one on the launch store's file, where the evaluation tables live. `throttle`:
+    the failed-log-in backoff (by default on the sessions' clock)."""
     router = APIRouter(prefix="/console", include_in_schema=False)
     sessions = sessions or Sessions(ctx.home)
+    throttle = throttle or LoginThrottle(clock=sessions.clock)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters.update(views.FILTERS)
     driver, preflight = ctx.driver, ctx.preflight
+    metrics = driver.metrics
     data = views.ConsoleData(ctx, history)
     bench = BenchData(evals or EvalStore(ctx.store.path))
 
@@ -155,11 +160,16 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
 
     # -- static and log-in
 
+    def not_found(request: Request) -> Response:
+        # A page with the same security headers as every other (FastAPI's own 404 had none).
+        return problem(request, None, status.HTTP_404_NOT_FOUND, "Not found",
+                       "There is no console page here.")
+
     @router.get("/static/{name}")
-    async def static(name: str) -> Response:
+    async def static(request: Request, name: str) -> Response:
         media = STATIC_FILES.get(name)
         if media is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND)
+            return not_found(request)
         response = FileResponse(HERE / "static" / name, media_type=media)
         response.headers["Cache-Control"] = "no-cache"
         return _secure(response)
@@ -188,10 +198,26 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
             return refused(status.HTTP_413_CONTENT_TOO_LARGE, form["error"])
         if not sessions.login_form_token_ok(form.get("form_token", "")):
             return refused(status.HTTP_403_FORBIDDEN, "the log-in form expired — try again")
+        client = request.client.host if request.client else "unknown"
+        wait = throttle.wait_s(client)
+        if wait > 0:  # the token is not even compared: guessing gains nothing while this lasts
+            metrics.record_console_login_failure("throttled")
+            log.warning("console log-in from %s refused unchecked: throttled for %.0f s more", client, wait)
+            seconds = math.ceil(wait)
+            response = refused(status.HTTP_429_TOO_MANY_REQUESTS,
+                               f"too many failed log-ins from your address — try again in {seconds} s")
+            response.headers["Retry-After"] = str(seconds)
+            return response
         try:
             _, cookie = sessions.login(form.get("token", ""))
         except LoginError as exc:
+            # Never the submitted token: only who, why, and how many in a row.
+            failures, wait = throttle.failed(client)
+            metrics.record_console_login_failure("refused")
+            log.warning("console log-in from %s refused: %s (%d failure%s in a row%s)", client, exc, failures,
+                        "" if failures == 1 else "s", f"; next try in {wait:.0f} s" if wait else "")
             return refused(status.HTTP_401_UNAUTHORIZED, str(exc))
+        throttle.succeeded(client)
         response = RedirectResponse(next, status.HTTP_303_SEE_OTHER)
         response.set_cookie(
             COOKIE, cookie, max_age=int(sessions.ttl_s), path=COOKIE_PATH, httponly=True, samesite="strict",
@@ -386,5 +412,10 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
             return problem(request, session, 404, "Unknown key", "No such key; nothing was changed.",
                            "/console/keys")
         return _secure(RedirectResponse("/console/keys?notice=revoked", status.HTTP_303_SEE_OTHER))
+
+    # Last: any other address under /console/ (registered after every page, so it never shadows one).
+    @router.api_route("/{rest:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
+    async def unknown_page(request: Request, rest: str) -> Response:
+        return not_found(request)
 
     return router

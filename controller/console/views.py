@@ -296,7 +296,7 @@ class ConsoleData:
 
     def diff(self, a: str, b: str) -> dict[str, Any]:
         d: RecipeDiff = self.ctx.preflight.catalogue.diff(a, b)
-        return {"changes": d.changes, "same_cache": d.same_compile_inputs, "keys": d.keys}
+        return {"changes": d.changes, "same_cache": d.same_compile_inputs, "cache_keys": d.keys}
 
     # -- Launches
 

@@ -7,6 +7,12 @@ size, mtime) or its version row changed, checked once per ``refresh_s`` in a wor
 The cache fails closed: it is trusted for ``max_stale_s`` after the last check that succeeded. If the
 store is deleted, unreadable, or cannot be opened (no file descriptor left), requests get 503 once
 that window has passed, never an answer from keys that may have been revoked since.
+
+A key works the moment its creation returns (it was refused with 401 for up to
+``refresh_s``): a well-formed key whose id the cache does not know makes ``authenticate_fresh`` check
+the store once more before it answers 401. Those checks are shared and spaced: a check that has not
+started yet is joined by every request that arrives meanwhile, and a new one starts at most once per
+``reload_gap_s`` (100 ms), so a flood of made-up keys costs the store at most ten checks a second.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import hashlib
 import hmac
 import logging
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -30,6 +37,8 @@ from controller.gateway.keystore import (
 )
 
 log = logging.getLogger(__name__)
+
+RELOAD_GAP_S = 0.1  # the shortest time between two store checks made for unknown key ids
 
 
 class AuthFailure(Enum):
@@ -56,10 +65,18 @@ def bearer_token(header: bytes | None) -> str | None:
 class KeyCache:
     """In-memory view of the key store, refreshed when the file or its version changes."""
 
-    def __init__(self, store: KeyStore, refresh_s: float = 1.0, max_stale_s: float = 10.0) -> None:
+    def __init__(self, store: KeyStore, refresh_s: float = 1.0, max_stale_s: float = 10.0,
+                 reload_gap_s: float = RELOAD_GAP_S) -> None:
         self.store = store
         self.refresh_s = refresh_s
         self.max_stale_s = max(max_stale_s, refresh_s)
+        self.reload_gap_s = reload_gap_s
+        self.reloads_for_unknown = 0  # store checks made for an unknown key id (tests, debugging)
+        self._last_unknown_reload = -reload_gap_s
+        self._next_reload: asyncio.Future[None] | None = None  # scheduled, not yet reading the store
+        # The periodic refresher and the on-demand check run in worker threads: one at a time, so a
+        # slower read of an older snapshot never overwrites a newer one.
+        self._refresh_lock = threading.Lock()
         self._version = -1
         self._identity: FileIdentity | None = None
         self._keys: dict[str, StoredKey] = {}
@@ -93,11 +110,12 @@ class KeyCache:
     def refresh_if_changed(self) -> bool:
         """Blocking: re-read the store if it is another file or its version moved. Returns True if
         it re-read. Raises ``KeyStoreError``/``sqlite3.Error``/``OSError`` when it cannot tell."""
-        if self.store.identity() != self._identity or self.store.version() != self._version:
-            self.load()
-            return True
-        self._mark_fresh()
-        return False
+        with self._refresh_lock:
+            if self.store.identity() != self._identity or self.store.version() != self._version:
+                self.load()
+                return True
+            self._mark_fresh()
+            return False
 
     async def run_refresher(self) -> None:
         """Check the store forever (cancel to stop). A store that cannot be read keeps the cached keys
@@ -120,6 +138,43 @@ class KeyCache:
                 continue
             if changed:
                 log.info("key store changed: %d keys loaded (version %d)", len(self._keys), self._version)
+
+    async def authenticate_fresh(self, authorization: bytes | None) -> KeyRecord | AuthFailure:
+        """``authenticate``, but a well-formed key with an id the cache does not know is looked up
+        again after one (shared, spaced) check of the store: a key created a moment ago works."""
+        result = self.authenticate(authorization)
+        if result is not AuthFailure.INVALID:
+            return result
+        token = bearer_token(authorization)
+        key_id = key_id_of(token) if token else None
+        if key_id is None or key_id in self._keys:
+            return result  # malformed, or a known id with the wrong secret: nothing to re-read
+        await self._check_store_soon()
+        return self.authenticate(authorization)
+
+    async def _check_store_soon(self) -> None:
+        """Wait for a store check that starts after this call (joining one already scheduled)."""
+        pending = self._next_reload
+        if pending is None or pending.done():  # (done: cancelled while it waited, at shutdown)
+            pending = asyncio.ensure_future(self._spaced_check())
+            self._next_reload = pending
+        # Shielded: a client that goes away does not cancel the check others wait for.
+        await asyncio.shield(pending)
+
+    async def _spaced_check(self) -> None:
+        wait = self._last_unknown_reload + self.reload_gap_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._next_reload = None  # from here on, a newcomer needs the next check
+        self._last_unknown_reload = time.monotonic()
+        self.reloads_for_unknown += 1
+        try:
+            changed = await asyncio.to_thread(self.refresh_if_changed)
+        except (KeyStoreError, sqlite3.Error, OSError):
+            return  # the periodic refresher reports and handles an unreadable store
+        if changed:
+            log.info("key store changed (unknown key id): %d keys loaded (version %d)",
+                     len(self._keys), self._version)
 
     def authenticate(self, authorization: bytes | None) -> KeyRecord | AuthFailure:
         token = bearer_token(authorization)

@@ -17,6 +17,7 @@ in the scope (``protocol.DISCONNECT_HOOK``); under another server a watcher task
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -70,6 +71,26 @@ KNOWN_ROUTES = frozenset(
         "/v1/audio/translations",
     }
 )
+
+MODELS_ROUTE = "/v1/models"
+
+
+def models_listing(body: bytes, served_model: str | None) -> bytes | None:
+    """vLLM's `GET /v1/models` answer with each card's `root` (the model's absolute path on the engine's
+    host) replaced by the served name (the card's own `id` when the gateway knows none); None for a body
+    that is not such a listing (compressed, not JSON), which is then not passed on."""
+    try:
+        data = json.loads(body)
+        cards = data["data"]
+        if not isinstance(cards, list):
+            raise TypeError("data is not a list")
+        for card in cards:
+            if isinstance(card, dict) and "root" in card:
+                card["root"] = served_model if served_model is not None else card.get("id")
+    except (ValueError, TypeError, KeyError):
+        return None
+    return json.dumps(data, ensure_ascii=False).encode()
+
 
 # Never forwarded upstream: hop-by-hop headers, the client's credentials, and headers we set.
 _DROP_REQUEST = frozenset(
@@ -214,7 +235,7 @@ class Proxy:
             request_id = os.urandom(12).hex().encode()
         rid = (b"x-request-id", request_id)
 
-        key = self.keys.authenticate(authorization)
+        key = await self.keys.authenticate_fresh(authorization)
         if isinstance(key, AuthFailure):
             if key is AuthFailure.UNAVAILABLE:
                 retry = (b"retry-after", str(self.slot.retry_after_s).encode())
@@ -408,6 +429,8 @@ class Proxy:
             target += "?" + scope["query_string"].decode("latin-1")
         url = URL(target, encoded=True)
         headers = self._upstream_headers(scope["headers"], request_id, upstream.authorization)
+        if route == MODELS_ROUTE:
+            headers.popall("Accept-Encoding", None)  # the listing is rewritten: plain JSON only
         errors = self.metrics.upstream_errors
         resp: aiohttp.ClientResponse | None = None
         for attempt in (1, 2):
@@ -475,6 +498,27 @@ class Proxy:
             out_headers: Headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
             out_headers.append(rid)
             is_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+            if route == MODELS_ROUTE and scope["method"] == "GET" and resp.status == 200 and not is_stream:
+                # vLLM's model card says where the weights lie on the engine's host (`root`): every
+                # key holder would read it. Buffered (a few hundred bytes) and rewritten.
+                listing = models_listing(await resp.content.read(), upstream.served_model)
+                if listing is None:
+                    await send_error(send, 502, f"upstream {upstream.url} sent a model listing the gateway "
+                                     "cannot read", "upstream_error", [rid])
+                    complete = True
+                    return 502
+                out_headers = [(k, v) for k, v in out_headers
+                               if k.lower() not in (b"content-length", b"content-encoding")]
+                out_headers.append((b"content-length", str(len(listing)).encode()))
+                await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
+                state.response_started = True
+                state.status = resp.status
+                if self.tee is not None:
+                    self.tee(request_id, listing)
+                complete = True
+                state.finished = True
+                await send({"type": "http.response.body", "body": listing, "more_body": False})
+                return resp.status
             await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
             state.response_started = True
             state.status = resp.status

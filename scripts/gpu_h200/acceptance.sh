@@ -8,7 +8,7 @@
 #   up --recipe cuda-smollm2-graph (cold, then warm: warm_restart) · restart --follow (warm 2)
 #   apply cuda-smollm2-piecewise --follow (cold + warm) · restart --follow (warm 2)
 #   apply cuda-smollm2-eager --follow (once; its recipe has no warm_restart)
-# then launches --json, launches ID for each, status --json, down; logs and engine logs redacted.
+# then launches --json, launches ID --json for each, status --json, down; logs and engine logs redacted.
 # Budget: done by DEADLINE (520 s) of wall time; a step that would not fit is skipped (`left N`), and
 # `pack` after every step, so a command cut at its limit still brings back what it had.
 # What comes back: $OUT/accept.tgz (accept/: launch-ID.json, runs/ID/engine.log, gateway.jsonl,
@@ -128,7 +128,7 @@ run_step apply-eager 200 90 apply cuda-smollm2-eager --follow
 say "collect"
 "${APP[@]}" launches --json > "$R/launches.json" 2>&1
 for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null); do
-  "${APP[@]}" launches "$id" > "$R/launch-$id.json" 2> "$R/launch-$id.explain.txt"
+  "${APP[@]}" launches "$id" --json > "$R/launch-$id.json" 2> "$R/launch-$id.explain.txt"
   mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null
 done
 "${APP[@]}" status --json > "$R/status.json" 2>&1

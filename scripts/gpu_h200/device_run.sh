@@ -37,7 +37,7 @@ collect() {
   "${APP[@]}" status --json > "$R/status.json" 2>&1
   "${APP[@]}" launches --json > "$R/launches.json" 2>&1
   for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json"); do
-    "${APP[@]}" launches "$id" > "$R/launch-$id.json" 2>&1
+    "${APP[@]}" launches "$id" --json > "$R/launch-$id.json" 2>&1
   done
   say "down"; "${APP[@]}" down > "$R/down.txt" 2>&1
   mkdir -p "$R/app"; cp -r /root/app/logs "$R/app/" 2>/dev/null; cp -r /root/app/runs "$R/app/" 2>/dev/null

@@ -32,13 +32,13 @@ TOKEN = "adm_test-token-not-secret"
 
 
 class Rig:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, recipes_dir: Path = REPO / "recipes") -> None:
         self.clock = FakeClock()
         self.runtime = FakeRuntime(self.clock)
         self.store = Store(home / "appliance.sqlite3")
         seed_model(home)
         self.preflight = Preflight(
-            recipes_dir=REPO / "recipes", appliance_home=home, facts_root=REFERENCE_HOST
+            recipes_dir=recipes_dir, appliance_home=home, facts_root=REFERENCE_HOST
         )
         self.driver = Driver(
             runtimes={"process": self.runtime}, store=self.store, preflight=self.preflight,

@@ -182,3 +182,70 @@ async def test_open_recipe_listing_refuses_an_alias_bomb_instead_of_expanding_it
         r = await c.get("/recipes")
     assert r.status_code == 500
     assert "yaml-alias" in r.json()["detail"]
+
+
+# ---- issue 23 item 8: input no answer can carry back is a 4xx with a reason, not a 500 ------------
+
+
+def _keys_app(home: Path) -> Any:
+    rig = Rig(home)
+    return create_app(ApiContext(rig.driver, rig.store, rig.preflight, home,
+                                 extra_routers=(keys_router(AdminGuard(home), KeyStore(home / "k.db")),)))
+
+
+JSON = {**AUTH, "content-type": "application/json"}
+
+
+@pytest.mark.parametrize(("path", "body", "reason"), [
+    ("/apply", b'{"recipe": "cpu-smollm2", "fresh_cache": 1e999}', "out of range"),
+    ("/apply", b'{"recipe": "cpu-smollm2", "force": -1e999}', "out of range"),
+    ("/apply", b'{"recipe": NaN}', "NaN"),
+    ("/apply", b'{"recipe": "cpu-smollm2", "force": Infinity}', "Infinity"),
+    ("/apply", b'{"recipe": "\\ud800"}', "surrogate"),
+    ("/keys", b'{"name": "\\ud800"}', "surrogate"),
+    ("/keys", b'{"name": "svc", "rpm_limit": NaN}', "NaN"),
+    ("/keys", b'{"\\udfff": 1, "name": "svc"}', "surrogate"),
+])
+def test_unwritable_json_is_422_with_a_reason(home: Path, path: str, body: bytes, reason: str) -> None:
+    from fastapi.testclient import TestClient
+
+    # raise_server_exceptions (the default): a 500 would raise its traceback here
+    with TestClient(_keys_app(home), base_url="http://127.0.0.1") as c:
+        r = c.post(path, content=body, headers=JSON)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body"] and reason in r.json()["detail"][0]["msg"]
+        # nothing was created on the way
+        assert c.get("/keys", headers=AUTH).json() == []
+        # ordinary bodies still pass through the check
+        ok = c.post("/keys", content=b'{"name": "svc \\u00e9 \\ud83d\\ude00"}', headers=JSON)  # a valid pair
+        assert ok.status_code == 201 and ok.json()["name"] == "svc \u00e9 \U0001f600"
+
+
+@pytest.mark.parametrize(("path", "param"), [("/events", "after"), ("/launches/x/log", "offset")])
+def test_numbers_past_sqlite_integers_are_422(home: Path, path: str, param: str) -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(_keys_app(home), base_url="http://127.0.0.1") as c:
+        r = c.get(path, params={param: "99999999999999999999999"})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["query", param]
+        assert "less than or equal to 9223372036854775807" in r.json()["detail"][0]["msg"]
+
+
+async def test_the_422_handler_never_echoes_unwritable_input() -> None:
+    from fastapi.exceptions import RequestValidationError
+
+    from controller.api_gate import validation_error
+
+    exc = RequestValidationError([
+        {"type": "bool_parsing", "loc": ("body", "force"), "msg": "Input should be a valid boolean",
+         "input": float("nan")},
+        {"type": "string_type", "loc": ("body", "name\ud800"), "msg": "bad \udc00", "input": "x\ud800"},
+        {"type": "int_type", "loc": ("query", "n"), "msg": "Input should be a valid integer", "input": "abc"},
+    ])
+    response = await validation_error(None, exc)  # type: ignore[arg-type]
+    assert response.status_code == 422
+    detail = __import__("json").loads(response.body)["detail"]
+    assert "input" not in detail[0] and "input" not in detail[1]
+    assert detail[1]["loc"] == ["body", "name\\ud800"] and detail[1]["msg"] == "bad \\udc00"
+    assert detail[2]["input"] == "abc" and detail[2]["msg"] == "Input should be a valid integer"

@@ -192,10 +192,90 @@ def test_status_says_why_the_compile_cache_missed(monkeypatch: pytest.MonkeyPatc
 def test_launches_id_keeps_json_on_stdout_and_says_why_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     record = {"id": "L2",
               "compile_cache": {"seen": {"cache_hash": "f100a03e45"}, "miss": MISS, "warnings": []}}
-    result = _cli(monkeypatch, {"/launches/L2": record}, "launches", "L2")
+    result = _cli(monkeypatch, {"/launches/L2": record}, "launches", "L2", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == record
     assert "cache miss: env vs launch L1: env VLLM_API_KEY changed" in result.stderr
+
+
+# ---- `launches ID` is a page to read; `--json` the record; a unique prefix will do
+
+FULL_RECORD = {
+    "id": "cpu-smollm2-20261201-110000-ab12", "recipe": "cpu-smollm2", "spec_hash": "0123456789abcdef0123",
+    "kind": "normal", "runtime": "process", "status": "ready", "created_at": 1_700_000_000.0,
+    "started_at": 1_700_000_000.0, "ready_at": 1_700_000_036.2, "ready_s": 36.2, "ended_at": None,
+    "cache": "miss", "exit_code": None, "exit_signal": None, "oom_killed": None,
+    "mem_available_min_bytes": 3 * 2**30, "swap_peak_bytes": 2**29,
+    "phases": [{"name": "spawned", "at": 1_700_000_000.5, "elapsed_s": 0.5, "detail": ""},
+               {"name": "weights_loaded", "at": 1_700_000_012.0, "elapsed_s": 12.0, "detail": "0.26 GiB"},
+               {"name": "ready", "at": 1_700_000_036.2, "elapsed_s": 36.2, "detail": ""}],
+    "gpu_peaks": {"warmup": {"0": {"used_max_bytes": 60 * 2**30, "total_bytes": 140 * 2**30,
+                                   "busy_max_percent": 97.0}}},
+    "oom": [{"task": "VLLM::Worker"}],
+    "diagnosis": {"code": "oom_host", "severity": "error", "summary": "the host ran out of memory",
+                  "hint": "lower max_model_len", "evidence": ["Out of memory: Killed process 1"]},
+    "compile_cache": {"seen": {"cache_hash": "f100a03e45"}, "miss": MISS, "previous_launch": "L1",
+                      "warnings": []},
+    "argv": ["x"] * 200, "env": {f"V{i}": "1" for i in range(100)}, "events": [],
+}
+
+
+class _LookupClient(_Client):
+    """Answers like the API: 404 for an unknown launch ID."""
+
+    def get(self, path: str) -> Any:
+        from controller.api_client import ApiError
+
+        if path not in self.answers:
+            raise ApiError(404, f"no launch {path!r}")
+        return self.answers[path]
+
+
+def _lookup_cli(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any], *args: str) -> Result:
+    app = typer.Typer()
+    service_cmd.register(app)
+    monkeypatch.setattr(service_cmd, "_client", lambda api: _LookupClient(answers))
+    return CliRunner().invoke(app, list(args))
+
+
+def test_launches_id_is_a_readable_page_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    lid = FULL_RECORD["id"]
+    result = _lookup_cli(monkeypatch, {f"/launches/{lid}": FULL_RECORD}, "launches", str(lid))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert not out.lstrip().startswith("{") and len(out.splitlines()) < 40
+    for expected in ("status     ready", "ready in   36.2 s", "weights_loaded  0.26 GiB", "    12.0 s",
+                     "compile cache miss (compared with launch L1)",
+                     "cache miss: env vs launch L1: env VLLM_API_KEY changed",
+                     "MemAvailable low 3.0 GiB, swap peak 0.5 GiB",
+                     "GPU 0 during warmup: 60.0 GiB of 140.0 GiB, busy up to 97%",
+                     "OOM        1 kernel OOM record(s); victims: VLLM::Worker",
+                     "diagnosis  oom_host (error): the host ran out of memory",
+                     "hint:     lower max_model_len",
+                     f"appliance launches {lid} --json"):
+        assert expected in out, (expected, out)
+    full = _lookup_cli(monkeypatch, {f"/launches/{lid}": FULL_RECORD}, "launches", str(lid), "--json")
+    assert json.loads(full.stdout) == FULL_RECORD
+
+
+def _summaries(*ids: str) -> list[dict[str, str]]:
+    return [{"id": i} for i in ids]
+
+
+def test_launches_accepts_a_unique_id_prefix_and_names_the_candidates_of_an_ambiguous_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lid = str(FULL_RECORD["id"])
+    other = "cpu-smollm2-20261201-120000-cd34"
+    answers = {f"/launches/{lid}": FULL_RECORD, "/launches?limit=1000": _summaries(other, lid, "gfx-1")}
+    unique = _lookup_cli(monkeypatch, answers, "launches", "cpu-smollm2-20261201-11", "--json")
+    assert unique.exit_code == 0, unique.output
+    assert json.loads(unique.stdout)["id"] == lid
+    ambiguous = _lookup_cli(monkeypatch, answers, "launches", "cpu-smollm2")
+    assert ambiguous.exit_code == 2
+    assert "ambiguous" in ambiguous.stderr and lid in ambiguous.stderr and other in ambiguous.stderr
+    assert "gfx-1" not in ambiguous.stderr and "Traceback" not in ambiguous.output
+    missing = _lookup_cli(monkeypatch, answers, "launches", "nope")
+    assert missing.exit_code == 2 and "no launch 'nope'" in missing.stderr
 
 
 # ---- `appliance plan`: bad cache roots are named before anything starts

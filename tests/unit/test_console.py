@@ -8,6 +8,7 @@ clock where expiry is tested.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -478,3 +479,54 @@ async def test_the_now_page_shows_the_eta_and_a_likely_stall(
     assert '<progress id="eta-bar" max="100" value="100.0"></progress>' in page
     assert 'data-live="stall">likely stalled: torch.compile 95 s, usually 18 s</p>' in page
     assert '<li class="current">torch.compile · 95 s, usually 18 s</li>' in page
+
+
+# ---- issue 23 item 10: failed log-ins logged (never the token), counted, slowed; 404s secured ----
+
+
+async def test_failed_logins_are_logged_counted_and_slowed_per_address(
+        rig: Rig, home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    app = FastAPI()
+    app.include_router(console_router(_ctx(rig, home), sessions=Sessions(home, clock=clock)))
+    metrics = rig.driver.metrics
+    guess = "adm_guess-that-must-never-be-logged"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.7", 4000)),
+                                 base_url="http://127.0.0.1") as c:
+        with caplog.at_level(logging.WARNING, logger="controller.console.routes"):
+            for _ in range(3):  # the first three are free
+                assert (await login(c, guess)).status_code == 401
+            fourth = await login(c, guess)  # the fourth counts, and costs a wait of 1 s
+            assert fourth.status_code == 401
+            r = await login(c)  # even the right token is not compared while the wait lasts
+            assert r.status_code == 429 and r.headers["retry-after"] == "1"
+            assert "too many failed log-ins" in r.text and r.headers["content-security-policy"] == CSP
+            assert COOKIE not in r.headers.get("set-cookie", "")
+        assert metrics.value("appliance_console_login_failures_total", {"reason": "refused"}) == 4
+        assert metrics.value("appliance_console_login_failures_total", {"reason": "throttled"}) == 1
+        lines = [rec.getMessage() for rec in caplog.records]
+        assert any("10.0.0.7" in line and "wrong admin token" in line and "4 failures in a row" in line
+                   for line in lines), lines
+        assert not any(guess in line or TOKEN in line for line in lines)
+        clock.t += 1.0
+        assert (await login(c, guess)).status_code == 401  # the fifth doubles the wait
+        clock.t += 1.5
+        assert (await login(c)).status_code == 429
+        clock.t += 0.6
+        assert (await login(c)).status_code == 303  # a success clears the address's count
+        assert (await login(c, guess)).status_code == 401
+    # another address is not slowed by this one's failures
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.8", 4000)),
+                                 base_url="http://127.0.0.1") as other:
+        assert (await login(other)).status_code == 303
+
+
+async def test_console_404_pages_carry_the_security_headers(client: httpx.AsyncClient) -> None:
+    for path in ("/console/no-such-page", "/console/static/nope.js", "/console/recipes/x/y/z"):
+        r = await client.get(path)
+        assert r.status_code == 404, path
+        assert r.headers["content-security-policy"] == CSP, path
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["cache-control"] == "no-store" and r.headers["referrer-policy"] == "no-referrer"
+    await login(client)
+    assert (await client.get("/console/keys")).status_code == 200  # the catch-all shadows no page

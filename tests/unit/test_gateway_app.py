@@ -263,3 +263,57 @@ def test_loop_histogram_exposes_like_client_python() -> None:
         return {line for line in generate_latest(registry).decode().splitlines() if "_created" not in line}
 
     assert lines(ours_registry) == lines(theirs_registry)
+
+
+# ---- issue 23 item 10: /v1/models does not tell key holders where the weights lie ----------------
+
+VLLM_MODELS = {"object": "list", "data": [{
+    "id": "smollm2", "object": "model", "created": 1, "owned_by": "vllm",
+    "root": "/var/lib/appliance/models/smollm2-135m-instruct", "parent": None, "max_model_len": 2048,
+    "permission": [{"id": "modelperm-1", "object": "model_permission"}]}]}
+
+
+@pytest.mark.parametrize(("served", "payload", "status"), [
+    ("smollm2", VLLM_MODELS, 200), (None, VLLM_MODELS, 200), ("smollm2", "not json", 502)])
+async def test_models_listing_shows_the_served_name_not_the_model_path(
+        store: KeyStore, served: str | None, payload: object, status: int) -> None:
+    from aiohttp import web
+
+    seen: dict[str, str | None] = {}
+
+    async def models(request: web.Request) -> web.Response:
+        seen["accept-encoding"] = request.headers.get("Accept-Encoding")
+        if isinstance(payload, str):
+            return web.Response(text=payload, content_type="application/json")
+        return web.json_response(payload)
+
+    upstream = web.Application()
+    upstream.router.add_get("/v1/models", models)
+    runner = web.AppRunner(upstream)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    _, key = store.create("a")
+    app = make_app(store)
+    await app.startup()
+    try:
+        app.slot.set(f"http://127.0.0.1:{port}", served)
+        r = await call(app, "GET", "/v1/models", headers={**auth(key), "accept-encoding": "gzip"})
+        assert r.status == status, r.body
+        assert b"/var/lib/appliance" not in r.body
+        if status == 200:
+            card = r.json()["data"][0]
+            assert card["root"] == "smollm2" and card["id"] == "smollm2" and card["max_model_len"] == 2048
+            assert int(r.headers[b"content-length"]) == len(r.body)
+            assert seen["accept-encoding"] is None
+    finally:
+        await app.shutdown()
+        await runner.cleanup()
+
+
+async def test_a_key_created_after_the_gateway_loaded_the_store_is_not_a_401(store: KeyStore) -> None:
+    app = make_app(store)  # the store is loaded; the once-a-second refresher has not run since
+    _, key = store.create("fresh")  # what POST /keys does
+    r = await call(app, "GET", "/v1/models", headers=auth(key))
+    assert r.status == 503, r.body  # past authentication: no engine yet, not "invalid API key"

@@ -138,3 +138,54 @@ async def test_a_deleted_store_fails_closed_after_the_freshness_window(tmp_path:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+
+
+# ---- issue 23 item 19b: a key works the moment its creation returns ----------------------------
+
+
+def _made_up(i: int) -> str:
+    return f"sk-app-{i:012x}-" + "a" * 43  # well formed, unknown id
+
+
+async def test_a_key_created_after_the_last_refresh_works_at_once(tmp_path: Path) -> None:
+    import time
+
+    store = KeyStore(tmp_path / "k.db")
+    cache = KeyCache(store, refresh_s=1.0)
+    cache.load(create=True)
+    _, key = store.create("new")  # what POST /keys does; the periodic refresher has not run
+    assert cache.authenticate(bearer(key)) is AuthFailure.INVALID  # the plain cache has not seen it
+    t0 = time.monotonic()
+    found = await cache.authenticate_fresh(bearer(key))
+    assert isinstance(found, KeyRecord) and found.name == "new"
+    assert time.monotonic() - t0 < 0.5 and cache.reloads_for_unknown == 1
+    # a known key needs no store check; a known id with a wrong secret, a malformed key neither
+    assert isinstance(await cache.authenticate_fresh(bearer(key)), KeyRecord)
+    assert await cache.authenticate_fresh(bearer(key[:-1] + ("b" if key[-1] != "b" else "c"))) \
+        is AuthFailure.INVALID
+    assert await cache.authenticate_fresh(bearer("not-a-key")) is AuthFailure.INVALID
+    assert await cache.authenticate_fresh(None) is AuthFailure.MISSING
+    assert cache.reloads_for_unknown == 1
+
+
+async def test_store_checks_for_unknown_keys_are_shared_and_spaced(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    store = KeyStore(tmp_path / "k.db")
+    cache = KeyCache(store, reload_gap_s=0.1)
+    cache.load(create=True)
+    # A burst of made-up keys: one store check, shared by all.
+    results = await asyncio.gather(*(cache.authenticate_fresh(bearer(_made_up(i))) for i in range(50)))
+    assert set(results) == {AuthFailure.INVALID} and cache.reloads_for_unknown == 1
+    # One after another: at most one check per 100 ms.
+    t0 = time.monotonic()
+    for i in range(4):
+        assert await cache.authenticate_fresh(bearer(_made_up(100 + i))) is AuthFailure.INVALID
+    assert cache.reloads_for_unknown == 5 and time.monotonic() - t0 >= 0.35
+    # A key created while a spaced check is already waiting to start is seen by that check.
+    waiting = asyncio.ensure_future(cache.authenticate_fresh(bearer(_made_up(999))))
+    await asyncio.sleep(0)
+    _, key = store.create("late")
+    assert isinstance(await cache.authenticate_fresh(bearer(key)), KeyRecord)
+    assert await waiting is AuthFailure.INVALID

@@ -185,3 +185,71 @@ def test_the_printed_curl_works_as_pasted(tmp_path: Path) -> None:
     out = subprocess.run(["bash", "-c", command], env={"KEY": "sk-app-xyz", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert "Authorization: Bearer sk-app-xyz" in out and body in out
+
+
+# ---- issue 23 item 12: `up --port` is remembered; every command of this home finds it ----------
+
+
+class _FakeController:
+    """A controller API on a free port answering /healthz and /status (a ready engine)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status = {"state": "ready", "recipe": "cpu-smollm2", "launch": None, "failures": 0}
+                body = json.dumps({"ok": True} if self.path == "/healthz" else status).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_up_remembers_its_port_and_status_finds_it_without_appliance_api(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from controller.api_client import API_ENV, DEFAULT_API, api_url, remembered_api
+
+    app = typer.Typer()
+    service_cmd.register(app)
+    monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path))
+    monkeypatch.delenv(API_ENV, raising=False)
+    monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
+    monkeypatch.delenv(admin_token.TOKEN_ENV, raising=False)
+    monkeypatch.setattr(service_cmd, "_ensure_engine", lambda recipe: None)
+    assert api_url() == DEFAULT_API  # nothing remembered yet
+    fake = _FakeController()  # a controller already answering on the port `up --port` names
+    try:
+        runner = CliRunner()
+        up = runner.invoke(app, ["up", "--port", str(fake.port), "--no-gateway", "--no-follow"])
+        assert up.exit_code == 0, up.output
+        url = f"http://127.0.0.1:{fake.port}"
+        assert f"export {API_ENV}={url}" in up.output
+        assert remembered_api(tmp_path) == url
+        assert api_url() == url and api_url("http://x:1") == "http://x:1"
+        status = runner.invoke(app, ["status"])  # no --api, no $APPLIANCE_API
+        assert status.exit_code == 0, status.output
+        assert "state:      ready" in status.output
+        monkeypatch.setenv(API_ENV, "http://127.0.0.1:1")  # the variable still wins
+        assert api_url() == "http://127.0.0.1:1"
+        monkeypatch.delenv(API_ENV)
+        down = runner.invoke(app, ["down", "--keep-engine"])
+        assert down.exit_code == 0, down.output
+        assert remembered_api(tmp_path) is None and api_url() == DEFAULT_API
+    finally:
+        fake.close()
