@@ -13,6 +13,9 @@ LABEL_MANAGED = "appliance.managed"
 LABEL_LAUNCH_ID = "appliance.launch_id"
 LABEL_RECIPE = "appliance.recipe"
 LABEL_SPEC_HASH = "appliance.spec_hash"
+# Which appliance instance launched it (issue 23): two appliances (two APPLIANCE_HOMEs) may share a
+# Docker daemon or a cluster namespace, and each adopts only its own engines.
+LABEL_INSTANCE = "appliance.instance"
 
 # The environment variable vLLM reads its API key from. The controller never puts the key there
 # (issue 19: a key file instead); it is named to keep it out of specs and to read old launches back.

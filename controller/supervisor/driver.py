@@ -566,24 +566,36 @@ class Driver:
                 self.note("adopt-error", f"{rt.name} runtime: {exc}")
         if not found:
             return
-        found.sort(key=lambda h: h.started_at)
-        handle = found[-1]
-        for extra in found[:-1]:
-            # The host holds one engine at a time (DOMAIN §3); an older leftover is stopped.
+        # First which engines can be supervised at all (a known spec), newest first; only then is
+        # one chosen and the other ones stopped. An engine whose spec is unknown is never the reason
+        # to stop a healthy one of ours (issue 23: it was another appliance's container).
+        found.sort(key=lambda h: h.started_at, reverse=True)
+        known: list[tuple[EngineHandle, LaunchSpec, bool]] = []  # (handle, spec, spec from the store)
+        for candidate in found:
+            stored = self.store.get_spec(candidate.launch_id)
+            if stored is not None:
+                known.append((candidate, stored, True))
+                continue
+            planned = (await asyncio.to_thread(self.spec_for_recipe, candidate.recipe)
+                       if self.spec_for_recipe is not None else None)
+            if planned is None:
+                self.note("adopt-skipped", f"engine {candidate.ref} ({candidate.recipe}) is running but its "
+                          "launch spec is unknown: left alone, not supervised", candidate.launch_id)
+                continue
+            known.append((candidate, planned, False))
+        if not known:
+            return
+        handle, spec, recorded = known[0]
+        for extra, _, extra_recorded in known[1:]:
+            # The host holds one engine at a time (DOMAIN §3); an older leftover of ours is stopped.
             self.note("adopt-extra", f"stopping older engine {extra.ref} ({extra.recipe})", extra.launch_id)
             info = await asyncio.to_thread(self._runtime(extra).stop, extra, self.m.policy.stop_grace_s)
-            self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
-        spec = self.store.get_spec(handle.launch_id)
-        if spec is None and self.spec_for_recipe is not None:
-            spec = await asyncio.to_thread(self.spec_for_recipe, handle.recipe)
-            if spec is not None:
-                self.store.create_launch(handle.launch_id, spec, StartKind.ADOPTED.value, Provenance(),
-                                         handle.started_at)
-                self.store.set_handle(handle.launch_id, handle, handle.started_at)
-        if spec is None:
-            self.note("adopt-skipped", f"engine {handle.ref} ({handle.recipe}) is running but its launch "
-                       "spec is unknown: left alone, not supervised", handle.launch_id)
-            return
+            if extra_recorded:
+                self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
+        if not recorded:
+            self.store.create_launch(handle.launch_id, spec, StartKind.ADOPTED.value, Provenance(),
+                                     handle.started_at)
+            self.store.set_handle(handle.launch_id, handle, handle.started_at)
         run = LaunchRun(handle.launch_id, LogFollower(handle.launch_id, started_at=handle.started_at))
         # The key lives only where the runtime put it for the engine (its key file): read it back
         # from there (or the recipe's own `--api-key`, when the spec at hand still holds it: a stored

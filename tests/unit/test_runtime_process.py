@@ -208,3 +208,24 @@ def test_start_refuses_docker_specs_bad_ids_missing_programs_and_workdirs(tmp_pa
     with pytest.raises(RuntimeError_, match="workdir"):
         rt.start(spec(workdir=str(tmp_path / "nope")), "l1")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_adopt_takes_only_this_instances_engines(tmp_path: Path) -> None:
+    # Issue 23: each runtime adopts only the engines its own appliance instance launched.
+    me = _me()
+    mine = _record(tmp_path, "mine", me)
+    (tmp_path / "mine" / HANDLE_FILE).write_text(
+        mine.model_copy(update={"instance": "i-a"}).model_dump_json())
+    theirs = _record(tmp_path, "theirs", me)
+    (tmp_path / "theirs" / HANDLE_FILE).write_text(
+        theirs.model_copy(update={"instance": "i-b"}).model_dump_json())
+    assert [h.launch_id for h in ProcessRuntime(tmp_path, instance_id="i-a").adopt()] == ["mine"]
+    assert [h.launch_id for h in ProcessRuntime(tmp_path, instance_id="i-b").adopt()] == ["theirs"]
+
+
+def test_the_instance_id_is_made_once_and_kept(tmp_path: Path) -> None:
+    from controller.settings import Paths, instance_id
+
+    first = instance_id(Paths(tmp_path / "a"))
+    assert first and instance_id(Paths(tmp_path / "a")) == first
+    assert instance_id(Paths(tmp_path / "b")) != first

@@ -707,3 +707,46 @@ async def test_without_history_the_eta_falls_back_to_the_budget(tmp_path: Path) 
     eta = rig.driver.status()["eta"]
     assert eta["launches"] == 0 and eta["median_s"] is None
     assert eta["text"] == "no earlier launches of this variant: expected within the ready budget of 600 s"
+
+
+async def test_adoption_never_stops_its_own_engine_for_one_it_cannot_supervise(tmp_path: Path) -> None:
+    # Issue 23: another appliance's newer engine on a shared daemon (its spec unknown here) made a
+    # restarted controller stop its own healthy engine as "older", then skip the other one.
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    own = EngineHandle(launch_id="Lown", runtime="process", ref="801", recipe="test-recipe",
+                       spec_hash=spec.spec_hash, started_at=rig.clock.t - 3600, instance="i-mine")
+    rig.runtime.engines["Lown"] = FakeEngine(own, log="INFO Application startup complete.\n", healthy=True)
+    rig.store.create_launch("Lown", spec, "normal", Provenance(), rig.clock.t - 3600)
+    rig.store.set_handle("Lown", own, rig.clock.t - 3600)
+    other = EngineHandle(launch_id="Lother", runtime="process", ref="802", recipe="another-recipe",
+                         spec_hash="f" * 64, started_at=rig.clock.t - 60, instance="i-theirs")
+    rig.runtime.engines["Lother"] = FakeEngine(other, healthy=True)
+
+    await rig.driver.adopt()
+    assert rig.runtime.stopped == []
+    launch = rig.driver.m.launch
+    assert launch is not None and launch.launch_id == "Lown"
+    await rig.step()
+    assert rig.driver.m.state is State.READY and rig.runtime.started == []
+    rec = rig.store.get_launch("Lown")
+    assert rec is not None and rec.ended_at is None
+    # The instance that launched it is recorded with its handle.
+    assert rec.handle is not None and rec.handle["instance"] == "i-mine"
+    assert rig.runtime.engines["Lother"].running
+
+
+async def test_adoption_still_stops_an_older_engine_of_its_own(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    for launch_id, age in (("Lold", 7200), ("Lnew", 3600)):
+        handle = EngineHandle(launch_id=launch_id, runtime="process", ref=str(age), recipe="test-recipe",
+                              spec_hash=spec.spec_hash, started_at=rig.clock.t - age)
+        rig.runtime.engines[launch_id] = FakeEngine(handle, log="INFO Application startup complete.\n",
+                                                    healthy=True)
+        rig.store.create_launch(launch_id, spec, "normal", Provenance(), rig.clock.t - age)
+        rig.store.set_handle(launch_id, handle, rig.clock.t - age)
+    await rig.driver.adopt()
+    assert rig.runtime.stopped == ["Lold"]
+    launch = rig.driver.m.launch
+    assert launch is not None and launch.launch_id == "Lnew"
