@@ -470,11 +470,14 @@ class ProcessRuntime:
 
     @staticmethod
     def _info(status: dict[str, object]) -> ExitInfo:
-        code, sig = status.get("exit_code"), status.get("signal")
+        """The recorded end; `error` (the shim's or this runtime's own words: an exec that failed,
+        a shim that was killed) is the ExitInfo's reason, for the diagnosis."""
+        code, sig, error = status.get("exit_code"), status.get("signal"), status.get("error")
         return ExitInfo(
             running=False,
             exit_code=code if isinstance(code, int) else None,
             signal=sig if isinstance(sig, int) else None,
+            reason=error if isinstance(error, str) and error else None,
         )
 
     def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
@@ -499,7 +502,7 @@ class ProcessRuntime:
         _write_status(self._run_dir(handle) / STATUS_FILE, None, None, error, complete=not left)
         if left:
             self._kill_later(handle)
-        return ExitInfo(running=False)
+        return ExitInfo(running=False, reason=error)  # the diagnosis reads it (shim_killed)
 
     def inspect(self, handle: EngineHandle) -> ExitInfo:
         """Running until the engine's main process ended (the shim may still be reaping what it

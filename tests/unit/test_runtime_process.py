@@ -229,3 +229,16 @@ def test_the_instance_id_is_made_once_and_kept(tmp_path: Path) -> None:
     first = instance_id(Paths(tmp_path / "a"))
     assert first and instance_id(Paths(tmp_path / "a")) == first
     assert instance_id(Paths(tmp_path / "b")) != first
+
+
+def test_the_recorded_error_is_the_exits_reason(tmp_path: Path) -> None:
+    # Issue 23: the runtime's own note on a killed shim reaches the diagnosis through ExitInfo.reason.
+    me = _me()
+    handle = _record(
+        tmp_path, "ended", me.model_copy(update={"started_after_boot": (me.started_after_boot or 0) - 5})
+    )
+    why = "the engine's shim (pid 1) was killed (killed by signal 9 (SIGKILL))"
+    (tmp_path / "ended" / STATUS_FILE).write_text(json.dumps(
+        {"exit_code": None, "signal": None, "ended_at": 0.0, "error": why, "complete": True}))
+    info = ProcessRuntime(tmp_path).inspect(handle)
+    assert (info.running, info.exit_code, info.reason) == (False, None, why)

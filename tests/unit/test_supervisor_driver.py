@@ -230,6 +230,24 @@ async def test_a_kernel_oom_kill_is_the_diagnosis_and_stops_the_retries(tmp_path
     assert rig.driver.m.state is State.FAILED  # DOMAIN §3: a global OOM repeats; no blind retry
 
 
+async def test_a_killed_shim_is_diagnosed_from_the_runtimes_note_not_unknown(tmp_path: Path) -> None:
+    # Issue 23: after `kill -9` of the process runtime's shim the record said "unknown ... nothing to
+    # act on", though the runtime had written the cause.
+    rig = make_rig(tmp_path, policy=Policy(max_failures=1))
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+    engine.reason = f"the engine's shim (pid {engine.handle.ref}) was killed (killed by signal 9 (SIGKILL))"
+    engine.running = False
+    engine.ended.set()
+    await rig.run_until(lambda: rig.driver.m.state is State.FAILED, limit_s=120, each=1)
+    rec = rig.store.get_launch("L1")
+    assert rec is not None and rec.diagnosis is not None
+    assert rec.diagnosis["code"] == DiagnosisCode.SHIM_KILLED.value
+    assert "was killed" in rec.diagnosis["summary"]
+    assert rig.driver.status()["last_diagnosis"]["code"] == "shim_killed"
+
+
 async def test_a_runtime_that_cannot_run_the_engine_is_diagnosed_in_its_own_words(tmp_path: Path) -> None:
     # A remote runtime (kubernetes) ends a launch with no exit code: the pod never ran. Its reason
     # reaches the stored diagnosis, so the operator reads the scheduler's sentence, not "unknown".
