@@ -164,6 +164,8 @@ class Driver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
+        # Why the launch store's path no longer names the file it writes (deleted or replaced), once seen.
+        self.store_problem: str | None = None
         self.gateway_sync = GatewaySync(
             gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
             check_interval_s=self.config.gateway_check_interval_s)
@@ -232,9 +234,13 @@ class Driver:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.poll_interval_s)
 
     def liveness_problem(self) -> str | None:
-        """Why the controller is not alive though it answers HTTP: its supervision loop has not come
-        round for much longer than a poll (a hung runtime call, a dead task). None: alive, or the
-        loop was never started here (an API without supervision, in tests)."""
+        """Why the controller is not alive though it answers HTTP: its launch store was deleted or
+        replaced under it (`check_store`), or its supervision loop has not come round for much longer
+        than a poll (a hung runtime call, a dead task). None: alive, or the loop was never started
+        here (an API without supervision, in tests)."""
+        store = self.check_store()
+        if store is not None:
+            return store
         if self.loop_alive_at is None:
             return None
         stale_s = max(LOOP_STALE_MIN_S, LOOP_STALE_POLLS * self.config.poll_interval_s)
@@ -244,8 +250,22 @@ class Driver:
         return (f"the supervision loop last came round {idle_s:.0f} s ago (a poll is "
                 f"{self.config.poll_interval_s:g} s): the engine is not being watched")
 
+    def check_store(self) -> str | None:
+        """The launch store's file still the one at its path? (issue 23: a deleted or replaced store
+        went unnoticed, its history lost at the next restart). One stat, on every step and liveness
+        probe; said loudly once (log, event, `status`), and the controller is then not alive (/healthz
+        503) so that it is restarted onto the file at the path."""
+        problem = self.store.file_problem()
+        if problem is not None and problem != self.store_problem:
+            self.store_problem = problem
+            log.error("launch store: %s", problem)
+            self.note("store-lost", f"{problem}; the controller reports itself not alive (/healthz 503) "
+                      "until it is restarted")
+        return problem
+
     async def step(self) -> None:
         """One look at the world, then Tick (always: the budget and stall clocks run on it)."""
+        self.check_store()
         launch = self.m.launch
         if launch is not None and launch.handle is not None:
             try:
@@ -839,7 +859,8 @@ class Driver:
     def status(self) -> dict[str, Any]:
         launch = self.m.launch
         run = self.runs.get(launch.launch_id) if launch is not None else None
-        return status_view.status(self.m, run, self.clock.now(), self.last_diagnosis)
+        return {**status_view.status(self.m, run, self.clock.now(), self.last_diagnosis),
+                "store_problem": self.store_problem}
 
 
 # The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's
