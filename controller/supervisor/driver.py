@@ -206,8 +206,8 @@ class Driver:
         m = self.m
         self.metrics.set_engine_state(m.state.value)
         if m.state is State.READY and m.launch is not None:
-            # Every way into ready, including an adopted engine (it has no MarkReady: its start was
-            # measured by the controller that launched it).
+            # Every way into ready, including an adopted engine that was ready before the restart (it
+            # has no MarkReady: its start was measured by the controller that launched it).
             self.metrics.set_engine_ready(m.launch.spec.recipe)
         self._publish({
             "type": "state",
@@ -630,10 +630,19 @@ class Driver:
         record = self.store.get_launch(handle.launch_id)
         if record is not None and record.ready_s is not None:
             run.recorded_ready_s = record.ready_s
+        elif record is not None:
+            # Adopted mid-start (issue 23): its record is completed here like any start's — phases
+            # after the adoption, ready time (MarkReady), cache verdict and the compile-cache evidence.
+            try:
+                run.compile = await asyncio.to_thread(compile_cache.resume, self.store, handle.launch_id,
+                                                      spec, record.compile_cache)
+            except (ValueError, OSError) as exc:  # a record this version cannot read: the start goes on
+                self.note("compile-cache-warning", f"could not resume the compile-cache record: {exc}",
+                          handle.launch_id)
         run.history = tuple(self.store.ready_history(spec.recipe, spec.spec_hash, exclude=handle.launch_id))
         target = await self._mem_target(spec)
         self.runs.begin(run)
-        self.submit(Adopted(handle, spec))
+        self.submit(Adopted(handle, spec, ready_recorded=run.recorded_ready_s is not None))
         launch = self.m.launch
         if launch is None or launch.launch_id != handle.launch_id:
             self.runs.end(handle.launch_id)  # the machine did not take it: nothing to keep

@@ -23,6 +23,7 @@ from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo, Provenance, RuntimeError_
 from controller.store import Store
+from controller.supervisor.compile_cache import launch_factors
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayUpstream
 from controller.supervisor.machine import Policy, State
@@ -768,3 +769,63 @@ async def test_adoption_still_stops_an_older_engine_of_its_own(tmp_path: Path) -
     assert rig.runtime.stopped == ["Lold"]
     launch = rig.driver.m.launch
     assert launch is not None and launch.launch_id == "Lnew"
+
+
+async def test_an_engine_adopted_mid_start_completes_its_launch_record(tmp_path: Path) -> None:
+    # Issue 23: a controller killed mid-start, then started again, adopted the starting engine and
+    # followed it to ready, but the record stayed `starting`: no ready time, no cache verdict, and
+    # none of the phases seen after the adoption.
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    started = rig.clock.t - 20
+    handle = EngineHandle(launch_id="Lmid", runtime="process", ref="901", recipe="test-recipe",
+                          spec_hash=spec.spec_hash, started_at=started)
+    engine = FakeEngine(handle, log="INFO Loading weights took 12.50 seconds\n")
+    rig.runtime.engines["Lmid"] = engine
+    rig.store.create_launch("Lmid", spec, "normal", Provenance(), started, start="warm")
+    rig.store.set_handle("Lmid", handle, started)
+    rig.store.add_phase("Lmid", "weights_loaded", started + 10, 10.0,
+                        "INFO Loading weights took 12.50 seconds")
+
+    await rig.driver.adopt()
+    assert rig.driver.m.state is State.STARTING
+    await rig.step(5)
+    engine.log += ("INFO Directly load AOT compilation from path /c/aot/abc/rank_0_0/model\n"
+                   "INFO Application startup complete.\n")
+    engine.healthy = True
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60, each=5)
+    rec = rig.store.get_launch("Lmid")
+    assert rec is not None
+    assert rec.status == "ready" and rec.ready_s is not None and rec.ready_at is not None
+    assert rec.ready_s == pytest.approx(rig.driver.status()["launch"]["ready_s"], abs=0.1)
+    assert rec.cache == "hit"
+    phases = [p.name for p in rec.phases]
+    assert phases.count("weights_loaded") == 1  # recorded once, by the controller that saw it first
+    assert "compile_cache_hit" in phases and "api_up" in phases
+
+
+async def test_an_engine_adopted_mid_start_keeps_filling_its_compile_cache_record(tmp_path: Path) -> None:
+    # Issue 23: the cache evidence of a start adopted mid-way lands in the record the launching
+    # controller began (its factors), not nowhere.
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    started = rig.clock.t - 20
+    handle = EngineHandle(launch_id="Lmid", runtime="process", ref="902", recipe="test-recipe",
+                          spec_hash=spec.spec_hash, started_at=started)
+    engine = FakeEngine(handle, log="")
+    rig.runtime.engines["Lmid"] = engine
+    rig.store.create_launch("Lmid", spec, "normal", Provenance(), started, start="warm")
+    rig.store.set_handle("Lmid", handle, started)
+    rig.store.update_compile_cache("Lmid", {"factors": launch_factors(spec, {}, Provenance()).model_dump(
+        mode="json"), "previous_launch": None, "warnings": []})
+    await rig.driver.adopt()
+    engine.log = ("INFO Using cache directory: /c/torch_compile_cache/0123456789 for vLLM's torch.compile\n"
+                  "INFO Directly load AOT compilation from path /c/aot/abc/rank_0_0/model\n"
+                  "INFO Application startup complete.\n")
+    engine.healthy = True
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60, each=5)
+    rec = rig.store.get_launch("Lmid")
+    assert rec is not None and rec.cache == "hit"
+    assert "factors" in rec.compile_cache  # the launching controller's part is kept
+    seen = rec.compile_cache.get("seen") or {}
+    assert seen.get("aot_path") and seen.get("evidence")
