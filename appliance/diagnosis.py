@@ -74,6 +74,9 @@ class DiagnosisCode(StrEnum):
     # The runtime reports why the engine never ran (an unschedulable pod, an image that cannot
     # be pulled) — there is no exit code and often no log line to read.
     RUNTIME_CANNOT_RUN = "runtime_cannot_run"
+    # The process runtime's shim (the engine's parent, which records how it ended) was killed;
+    # the engine went down with it (parent-death signal) and the runtime said so in its own words.
+    SHIM_KILLED = "shim_killed"
     # Informational lines (never a failure).
     LOOPBACK_BIND = "loopback_bind"
     W8A8_BLOCK_FP8_DEFAULT_CONFIG = "w8a8_block_fp8_default_config"
@@ -623,6 +626,11 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
     if kills:
         return _from_oom(kills, facts, findings)
 
+    # 1b. The runtime says the engine's shim was killed: the engine ended because its parent did (the
+    # kernel's parent-death signal), whatever its log says while it shut down.
+    if facts.runtime_reason and _SHIM_KILLED.search(facts.runtime_reason):
+        return _shim_killed(facts.runtime_reason, facts, findings)
+
     # 2. Known signatures in the log tail, most specific first.
     for code in _FAILURE_ORDER:
         if code in found:
@@ -737,6 +745,25 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
         summary="no known failure signature" + _where(facts),
         hint="nothing to act on from this text alone",
         evidence=(), retryable=True, fact="DOMAIN §5", findings=findings,
+    )
+
+
+# The process runtime's words (controller/runtime/process.py `_ended`): "the engine's shim (pid N) was
+# killed (killed by signal 9 (SIGKILL))".
+_SHIM_KILLED = re.compile(r"\bshim \(pid \d+\) was killed\b")
+
+
+def _shim_killed(reason: str, facts: FailureFacts, findings: tuple[Finding, ...]) -> Diagnosis:
+    return Diagnosis(
+        code=DiagnosisCode.SHIM_KILLED, severity=Severity.ERROR,
+        summary=f"{reason}: the engine ended with it" + _where(facts),
+        hint="something outside the appliance killed the engine's shim (a `kill -9` by PID or pattern, "
+             "a service manager stopping the controller's cgroup, the kernel's OOM killer — check "
+             "`dmesg | grep -i oom`); the engine's own exit status is unknown. Retried like a crash",
+        evidence=(f"runtime: {reason}",), retryable=True,
+        fact="the shim is the engine's parent; when it dies the kernel TERMs the engine and the "
+             "runtime ends what is left of its process group",
+        findings=findings,
     )
 
 

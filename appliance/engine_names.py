@@ -13,6 +13,9 @@ LABEL_MANAGED = "appliance.managed"
 LABEL_LAUNCH_ID = "appliance.launch_id"
 LABEL_RECIPE = "appliance.recipe"
 LABEL_SPEC_HASH = "appliance.spec_hash"
+# Which appliance instance launched it: two appliances (two APPLIANCE_HOMEs) may share a
+# Docker daemon or a cluster namespace, and each adopts only its own engines.
+LABEL_INSTANCE = "appliance.instance"
 
 # The environment variable vLLM reads its API key from. The controller never puts the key there
 # (a key file instead: there it moved vLLM 0.26.0's compile cache);

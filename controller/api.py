@@ -137,10 +137,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         except RecipeError as exc:
             raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, load_failed(exc)) from exc
 
-    @app.get("/healthz", tags=["meta"], responses={503: {"description": "supervision has stopped"}})
+    @app.get("/healthz", tags=["meta"],
+             responses={503: {"description": "supervision has stopped, or the launch store was lost"}})
     async def healthz() -> JSONResponse:
         # Liveness for compose's healthcheck / a pod's livenessProbe: answering HTTP is not enough
-        # if the loop that watches the engine has stopped coming round.
+        # if the loop that watches the engine has stopped coming round, or the launch store's file
+        # was deleted or replaced under the controller (its records would be lost at the restart).
         problem = driver.liveness_problem()
         body = {"ok": problem is None, "state": driver.m.state.value}
         if problem is not None:

@@ -32,7 +32,7 @@ from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
 from controller.runtime.registry import Unavailable, available_runtimes
-from controller.settings import CONTROLLER_PORT, Paths
+from controller.settings import CONTROLLER_PORT, Paths, instance_id
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
@@ -74,8 +74,9 @@ def engine_view(driver: Driver) -> EngineView:
 def make_runtimes(paths: Paths, docker: bool) -> tuple[dict[str, Runtime], dict[str, Unavailable]]:
     """Every runtime of the registry that works on this host (controller/runtime/registry.py), and
     why each other one does not (no SDK, no daemon, no cluster configuration). `docker=False`
-    (`--no-docker`) leaves the docker one out."""
-    return available_runtimes(paths.runs, skip=() if docker else ("docker",))
+    (`--no-docker`) leaves the docker one out. Each adopts only this instance's engines
+    (`instance_id`, under APPLIANCE_HOME)."""
+    return available_runtimes(paths.runs, skip=() if docker else ("docker",), instance_id=instance_id(paths))
 
 
 def container_grant_warnings(docker_note: str | None) -> list[str]:

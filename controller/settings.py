@@ -8,6 +8,8 @@ controller restart or a fresh clone of the code).
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +63,11 @@ class Paths:
         return self.home / "run" / "controller-api"
 
     @property
+    def instance_file(self) -> Path:
+        """This appliance instance's id (`instance_id`), written at first start."""
+        return self.home / "instance-id"
+
+    @property
     def keys_db(self) -> Path:
         return self.home / "keys.sqlite3"
 
@@ -86,3 +93,27 @@ DEFAULT_RECIPE = "cpu-smollm2"
 CONTROLLER_PORT = 8090  # admin API + controller /metrics, 127.0.0.1 unless configured
 GATEWAY_PORT = 8080  # DOMAIN §1: the api-gateway on :8080 in front of the engine on :8000
 ENGINE_PORT = 8000
+
+
+def instance_id(paths: Paths) -> str:
+    """This appliance instance's id: random, written under APPLIANCE_HOME at first start and read
+    back after. Every engine carries it (LABEL_INSTANCE) so that a runtime adopts only its own
+    instance's engines — two appliances may share one Docker daemon."""
+    path = paths.instance_file
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        text = ""
+    if text:
+        return text
+    new = secrets.token_hex(8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(new + "\n")
+    try:
+        os.link(tmp, path)  # never replaces an id another process wrote meanwhile
+    except FileExistsError:
+        return path.read_text().strip() or new
+    finally:
+        tmp.unlink(missing_ok=True)
+    return new

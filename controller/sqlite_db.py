@@ -10,6 +10,7 @@ locked" (the launch store used to keep sqlite3's 5 s default while the evaluatio
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -34,6 +35,26 @@ class SqliteDb:
         with self._lock:
             for pragma in PRAGMAS:
                 self._db.execute(pragma)
+        # The file this connection has open (the pragmas created it): `file_problem` compares the path
+        # against it, since SQLite goes on writing to a file deleted or replaced under it.
+        opened = os.stat(path)
+        self._opened = (opened.st_dev, opened.st_ino)
+
+    def file_problem(self) -> str | None:
+        """Why the path no longer names the file this connection writes, or None. One stat: cheap
+        enough for every supervision step and every liveness probe. A deleted or replaced database
+        file is written on unlinked, and everything since the last open is lost at the next start."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return (f"the database {self.path} was deleted while open: writes go to an unlinked file and "
+                    "are lost at the next restart")
+        except OSError as exc:
+            return f"the database {self.path} cannot be checked: {exc}"
+        if (now.st_dev, now.st_ino) != self._opened:
+            return (f"the database {self.path} was replaced by another file while open: writes go to the "
+                    "old, unlinked file and are lost at the next restart")
+        return None
 
     def close(self) -> None:
         with self._lock:

@@ -517,6 +517,8 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
     if s.get("backoff_remaining_s") is not None:
         typer.echo(f"backoff:    retry in {s['backoff_remaining_s']} s "
                    f"(failure {s['failures']}/{s['max_failures']})")
+    if s.get("store_problem"):
+        typer.echo(f"STORE LOST: {s['store_problem']}; restart the controller (/healthz says 503)")
     diag = s.get("last_diagnosis")
     if diag:
         which = f" (launch {diag['launch_id']})" if diag.get("launch_id") else ""

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 # Labels every engine launched by the appliance carries (re-exported for the runtimes).
+from appliance.engine_names import LABEL_INSTANCE as LABEL_INSTANCE
 from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
 from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
 from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
@@ -35,6 +36,9 @@ class EngineHandle(BaseModel):
     spec_hash: str
     log_path: str | None = None
     started_at: float  # wall clock, seconds since the epoch
+    # The appliance instance that launched it (LABEL_INSTANCE; controller/settings.instance_id); None:
+    # launched by a controller that had none (an older controller), or a runtime built without one.
+    instance: str | None = None
 
     @property
     def kind(self) -> str:
@@ -113,7 +117,9 @@ class Runtime(Protocol):
         ...
 
     def adopt(self) -> list[EngineHandle]:
-        """Engines this appliance launched that are still running (by label or PID file)."""
+        """Engines this appliance instance launched that are still running (by label or PID file):
+        a runtime built with an instance id returns only engines labelled with it (another
+        appliance may share the daemon or the namespace)."""
         ...
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:

@@ -53,6 +53,7 @@ from appliance.launch_spec import LaunchSpec
 from appliance.runtimes import docker as docker_plugin
 from appliance.runtimes.docker import translate_source as translate_source  # re-exported (tests)
 from controller.runtime.base import (
+    LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -209,7 +210,7 @@ def _hint(explanation: str) -> str:
 
 def make(ctx: RuntimeContext) -> DockerRuntime:
     """The registry's factory (controller/runtime/registry.py)."""
-    return DockerRuntime()
+    return DockerRuntime(instance_id=ctx.instance_id)
 
 
 class DockerRuntime:
@@ -223,10 +224,14 @@ class DockerRuntime:
         *,
         publish_address: str = "127.0.0.1",
         kill_wait_s: float = 30.0,
+        instance_id: str | None = None,
     ) -> None:
         """`publish_address`: host address published ports bind to. `kill_wait_s`: how long to wait
-        for the container to end after the KILL that follows an unsuccessful `docker stop`."""
+        for the container to end after the KILL that follows an unsuccessful `docker stop`.
+        `instance_id`: this appliance's id (LABEL_INSTANCE on every container; adopt() takes only
+        containers that carry it: another appliance may use the same daemon). None: unscoped."""
         self._client = client
+        self.instance_id = instance_id
         self.publish_address = publish_address
         self._kill_wait_s = kill_wait_s
         self._host_mounts: list[tuple[str, str]] | None = None
@@ -293,6 +298,8 @@ class DockerRuntime:
         what would run."""
         kwargs = container_create_kwargs(spec, launch_id, self.publish_address, self.host_mounts(),
                                          key_file=engine_key is not None)
+        if self.instance_id is not None:
+            kwargs["labels"] = {**kwargs["labels"], LABEL_INSTANCE: self.instance_id}
         with self._daemon(f"look up image {kwargs['image']}"):
             try:
                 self.client.images.get(kwargs["image"])
@@ -366,6 +373,7 @@ class DockerRuntime:
             spec_hash=spec.spec_hash,
             log_path=None,
             started_at=_parse_docker_time(started) if started else time.time(),
+            instance=self.instance_id,
         )
 
     # -- state ---------------------------------------------------------------------------------
@@ -470,7 +478,8 @@ class DockerRuntime:
             return None
 
     def adopt(self) -> list[EngineHandle]:
-        """Running containers carrying the managed label."""
+        """Running containers carrying the managed label — and this instance's id, when the runtime
+        has one: another appliance's engines on the same daemon are not ours to adopt or stop."""
         with self._daemon("list managed containers"):
             containers = self.client.containers.list(
                 filters={"label": f"{LABEL_MANAGED}=true", "status": "running"}
@@ -478,6 +487,10 @@ class DockerRuntime:
         handles: list[EngineHandle] = []
         for container in containers:
             labels: dict[str, str] = container.labels
+            if self.instance_id is not None and labels.get(LABEL_INSTANCE) != self.instance_id:
+                log.info("container %s belongs to appliance instance %s, not this one (%s): not adopted",
+                         container.short_id, labels.get(LABEL_INSTANCE, "(none)"), self.instance_id)
+                continue
             if LABEL_LAUNCH_ID not in labels:
                 log.warning(
                     "container %s has %s but no %s: not adopted",
@@ -496,6 +509,7 @@ class DockerRuntime:
                     spec_hash=labels.get(LABEL_SPEC_HASH, ""),
                     log_path=None,
                     started_at=_parse_docker_time(started) if started else 0.0,
+                    instance=labels.get(LABEL_INSTANCE),
                 )
             )
         return sorted(handles, key=lambda h: h.started_at)

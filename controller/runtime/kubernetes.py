@@ -77,6 +77,7 @@ from appliance.launch_spec import LaunchSpec
 from appliance.runtimes.k8s_manifests import KEY_VOLUME, engine_key_secret, manifests
 from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, label_value
 from controller.runtime.base import (
+    LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -268,6 +269,7 @@ class KubernetesRuntime:
         unschedulable_grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        instance_id: str | None = None,
     ) -> None:
         """`api_client`: built from in-cluster config or a kubeconfig on first use when None.
         `namespace`: where launches go when a manifest names none (else $APPLIANCE_K8S_NAMESPACE,
@@ -276,6 +278,9 @@ class KubernetesRuntime:
         `unschedulable_grace_s`: how long a pod may wait for a node before the launch has ended (None:
         $APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S, else 300 s). `wall`: the clock the API's timestamps use."""
         self._api = api_client
+        # This appliance's id: LABEL_INSTANCE on every object it applies; adopt() takes only
+        # workloads that carry it (another appliance may use the namespace). None: unscoped.
+        self.instance_id = instance_id
         self._namespace = namespace
         self._render = render
         self.keep_cache = keep_cache
@@ -396,6 +401,8 @@ class KubernetesRuntime:
         key_secret = secret_name(launch_id)
         objects = sorted(self._render(spec, launch_id, key_secret),
                          key=lambda o: _APPLY_ORDER.get(str(o.get("kind")), 9))
+        if self.instance_id is not None:
+            objects = [self._with_instance(o) for o in objects]
         workloads = [o for o in objects if o.get("kind") in WORKLOAD_KINDS]
         if len(workloads) != 1:
             raise RuntimeError_(f"kubernetes: the manifests of {spec.recipe!r} hold {len(workloads)} "
@@ -421,7 +428,27 @@ class KubernetesRuntime:
                  workload["kind"], name)
         return EngineHandle(launch_id=launch_id, runtime=self.name, ref=f"{ns}/{workload['kind']}/{name}",
                             recipe=spec.recipe, spec_hash=spec.spec_hash, log_path=None,
-                            started_at=time.time())
+                            started_at=time.time(), instance=self.instance_id)
+
+    def _with_instance(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """`obj` with this instance's label (and exact annotation) on it and on a workload's pod
+        template (not the selector: a Deployment's selector is immutable)."""
+        assert self.instance_id is not None
+        value = self.instance_id
+
+        def mark(meta: Mapping[str, Any] | None) -> dict[str, Any]:
+            meta = dict(meta or {})
+            meta["labels"] = {**(meta.get("labels") or {}), LABEL_INSTANCE: label_value(value)}
+            meta["annotations"] = {**(meta.get("annotations") or {}), LABEL_INSTANCE: value}
+            return meta
+
+        out = dict(obj)
+        out["metadata"] = mark(obj.get("metadata"))
+        spec = obj.get("spec")
+        if obj.get("kind") in WORKLOAD_KINDS and isinstance(spec, Mapping) and "template" in spec:
+            out["spec"] = {**spec, "template": {**spec["template"],
+                                                "metadata": mark(spec["template"].get("metadata"))}}
+        return out
 
     def _refuse_other_launch(self, obj: Mapping[str, Any], ns: str, launch_id: str) -> None:
         kind, name = str(obj["kind"]), str(obj["metadata"]["name"])
@@ -714,11 +741,15 @@ class KubernetesRuntime:
                 continue
             if obj.metadata.deletion_timestamp is not None:
                 continue  # being deleted: not running
+            if self.instance_id is not None and labels.get(LABEL_INSTANCE) != self.instance_id:
+                log.info("%s %s belongs to appliance instance %s, not this one: not adopted", kind,
+                         obj.metadata.name, labels.get(LABEL_INSTANCE, "(none)"))
+                continue
             handles.append(EngineHandle(
                 launch_id=labels[LABEL_LAUNCH_ID], runtime=self.name,
                 ref=f"{ns}/{kind}/{obj.metadata.name}", recipe=labels.get(LABEL_RECIPE, ""),
                 spec_hash=labels.get(LABEL_SPEC_HASH, ""), log_path=None,
-                started_at=_ts(obj.metadata.creation_timestamp)))
+                started_at=_ts(obj.metadata.creation_timestamp), instance=labels.get(LABEL_INSTANCE)))
         return sorted(handles, key=lambda h: h.started_at)
 
     def engine_pids(self, handle: EngineHandle) -> list[int]:
@@ -771,7 +802,7 @@ class KubernetesRuntime:
 
 def make(ctx: RuntimeContext) -> KubernetesRuntime:
     """The registry's constructor (controller/runtime/registry.py); the cluster is reached lazily."""
-    return KubernetesRuntime()
+    return KubernetesRuntime(instance_id=ctx.instance_id)
 
 
 def engine_key_of(ref: str) -> str | None:

@@ -51,6 +51,7 @@ from appliance.launch_spec import LaunchSpec
 from appliance.runtimes.process import ProcessLaunch
 from controller.engine_setup import package_versions
 from controller.runtime.base import (
+    LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -182,7 +183,7 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 def make(ctx: RuntimeContext) -> ProcessRuntime:
     """The registry's factory (controller/runtime/registry.py)."""
-    return ProcessRuntime(ctx.runs_dir)
+    return ProcessRuntime(ctx.runs_dir, instance_id=ctx.instance_id)
 
 
 class ProcessRuntime:
@@ -197,11 +198,15 @@ class ProcessRuntime:
         orphan_grace_s: float = 10.0,
         kill_wait_s: float = 10.0,
         python: str = sys.executable,
+        instance_id: str | None = None,
     ) -> None:
         """`orphan_grace_s`: how long processes left behind by an ended engine get after TERM (shim).
         `kill_wait_s`: how long to wait for the shim to record the status after the engine got KILL.
         `python`: the interpreter that runs the shim (the controller's own; it needs only psutil)."""
         self.runs_dir = runs_dir
+        # This appliance's id (LABEL_INSTANCE in the identity labels and the handle); adopt() takes
+        # only engines recorded with it. None: unscoped.
+        self.instance_id = instance_id
         self._orphan_grace_s = orphan_grace_s
         self._kill_wait_s = kill_wait_s
         self._python = python
@@ -282,6 +287,7 @@ class ProcessRuntime:
             LABEL_LAUNCH_ID: launch_id,
             LABEL_RECIPE: spec.recipe,
             LABEL_SPEC_HASH: spec.spec_hash,
+            **({LABEL_INSTANCE: self.instance_id} if self.instance_id is not None else {}),
         }
         identity = ProcessIdentity(
             pid=child.pid,
@@ -298,6 +304,7 @@ class ProcessRuntime:
             spec_hash=spec.spec_hash,
             log_path=str(log_path),
             started_at=create_time,
+            instance=self.instance_id,
         )
         _write_atomic(run_dir / PROCESS_FILE, identity.model_dump_json(indent=2) + "\n")
         _write_atomic(run_dir / PID_FILE, f"{child.pid}\n")
@@ -463,11 +470,14 @@ class ProcessRuntime:
 
     @staticmethod
     def _info(status: dict[str, object]) -> ExitInfo:
-        code, sig = status.get("exit_code"), status.get("signal")
+        """The recorded end; `error` (the shim's or this runtime's own words: an exec that failed,
+        a shim that was killed) is the ExitInfo's reason, for the diagnosis."""
+        code, sig, error = status.get("exit_code"), status.get("signal"), status.get("error")
         return ExitInfo(
             running=False,
             exit_code=code if isinstance(code, int) else None,
             signal=sig if isinstance(sig, int) else None,
+            reason=error if isinstance(error, str) and error else None,
         )
 
     def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
@@ -492,7 +502,7 @@ class ProcessRuntime:
         _write_status(self._run_dir(handle) / STATUS_FILE, None, None, error, complete=not left)
         if left:
             self._kill_later(handle)
-        return ExitInfo(running=False)
+        return ExitInfo(running=False, reason=error)  # the diagnosis reads it (shim_killed)
 
     def inspect(self, handle: EngineHandle) -> ExitInfo:
         """Running until the engine's main process ended (the shim may still be reaping what it
@@ -693,6 +703,10 @@ class ProcessRuntime:
                 log.warning("skipping %s: unreadable handle (%s)", handle_path, exc)
                 continue
             if handle.runtime != self.name or handle_path.parent.name != handle.launch_id:
+                continue
+            if self.instance_id is not None and handle.instance != self.instance_id:
+                log.info("skipping %s: launched by appliance instance %s, not this one (%s)",
+                         handle_path, handle.instance or "(none)", self.instance_id)
                 continue
             try:
                 # A live shim alone is not a running engine: once the engine's main process ended

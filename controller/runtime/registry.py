@@ -27,6 +27,9 @@ class RuntimeContext:
     (runtimes whose state lives in a daemon or a cluster keep nothing on disk)."""
 
     runs_dir: Path
+    # This appliance instance's id (controller/settings.instance_id): the runtime labels its engines
+    # with it and adopts only engines that carry it. None: unscoped (tests, tooling).
+    instance_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,11 @@ def entry(kind: str) -> RuntimeEntry:
         raise ValueError(f"unknown runtime kind {kind!r}; expected one of {', '.join(KINDS)}") from None
 
 
-def make_runtime(kind: str, runs_dir: Path) -> Runtime:
+def make_runtime(kind: str, runs_dir: Path, instance_id: str | None = None) -> Runtime:
     """The runtime of `kind`. Raises ImportError when its SDK is not installed on this host."""
     module = importlib.import_module(entry(kind).module)
     make = cast(Callable[[RuntimeContext], Runtime], module.make)
-    return make(RuntimeContext(runs_dir=runs_dir))
+    return make(RuntimeContext(runs_dir=runs_dir, instance_id=instance_id))
 
 
 def engine_key_of(kind: str, ref: str) -> str | None:
@@ -81,7 +84,7 @@ class Unavailable:
     fault: bool
 
 
-def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()
+def available_runtimes(runs_dir: Path, skip: Iterable[str] = (), instance_id: str | None = None
                        ) -> tuple[dict[str, Runtime], dict[str, Unavailable]]:
     """Every runtime that can work on this host, and why each other one cannot.
     `skip`: kinds the operator turned off (e.g. `--no-docker`)."""
@@ -93,7 +96,7 @@ def available_runtimes(runs_dir: Path, skip: Iterable[str] = ()
             missing[kind] = Unavailable(kind, f"{kind} runtime turned off for this controller", fault=False)
             continue
         try:
-            rt = make_runtime(kind, runs_dir)
+            rt = make_runtime(kind, runs_dir, instance_id)
         except ImportError as exc:  # no SDK on this host: the others still work
             if item.extra is not None:
                 missing[kind] = Unavailable(

@@ -228,5 +228,28 @@ def begin(
         "previous_launch": previous.id if previous else None,
         "previous_cache_dir": previous_dir.model_dump(mode="json") if previous_dir else None,
         "warnings": warnings,
+        "emptied_on_purpose": emptied_on_purpose,
     })
     return watch, warnings
+
+
+def resume(store: Store, launch_id: str, spec: LaunchSpec, record: Mapping[str, Any]) -> CompileWatch | None:
+    """The watch of a launch adopted mid-start, rebuilt from what `begin` recorded when the
+    controller that launched it started it: the log's cache lines after the adoption fill the same
+    record. None when that controller recorded no factors (nothing to compare a miss with)."""
+    if "factors" not in record:
+        return None
+    earlier = store.earlier_on_root(launch_id, spec.cache_root)
+    _, never_compiled = baseline(spec, earlier)
+    prev_id = record.get("previous_launch")
+    previous = next((e for e in earlier if e.id == prev_id), None) if prev_id else None
+    prev_dir = record.get("previous_cache_dir")
+    seen, miss = record.get("seen"), record.get("miss")
+    return CompileWatch(
+        launch_id, CompileFactors.model_validate(record["factors"]), previous,
+        DirState.model_validate(prev_dir) if prev_dir else None,
+        bool(record.get("emptied_on_purpose", False)),
+        seen=CacheSeen.model_validate(seen) if seen else CacheSeen(),
+        miss=MissExplanation.model_validate(miss) if miss else None,
+        warnings=list(record.get("warnings") or []), never_compiled=never_compiled,
+    )

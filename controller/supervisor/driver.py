@@ -164,6 +164,8 @@ class Driver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
+        # Why the launch store's path no longer names the file it writes (deleted or replaced), once seen.
+        self.store_problem: str | None = None
         self.gateway_sync = GatewaySync(
             gateway, ready_launch=self._ready_launch, engine_key=self.engine_key, note=self.note,
             check_interval_s=self.config.gateway_check_interval_s)
@@ -204,8 +206,8 @@ class Driver:
         m = self.m
         self.metrics.set_engine_state(m.state.value)
         if m.state is State.READY and m.launch is not None:
-            # Every way into ready, including an adopted engine (it has no MarkReady: its start was
-            # measured by the controller that launched it).
+            # Every way into ready, including an adopted engine that was ready before the restart (it
+            # has no MarkReady: its start was measured by the controller that launched it).
             self.metrics.set_engine_ready(m.launch.spec.recipe)
         self._publish({
             "type": "state",
@@ -232,9 +234,13 @@ class Driver:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.poll_interval_s)
 
     def liveness_problem(self) -> str | None:
-        """Why the controller is not alive though it answers HTTP: its supervision loop has not come
-        round for much longer than a poll (a hung runtime call, a dead task). None: alive, or the
-        loop was never started here (an API without supervision, in tests)."""
+        """Why the controller is not alive though it answers HTTP: its launch store was deleted or
+        replaced under it (`check_store`), or its supervision loop has not come round for much longer
+        than a poll (a hung runtime call, a dead task). None: alive, or the loop was never started
+        here (an API without supervision, in tests)."""
+        store = self.check_store()
+        if store is not None:
+            return store
         if self.loop_alive_at is None:
             return None
         stale_s = max(LOOP_STALE_MIN_S, LOOP_STALE_POLLS * self.config.poll_interval_s)
@@ -244,8 +250,22 @@ class Driver:
         return (f"the supervision loop last came round {idle_s:.0f} s ago (a poll is "
                 f"{self.config.poll_interval_s:g} s): the engine is not being watched")
 
+    def check_store(self) -> str | None:
+        """The launch store's file still the one at its path? (a deleted or replaced store
+        went unnoticed, its history lost at the next restart). One stat, on every step and liveness
+        probe; said loudly once (log, event, `status`), and the controller is then not alive (/healthz
+        503) so that it is restarted onto the file at the path."""
+        problem = self.store.file_problem()
+        if problem is not None and problem != self.store_problem:
+            self.store_problem = problem
+            log.error("launch store: %s", problem)
+            self.note("store-lost", f"{problem}; the controller reports itself not alive (/healthz 503) "
+                      "until it is restarted")
+        return problem
+
     async def step(self) -> None:
         """One look at the world, then Tick (always: the budget and stall clocks run on it)."""
+        self.check_store()
         launch = self.m.launch
         if launch is not None and launch.handle is not None:
             try:
@@ -566,24 +586,36 @@ class Driver:
                 self.note("adopt-error", f"{rt.name} runtime: {exc}")
         if not found:
             return
-        found.sort(key=lambda h: h.started_at)
-        handle = found[-1]
-        for extra in found[:-1]:
-            # The host holds one engine at a time (DOMAIN §3); an older leftover is stopped.
+        # First which engines can be supervised at all (a known spec), newest first; only then is
+        # one chosen and the other ones stopped. An engine whose spec is unknown is never the reason
+        # to stop a healthy one of ours (it was another appliance's container).
+        found.sort(key=lambda h: h.started_at, reverse=True)
+        known: list[tuple[EngineHandle, LaunchSpec, bool]] = []  # (handle, spec, spec from the store)
+        for candidate in found:
+            stored = self.store.get_spec(candidate.launch_id)
+            if stored is not None:
+                known.append((candidate, stored, True))
+                continue
+            planned = (await asyncio.to_thread(self.spec_for_recipe, candidate.recipe)
+                       if self.spec_for_recipe is not None else None)
+            if planned is None:
+                self.note("adopt-skipped", f"engine {candidate.ref} ({candidate.recipe}) is running but its "
+                          "launch spec is unknown: left alone, not supervised", candidate.launch_id)
+                continue
+            known.append((candidate, planned, False))
+        if not known:
+            return
+        handle, spec, recorded = known[0]
+        for extra, _, extra_recorded in known[1:]:
+            # The host holds one engine at a time (DOMAIN §3); an older leftover of ours is stopped.
             self.note("adopt-extra", f"stopping older engine {extra.ref} ({extra.recipe})", extra.launch_id)
             info = await asyncio.to_thread(self._runtime(extra).stop, extra, self.m.policy.stop_grace_s)
-            self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
-        spec = self.store.get_spec(handle.launch_id)
-        if spec is None and self.spec_for_recipe is not None:
-            spec = await asyncio.to_thread(self.spec_for_recipe, handle.recipe)
-            if spec is not None:
-                self.store.create_launch(handle.launch_id, spec, StartKind.ADOPTED.value, Provenance(),
-                                         handle.started_at)
-                self.store.set_handle(handle.launch_id, handle, handle.started_at)
-        if spec is None:
-            self.note("adopt-skipped", f"engine {handle.ref} ({handle.recipe}) is running but its launch "
-                       "spec is unknown: left alone, not supervised", handle.launch_id)
-            return
+            if extra_recorded:
+                self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
+        if not recorded:
+            self.store.create_launch(handle.launch_id, spec, StartKind.ADOPTED.value, Provenance(),
+                                     handle.started_at)
+            self.store.set_handle(handle.launch_id, handle, handle.started_at)
         run = LaunchRun(handle.launch_id, LogFollower(handle.launch_id, started_at=handle.started_at))
         # The key lives only where the runtime put it for the engine (its key file): read it back
         # from there (or the recipe's own `--api-key`, when the spec at hand still holds it: a stored
@@ -598,10 +630,19 @@ class Driver:
         record = self.store.get_launch(handle.launch_id)
         if record is not None and record.ready_s is not None:
             run.recorded_ready_s = record.ready_s
+        elif record is not None:
+            # Adopted mid-start: its record is completed here like any start's — phases
+            # after the adoption, ready time (MarkReady), cache verdict and the compile-cache evidence.
+            try:
+                run.compile = await asyncio.to_thread(compile_cache.resume, self.store, handle.launch_id,
+                                                      spec, record.compile_cache)
+            except (ValueError, OSError) as exc:  # a record this version cannot read: the start goes on
+                self.note("compile-cache-warning", f"could not resume the compile-cache record: {exc}",
+                          handle.launch_id)
         run.history = tuple(self.store.ready_history(spec.recipe, spec.spec_hash, exclude=handle.launch_id))
         target = await self._mem_target(spec)
         self.runs.begin(run)
-        self.submit(Adopted(handle, spec))
+        self.submit(Adopted(handle, spec, ready_recorded=run.recorded_ready_s is not None))
         launch = self.m.launch
         if launch is None or launch.launch_id != handle.launch_id:
             self.runs.end(handle.launch_id)  # the machine did not take it: nothing to keep
@@ -827,7 +868,8 @@ class Driver:
     def status(self) -> dict[str, Any]:
         launch = self.m.launch
         run = self.runs.get(launch.launch_id) if launch is not None else None
-        return status_view.status(self.m, run, self.clock.now(), self.last_diagnosis)
+        return {**status_view.status(self.m, run, self.clock.now(), self.last_diagnosis),
+                "store_problem": self.store_problem}
 
 
 # The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's

@@ -129,6 +129,7 @@ class Launch:
     cpu_at: float = 0.0  # when CPU use was last seen
     phase: str | None = None
     ready_at: float | None = None
+    ready_recorded: bool = False  # adopted, and its record already has its ready time
 
 
 @dataclass(frozen=True)
@@ -410,11 +411,11 @@ def _ready(m: Machine, obs: ReadyProbed, now: float) -> tuple[Machine, list[Acti
             launch.launch_id, {"ready_s": ready_s},
         )
         return m2, [marked, note, *_stop_engine(m2, launch)]
-    # starting + ready → ready: the gateway gets the slot. An adopted engine's start was recorded
-    # by the controller that launched it; its ready time is not re-measured here.
+    # starting + ready → ready: the gateway gets the slot. An adopted engine that was ready before
+    # the restart has its ready time recorded already; one adopted mid-start is recorded here.
     m2 = replace(m, state=State.READY, launch=replace(launch, ready_at=now), last_failure=None)
     return m2, [
-        *([marked] if launch.kind is not StartKind.ADOPTED else []),
+        *([marked] if not launch.ready_recorded else []),
         Notify("ready", f"{launch.spec.recipe} ready in {ready_s} s", launch.launch_id,
                {"ready_s": ready_s, "kind": str(launch.kind)}),
         SetUpstream(launch.launch_id, launch.spec.base_url, launch.spec.served_model_name),
@@ -516,7 +517,7 @@ def _adopted(m: Machine, obs: Adopted, now: float) -> tuple[Machine, list[Action
     deadline = max(h.started_at + obs.spec.ready_budget_s, now + m.policy.adopt_grace_s)
     launch = Launch(
         launch_id=h.launch_id, spec=obs.spec, kind=StartKind.ADOPTED, handle=h, started_at=h.started_at,
-        deadline=deadline, progress_at=now, cpu_at=now,
+        deadline=deadline, progress_at=now, cpu_at=now, ready_recorded=obs.ready_recorded,
     )
     m2 = replace(m, state=State.STARTING, recipe=h.recipe, launch=launch)
     note = Notify("adopted", f"adopted running engine {h.ref} ({h.recipe})", h.launch_id, {"ref": h.ref})

@@ -157,6 +157,9 @@ class Adopted:
 
     handle: EngineHandle
     spec: LaunchSpec
+    # Its record already has a ready time (it was ready before the controller restarted): not
+    # re-measured. False: adopted mid-start, its ready is recorded here like any start's.
+    ready_recorded: bool = False
 
 
 @dataclass(frozen=True)

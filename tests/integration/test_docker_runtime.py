@@ -30,6 +30,7 @@ import pytest
 from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime.base import (
+    LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -335,3 +336,21 @@ def test_the_engine_key_file_reaches_an_image_without_run_and_only_the_engine_se
     attrs = rt.client.api.inspect_container(handle.ref)
     assert key not in json.dumps(attrs)  # not in Env, Cmd, Labels: only in the container's file
     assert attrs["Config"]["Cmd"][-2:] == ["--config", CONTAINER_KEY_PATH]
+
+
+def test_adopt_ignores_another_appliance_instances_container(
+    client: docker.DockerClient, image: str, made: Tracker, tmp_path: Path
+) -> None:
+    # Issue 23: two appliances (two APPLIANCE_HOMEs) on one daemon; each adopts only its own engines.
+    theirs = DockerRuntime(client, kill_wait_s=30.0, instance_id=f"other-{uuid.uuid4().hex[:8]}")
+    mine = DockerRuntime(client, kill_wait_s=30.0, instance_id=f"mine-{uuid.uuid4().hex[:8]}")
+    spec = busybox_spec(image, "echo READY; sleep 300")
+    launch_id = made.launch_id()
+    handle = theirs.start(spec, launch_id)
+    made.container_ids.append(handle.ref)
+    assert handle.instance == theirs.instance_id
+    labels = client.containers.get(handle.ref).labels
+    assert labels[LABEL_INSTANCE] == theirs.instance_id
+    assert launch_id not in [h.launch_id for h in mine.adopt()]
+    adopted = [h for h in theirs.adopt() if h.launch_id == launch_id]
+    assert [h.instance for h in adopted] == [theirs.instance_id]

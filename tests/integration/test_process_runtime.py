@@ -221,6 +221,9 @@ def test_killing_the_shim_takes_the_engine_down_and_frees_its_port(rt: ProcessRu
     info = rt.wait(handle, LIVENESS_S)
     # Ended, and not recorded as the engine's "exit 137": that was the shim's status, not its engine's.
     assert (info.running, info.exit_code) == (False, None)
+    # ... and the runtime's own words say why, for the diagnosis (issue 23), now and on a later look.
+    assert info.reason is not None and f"shim (pid {handle.ref}) was killed" in info.reason
+    assert "SIGKILL" in info.reason and rt.inspect(handle).reason == info.reason
     assert _gone(workers), "a worker outlived its shim and engine"  # the runtime ended the group
     assert port_is_free("127.0.0.1", port)
     text, _ = rt.read_logs(handle, 0)

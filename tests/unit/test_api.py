@@ -109,6 +109,40 @@ async def test_healthz_says_when_the_supervision_loop_stopped_coming_round(
     assert "supervision loop last came round 61 s ago" in r.json()["problem"]
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_healthz_fails_when_the_launch_store_is_deleted_or_replaced(
+    rig: Rig, client: httpx.AsyncClient, home: Path, how: str,
+) -> None:
+    # Issue 23: the controller went on writing to an unlinked SQLite file (all history lost at the
+    # next restart) and /healthz stayed 200.
+    assert (await client.get("/healthz")).status_code == 200
+    db = home / "appliance.sqlite3"
+    db.unlink()
+    if how == "replaced":
+        Store(home / "other.sqlite3").close()
+        (home / "other.sqlite3").rename(db)
+    await rig.step()  # the supervision loop notices it
+    r = await client.get("/healthz")
+    assert r.status_code == 503 and r.json()["ok"] is False
+    assert f"was {how}" in r.json()["problem"] and str(db) in r.json()["problem"]
+    status = (await client.get("/status")).json()
+    assert status["store_problem"] is not None and f"was {how}" in status["store_problem"]
+    kinds = []
+    async with rig.driver.subscribe() as queue:
+        rig.driver.store_problem = None  # said again (once per distinct problem): seen on the stream
+        rig.driver.check_store()
+        kinds = [queue.get_nowait()["kind"] for _ in range(queue.qsize())]
+    assert kinds == ["store-lost"]
+
+
+async def test_healthz_checks_the_store_even_without_a_supervision_step(
+    rig: Rig, client: httpx.AsyncClient, home: Path,
+) -> None:
+    (home / "appliance.sqlite3").unlink()
+    r = await client.get("/healthz")
+    assert r.status_code == 503 and "was deleted" in r.json()["problem"]
+
+
 @pytest.mark.parametrize(("method", "path", "body"), MUTATIONS)
 async def test_mutations_need_the_admin_token(client: httpx.AsyncClient, method: str, path: str,
                                               body: dict[str, str] | None) -> None:

@@ -429,6 +429,22 @@ def test_a_pybind_error_near_the_word_triton_is_not_a_triton_mismatch() -> None:
     assert C.TRITON_API_MISMATCH not in {f.code for f in scan_text(text)}
 
 
+def test_a_killed_shim_is_diagnosed_from_the_runtimes_note() -> None:
+    """Issue 23: the process runtime wrote why the engine ended (its shim was SIGKILLed); the record
+    said "unknown ... nothing to act on". The engine's shutdown noise in the tail does not outrank it."""
+    reason = "the engine's shim (pid 4242) was killed (killed by signal 9 (SIGKILL))"
+    d = diagnose(FailureFacts(runtime_reason=reason, log_tail=(
+        "INFO [launcher.py:100] [shutdown] API server: shutdown triggered",
+        "EngineCore: trigger received signal=SIGTERM")))
+    assert d.code is DiagnosisCode.SHIM_KILLED and d.retryable
+    assert reason in d.summary and d.evidence == (f"runtime: {reason}",)
+    assert "nothing to act on" not in d.hint
+    # A kernel OOM record attributed to the launch still comes first (the OOM killer may be the killer).
+    oom = OomEvent(kind=OomEventKind.KILL, scope=OomScope.GLOBAL, pid=4242, task="python")
+    first = diagnose(FailureFacts(runtime_reason=reason, oom_events=(oom,)))
+    assert first.code is not DiagnosisCode.SHIM_KILLED
+
+
 def test_the_runtimes_reason_explains_an_engine_that_never_ran() -> None:
     """An unschedulable pod has no exit code and no log; the runtime's words are the diagnosis."""
     reason = "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."

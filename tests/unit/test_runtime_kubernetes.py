@@ -468,6 +468,26 @@ def test_adopt_lists_managed_workloads_by_label(cluster: RecordedCluster) -> Non
     cluster.done()
 
 
+def test_adopt_takes_only_workloads_labelled_with_this_instance(cluster: RecordedCluster) -> None:
+    # Issue 23: the recorded workloads carry no instance label (or another one): not this appliance's.
+    cluster.expect("GET", rf"/apis/apps/v1/namespaces/{NS}/deployments", "deployment_list_managed.json",
+                   query={"labelSelector": "appliance.managed=true"})
+    assert runtime(cluster, instance_id="i-mine").adopt() == []
+    cluster.done()
+
+
+def test_applied_objects_carry_the_instance_label_on_the_workload_and_its_pods() -> None:
+    rt = KubernetesRuntime(k8s.ApiClient(), namespace=NS, instance_id="i-mine")
+    deployment: dict[str, Any] = {"kind": "Deployment", "metadata": {"name": NAME, "labels": {"a": "b"}},
+                  "spec": {"selector": {"matchLabels": {"a": "b"}},
+                           "template": {"metadata": {"labels": {"a": "b"}}, "spec": {}}}}
+    out = rt._with_instance(deployment)
+    assert out["metadata"]["labels"] == {"a": "b", "appliance.instance": "i-mine"}
+    assert out["spec"]["template"]["metadata"]["labels"]["appliance.instance"] == "i-mine"
+    assert out["spec"]["selector"] == {"matchLabels": {"a": "b"}}  # immutable: untouched
+    assert deployment["metadata"]["labels"] == {"a": "b"}  # the rendered object is not changed
+
+
 def test_engine_key_is_read_back_through_the_workloads_key_file_secret(cluster: RecordedCluster) -> None:
     cluster.expect("GET", DEPLOY, "deployment_keyfile.json")
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/secrets/{SECRET}", "secret_keyfile.json")

@@ -214,3 +214,37 @@ def test_start_refuses_docker_specs_bad_ids_missing_programs_and_workdirs(tmp_pa
     with pytest.raises(RuntimeError_, match="workdir"):
         rt.start(spec(workdir=str(tmp_path / "nope")), "l1")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_adopt_takes_only_this_instances_engines(tmp_path: Path) -> None:
+    # Issue 23: each runtime adopts only the engines its own appliance instance launched.
+    me = _me()
+    mine = _record(tmp_path, "mine", me)
+    (tmp_path / "mine" / HANDLE_FILE).write_text(
+        mine.model_copy(update={"instance": "i-a"}).model_dump_json())
+    theirs = _record(tmp_path, "theirs", me)
+    (tmp_path / "theirs" / HANDLE_FILE).write_text(
+        theirs.model_copy(update={"instance": "i-b"}).model_dump_json())
+    assert [h.launch_id for h in ProcessRuntime(tmp_path, instance_id="i-a").adopt()] == ["mine"]
+    assert [h.launch_id for h in ProcessRuntime(tmp_path, instance_id="i-b").adopt()] == ["theirs"]
+
+
+def test_the_instance_id_is_made_once_and_kept(tmp_path: Path) -> None:
+    from controller.settings import Paths, instance_id
+
+    first = instance_id(Paths(tmp_path / "a"))
+    assert first and instance_id(Paths(tmp_path / "a")) == first
+    assert instance_id(Paths(tmp_path / "b")) != first
+
+
+def test_the_recorded_error_is_the_exits_reason(tmp_path: Path) -> None:
+    # Issue 23: the runtime's own note on a killed shim reaches the diagnosis through ExitInfo.reason.
+    me = _me()
+    handle = _record(
+        tmp_path, "ended", me.model_copy(update={"started_after_boot": (me.started_after_boot or 0) - 5})
+    )
+    why = "the engine's shim (pid 1) was killed (killed by signal 9 (SIGKILL))"
+    (tmp_path / "ended" / STATUS_FILE).write_text(json.dumps(
+        {"exit_code": None, "signal": None, "ended_at": 0.0, "error": why, "complete": True}))
+    info = ProcessRuntime(tmp_path).inspect(handle)
+    assert (info.running, info.exit_code, info.reason) == (False, None, why)

@@ -23,6 +23,7 @@ from appliance.kmsg import OomEvent
 from appliance.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo, Provenance, RuntimeError_
 from controller.store import Store
+from controller.supervisor.compile_cache import launch_factors
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayUpstream
 from controller.supervisor.machine import Policy, State
@@ -228,6 +229,24 @@ async def test_a_kernel_oom_kill_is_the_diagnosis_and_stops_the_retries(tmp_path
     assert rec is not None and rec.diagnosis is not None
     assert rec.diagnosis["code"] == "global_oom"
     assert rig.driver.m.state is State.FAILED  # DOMAIN §3: a global OOM repeats; no blind retry
+
+
+async def test_a_killed_shim_is_diagnosed_from_the_runtimes_note_not_unknown(tmp_path: Path) -> None:
+    # Issue 23: after `kill -9` of the process runtime's shim the record said "unknown ... nothing to
+    # act on", though the runtime had written the cause.
+    rig = make_rig(tmp_path, policy=Policy(max_failures=1))
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.step(1)
+    engine = rig.runtime.current()
+    engine.reason = f"the engine's shim (pid {engine.handle.ref}) was killed (killed by signal 9 (SIGKILL))"
+    engine.running = False
+    engine.ended.set()
+    await rig.run_until(lambda: rig.driver.m.state is State.FAILED, limit_s=120, each=1)
+    rec = rig.store.get_launch("L1")
+    assert rec is not None and rec.diagnosis is not None
+    assert rec.diagnosis["code"] == DiagnosisCode.SHIM_KILLED.value
+    assert "was killed" in rec.diagnosis["summary"]
+    assert rig.driver.status()["last_diagnosis"]["code"] == "shim_killed"
 
 
 async def test_a_runtime_that_cannot_run_the_engine_is_diagnosed_in_its_own_words(tmp_path: Path) -> None:
@@ -707,3 +726,106 @@ async def test_without_history_the_eta_falls_back_to_the_budget(tmp_path: Path) 
     eta = rig.driver.status()["eta"]
     assert eta["launches"] == 0 and eta["median_s"] is None
     assert eta["text"] == "no earlier launches of this variant: expected within the ready budget of 600 s"
+
+
+async def test_adoption_never_stops_its_own_engine_for_one_it_cannot_supervise(tmp_path: Path) -> None:
+    # Issue 23: another appliance's newer engine on a shared daemon (its spec unknown here) made a
+    # restarted controller stop its own healthy engine as "older", then skip the other one.
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    own = EngineHandle(launch_id="Lown", runtime="process", ref="801", recipe="test-recipe",
+                       spec_hash=spec.spec_hash, started_at=rig.clock.t - 3600, instance="i-mine")
+    rig.runtime.engines["Lown"] = FakeEngine(own, log="INFO Application startup complete.\n", healthy=True)
+    rig.store.create_launch("Lown", spec, "normal", Provenance(), rig.clock.t - 3600)
+    rig.store.set_handle("Lown", own, rig.clock.t - 3600)
+    other = EngineHandle(launch_id="Lother", runtime="process", ref="802", recipe="another-recipe",
+                         spec_hash="f" * 64, started_at=rig.clock.t - 60, instance="i-theirs")
+    rig.runtime.engines["Lother"] = FakeEngine(other, healthy=True)
+
+    await rig.driver.adopt()
+    assert rig.runtime.stopped == []
+    launch = rig.driver.m.launch
+    assert launch is not None and launch.launch_id == "Lown"
+    await rig.step()
+    assert rig.driver.m.state is State.READY and rig.runtime.started == []
+    rec = rig.store.get_launch("Lown")
+    assert rec is not None and rec.ended_at is None
+    # The instance that launched it is recorded with its handle.
+    assert rec.handle is not None and rec.handle["instance"] == "i-mine"
+    assert rig.runtime.engines["Lother"].running
+
+
+async def test_adoption_still_stops_an_older_engine_of_its_own(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    for launch_id, age in (("Lold", 7200), ("Lnew", 3600)):
+        handle = EngineHandle(launch_id=launch_id, runtime="process", ref=str(age), recipe="test-recipe",
+                              spec_hash=spec.spec_hash, started_at=rig.clock.t - age)
+        rig.runtime.engines[launch_id] = FakeEngine(handle, log="INFO Application startup complete.\n",
+                                                    healthy=True)
+        rig.store.create_launch(launch_id, spec, "normal", Provenance(), rig.clock.t - age)
+        rig.store.set_handle(launch_id, handle, rig.clock.t - age)
+    await rig.driver.adopt()
+    assert rig.runtime.stopped == ["Lold"]
+    launch = rig.driver.m.launch
+    assert launch is not None and launch.launch_id == "Lnew"
+
+
+async def test_an_engine_adopted_mid_start_completes_its_launch_record(tmp_path: Path) -> None:
+    # Issue 23: a controller killed mid-start, then started again, adopted the starting engine and
+    # followed it to ready, but the record stayed `starting`: no ready time, no cache verdict, and
+    # none of the phases seen after the adoption.
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    started = rig.clock.t - 20
+    handle = EngineHandle(launch_id="Lmid", runtime="process", ref="901", recipe="test-recipe",
+                          spec_hash=spec.spec_hash, started_at=started)
+    engine = FakeEngine(handle, log="INFO Loading weights took 12.50 seconds\n")
+    rig.runtime.engines["Lmid"] = engine
+    rig.store.create_launch("Lmid", spec, "normal", Provenance(), started, start="warm")
+    rig.store.set_handle("Lmid", handle, started)
+    rig.store.add_phase("Lmid", "weights_loaded", started + 10, 10.0,
+                        "INFO Loading weights took 12.50 seconds")
+
+    await rig.driver.adopt()
+    assert rig.driver.m.state is State.STARTING
+    await rig.step(5)
+    engine.log += ("INFO Directly load AOT compilation from path /c/aot/abc/rank_0_0/model\n"
+                   "INFO Application startup complete.\n")
+    engine.healthy = True
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60, each=5)
+    rec = rig.store.get_launch("Lmid")
+    assert rec is not None
+    assert rec.status == "ready" and rec.ready_s is not None and rec.ready_at is not None
+    assert rec.ready_s == pytest.approx(rig.driver.status()["launch"]["ready_s"], abs=0.1)
+    assert rec.cache == "hit"
+    phases = [p.name for p in rec.phases]
+    assert phases.count("weights_loaded") == 1  # recorded once, by the controller that saw it first
+    assert "compile_cache_hit" in phases and "api_up" in phases
+
+
+async def test_an_engine_adopted_mid_start_keeps_filling_its_compile_cache_record(tmp_path: Path) -> None:
+    # Issue 23: the cache evidence of a start adopted mid-way lands in the record the launching
+    # controller began (its factors), not nowhere.
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    started = rig.clock.t - 20
+    handle = EngineHandle(launch_id="Lmid", runtime="process", ref="902", recipe="test-recipe",
+                          spec_hash=spec.spec_hash, started_at=started)
+    engine = FakeEngine(handle, log="")
+    rig.runtime.engines["Lmid"] = engine
+    rig.store.create_launch("Lmid", spec, "normal", Provenance(), started, start="warm")
+    rig.store.set_handle("Lmid", handle, started)
+    rig.store.update_compile_cache("Lmid", {"factors": launch_factors(spec, {}, Provenance()).model_dump(
+        mode="json"), "previous_launch": None, "warnings": []})
+    await rig.driver.adopt()
+    engine.log = ("INFO Using cache directory: /c/torch_compile_cache/0123456789 for vLLM's torch.compile\n"
+                  "INFO Directly load AOT compilation from path /c/aot/abc/rank_0_0/model\n"
+                  "INFO Application startup complete.\n")
+    engine.healthy = True
+    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60, each=5)
+    rec = rig.store.get_launch("Lmid")
+    assert rec is not None and rec.cache == "hit"
+    assert "factors" in rec.compile_cache  # the launching controller's part is kept
+    seen = rec.compile_cache.get("seen") or {}
+    assert seen.get("aot_path") and seen.get("evidence")

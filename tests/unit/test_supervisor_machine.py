@@ -214,7 +214,7 @@ def test_failure_count_resets_only_after_ready_and_stable_for_the_window() -> No
 def test_adoption_probes_and_never_stops_a_healthy_engine() -> None:
     r = Run()
     handle = make_handle("Lold", started_at=-5000)
-    out = r.feed(Adopted(handle, make_spec(budget=600)), 0)
+    out = r.feed(Adopted(handle, make_spec(budget=600), ready_recorded=True), 0)
     assert r.m.state is State.STARTING and r.m.recipe == "test-recipe"
     assert not [a for a in out if isinstance(a, StopEngine | StartEngine)]
     # Its budget ran out long ago, but it gets the adoption grace to answer.
@@ -225,6 +225,15 @@ def test_adoption_probes_and_never_stops_a_healthy_engine() -> None:
     assert r.of(StopEngine) == [] and r.of(StartEngine) == []
     assert SetUpstream("Lold", "http://127.0.0.1:18000", "smollm2") in r.actions
     assert r.of(MarkReady) == []  # its start was recorded by the controller that launched it
+
+
+def test_an_engine_adopted_mid_start_is_marked_ready_like_any_start() -> None:
+    # Issue 23: its record has no ready time yet; the controller that follows it to ready records it.
+    r = Run()
+    r.feed(Adopted(make_handle("Lmid", started_at=-20), make_spec(budget=600)), 0)
+    r.feed(ReadyProbed("Lmid"), 16)
+    assert r.m.state is State.READY
+    assert r.of(MarkReady) == [MarkReady("Lmid", 36.0)]  # from its real start, not from the adoption
 
 
 def test_apply_during_a_start_is_rejected_and_changes_nothing() -> None:
