@@ -44,7 +44,7 @@ from controller.catalogue import load_failed
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
-from controller.runtime.base import EngineHandle, RuntimeError_
+from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import LaunchRecord, LaunchSummary, redact_spec
 from controller.supervisor import compile_cache
 from controller.supervisor.preflight import UnknownRecipe
@@ -131,7 +131,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         # Liveness for compose's healthcheck / a pod's livenessProbe: answering HTTP is not enough
         # if the loop that watches the engine has stopped coming round.
         problem = driver.liveness_problem()
-        body = {"ok": problem is None, "state": driver.m.state.value}
+        body = {"ok": problem is None, "state": driver.machine.state.value}
         if problem is not None:
             return JSONResponse({**body, "problem": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
         return JSONResponse(body)
@@ -170,7 +170,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def plan(name: str) -> dict[str, Any]:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
-        current = driver.m.launch
+        current = driver.machine.launch
         spec = report.spec
         # Issue 19 item 6: a cache root not writable, gone since a launch used it, or shared.
         warnings = [] if spec is None else await asyncio.to_thread(
@@ -190,7 +190,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "cache_warnings": warnings,
             "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
             "would_replace": current.spec.recipe if current else None,
-            "state": driver.m.state.value,
+            "state": driver.machine.state.value,
         }
 
     @app.post("/apply", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
@@ -200,8 +200,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
-        apply_id = driver.m.apply.token if driver.m.apply is not None else None
-        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe, apply_id=apply_id)
+        apply_id = driver.machine.apply.token if driver.machine.apply is not None else None
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, apply_id=apply_id)
 
     @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted, responses={409: {}})
@@ -209,13 +209,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
         rejected = driver.submit(Restart())
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
-        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe)
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe)
 
     @app.post("/stop", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted)
     async def stop() -> Accepted:
         driver.submit(Stop())
-        return Accepted(state=driver.m.state.value, recipe=driver.m.recipe)
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe)
 
     @app.get("/status", tags=["status"])
     async def get_status() -> dict[str, Any]:
@@ -248,7 +248,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"this controller has no {handle.runtime} runtime")
         try:
             text, next_offset = await asyncio.to_thread(runtime.read_logs, handle, offset)
-        except RuntimeError_ as exc:
+        except EngineRuntimeError as exc:
             raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(exc)) from exc
         # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
         key = driver.engine_key(launch_id)

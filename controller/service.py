@@ -67,7 +67,7 @@ class ServiceConfig:
 
 def engine_view(driver: Driver) -> EngineView:
     """The host watch's narrow view of the driver (controller/supervisor/watch_link.py)."""
-    return EngineView(launch=lambda: driver.m.launch, state=lambda: driver.m.state,
+    return EngineView(launch=lambda: driver.machine.launch, state=lambda: driver.machine.state,
                       runtime=driver.runtimes.get, note=driver.note)
 
 
@@ -180,7 +180,7 @@ async def serve(cfg: ServiceConfig) -> None:
     stop = asyncio.Event()
     driver.note("controller", f"controller starting on {cfg.host}:{cfg.port} (pid {os.getpid()})")
     await driver.adopt()
-    if cfg.apply_on_start and driver.m.state is State.IDLE:
+    if cfg.apply_on_start and driver.machine.state is State.IDLE:
         driver.submit(Apply(cfg.apply_on_start))
     tasks = [asyncio.create_task(driver.run(stop), name="supervisor")]
     if cfg.watch_host:

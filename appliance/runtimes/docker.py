@@ -1,6 +1,6 @@
 """The Docker runtime's pure half: the engine in a container, and the one spec → container translation.
 
-Its effectful half is controller/runtime/docker_rt.py, which creates the container with exactly
+Its effectful half is controller/runtime/docker.py, which creates the container with exactly
 `container_kwargs(spec, launch_id, ...)`: the `docker-py` render prints the same function's output,
 and the `docker run` and compose renders are written from it too, so a hand-run container and the
 appliance's own cannot drift apart (issue 13). What the container is *created* with matters because

@@ -259,7 +259,7 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                                "Pick two recipes from the list to compare.", "/console/recipes")
             diff = await asyncio.to_thread(data.diff, a, b)
         return page(request, "recipes.html", session, rows=rows, names=names, a=a, b=b, diff=diff,
-                    current=driver.m.recipe)
+                    current=driver.machine.recipe)
 
     async def plan_page(request: Request, name: str, template: str) -> Response:
         """The recipe's preflight plan, on its own page or on the apply confirmation."""

@@ -154,7 +154,7 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
 
 def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
     """What `POST /recipes/{name}/plan` answers, shaped for a page (secrets redacted)."""
-    current = driver.m.launch
+    current = driver.machine.launch
     spec = redact_spec(report.spec) if report.spec else None
     return {
         "recipe": report.recipe,
@@ -168,7 +168,7 @@ def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
         "cache_empty": report.cache_empty,
         "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
         "would_replace": current.spec.recipe if current else None,
-        "state": driver.m.state.value,
+        "state": driver.machine.state.value,
     }
 
 
@@ -372,7 +372,7 @@ class ConsoleData:
                 markers.append(charts.Marker(end, f"end ({record.status})", "#6b7280"))
         markers += [charts.Marker(m.at, f"OOM kill {m.task or '?'} ({m.scope})", "#dc2626", dashed=False)
                     for m in self.history.ooms(since)]
-        recipe = self.ctx.driver.m.recipe
+        recipe = self.ctx.driver.machine.recipe
         target = self._target_bytes(recipe) if recipe else None
         # A controller younger than the window has no samples before it started: start the axis at
         # the first sample (or the earliest marker), so a short history is not a sliver at the edge.

@@ -26,7 +26,7 @@ from appliance.launch_spec import LaunchSpec
 from appliance.recipe_loader import RecipeError
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_spec
-from controller.runtime.base import EngineFiles, EngineHandle, Runtime, RuntimeError_
+from controller.runtime.base import EngineFiles, EngineHandle, EngineRuntimeError, Runtime
 from controller.supervisor.preflight import UnknownRecipe, caches_elsewhere
 
 log = logging.getLogger("appliance.evaluation.proof")
@@ -194,7 +194,7 @@ def ready_hook(
             markers, checksums = (), {}  # a recipe gone from the directory: record what can be seen
         try:
             proof = await asyncio.to_thread(collect, runtime, handle, spec, markers, checksums)
-        except (RuntimeError_, OSError) as exc:
+        except (EngineRuntimeError, OSError) as exc:
             note(WARNING_EVENT, f"kernel-path proof could not be gathered: {exc}", launch_id, None)
             return
         problems = proof.problems

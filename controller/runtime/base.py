@@ -67,11 +67,11 @@ class Provenance(BaseModel):
     packages: dict[str, str] = {}
 
 
-class RuntimeError_(Exception):
+class EngineRuntimeError(Exception):
     """A runtime operation failed in a way the operator must see (image missing, daemon down...)."""
 
 
-class RuntimeUnconfigured(RuntimeError_):
+class RuntimeUnconfigured(EngineRuntimeError):
     """This host is not set up for the runtime at all (e.g. no cluster configuration). Not a fault
     at controller start — most hosts have no cluster — but the reason a recipe of that kind is refused."""
 
@@ -168,4 +168,4 @@ def ensure_cache_dirs(spec: LaunchSpec) -> None:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RuntimeError_(f"cannot create the compile-cache directory {path}: {exc}") from exc
+            raise EngineRuntimeError(f"cannot create the compile-cache directory {path}: {exc}") from exc

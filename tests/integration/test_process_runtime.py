@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
+from controller.runtime.base import EngineHandle, EngineRuntimeError, Runtime
 from controller.runtime.ports import port_is_free
 from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, ProcessRuntime
 from tests.integration.runtime_specs import process_spec, with_argv
@@ -270,7 +270,7 @@ def test_pid_reuse_is_not_adopted_nor_signalled(rt: ProcessRuntime, runs: Path, 
 
 def test_a_missing_engine_venv_is_an_operator_error(rt: ProcessRuntime, runs: Path) -> None:
     missing = with_argv(fake_spec(), ("/nonexistent/engine/venv/bin/python", "-m", "vllm"))
-    with pytest.raises(RuntimeError_, match="appliance engine setup"):
+    with pytest.raises(EngineRuntimeError, match="appliance engine setup"):
         rt.start(missing, "missing")
     assert not (runs / "missing").exists()
 

@@ -46,9 +46,9 @@ from controller.runtime import KINDS, make_runtime
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     EngineHandle,
+    EngineRuntimeError,
     ExitInfo,
     Runtime,
-    RuntimeError_,
     host_cache_dirs,
 )
 from controller.runtime.ports import PortInUse, port_is_free
@@ -565,7 +565,7 @@ def test_a_launch_id_is_used_once(h: Harness) -> None:
     spec, handle = h.start(rt)
     _die(h, spec, "clean-exit")
     assert not rt.wait(handle, LIVENESS_S).running
-    with pytest.raises(RuntimeError_):
+    with pytest.raises(EngineRuntimeError):
         rt.start(h.spec(), handle.launch_id, engine_key=h.key)
     assert outcome(rt.inspect(handle)) == (False, 0, None)  # the record of the first is intact
 

@@ -61,8 +61,10 @@ def _boot(root: Path, logs: dict[str, str]) -> Callable[[FakeEngine], None]:
 async def _ready(rig: Rig, launch_id: str) -> None:
     # force: the same spec hash again is a restart (the key was never part of the spec).
     assert rig.driver.submit(Apply("test-recipe", force=True)) is None
-    await rig.run_until(lambda: rig.driver.m.state is State.READY and rig.driver.m.launch is not None
-                        and rig.driver.m.launch.launch_id == launch_id, 300)
+    await rig.run_until(
+        lambda: rig.driver.machine.state is State.READY and rig.driver.machine.launch is not None
+        and rig.driver.machine.launch.launch_id == launch_id, 300,
+    )
 
 
 async def _two_launches(tmp_path: Path, logs: dict[str, str], key_2: str = KEY_1,
@@ -137,7 +139,7 @@ async def test_a_root_shared_with_another_variant_is_named(tmp_path: Path) -> No
     rig.preflight.spec = other
     rig.driver.submit(Apply("other-recipe"))
     await rig.run_until(
-        lambda: rig.driver.m.state is State.READY and rig.driver.m.recipe == "other-recipe", 300)
+        lambda: rig.driver.machine.state is State.READY and rig.driver.machine.recipe == "other-recipe", 300)
     second = rig.store.get_launch("L2")
     assert second is not None
     assert second.compile_cache["warnings"] == [

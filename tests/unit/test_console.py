@@ -174,15 +174,16 @@ async def test_apply_confirms_then_a_second_apply_is_refused_and_changes_nothing
     confirm = await client.get("/console/recipes/cpu-smollm2/apply")
     assert "confirm-apply" in confirm.text and "Nothing is running" in confirm.text
     csrf = _form_token(confirm.text, "csrf")
-    assert rig.driver.m.state is State.IDLE
+    assert rig.driver.machine.state is State.IDLE
     r = await client.post("/console/recipes/cpu-smollm2/apply", data={"csrf": csrf})
     assert r.status_code == 303 and r.headers["location"] == "/console/?notice=applied"
-    assert rig.driver.m.state is State.PREFLIGHT and rig.driver.m.recipe == "cpu-smollm2"
-    token = rig.driver.m.token
+    assert rig.driver.machine.state is State.PREFLIGHT and rig.driver.machine.recipe == "cpu-smollm2"
+    token = rig.driver.machine.token
     again = await client.post("/console/recipes/cuda-generic/apply", data={"csrf": csrf})
     assert again.status_code == 409
     assert "start is in progress" in again.text and "Nothing was changed" in again.text
-    assert rig.driver.m.recipe == "cpu-smollm2" and rig.driver.m.token == token  # the first apply goes on
+    machine = rig.driver.machine
+    assert machine.recipe == "cpu-smollm2" and machine.token == token  # the first apply goes on
     now = await client.get("/console/?notice=applied")
     assert "Apply accepted" in now.text and 'id="progress"' in now.text
 

@@ -26,7 +26,7 @@ from appliance.runtimes.base import FormatError
 from appliance.runtimes.docker import DockerLaunch, manual_launch_id
 from appliance.runtimes.process import ProcessLaunch
 from controller.runtime import registry as effect_registry
-from controller.runtime.docker_rt import DockerRuntime
+from controller.runtime.docker import DockerRuntime
 from tests.unit.recipe_helpers import REPO, SHIPPED, C, fixed_facts, shipped
 from tests.unit.spec_helpers import launch_spec
 
@@ -219,8 +219,8 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
     recipe = shipped()[name]
     spec = render(recipe, fixed_facts())
     # Cache dirs and ports are the host's business, not the create call's: keep them out of the way.
-    monkeypatch.setattr("controller.runtime.docker_rt.ensure_cache_dirs", lambda spec: None)
-    monkeypatch.setattr("controller.runtime.docker_rt.ensure_port_free", lambda host, port: None)
+    monkeypatch.setattr("controller.runtime.docker.ensure_cache_dirs", lambda spec: None)
+    monkeypatch.setattr("controller.runtime.docker.ensure_port_free", lambda host, port: None)
     client = _Client()
     runtime = DockerRuntime(client)  # type: ignore[arg-type]
     runtime.mountinfo = tmp_path / "no-mountinfo"  # on a host: paths pass through

@@ -22,7 +22,7 @@ some of it cannot be fixed later:
   merges image ENV under the container's; the spec's values win).
 
 The daemon is reached lazily, so a controller whose recipes all use the process runtime starts even
-when no daemon runs; every daemon failure surfaces as RuntimeError_ with an operator-readable message.
+when no daemon runs; every daemon failure surfaces as EngineRuntimeError with an operator-readable message.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from controller.runtime.base import (
     LABEL_RECIPE,
     LABEL_SPEC_HASH,
     EngineHandle,
+    EngineRuntimeError,
     ExitInfo,
     Provenance,
-    RuntimeError_,
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import slice_log
@@ -89,7 +89,7 @@ def container_name(launch_id: str) -> str:
     try:
         return docker_plugin.container_name(launch_id)
     except ValueError as exc:
-        raise RuntimeError_(str(exc)) from None
+        raise EngineRuntimeError(str(exc)) from None
 
 
 # The hostname/hosts/resolv.conf files docker bind-mounts into every container it runs live under
@@ -119,7 +119,7 @@ def container_create_kwargs(
         kwargs = docker_plugin.container_kwargs(spec, launch_id, publish_address, host_mounts,
                                                 key_file=key_file)
     except ValueError as exc:
-        raise RuntimeError_(str(exc)) from None
+        raise EngineRuntimeError(str(exc)) from None
     return to_sdk(kwargs)
 
 
@@ -194,10 +194,10 @@ def exit_info(state: dict[str, Any]) -> ExitInfo:
     return ExitInfo(running=False, exit_code=code, signal=sig, oom_killed=oom)
 
 
-def api_failure(action: str, exc: docker.errors.APIError) -> RuntimeError_:
+def api_failure(action: str, exc: docker.errors.APIError) -> EngineRuntimeError:
     """The daemon's own explanation of a failed call, plus a hint where we know one."""
     explanation = str(exc.explanation or exc)
-    return RuntimeError_(f"docker: {action} failed: {explanation}{_hint(explanation)}")
+    return EngineRuntimeError(f"docker: {action} failed: {explanation}{_hint(explanation)}")
 
 
 def _hint(explanation: str) -> str:
@@ -254,7 +254,7 @@ class DockerRuntime:
 
     @contextmanager
     def _daemon(self, action: str, *, pass_not_found: bool = True) -> Iterator[None]:
-        """Translate docker SDK failures into RuntimeError_ naming what we were doing.
+        """Translate docker SDK failures into EngineRuntimeError naming what we were doing.
         NotFound passes through unless told otherwise: "the container is gone" is a state the
         callers handle; "no such network" while creating is an error."""
         try:
@@ -266,7 +266,7 @@ class DockerRuntime:
         except docker.errors.APIError as exc:
             raise api_failure(action, exc) from exc
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise RuntimeError_(
+            raise EngineRuntimeError(
                 f"docker: cannot {action}: the Docker daemon is not reachable ({exc}); "
                 "start it (bash scripts/start-dockerd.sh) or check DOCKER_HOST"
             ) from exc
@@ -297,7 +297,7 @@ class DockerRuntime:
             try:
                 self.client.images.get(kwargs["image"])
             except docker.errors.ImageNotFound:
-                raise RuntimeError_(
+                raise EngineRuntimeError(
                     f"image {kwargs['image']!r} is not present on this host and the appliance never pulls "
                     "(no registry is assumed): build or `docker load` it first — see images/README.md"
                 ) from None
@@ -306,7 +306,7 @@ class DockerRuntime:
         if engine_key is not None:
             try:
                 self.put_key_file(container, engine_key)
-            except RuntimeError_:
+            except EngineRuntimeError:
                 with self._daemon(f"remove container {container.name} that got no key file"):
                     container.remove(force=True)
                 raise
@@ -332,12 +332,14 @@ class DockerRuntime:
                 done = container.put_archive(
                     "/", _key_tar(key, name, uid, gid, numeric, under=parent.strip("/")))
             if not done:
-                raise RuntimeError_(f"the daemon refused the engine key file for {container.name}")
+                raise EngineRuntimeError(f"the daemon refused the engine key file for {container.name}")
 
     def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         rt = spec.runtime
         if not isinstance(rt, docker_plugin.DockerLaunch):
-            raise RuntimeError_(f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'")
+            raise EngineRuntimeError(
+                f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'"
+            )
         ensure_cache_dirs(spec)
         # Prove the host port free first (issue 9: an orphan on it answered the next launch's probes).
         if rt.network_mode == "host":  # the engine binds the host's port itself
@@ -350,7 +352,7 @@ class DockerRuntime:
             with self._daemon(f"start container {container.name}"):
                 container.start()
                 container.reload()
-        except RuntimeError_:
+        except EngineRuntimeError:
             # It never ran: remove it (by id) so that the error is the record, not a dead container
             # holding the name.
             with self._daemon(f"remove container {container.name} that failed to start"):
@@ -444,7 +446,7 @@ class DockerRuntime:
             return Provenance()
         try:
             found = self.client.images.get(image)
-        except (docker.errors.DockerException, RuntimeError_) as exc:
+        except (docker.errors.DockerException, EngineRuntimeError) as exc:
             # Recorded as unknown; the start itself reports a missing image with its own message.
             raise ValueError(f"image {image}: {exc}") from exc
         digests = found.attrs.get("RepoDigests") or []
