@@ -36,8 +36,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from appliance.engine_secret import redact as redact_keys
-from appliance.recipe_loader import RecipeError
+from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.recipe_loader import RecipeError
 from controller.api_context import ApiContext
 from controller.api_gate import AdminTokenFirst, BodyLimit, admin_refusal, allowed_hosts
 from controller.catalogue import load_failed
@@ -250,7 +250,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             text, next_offset = await asyncio.to_thread(runtime.read_logs, handle, offset)
         except EngineRuntimeError as exc:
             raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(exc)) from exc
-        # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
+        # vLLM 0.26.0 logs the key it read from its config file (appliance/recipe/engine_secret.py).
         key = driver.engine_key(launch_id)
         text = redact_keys(text, [key] if key else [])
         return Response(text, media_type=_TEXT, headers={"X-Next-Offset": str(next_offset)})

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.host_facts import HostFacts
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_model import Recipe
-from appliance.render import render
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import render
 from controller.catalogue import Catalogue
 from controller.settings import DEFAULT_RECIPE, paths, recipes_dir
 from host_setup.facts import gather_facts

@@ -20,9 +20,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from appliance import settings
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import RecipeError
-from appliance.render import RenderError
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.render import RenderError
 from controller import admin_token, logsetup
 from controller.api import AdminGuard, create_app
 from controller.api_context import ApiContext

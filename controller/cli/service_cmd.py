@@ -480,7 +480,7 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
                        f"{launch['describe']}")
         eta = s.get("eta")
         if eta:
-            # The expected ready time from earlier launches of this variant (appliance/ready_eta.py).
+            # The expected ready time from earlier launches of this variant (appliance/observe/ready_eta.py).
             typer.echo(f"expected:   {eta['text']}")
             if eta.get("stall"):
                 typer.echo(f"WARNING:    {eta['stall']['text']} (a flag: the stall watch and the ready "

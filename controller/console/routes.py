@@ -34,7 +34,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from appliance.recipe_loader import RecipeError
+from appliance.recipe.recipe_loader import RecipeError
 from controller.api_context import ApiContext
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, Session, Sessions

@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 
 from markupsafe import Markup
 
-from appliance.admission import admit
-from appliance.lint import lint
-from appliance.log_phases import PHASE_LABELS, Phase
-from appliance.recipe_diff import RecipeDiff
-from appliance.recipe_model import Recipe
+from appliance.observe.log_phases import PHASE_LABELS, Phase
+from appliance.recipe.admission import admit
+from appliance.recipe.lint import lint
+from appliance.recipe.recipe_diff import RecipeDiff
+from appliance.recipe.recipe_model import Recipe
 from controller import admin_token
 from controller.api_context import ApiContext
 from controller.console import charts
@@ -138,7 +138,7 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
         "launch_id": launch.get("id"),
         "cache": launch.get("cache"),
         # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list); with
-        # history, each against its usual duration (appliance/ready_eta.py)
+        # history, each against its usual duration (appliance/observe/ready_eta.py)
         "phases": eta_phases(eta) if eta else [
             {"label": p.get("label") or p.get("phase"), "done": p.get("at") is not None, "current": False}
             for p in launch.get("phases", [])],

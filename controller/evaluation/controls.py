@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from appliance.recipe_loader import RecipeError
+from appliance.recipe.recipe_loader import RecipeError
 from controller.api_client import ApiError, Client
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.compare import CompareError, Control, launch_info

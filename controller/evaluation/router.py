@@ -26,8 +26,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.bench_result import BenchResult
-from appliance.bench_tiers import FIRST_N, NoTierFits
+from appliance.evaluation.bench_result import BenchResult
+from appliance.evaluation.bench_tiers import FIRST_N, NoTierFits
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, compare

@@ -1,6 +1,6 @@
 """KubernetesRuntime: one engine replica as a workload on a cluster, through the official client.
 
-The manifests come from the pure half (`appliance/runtimes/kubernetes.py`, `manifests(spec, ...)`);
+The manifests come from the pure half (`appliance/runtimes/k8s/kubernetes.py`, `manifests(spec, ...)`);
 this module only applies, watches, reads and deletes them. Choices, and why:
 
 - **Apply = server-side apply** (PATCH `application/apply-patch+yaml`, field manager
@@ -71,11 +71,11 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
 from appliance import settings
-from appliance.engine_key import recipe_key
-from appliance.engine_secret import KEY_FILE_NAME, key_from_config
-from appliance.launch_spec import LaunchSpec
-from appliance.runtimes.k8s_manifests import KEY_VOLUME, engine_key_secret, manifests
-from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, label_value
+from appliance.recipe.engine_key import recipe_key
+from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.runtimes.k8s.manifests import KEY_VOLUME, engine_key_secret, manifests
+from appliance.runtimes.k8s.names import ENGINE_KEY_ENV, dns_label, label_value
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,
@@ -122,7 +122,7 @@ Manifests = Callable[[LaunchSpec, str, str], list[dict[str, Any]]]
 
 
 def render_manifests(spec: LaunchSpec, launch_id: str, key_secret: str) -> list[dict[str, Any]]:
-    """The pure half's manifests (appliance/runtimes/k8s_manifests.py), the key Secret named."""
+    """The pure half's manifests (appliance/runtimes/k8s/manifests.py), the key Secret named."""
     return manifests(spec, launch_id=launch_id, key_secret=key_secret)
 
 
@@ -704,7 +704,7 @@ class KubernetesRuntime:
             found += [("Deployment", d) for d in
                       self.apps.list_namespaced_deployment(
                           ns, label_selector=selector, _request_timeout=ADOPT_TIMEOUT_S).items or []]
-        # Deployments only: the pure half renders nothing else (k8s_manifests.py says why), and
+        # Deployments only: the pure half renders nothing else (k8s/manifests.py says why), and
         # listing StatefulSets too would make RBAC for a kind never used a condition of adoption.
         handles: list[EngineHandle] = []
         for kind, obj in found:

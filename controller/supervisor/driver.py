@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
-from appliance.engine_key import recipe_key
-from appliance.engine_secret import redact as redact_keys
-from appliance.kmsg import OomEvent
-from appliance.launch_spec import LaunchSpec
-from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
-from appliance.phase_record import event_label
+from appliance.diagnosis.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.observe.kmsg import OomEvent
+from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
+from appliance.observe.phase_record import event_label
+from appliance.recipe.engine_key import recipe_key
+from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance, Runtime
 from controller.runtime.ports import PortInUse
@@ -262,7 +262,7 @@ class Driver:
         self.submit(Tick())
 
     def _flag_stall(self, launch: Launch) -> None:
-        """A phase far over its usual duration (appliance/ready_eta.py) is reported once, as an event:
+        """A phase far over its usual duration (appliance/observe/ready_eta.py) is reported once, as an event:
         a flag for the operator before the budget runs out, not a kill — the machine's stall watch (no
         progress and no CPU) and the ready budget still decide when a start has failed."""
         run = self.runs.get(launch.launch_id)
@@ -359,7 +359,7 @@ class Driver:
         elapsed = now - follower.started_at
         detail = event.detail or ""
         # One row per phase (per capture round: first and last step), labelled from the event itself
-        # (appliance/phase_record.py); every event still restarts the stall clock.
+        # (appliance/observe/phase_record.py); every event still restarts the stall clock.
         keep = follower.recorder.keep(event)
         if keep:
             self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
@@ -373,7 +373,8 @@ class Driver:
         })
 
     def _record_engine(self, launch: Launch, run: LaunchRun) -> None:
-        """Engine facts (appliance/engine_facts.py) and the start's own seconds → the launch record."""
+        """Engine facts (appliance/observe/engine_facts.py) and the start's own seconds → the launch
+        record."""
         follower = run.follower
         summary = follower.tracker.summary()
         seconds = {"weights_seconds": summary.weights_seconds, "weights_gib": summary.weights_gib,
@@ -666,7 +667,8 @@ class Driver:
         cold = action.kind is StartKind.COLD_WARMUP or run.cache_empty
         self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now,
                                  start="cold" if cold else "warm")
-        # The ETA's history, read once: earlier ready launches of this recipe (appliance/ready_eta.py).
+        # The ETA's history, read once: earlier ready launches of this recipe
+        # (appliance/observe/ready_eta.py).
         run.history = tuple(self.store.ready_history(spec.recipe, spec.spec_hash, exclude=action.launch_id))
         run.cold_start = cold
         self.metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
@@ -675,7 +677,7 @@ class Driver:
             self.metrics.record_restart(spec.recipe, self.machine.last_failure.code)
         key, deliver = launch_key(spec)
         # The engine's environment is the spec's alone: the key goes in its --config file
-        # (appliance/engine_secret.py), which the compile factors leave out like vLLM does.
+        # (appliance/recipe/engine_secret.py), which the compile factors leave out like vLLM does.
         await self._begin_compile(run, spec, {}, prov, emptied=action.empty_cache_first is not None)
         failure: Failure | None = None
         try:
@@ -830,6 +832,6 @@ class Driver:
         return status_view.status(self.machine, run, self.clock.now(), self.last_diagnosis)
 
 
-# The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's
+# The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's
 # re-diagnosis over the evidence and the machine's own verdict use one spelling.
 _MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.kmsg import OomEvent, OomEventKind, SeqGap
-from appliance.oom_attribution import LaunchTarget, attribute_oom
+from appliance.observe.kmsg import OomEvent, OomEventKind, SeqGap
+from appliance.observe.oom_attribution import LaunchTarget, attribute_oom
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import ContainerScoped, EngineHandle, EngineRuntimeError, Runtime
 from controller.store import Store

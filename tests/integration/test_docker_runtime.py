@@ -27,8 +27,8 @@ import docker.errors
 import psutil
 import pytest
 
-from appliance.engine_secret import CONTAINER_KEY_PATH
-from appliance.launch_spec import LaunchSpec, Mount, Ulimit
+from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
+from appliance.recipe.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime.base import (
     LABEL_LAUNCH_ID,
     LABEL_MANAGED,

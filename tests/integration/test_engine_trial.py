@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import parse_recipes
-from appliance.render import render
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_loader import parse_recipes
+from appliance.recipe.render import render
 from controller import engine_cpu, engine_trial
 from tests.integration.runtime_specs import RECIPE_NAME, SERVED_NAME, facts, standin_recipe
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, EngineRuntimeError, Runtime
 from controller.runtime.ports import port_is_free
 from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, ProcessRuntime
@@ -164,7 +164,7 @@ def test_processes_left_behind_by_the_engine_are_reaped(rt: ProcessRuntime) -> N
 _CONTROLLER = """
 import sys
 from pathlib import Path
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 spec = LaunchSpec.model_validate_json(sys.argv[2])
 handle = ProcessRuntime(Path(sys.argv[1])).start(spec, "survivor")

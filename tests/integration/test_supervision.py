@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from appliance.engine_key import ENGINE_KEY_ENV
-from appliance.engine_secret import KEY_FILE_NAME, key_from_config
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.engine_key import ENGINE_KEY_ENV
+from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig, SystemClock

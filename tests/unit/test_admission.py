@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.admission import Admission, admit, swap_efficiency
 from appliance.host_facts import GIB, HostFacts
+from appliance.recipe.admission import Admission, admit, swap_efficiency
 from host_setup.facts import gather_facts
 from tests.unit.recipe_helpers import C_PRIME, HOSTS, B, C, host, shipped, with_changes
 

@@ -14,8 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from appliance.compile_factors import DirState, MissReason, Variant, root_warnings
-from appliance.launch_spec import LaunchSpec
+from appliance.observe.compile_factors import DirState, MissReason, Variant, root_warnings
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.cli import recipes_cmd, service_cmd
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Provenance

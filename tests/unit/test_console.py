@@ -16,8 +16,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from appliance.kmsg import OomEvent, OomEventKind, OomScope
-from appliance.procfs import MemInfo
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.observe.procfs import MemInfo
 from controller import admin_token
 from controller.console import charts
 from controller.console.auth import COOKIE, Sessions

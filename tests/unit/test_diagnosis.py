@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis import (
+from appliance.diagnosis.diagnosis import (
     EXPECTED_ON_Z100,
     DiagnosisCode,
     FailureFacts,
@@ -18,8 +18,8 @@ from appliance.diagnosis import (
     oom_events_in_text,
     scan_text,
 )
-from appliance.kmsg import OomEvent, OomEventKind, OomScope
-from appliance.log_phases import Phase, track_text
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.observe.log_phases import Phase, track_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DOCTOR = FIXTURES / "doctor"
@@ -199,8 +199,8 @@ def test_a_vram_oom_near_the_custom_allreduce_info_line_stays_a_vram_oom() -> No
 
 
 def test_every_seed_row_is_a_known_code_once() -> None:
-    from appliance.diagnosis import SIGNATURES
-    from appliance.diagnosis_seed import SEED_SIGNATURES
+    from appliance.diagnosis.diagnosis import SIGNATURES
+    from appliance.diagnosis.diagnosis_seed import SEED_SIGNATURES
 
     codes = [s.code for s in SIGNATURES]
     assert len(codes) == len(set(codes))

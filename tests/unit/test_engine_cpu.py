@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.recipe_loader import load_recipes
-from appliance.render import render
+from appliance.recipe.recipe_loader import load_recipes
+from appliance.recipe.render import render
 from controller import engine_cpu
 from controller.settings import DEFAULT_RECIPE, paths, recipes_dir
 from host_setup.facts import gather_facts

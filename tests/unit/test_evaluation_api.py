@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance.fingerprint import Comparison, Fingerprint, check_declared
-from appliance.gate import decide
+from appliance.evaluation.fingerprint import Comparison, Fingerprint, check_declared
+from appliance.evaluation.gate import decide
 from controller.evaluation.store import EvalStore
 from controller.metrics import ControllerMetrics
 from tests.unit import test_api as _api

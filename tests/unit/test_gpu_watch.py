@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.gpu_mem import GpuSample, PhasePeaks, parse_amdgpu
+from appliance.observe.gpu_mem import GpuSample, PhasePeaks, parse_amdgpu
 from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.signals import Apply
 from controller.watch.gpu import GpuReader

@@ -34,7 +34,7 @@ def test_service_and_process_runtime_without_the_docker_sdk(tmp_path: Path) -> N
         from controller.settings import Paths
         from controller.supervisor.provenance import provenance_for
         from controller.api import create_app
-        from appliance.launch_spec import LaunchSpec
+        from appliance.recipe.launch_spec import LaunchSpec
 
         paths = Paths(Path("home").resolve())
         runtimes, missing = make_runtimes(paths, docker=True)

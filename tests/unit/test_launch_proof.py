@@ -11,8 +11,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from appliance.launch_proof import evaluate, per_rank_counts, rank_of, versions
-from appliance.recipe_model import Expectations
+from appliance.observe.launch_proof import evaluate, per_rank_counts, rank_of, versions
+from appliance.recipe.recipe_model import Expectations
 from controller.evaluation.proof import (
     PROOF_EVENT,
     WARNING_EVENT,

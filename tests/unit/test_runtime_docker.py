@@ -11,7 +11,7 @@ import pydantic
 import pytest
 import requests
 
-from appliance.launch_spec import LaunchSpec, Mount, Ulimit
+from appliance.recipe.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime import make_runtime
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo
 from controller.runtime.docker import (

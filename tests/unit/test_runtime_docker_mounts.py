@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from appliance.launch_spec import LaunchSpec, Mount
+from appliance.recipe.launch_spec import LaunchSpec, Mount
 from controller.runtime.docker import (
     DockerRuntime,
     container_create_kwargs,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, RuntimeUnconfigured
 from controller.runtime.kubernetes import KubernetesRuntime, pod_exit, secret_name
 from tests.unit.k8s_recorded import FIXTURES, RecordedCluster, events, fixture, pod_list

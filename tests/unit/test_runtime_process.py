@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo
 from controller.runtime.log_offsets import decode_from, read_log_file, slice_log
 from controller.runtime.process import (

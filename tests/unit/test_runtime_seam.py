@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import pydantic
 import pytest
 
-from appliance import formats
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_model import Recipe
-from appliance.render import render
+from appliance.recipe import formats
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import render
 from appliance.runtimes import registry as pure_registry
 from appliance.runtimes.base import FormatError
 from appliance.runtimes.docker import DockerLaunch, manual_launch_id
@@ -39,7 +39,7 @@ SCANNED = ("appliance", "host_setup", "controller")
 def _allowed() -> set[str]:
     """A runtime's own files: every pure plug-in module, the effectful modules the registry names,
     and the two registries."""
-    own = {str(p.relative_to(REPO)) for p in (REPO / "appliance" / "runtimes").glob("*.py")}
+    own = {str(p.relative_to(REPO)) for p in (REPO / "appliance" / "runtimes").rglob("*.py")}
     own |= {entry.module.replace(".", "/") + ".py" for entry in effect_registry.RUNTIMES.values()}
     own |= {"controller/runtime/registry.py", "controller/runtime/process_shim.py"}
     return own
@@ -233,7 +233,7 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
 def test_the_key_file_flag_is_the_only_difference() -> None:
     """Issue 19: the launch's key reaches vLLM as `--config FILE` at one path for every launch,
     never in the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile-cache key)."""
-    from appliance.engine_secret import CONTAINER_KEY_PATH
+    from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
     from appliance.runtimes.docker import container_kwargs
 
     spec = render(shipped()[C], fixed_facts())

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis import DiagnosisCode, oom_events_in_text
-from appliance.kmsg import OomEvent
-from appliance.launch_spec import LaunchSpec
+from appliance.diagnosis.diagnosis import DiagnosisCode, oom_events_in_text
+from appliance.observe.kmsg import OomEvent
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
@@ -419,8 +419,8 @@ async def test_an_adopted_engine_is_marked_ready_once_it_answers(tmp_path: Path)
 
 async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code(tmp_path: Path) -> None:
     # The machine decides "budget spent"; the driver re-diagnoses over the evidence with the same rules.
-    # Both must spell it as appliance.diagnosis does, or the re-diagnosis is skipped (it was keyed on
-    # the machine's own string).
+    # Both must spell it as appliance.diagnosis.diagnosis does, or the re-diagnosis is skipped (it was
+    # keyed on the machine's own string).
     rig = make_rig(tmp_path, make_spec(budget=100, stall=600))
     rig.driver.submit(Apply("test-recipe"))
     await rig.step(1)
