@@ -1,5 +1,5 @@
 """The recipe catalogue: one way to load the recipe directory, look a recipe up and compare two,
-shared by the admin API (controller/api.py), the console (controller/console/) and the CLI
+shared by the admin API (controller/api/app.py), the console (controller/console/) and the CLI
 (controller/cli/recipes_cmd.py, host_cmd.py), and by the preflight (controller/supervisor/preflight.py).
 
 Loading and its checks are appliance/recipe/recipe_loader.py (every problem a `RecipeError`); the diff is

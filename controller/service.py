@@ -24,11 +24,11 @@ from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
 from appliance.recipe.render import RenderError
 from controller import admin_token, logsetup
-from controller.api import AdminGuard, create_app
-from controller.api_context import ApiContext
+from controller.api.app import AdminGuard, create_app
+from controller.api.context import ApiContext
+from controller.api.keys import keys_router
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.gateway.control import ControlGateway
-from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
 from controller.runtime.registry import Unavailable, available_runtimes

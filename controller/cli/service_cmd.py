@@ -24,7 +24,7 @@ import typer
 
 from appliance import settings
 from controller import admin_token
-from controller.api_client import ApiError, Client, api_url
+from controller.api.client import ApiError, Client, api_url
 from controller.cli.service_client import StartView, eta_phase_line, follow_start
 from controller.daemons import Daemon
 from controller.settings import (

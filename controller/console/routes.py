@@ -35,7 +35,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api_context import ApiContext
+from controller.api.context import ApiContext
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, Session, Sessions
 from controller.console.bench_views import BenchData

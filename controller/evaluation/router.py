@@ -1,4 +1,4 @@
-"""Admin API routes for benchmarks, comparisons and fingerprints (included by controller/api.py).
+"""Admin API routes for benchmarks, comparisons and fingerprints (included by controller/api/app.py).
 
     GET  /benchmarks[?recipe=&limit=]     stored bench results (newest first)
     GET  /benchmarks/{id}                 one result with every request

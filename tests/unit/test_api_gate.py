@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from controller import admin_token
-from controller.api import AdminGuard, create_app
-from controller.api_context import ApiContext
-from controller.api_gate import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
+from controller.api.app import AdminGuard, create_app
+from controller.api.context import ApiContext
+from controller.api.gate import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
+from controller.api.keys import keys_router
 from controller.gateway.keystore import KeyStore
-from controller.keys_api import keys_router
 from tests.unit.test_api import AUTH, TOKEN, Rig
 
 CHUNK = 64 * 1024

@@ -1,6 +1,6 @@
 """The operator console without a browser: log-in, session expiry, CSRF, CSP, keys, apply, charts.
 
-The app is the real controller app (controller/api.py's create_app, which includes the console)
+The app is the real controller app (controller/api/app.py's create_app, which includes the console)
 over the rig of test_api.py: a real preflight over the shipped recipes and the reference host's
 fixture tree, a driver with the declared fakes for runtime/prober/gateway. Sessions get a fake
 clock where expiry is tested.
@@ -291,7 +291,7 @@ def test_waterfall_bars_run_from_one_phase_to_the_next() -> None:
 
 
 def _ctx(rig: Rig, home: Path):  # type: ignore[no-untyped-def]
-    from controller.api_context import ApiContext
+    from controller.api.context import ApiContext
 
     return ApiContext(rig.driver, rig.store, rig.preflight, home, "cpu-smollm2")
 

@@ -12,7 +12,7 @@ import pytest
 import typer
 
 from controller import admin_token
-from controller.api_client import Client
+from controller.api.client import Client
 from controller.cli import service_cmd
 from controller.cli.service_client import StartView
 from controller.daemons import Daemon
@@ -151,7 +151,7 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from controller.api_client import Client
+    from controller.api.client import Client
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

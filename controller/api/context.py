@@ -1,4 +1,4 @@
-"""What the controller API is built from (`create_app(ctx)` in controller/api.py).
+"""What the controller API is built from (`create_app(ctx)` in controller/api/app.py).
 
 Its own module, below both the API and the console (controller/console/ mounts its pages on the
 same app and reads the same driver, store and preflight): the console no longer imports the API
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.api_gate import MAX_BODY_BYTES
+from controller.api.gate import MAX_BODY_BYTES
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.preflight import Preflight
