@@ -58,7 +58,7 @@ def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -
     """The launch of `recipe` on a host with `facts`.
 
     `cache_root` replaces the variant's root (`variant_cache_root`) for a harness that measures
-    cold vs warm on a root of its own (controller.engine_trial); everything else is unchanged.
+    cold vs warm on a root of its own (bench.engine_trial); everything else is unchanged.
     """
     if recipe.abstract:
         raise RenderError(recipe.name, "abstract", "is an abstract base (abstract: true) and cannot be "

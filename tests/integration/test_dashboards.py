@@ -32,7 +32,7 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
 from appliance.observe.kmsg import SeqGap, oom_events, parse_stream
-from controller.engine_cpu import launch_spec, prepare_cache_dirs
+from bench.engine_cpu import launch_spec, prepare_cache_dirs
 from controller.gateway.metrics import GatewayMetrics
 from controller.metrics import ControllerMetrics
 from controller.settings import paths

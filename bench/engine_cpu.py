@@ -2,7 +2,7 @@
 
 One source of truth: the argv and the environment are what `render()` makes of
 recipes/cpu-smollm2.yaml — exactly what the supervisor launches — with only the cache root (and the
-port) overridable, so the measuring harness (`controller.engine_trial`) and the tests that start a
+port) overridable, so the measuring harness (`bench.engine_trial`) and the tests that start a
 real engine cannot drift from the recipe. Why each variable is there: the recipe's `why` fields and
 docs/engine-cpu.md. `prepare_cache_dirs` is the one effectful helper.
 """

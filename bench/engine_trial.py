@@ -3,11 +3,11 @@
 Used to produce the facts in docs/engine-cpu.md (cold vs warm start on one cache root) and the
 fixture logs under tests/fixtures/engine_logs/. It is deliberately standalone (stdlib HTTP, no
 supervisor) so that the measurement does not depend on the code being measured — but what it starts
-is the default recipe rendered (`controller.engine_cpu.launch_spec`: argv and env exactly as the
+is the default recipe rendered (`bench.engine_cpu.launch_spec`: argv and env exactly as the
 supervisor would launch them, only the cache root and the port replaced), so the measurement is of
 the shipped launch, not of a copy of it.
 
-    python -m controller.engine_trial --cache /tmp/trial-x --log /tmp/trial-x/cold.log \
+    python -m bench.engine_trial --cache /tmp/trial-x --log /tmp/trial-x/cold.log \
         [--env VLLM_USE_AOT_COMPILE=0 ...] [--metrics out.txt] [--port 18431]
 
 Stopping follows DOMAIN.md §7: TERM the process, wait, then KILL whatever is left, always by PID
@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from controller import engine_cpu
+from bench import engine_cpu
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
