@@ -16,7 +16,7 @@ from typer.testing import CliRunner, Result
 
 from appliance.observe.compile_factors import DirState, MissReason, Variant, root_warnings
 from appliance.recipe.launch_spec import LaunchSpec
-from controller.cli import recipes_cmd, service_cmd
+from controller.cli import api_cmd, recipes_cmd
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Provenance
 from controller.store import Store
@@ -174,8 +174,8 @@ class _Client:
 
 def _cli(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any], *args: str) -> Result:
     app = typer.Typer()
-    service_cmd.register(app)
-    monkeypatch.setattr(service_cmd, "_client", lambda api: _Client(answers))
+    api_cmd.register(app)
+    monkeypatch.setattr(api_cmd, "_client", lambda api: _Client(answers))
     return CliRunner().invoke(app, list(args))
 
 
