@@ -1,8 +1,10 @@
 """Why did the engine fail? The operators' rules of thumb (DOMAIN §5) as pure functions.
 
-`SIGNATURES` is DOMAIN §5's table (here) followed by the seed record's further signatures
-(`appliance.diagnosis.diagnosis_seed`: MFMA-only kernels, Triton target/API mismatches, torchvision and
-extension ABI mismatches, RCCL's NET/Socket fallback, a client disconnect seen by the engine's own server).
+`SIGNATURES` is one table: DOMAIN §5's rows followed by the seed record's further signatures (MFMA-only
+kernels, Triton target/API mismatches, torchvision and extension ABI mismatches, RCCL's NET/Socket
+fallback, a client disconnect seen by the engine's own server). The table's order is the report order of
+`scan_text`; each row's `rank` (unique) orders co-occurring signatures when `diagnose` picks one, and its
+`decides` says whether it can be THE diagnosis at all (a failure, the fallback, a degradation, or a note).
 
 Two entry points:
 
@@ -26,12 +28,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from appliance.diagnosis.diagnosis_seed import SEED_SIGNATURES, SERVER_SIDE, SeedSignature
 from appliance.observe.kmsg import OomAssembler, OomEvent, OomEventKind, OomScope
 from appliance.observe.log_phases import PHASE_LABELS, Phase
 from appliance.observe.oom_attribution import diagnose_oom
@@ -97,6 +98,15 @@ def severity_at_least(severity: Severity, floor: Severity) -> bool:
 EXPECTED_ON_Z100 = "expected on Z100, ignore"
 
 
+class Decides(StrEnum):
+    """What a signature found in a failed start's log decides (`diagnose`)."""
+
+    FAILURE = "failure"  # THE diagnosis when found: the found FAILURE row of lowest rank wins
+    FALLBACK = "fallback"  # the engine's own "failed to start": only when nothing more specific explains it
+    DEGRADED = "degraded"  # nothing failed but the engine runs degraded: lowest rank wins
+    NOTE = "note"  # never THE diagnosis by itself: reported as a finding (benign or informational)
+
+
 @dataclass(frozen=True)
 class Signature:
     """One row of DOMAIN §5: what the text looks like, what it means, what to do."""
@@ -113,6 +123,11 @@ class Signature:
     needs_context: tuple[re.Pattern[str], ...] = ()
     # When one of these occurs within CONTEXT_LINES, the trigger belongs to a more specific signature.
     unless_context: tuple[re.Pattern[str], ...] = ()
+    _: KW_ONLY
+    # Required on every row: the priority among co-occurring signatures (lower decides first; unique
+    # across the table) and what the row can decide.
+    rank: int
+    decides: Decides
 
 
 CONTEXT_LINES = 60  # a Python traceback through vLLM's worker is 20–50 frames
@@ -122,6 +137,14 @@ def _rx(*patterns: str, flags: int = 0) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p, flags) for p in patterns)
 
 
+# HIP's assert wording, and CUDA/torch's. Not "to enable device-side assertions": torch prints that
+# advice under every HIP error, OOMs included.
+DEVICE_ASSERT = (r"Device-side assertion `[^`]*' failed", r"device-side assert triggered")
+MFMA_STUBS = (r"wvSplitK", r"\bLLMM1\b", r"paged_attention", r"ROCM_ATTN", r"skinny_gemm",
+              r"UNREACHABLE_CODE", r"_rocm_C\b")
+# The server side of an HTTP connection in the engine's own log: a client went away mid-response.
+SERVER_SIDE = (r"stream_generator", r"StreamingResponse", r"starlette", r"\banyio\b", r"ASGI",
+               r"h11_impl", r"httptools_impl", r"uvicorn[/.]protocols", r"\bsend_bytes\b")
 _HIP_OOM = _rx(r"hipErrorOutOfMemory", r"(?:HIP|CUDA) error: out of memory")
 _PINNED_CONTEXT = _rx(r"buffer_utils\.py", r"UvaBuffer", r"pin_memory=True", r"StagedWriteTensor")
 _EXTMALLOC = _rx(r"hipExtMallocWithFlags")
@@ -169,6 +192,7 @@ SIGNATURES: tuple[Signature, ...] = (
             r"(?<![Cc]group )\bOut of memory: Kill(?:ed)? process"),
         "the kernel's global OOM killer killed a process: host RAM + swap exhausted",
         _GLOBAL_OOM_HINT, _GLOBAL_OOM_FACT, retryable=False,
+        rank=10, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.CGROUP_OOM, Severity.ERROR,
@@ -176,6 +200,7 @@ SIGNATURES: tuple[Signature, ...] = (
             r"killed as a result of limit of"),
         "the memory cgroup OOM killer killed a process: a container memory limit was hit",
         _CGROUP_OOM_HINT, _CGROUP_OOM_FACT, retryable=False,
+        rank=20, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.PINNED_MEMORY_OOM, Severity.ERROR, _HIP_OOM,
@@ -184,6 +209,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §3 / S11f §10.1: each worker pins a StagedWriteTensor of max_num_reqs × max_model_len × 4 B "
         "(GB scale at maxlen 262144); the container default `ulimit -l` is 64 MB and cannot be raised inside",
         retryable=True, needs_context=_PINNED_CONTEXT,
+        rank=30, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.CUSTOM_ALLREDUCE_UNSUPPORTED, Severity.ERROR, _HIP_OOM + _CUSTOM_AR_FAILED,
@@ -193,6 +219,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §2/§5: custom all-reduce is doubly blocked on gfx906 (platform gate + uncached "
         "hipExtMallocWithFlags fails even for 4 KB on an idle card); removing the flag gains nothing",
         retryable=False, needs_context=_CUSTOM_AR_CONTEXT,
+        rank=40, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.GRAPH_PAD_FOR_CUDAGRAPH_BUG, Severity.ERROR,
@@ -202,6 +229,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "S09 §3.10.1 / S09b: default FULL_AND_PIECEWISE raised AttributeError 'VllmConfig' object has no "
         "attribute 'pad_for_cudagraph' during FULL capture; fixed in gdn_attn.py (m.num_actual_tokens)",
         retryable=False,
+        rank=50, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION, Severity.ERROR, _rx(r"ConstraintViolationError"),
@@ -214,6 +242,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "by a custom_op with the M branch in an opaque body (0 graph breaks). Seed 000 rollback path: "
         "`VLLM_DCU_USE_INT8_SDOT4=0` returns to the Triton kernel",
         retryable=False,
+        rank=60, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.IMPORT_ORDER_BAD_ALLOC, Severity.ERROR, _rx(r"std::bad_alloc"),
@@ -222,6 +251,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "import main; main()' serve <model>",
         "DOMAIN §2 / S05: importing vllm before torch → std::bad_alloc, SIGABRT (exit 134)",
         retryable=False,
+        rank=70, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.CUDA_REINIT_FORKED, Severity.ERROR,
@@ -230,6 +260,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "set VLLM_WORKER_MULTIPROC_METHOD=spawn",
         "DOMAIN §2 'must export': VLLM_WORKER_MULTIPROC_METHOD=spawn",
         retryable=False,
+        rank=80, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.PACKED_SILU_NAN, Severity.ERROR,
@@ -238,6 +269,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "an old _C_stable_libtorch with the packed-SiLU bug is installed: never roll that library back",
         "DOMAIN §5 / S7b–S7c: the fp16 packed-SiLU branch produced NaN and 'lock'×16; fixed in csrc",
         retryable=False,
+        rank=90, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.DEVICE_OOM, Severity.ERROR,
@@ -248,6 +280,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "cannot hold 27B W8A8",
         "DOMAIN §3: 28.51 GiB of weights on a 31.98 GiB card does not fit",
         retryable=False, unless_context=_PINNED_CONTEXT + _CUSTOM_AR_CONTEXT,
+        rank=180, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.HYDCU_MODULE_MISSING, Severity.ERROR,
@@ -256,6 +289,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "boot the pinned kernel (5.15.0-191) and keep GRUB pinned (GRUB_DEFAULT=\"1>2\")",
         "DOMAIN §1: 5.15.0-194 has no hydcu driver module; rebooting into it leaves the host with no GPU",
         retryable=False,
+        rank=100, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE, Severity.ERROR, _rx(r"[Cc]onnection reset by peer"),
@@ -265,6 +299,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "peer'",
         # The engine's own server writing to a client that left (client_disconnect) is not this.
         retryable=False, unless_context=_SERVER_SIDE,
+        rank=190, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.WORKER_DIED, Severity.ERROR,
@@ -275,6 +310,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §3: the TP=4 graph global OOM lands ~5 s after `Available KV cache memory: 16.99 GiB`, at "
         "the start of the second graph-capture pass",
         retryable=True,
+        rank=200, decides=Decides.FAILURE,
     ),
     # Issue 12 (H200, gpu-kit): `No module named 'flashinfer'` when the engine core started. A missing
     # module is the same on every retry: the image or venv is broken, so this stops instead of backing off.
@@ -287,6 +323,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "MEASURED.md (H200): `No module named 'flashinfer'` from the V2 model runner's sampler without "
         "flashinfer; gpu-kit: `No module named 'llguidance'` at api_server import",
         retryable=False,
+        rank=160, decides=Decides.FAILURE,
     ),
     # Issue 12 (2 × H200, TP=2 with SmolLM2-135M): "Value error, Total number of attention heads (9)
     # must be divisible by tensor parallel size (2)" — vLLM's config validation, the same on every retry.
@@ -300,6 +337,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "docs/gpu-h200.md: TP=2 with SmolLM2-135M (9 attention heads) was retried 4 times with backoff "
         "before this signature existed",
         retryable=False,
+        rank=170, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.ENGINE_START_FAILED, Severity.ERROR,
@@ -309,6 +347,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "read the traceback above the first matching line; report the signature if it recurs",
         "DOMAIN §5: unknown signatures are retried with backoff, then stopped as failed",
         retryable=True,
+        rank=300, decides=Decides.FALLBACK,
     ),
     Signature(
         DiagnosisCode.AOT_CACHE_MISS, Severity.WARNING,
@@ -320,6 +359,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "DOMAIN §4 / S11m: a real bug made every start a miss until fixed; a warm restart must be proven by "
         "`Directly load AOT compilation from path …` (recipe C: ready 352 s cold → 230 s warm)",
         retryable=True,
+        rank=400, decides=Decides.DEGRADED,
     ),
     Signature(
         DiagnosisCode.LOOPBACK_BIND, Severity.INFO, _LOOPBACK_BIND,
@@ -327,6 +367,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "fine for the process runtime; inside a bridge-network container use --host 0.0.0.0",
         "DOMAIN §2: --host 0.0.0.0 inside a bridge-network container",
         retryable=True,
+        rank=500, decides=Decides.NOTE,
     ),
     Signature(
         # Not benign (hardening 2 item 21): the seed ties this line to the Triton block-FP8 fallback,
@@ -339,12 +380,14 @@ SIGNATURES: tuple[Signature, ...] = (
         "decode is ≈ 123 ms/token, not ≈ 2 s",
         "DOMAIN §5 / S11f §9.4: the fallback kernel decoded at 1984.8 ms/token, the emulation kernels "
         "(VLLM_DCU_USE_FP8_EMU=1, default off in the fork) at 123.0", retryable=True,
+        rank=510, decides=Decides.NOTE,
     ),
     Signature(
         DiagnosisCode.ROCBLASLT_NO_PATHS, Severity.INFO, _rx(r"rocblaslt warning: No paths matched"),
         "hipBLASLt has no gfx906 code and falls back to rocBLAS", EXPECTED_ON_Z100,
         "DOMAIN §5: hipBLASLt has no gfx906 code; the rocBLAS fallback is what runs", retryable=True,
         benign=True,
+        rank=520, decides=Decides.NOTE,
     ),
     # Issue 9 (supervision): an engine orphaned by a killed shim kept the port; every relaunch died
     # with this line while the orphan answered the probes.
@@ -359,21 +402,105 @@ SIGNATURES: tuple[Signature, ...] = (
         "issue 9: a vLLM server orphaned by a killed shim held port 8000; each relaunch failed with "
         "`Address already in use`",
         retryable=True,
+        rank=210, decides=Decides.FAILURE,
+    ),
+    # The seed record's further signatures (seed 000 = the Z100 adaptation record, "S<step> §n" as it
+    # cites itself); wordings are the tools' own.
+    # The fault is the trigger and the assertion (or a stub's name) its context: a device-side assert
+    # alone is an ordinary kernel bug on other GPUs (the generic CUDA recipe), not an MFMA stub.
+    Signature(
+        DiagnosisCode.MFMA_ONLY_KERNEL, Severity.ERROR,
+        _rx(r"HSA_STATUS_ERROR_EXCEPTION", r"Memory access fault by GPU", r"GPU memory access fault",
+            r"\bVM fault\b"),
+        "a kernel that exists only as an MFMA stub ran on gfx906: device-side assertion, then an HSA "
+        "exception / GPU memory access fault",
+        "do not force --attention-backend (ROCM_ATTN / _rocm_C::paged_attention is an MFMA-only stub; the "
+        "automatic choice is TRITON_ATTN) and keep VLLM_ROCM_USE_SKINNY_GEMM=0 (wvSplitK* / LLMM1 are "
+        "MFMA-only)",
+        "seed 000, S8 §3.3 / S5 §3.6: csrc/rocm/attention.cu degrades to UNREACHABLE_CODE on gfx906 and a "
+        "real call gives a device-side assertion + VM fault; wvSplitK's switch(N_in) implements 1..5 only",
+        retryable=False, needs_context=_rx(*DEVICE_ASSERT, *MFMA_STUBS),
+        rank=110, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.TRITON_UNSUPPORTED_TARGET, Severity.ERROR,
+        _rx(r"error: unsupported target: '?gfx\w+", r"[Uu]nsupported target:? '?gfx9\d\d"),
+        "Triton does not know this GPU target (unsupported target: 'gfx906')",
+        "install the gfx906-patched Triton into the engine's environment (S06: self-built triton 3.6.0 with "
+        "the VEGA ISA family, DTK hipDeviceProp_t and compiler.py patches), then clear TRITON_CACHE_DIR",
+        "seed 000, S5 / S06 §2.1–§3.6: 14 Triton tests failed with `unsupported target` on the stock "
+        "wheel; the patched triton 3.6.0 (5 files, 48 lines) removed all 14",
+        retryable=False,
+        rank=120, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.TRITON_API_MISMATCH, Severity.ERROR,
+        _rx(r"incompatible function arguments", r"add_convert_to_buffer_ops",
+            r"module 'triton[\w.]*' has no attribute", r"cannot import name '\w+' from 'triton[\w.]*'",
+         r"No module named 'triton\.[\w.]+'"),
+        "Triton's Python layer and its native library (or vLLM and Triton) disagree on an API",
+        "the Triton Python package must match libtriton.so and the vLLM build: for the 3.6 wheel's "
+        "add_convert_to_buffer_ops (Python 5 args, native 4) set AMDGCN_USE_BUFFER_OPS=0, or use the "
+        "self-built patched Triton; never mix DTK wheels with community wheels",
+        "seed 000, S4b §5.2 / S6 §3.3: amd.passes.ttgpuir.add_convert_to_buffer_ops is 5-argument in "
+        "Python and 4-argument in libtriton.so ⇒ immediate crash",
+        # Triton's own frames or modules, not the word: vLLM logs "Using Triton Attention backend".
+        retryable=False, needs_context=_rx(r"\btriton[/.]", r"libtriton", r"ttgpuir"),
+        rank=130, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.TORCHVISION_ABI_MISMATCH, Severity.ERROR,
+        _rx(r"operator torchvision::\w+ does not exist"),
+        "torchvision was built for another torch (operator torchvision::nms does not exist)",
+        "use an image whose torchvision matches its torch (torchvision 0.26.0 for torch 2.11: the "
+        "z100-s9 / z100-eager containers); vLLM imports it through _aiter_ops → transformers → torchvision",
+        "seed 000, S6 §5.3 / S11e §5-3: torchvision 0.25.0 built for torch 2.10 under torch 2.11 ⇒ `import "
+        "torchvision` raises RuntimeError: operator torchvision::nms does not exist",
+        retryable=False,
+        rank=140, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.EXTENSION_ABI_MISMATCH, Severity.ERROR, _rx(r"undefined symbol: \S+"),
+        "a compiled extension was built against another torch/ROCm than the one installed (undefined "
+        "symbol)",
+        "run the engine with the torch its _C / _rocm_C / _C_stable_libtorch were built for (the target "
+        "stack torch 2.11.0+das), or rebuild the extensions in this image",
+        "seed 000, S11a §5-3 / S5 §5.1: extensions built for torch 2.11 in an image with torch 2.10 fail "
+        "with `undefined symbol`",
+        retryable=False, needs_context=_rx(r"\.so\b", r"ImportError", r"OSError"),
+        rank=150, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.RCCL_NET_SOCKET, Severity.WARNING, _rx(r"\bvia NET/Socket"),
+        "RCCL fell back to NET/Socket for the tensor-parallel all-reduce (7.3× slower than SHM)",
+        "unset NCCL_SHM_DISABLE: SHM is the only fast transport on this host (RCCL never uses P2P here); "
+        "none of the ten P2P switch combinations helps",
+        "seed 000, S11f §10: NCCL_SHM_DISABLE=1 did not buy P2P, it fell to `via NET/Socket` (1 MiB "
+        "all-reduce 2247 → 16371 µs); SHM 0.70–0.72 GB/s is the measured best",
+        retryable=True,
+        rank=410, decides=Decides.DEGRADED,
+    ),
+    Signature(
+        DiagnosisCode.RCCL_IOMMU_PT_MISSING, Severity.INFO, _rx(r"Missing \"?iommu=pt\"?"),
+        "RCCL warns that the kernel command line lacks iommu=pt",
+        "the reference host boots with iommu=pt (kept: RCCL says it can be unstable without); it changes "
+        "no speed — add it to GRUB when convenient",
+        "seed 000, S11f §10: iommu=pt was added and kept; Uncached allocation and RCCL P2P stayed "
+        "unavailable and latency stayed within noise",
+        retryable=True, benign=True,
+        rank=530, decides=Decides.NOTE,
+    ),
+    Signature(
+        DiagnosisCode.CLIENT_DISCONNECT, Severity.INFO,
+        _rx(r"ConnectionResetError", r"[Cc]onnection reset by peer", r"BrokenPipeError", r"ClientDisconnect"),
+        "a client closed its connection mid-response (seen from the engine's own server side)",
+        "nothing to do for the engine: the client went away (timeout, cancel, a gateway retry)",
+        "DOMAIN §2: `connection reset by peer` is a bridge-network bind problem only when the HOST's client "
+        "sees it; inside the engine's stream generator it is a client disconnect",
+        retryable=True, benign=True, needs_context=_rx(*SERVER_SIDE),
+        rank=540, decides=Decides.NOTE,
     ),
 )
-
-
-
-def _from_seed(row: SeedSignature) -> Signature:
-    return Signature(
-        DiagnosisCode(row.code), Severity(row.severity), _rx(*row.patterns), row.summary, row.hint, row.fact,
-        retryable=row.retryable, benign=row.benign, needs_context=_rx(*row.needs_context),
-        unless_context=_rx(*row.unless_context),
-    )
-
-
-# The seed record's further signatures come after DOMAIN §5's table (scan order = report order).
-SIGNATURES = SIGNATURES + tuple(_from_seed(row) for row in SEED_SIGNATURES)
 
 _BY_CODE: dict[DiagnosisCode, Signature] = {s.code: s for s in SIGNATURES}
 
@@ -514,33 +641,15 @@ _SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGS
 _EXCEPTION_LINE = re.compile(r"^\s*(?:\(\S+ pid=\d+\)\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:?")
 _FAILED_PROCS = re.compile(r"Failed core proc\(s\): \{(.*)\}")
 
-_FAILURE_ORDER: tuple[DiagnosisCode, ...] = (
-    # Kernel OOM first: the kill explains the death, and dying workers leave misleading tracebacks.
-    DiagnosisCode.GLOBAL_OOM,
-    DiagnosisCode.CGROUP_OOM,
-    DiagnosisCode.PINNED_MEMORY_OOM,
-    DiagnosisCode.CUSTOM_ALLREDUCE_UNSUPPORTED,
-    DiagnosisCode.GRAPH_PAD_FOR_CUDAGRAPH_BUG,
-    DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION,
-    DiagnosisCode.IMPORT_ORDER_BAD_ALLOC,
-    DiagnosisCode.CUDA_REINIT_FORKED,
-    DiagnosisCode.PACKED_SILU_NAN,
-    DiagnosisCode.HYDCU_MODULE_MISSING,
-    DiagnosisCode.MFMA_ONLY_KERNEL,
-    DiagnosisCode.TRITON_UNSUPPORTED_TARGET,
-    DiagnosisCode.TRITON_API_MISMATCH,
-    DiagnosisCode.TORCHVISION_ABI_MISMATCH,
-    DiagnosisCode.EXTENSION_ABI_MISMATCH,
-    DiagnosisCode.MODULE_NOT_FOUND,
-    DiagnosisCode.ENGINE_CONFIG_INVALID,
-    DiagnosisCode.DEVICE_OOM,
-    DiagnosisCode.BIND_LOCALHOST_IN_BRIDGE,
-    DiagnosisCode.WORKER_DIED,
-    DiagnosisCode.PORT_IN_USE,
-)
+def _by_rank(decides: Decides) -> tuple[DiagnosisCode, ...]:
+    return tuple(s.code for s in sorted(SIGNATURES, key=lambda s: s.rank) if s.decides is decides)
 
+
+# Known failures, most specific first (by rank). Kernel OOM first: the kill explains the death, and
+# dying workers leave misleading tracebacks.
+_FAILURE_ORDER: tuple[DiagnosisCode, ...] = _by_rank(Decides.FAILURE)
 # Degradations (warnings) reported when nothing failed, first match wins.
-_DEGRADED_ORDER: tuple[DiagnosisCode, ...] = (DiagnosisCode.AOT_CACHE_MISS, DiagnosisCode.RCCL_NET_SOCKET)
+_DEGRADED_ORDER: tuple[DiagnosisCode, ...] = _by_rank(Decides.DEGRADED)
 
 
 def _signal_of(facts: FailureFacts) -> int | None:
