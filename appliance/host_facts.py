@@ -2,7 +2,7 @@
 
 `host_setup.facts.gather_facts(root)` reads the files; everything here only turns text into values,
 so tests feed fixture text and fixture trees (`tests/fixtures/hosts/<name>/`). /proc/meminfo and
-swappiness parsing is shared with the host watch (`appliance.procfs`).
+swappiness parsing is shared with the host watch (`appliance.observe.procfs`).
 
 Why these facts (DOMAIN §1, §3): host RAM is the binding constraint (MemTotal 31.26 GiB, swap
 4 GiB on the reference host); `vm.swappiness` 60→200 raised the margin 0.29→2.71 GiB (S14c);

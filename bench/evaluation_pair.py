@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from controller.api_client import Client, api_url
+from controller.api.client import Client, api_url
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.compare import compare
 from controller.evaluation.controls import http_control

@@ -39,7 +39,7 @@ from docker.models.containers import Container  # noqa: E402
 from prometheus_client import start_http_server  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from appliance.kmsg import KmsgRecord, OomEvent, OomEventKind, parse_record  # noqa: E402
+from appliance.observe.kmsg import KmsgRecord, OomEvent, OomEventKind, parse_record  # noqa: E402
 from controller.metrics import ControllerMetrics  # noqa: E402
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower  # noqa: E402
 from tests.integration.images import busybox_image  # noqa: E402

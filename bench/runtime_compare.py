@@ -39,8 +39,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from appliance.recipe_loader import load_recipes  # noqa: E402
-from controller import engine_cpu  # noqa: E402
+from appliance.recipe.recipe_loader import load_recipes  # noqa: E402
+from bench import engine_cpu  # noqa: E402
 from controller.runtime.base import EngineHandle, Runtime  # noqa: E402
 from controller.runtime.registry import make_runtime  # noqa: E402
 from controller.settings import paths, recipes_dir  # noqa: E402

@@ -1,9 +1,9 @@
 """The recipe catalogue: one way to load the recipe directory, look a recipe up and compare two,
-shared by the admin API (controller/api.py), the console (controller/console/) and the CLI
+shared by the admin API (controller/api/app.py), the console (controller/console/) and the CLI
 (controller/cli/recipes_cmd.py, host_cmd.py), and by the preflight (controller/supervisor/preflight.py).
 
-Loading and its checks are appliance/recipe_loader.py (every problem a `RecipeError`); the diff is
-appliance/recipe_diff.py. What is decided here is what "not found" means for each caller: the CLI
+Loading and its checks are appliance/recipe/recipe_loader.py (every problem a `RecipeError`); the diff is
+appliance/recipe/recipe_diff.py. What is decided here is what "not found" means for each caller: the CLI
 names any recipe (abstract ones included) and says which exist; the API, the console and the
 preflight only launch a concrete recipe (`UnknownRecipe` otherwise).
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.recipe_diff import RecipeDiff, diff_recipes
-from appliance.recipe_loader import RecipeError, load_recipes
-from appliance.recipe_model import Recipe
+from appliance.recipe.recipe_diff import RecipeDiff, diff_recipes
+from appliance.recipe.recipe_loader import RecipeError, load_recipes
+from appliance.recipe.recipe_model import Recipe
 
 
 class UnknownRecipe(LookupError):

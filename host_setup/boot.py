@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from appliance.recipe_model import Platform
+from appliance.recipe.recipe_model import Platform
 from host_setup.grub import (
     MenuEntry,
     effective_spec,

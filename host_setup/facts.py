@@ -23,7 +23,7 @@ from appliance.host_facts import (
     parse_modules,
     parse_pci_kind,
 )
-from appliance.procfs import (
+from appliance.observe.procfs import (
     ProcParseError,
     memory_cgroup_of,
     parse_meminfo,

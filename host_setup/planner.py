@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from appliance.host_facts import HostFacts
-from appliance.recipe_model import AcsState, Recipe
-from appliance.render import RenderError, render
+from appliance.recipe.recipe_model import AcsState, Recipe
+from appliance.recipe.render import RenderError, render
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import Placement
 from host_setup import acs, boot, container_runtime, memlock, swap, sysctl

@@ -1,5 +1,5 @@
 """Small parsers for the /proc files host_setup reads: mounts and the kernel command line
-(`/proc/swaps` is parsed by `appliance.procfs`).
+(`/proc/swaps` is parsed by `appliance.observe.procfs`).
 
 The text formats are the kernel's: fields separated by whitespace, with spaces inside paths
 escaped as octal (`\\040`), which is why paths are unescaped here.

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.procfs import SwapArea, parse_swaps
+from appliance.observe.procfs import SwapArea, parse_swaps
 from host_setup.commands import CommandError, HostContext
 from host_setup.files import atomic_write
 from host_setup.journal import Journal

@@ -11,7 +11,7 @@ The pure half owns, for its kind:
 - `render_launch(...)`: recipe section → launch sub-model (mounts, devices, image, interpreter...);
 - `listen` / `reach`: where the engine binds inside its runtime, and where the controller reaches it;
 - `interpreter`: the Python that runs the engine, as argv[0] sees it;
-- `cache_key_inputs(recipe)`: what of the section a compile depends on (appliance/cache_key.py);
+- `cache_key_inputs(recipe)`: what of the section a compile depends on (appliance/recipe/cache_key.py);
 - `traits`: the host facts admission and the host planner need (does the runtime set its own memlock
   limit at creation, does the engine inherit the controller's cgroup, what must the host provide);
 - `lint(recipe)`: findings that only make sense for this kind;
@@ -22,7 +22,7 @@ The pure half owns, for its kind:
 - `host_cache_dirs(spec)`: host paths of the compile caches (created before start).
 
 Import rule (cycles): a plug-in module imports only this module, pydantic and the standard library at
-import time — `appliance.recipe_model` and `appliance.launch_spec` build their unions from the
+import time — `appliance.recipe.recipe_model` and `appliance.recipe.launch_spec` build their unions from the
 registry, so a plug-in imports them under TYPE_CHECKING or inside a function.
 
 Pure: no I/O, sockets, processes or clients here (import-linter's "pure runtime halves" contract).
@@ -38,9 +38,9 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
-    from appliance.launch_spec import LaunchSpec
-    from appliance.lint import Finding
-    from appliance.recipe_model import Recipe
+    from appliance.recipe.launch_spec import LaunchSpec
+    from appliance.recipe.lint import Finding
+    from appliance.recipe.recipe_model import Recipe
 
 
 class FormatError(ValueError):
@@ -87,7 +87,7 @@ class Placement(StrEnum):
     LOCAL_DAEMON = "local-daemon"  # a container daemon on this host creates the engine (dockerd)
     LOCAL_PROCESS = "local-process"  # the engine is this controller's child: it inherits our limits
     REMOTE = "remote"  # another node runs it: the plan names what that node must have; admission
-    # judges none of this host's facts (appliance/admission.py)
+    # judges none of this host's facts (appliance/recipe/admission.py)
 
 
 class RuntimeTraits(BaseModel):
@@ -137,7 +137,7 @@ class RuntimePlugin(Protocol):
 
     @property
     def lint_rules(self) -> tuple[str, ...]:
-        """The rule ids `lint` may emit (listed with the generic ones in appliance/lint.py)."""
+        """The rule ids `lint` may emit (listed with the generic ones in appliance/recipe/lint.py)."""
         ...
 
     def render_launch(self, recipe: Recipe, facts: HostFacts, root: str,

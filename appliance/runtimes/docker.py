@@ -1,6 +1,6 @@
 """The Docker runtime's pure half: the engine in a container, and the one spec → container translation.
 
-Its effectful half is controller/runtime/docker_rt.py, which creates the container with exactly
+Its effectful half is controller/runtime/docker.py, which creates the container with exactly
 `container_kwargs(spec, launch_id, ...)`: the `docker-py` render prints the same function's output,
 and the `docker run` and compose renders are written from it too, so a hand-run container and the
 appliance's own cannot drift apart. What the container is *created* with matters because
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field
 
-from appliance.engine_names import LABEL_LAUNCH_ID, LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH
-from appliance.engine_secret import CONTAINER_KEY_PATH, with_key_config
+from appliance.recipe.engine_names import LABEL_LAUNCH_ID, LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH
+from appliance.recipe.engine_secret import CONTAINER_KEY_PATH, with_key_config
 from appliance.runtimes.base import (
     Format,
     FormatError,
@@ -49,9 +49,9 @@ from appliance.runtimes.base import (
 
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
-    from appliance.launch_spec import LaunchSpec
-    from appliance.lint import Finding
-    from appliance.recipe_model import Recipe
+    from appliance.recipe.launch_spec import LaunchSpec
+    from appliance.recipe.lint import Finding
+    from appliance.recipe.recipe_model import Recipe
 
 LOOPBACK = "127.0.0.1"
 CONTAINER_PREFIX = "appliance-"
@@ -179,7 +179,7 @@ def container_kwargs(
     """Keyword arguments for docker SDK `client.containers.create(**kwargs)`, as plain data.
 
     `key_file`: the engine reads its per-launch API key from a vLLM config file that the runtime
-    puts into the created container before it starts (appliance/engine_secret.py: `--config` at a
+    puts into the created container before it starts (appliance/recipe/engine_secret.py: `--config` at a
     path that is the same for every launch; never an environment variable) — renders
     never pass it. `host_mounts`: the controller's own mounts when it runs in a container
     (`translate_source`). Raises ValueError for a spec that cannot become a container.
@@ -341,7 +341,9 @@ class DockerPlugin:
 
     def render_launch(self, recipe: Recipe, facts: HostFacts, root: str,
                       env: Mapping[str, str]) -> DockerLaunch:
-        from appliance.recipe_model import Platform  # import cycle: recipe_model builds its union from us
+        from appliance.recipe.recipe_model import (
+            Platform,  # import cycle: recipe_model builds its union from us
+        )
 
         docker = _section(recipe)
         mounts = []
@@ -385,7 +387,7 @@ class DockerPlugin:
         return {"kind": self.kind, "image": section.image, "digest": section.digest}
 
     def lint(self, recipe: Recipe) -> list[Finding]:
-        from appliance.lint import Finding  # import cycle: lint asks the registry
+        from appliance.recipe.lint import Finding  # import cycle: lint asks the registry
 
         loopback = recipe.engine.host in ("127.0.0.1", "localhost", "::1")
         if _section(recipe).network != "bridge" or not loopback:

@@ -17,9 +17,9 @@ from appliance.runtimes.base import Format, LaunchRuntime, Placement, RuntimeSec
 
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
-    from appliance.launch_spec import LaunchSpec
-    from appliance.lint import Finding
-    from appliance.recipe_model import Recipe
+    from appliance.recipe.launch_spec import LaunchSpec
+    from appliance.recipe.lint import Finding
+    from appliance.recipe.recipe_model import Recipe
 
 LOOPBACK = "127.0.0.1"
 

@@ -2,8 +2,9 @@
 controller/runtime/registry.py for its effectful half).
 
 From the plug-ins this builds the discriminated unions of the recipe's `runtime:` section
-(appliance/recipe_model.py) and of LaunchSpec's `runtime:` sub-model (appliance/launch_spec.py), and
-collects the `render --format` outputs every kind adds (appliance/formats.py).
+(appliance/recipe/recipe_model.py) and of LaunchSpec's `runtime:` sub-model
+(appliance/recipe/launch_spec.py), and collects the `render --format` outputs every kind adds
+(appliance/recipe/formats.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
-from appliance.runtimes import docker, kubernetes, process
+from appliance.runtimes import docker, process
 from appliance.runtimes.base import Format, LaunchRuntime, RuntimePlugin, RuntimeSection
+from appliance.runtimes.k8s import kubernetes
 
 if TYPE_CHECKING:
-    from appliance.launch_spec import LaunchSpec
-    from appliance.recipe_model import Recipe
+    from appliance.recipe.launch_spec import LaunchSpec
+    from appliance.recipe.recipe_model import Recipe
 
 _ALL: tuple[RuntimePlugin, ...] = (
     docker.PLUGIN,
@@ -73,7 +75,7 @@ def formats() -> dict[str, Format]:
 
 
 def lint_rule_ids() -> tuple[str, ...]:
-    """The rule ids every plug-in's `lint` may emit (appliance/lint.py RULE_IDS)."""
+    """The rule ids every plug-in's `lint` may emit (appliance/recipe/lint.py RULE_IDS)."""
     return tuple(rule for p in PLUGINS.values() for rule in p.lint_rules)
 
 

@@ -1,9 +1,9 @@
 """`appliance doctor FILE…`: the supervisor's pure diagnosis, run over saved engine logs or dmesg text.
 
 Operators used to read `docker logs` and `dmesg` by eye after a 27-minute start died (DOMAIN §5).
-This command runs the same rules the supervisor uses (`appliance.diagnosis`) over saved text:
+This command runs the same rules the supervisor uses (`appliance.diagnosis.diagnosis`) over saved text:
 every signature found per file (benign ones flagged "expected on Z100, ignore"), the start-up phase
-and compile-cache outcome each engine log reached (`appliance.log_phases`), and one diagnosis over
+and compile-cache outcome each engine log reached (`appliance.observe.log_phases`), and one diagnosis over
 all the files together — so `appliance doctor engine.log dmesg.txt` ties a "worker died" in the
 engine log to the global OOM in the kernel log.
 
@@ -21,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from appliance.diagnosis import (
+from appliance.diagnosis.diagnosis import (
     Diagnosis,
     FailureFacts,
     Finding,
@@ -32,9 +32,9 @@ from appliance.diagnosis import (
     scan_lines,
     severity_at_least,
 )
-from appliance.engine_facts import read_facts
-from appliance.kmsg import OomEvent
-from appliance.log_phases import PhaseTracker, track_text
+from appliance.observe.engine_facts import read_facts
+from appliance.observe.kmsg import OomEvent
+from appliance.observe.log_phases import PhaseTracker, track_text
 
 EXIT_OK = 0
 EXIT_FOUND = 1

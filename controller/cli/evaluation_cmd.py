@@ -19,9 +19,9 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from appliance.bench_result import BenchResult
-from appliance.bench_tiers import NoTierFits
-from controller.api_client import ApiError, Client, api_url
+from appliance.evaluation.bench_result import BenchResult
+from appliance.evaluation.bench_tiers import NoTierFits
+from controller.api.client import ApiError, Client, api_url
 from controller.evaluation.bench import BenchParams, LaunchInfo, run_bench
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, compare

@@ -28,8 +28,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from appliance.recipe_loader import RecipeError
-from appliance.recipe_model import Recipe
+from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.recipe_model import Recipe
 from controller.catalogue import Catalogue
 from controller.settings import paths, recipes_dir
 from host_setup import acs as acs_mod

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from controller.api_client import ApiError
+from controller.api.client import ApiError
 
 GIB = 2**30
 PREFIX_SEARCH_LIMIT = 1000  # the API's largest page of launch summaries (newest first)
@@ -53,7 +53,7 @@ def _gib(n: float | None) -> str:
 
 def launch_lines(record: dict[str, Any], compile_lines: Sequence[str] = ()) -> list[str]:
     """The readable view of a launch record (`GET /launches/{id}`). `compile_lines`: the compile-cache
-    explanation (service_cmd.compile_cache_lines of the record's `compile_cache`)."""
+    explanation (api_cmd.compile_cache_lines of the record's `compile_cache`)."""
     r = record
     out = [
         f"launch     {r.get('id')}",

@@ -15,18 +15,19 @@ app = typer.Typer(
 def _register() -> None:
     # Imported here so that `appliance --help` stays fast and one broken group names itself.
     from controller.cli import (
+        api_cmd,
         doctor_cmd,
         engine_cmd,
         evaluation_cmd,
         gateway_cmd,
         host_cmd,
         keys_cmd,
+        lifecycle_cmd,
         recipes_cmd,
-        service_cmd,
     )
 
-    for module in (recipes_cmd, doctor_cmd, engine_cmd, service_cmd, host_cmd, gateway_cmd, keys_cmd,
-                   evaluation_cmd):
+    for module in (recipes_cmd, doctor_cmd, engine_cmd, lifecycle_cmd, api_cmd, host_cmd, gateway_cmd,
+                   keys_cmd, evaluation_cmd):
         module.register(app)
 
 

@@ -17,18 +17,18 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from appliance.admission import Admission, admit
-from appliance.cache_key import cache_key
-from appliance.engine_secret import redact_recipe_data
-from appliance.formats import FORMATS, FormatError, format_spec
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
-from appliance.lint import Finding, has_errors, lint
-from appliance.recipe_loader import RecipeError
-from appliance.recipe_model import Recipe
-from appliance.render import RenderError, render
+from appliance.recipe.admission import Admission, admit
+from appliance.recipe.cache_key import cache_key
+from appliance.recipe.engine_secret import redact_recipe_data
+from appliance.recipe.formats import FORMATS, FormatError, format_spec
+from appliance.recipe.lint import Finding, has_errors, lint
+from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import RenderError, render
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import Placement
-from appliance.runtimes.kubernetes import render_with_image
+from appliance.runtimes.k8s.kubernetes import render_with_image
 from controller.catalogue import Catalogue
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root

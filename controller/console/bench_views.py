@@ -3,7 +3,7 @@
 Operators choose eager vs graph (DOMAIN §2) on this evidence: the gate's verdict and its reasons,
 per-tier output tokens/s, failed requests, P99 TTFT/TPOT (DOMAIN §7). The data comes from the one
 EvalStore create_app shares with the evaluation API (controller/evaluation/store.py); the figures
-are computed by the result model itself (appliance/bench_result.py), never re-derived here.
+are computed by the result model itself (appliance/evaluation/bench_result.py), never re-derived here.
 Blocking (SQLite): the routes call these in a worker thread.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 from markupsafe import Markup
 from pydantic import ValidationError
 
-from appliance.bench_result import BenchResult, RequestRecord, TierResult
-from appliance.bench_tiers import SCALE_RULE, SEED_TIERS
+from appliance.evaluation.bench_result import BenchResult, RequestRecord, TierResult
+from appliance.evaluation.bench_tiers import SCALE_RULE, SEED_TIERS
 from controller.console import charts
 from controller.evaluation.store import EvalStore
 
@@ -36,7 +36,8 @@ def ms(v: float | None) -> str:
 
 
 def scaled(result: BenchResult) -> bool:
-    """Tiers fitted into a short context (appliance/bench_tiers.py): bounds differ from the seed's."""
+    """Tiers fitted into a short context (appliance/evaluation/bench_tiers.py): bounds differ from the
+    seed's."""
     return any(SEED_BOUNDS.get(t.tier.name) != (t.tier.lo, t.tier.hi) for t in result.tiers)
 
 

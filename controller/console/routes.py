@@ -35,8 +35,8 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from appliance.recipe_loader import RecipeError
-from controller.api_context import ApiContext
+from appliance.recipe.recipe_loader import RecipeError
+from controller.api.context import ApiContext
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
@@ -285,7 +285,7 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                                "Pick two recipes from the list to compare.", "/console/recipes")
             diff = await asyncio.to_thread(data.diff, a, b)
         return page(request, "recipes.html", session, rows=rows, names=names, a=a, b=b, diff=diff,
-                    current=driver.m.recipe)
+                    current=driver.machine.recipe)
 
     async def plan_page(request: Request, name: str, template: str) -> Response:
         """The recipe's preflight plan, on its own page or on the apply confirmation."""

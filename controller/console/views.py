@@ -15,13 +15,13 @@ from urllib.parse import urlsplit
 
 from markupsafe import Markup
 
-from appliance.admission import admit
-from appliance.lint import lint
-from appliance.log_phases import PHASE_LABELS, Phase
-from appliance.recipe_diff import RecipeDiff
-from appliance.recipe_model import Recipe
+from appliance.observe.log_phases import PHASE_LABELS, Phase
+from appliance.recipe.admission import admit
+from appliance.recipe.lint import lint
+from appliance.recipe.recipe_diff import RecipeDiff
+from appliance.recipe.recipe_model import Recipe
 from controller import admin_token
-from controller.api_context import ApiContext
+from controller.api.context import ApiContext
 from controller.console import charts
 from controller.gateway import control
 from controller.store import LaunchRecord, redact_spec
@@ -138,7 +138,7 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
         "launch_id": launch.get("id"),
         "cache": launch.get("cache"),
         # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list); with
-        # history, each against its usual duration (appliance/ready_eta.py)
+        # history, each against its usual duration (appliance/observe/ready_eta.py)
         "phases": eta_phases(eta) if eta else [
             {"label": p.get("label") or p.get("phase"), "done": p.get("at") is not None, "current": False}
             for p in launch.get("phases", [])],
@@ -154,7 +154,7 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
 
 def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
     """What `POST /recipes/{name}/plan` answers, shaped for a page (secrets redacted)."""
-    current = driver.m.launch
+    current = driver.machine.launch
     spec = redact_spec(report.spec) if report.spec else None
     return {
         "recipe": report.recipe,
@@ -168,7 +168,7 @@ def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
         "cache_empty": report.cache_empty,
         "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
         "would_replace": current.spec.recipe if current else None,
-        "state": driver.m.state.value,
+        "state": driver.machine.state.value,
     }
 
 
@@ -372,7 +372,7 @@ class ConsoleData:
                 markers.append(charts.Marker(end, f"end ({record.status})", "#6b7280"))
         markers += [charts.Marker(m.at, f"OOM kill {m.task or '?'} ({m.scope})", "#dc2626", dashed=False)
                     for m in self.history.ooms(since)]
-        recipe = self.ctx.driver.m.recipe
+        recipe = self.ctx.driver.machine.recipe
         target = self._target_bytes(recipe) if recipe else None
         # A controller younger than the window has no samples before it started: start the axis at
         # the first sample (or the earliest marker), so a short history is not a sliver at the edge.

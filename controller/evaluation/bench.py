@@ -16,9 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.bench_result import BenchResult, ProofResult, RequestRecord, SingleStream, TierResult
-from appliance.bench_tiers import FIRST_N, Tier, TierPlan, input_lengths, plan_tiers
-from appliance.prompts import PROMPT_SET_VERSION, bench_prompt
+from appliance.evaluation.bench_result import (
+    BenchResult,
+    ProofResult,
+    RequestRecord,
+    SingleStream,
+    TierResult,
+)
+from appliance.evaluation.bench_tiers import FIRST_N, Tier, TierPlan, input_lengths, plan_tiers
+from appliance.evaluation.prompts import PROMPT_SET_VERSION, bench_prompt
 from controller.evaluation.client import EngineClient
 
 Progress = Callable[[dict[str, Any]], None]

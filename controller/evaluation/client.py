@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from appliance.bench_result import RequestRecord
+from appliance.evaluation.bench_result import RequestRecord
 
 
 class EngineNotReady(RuntimeError):

@@ -1,5 +1,5 @@
 """`appliance compare BASELINE CANDIDATE`: switch the engine through the controller, bench each
-arm warm with the same client and prompts, and apply the gate (appliance/gate.py).
+arm warm with the same client and prompts, and apply the gate (appliance/evaluation/gate.py).
 
 Arms alternate (A B A B … with `rounds` > 1: interleaving spreads host drift over both arms, which
 is sound here because every switch is a full engine restart on a fixed cache root). An arm whose
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.bench_result import BenchResult, ProofResult
-from appliance.bench_tiers import TierPlan, plan_tiers
-from appliance.gate import GateResult, Verdict, decide
+from appliance.evaluation.bench_result import BenchResult, ProofResult
+from appliance.evaluation.bench_tiers import TierPlan, plan_tiers
+from appliance.evaluation.gate import GateResult, Verdict, decide
 from controller.evaluation.bench import BenchParams, LaunchInfo, Progress, PromptCache, _quiet, run_bench
 from controller.evaluation.client import EngineClient
 from controller.evaluation.store import EvalStore

@@ -13,7 +13,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
-from appliance.fingerprint import (
+from appliance.evaluation.fingerprint import (
     DeclaredCheck,
     Fingerprint,
     check_declared,
@@ -21,7 +21,7 @@ from appliance.fingerprint import (
     set_hash,
     stream_hash,
 )
-from appliance.prompts import FINGERPRINT_PROMPTS, PROMPT_SET_VERSION
+from appliance.evaluation.prompts import FINGERPRINT_PROMPTS, PROMPT_SET_VERSION
 from controller.evaluation.bench import LaunchInfo, Progress, _quiet
 from controller.evaluation.client import EngineClient
 from controller.evaluation.store import EvalStore

@@ -19,14 +19,14 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
-from appliance.bench_result import ProofResult
-from appliance.engine_secret import redact as redact_keys
-from appliance.launch_proof import LaunchProof, evaluate
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import RecipeError
+from appliance.evaluation.bench_result import ProofResult
+from appliance.observe.launch_proof import LaunchProof, evaluate
+from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_loader import RecipeError
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_spec
-from controller.runtime.base import EngineFiles, EngineHandle, Runtime, RuntimeError_
+from controller.runtime.base import EngineFiles, EngineHandle, EngineRuntimeError, Runtime
 from controller.supervisor.preflight import UnknownRecipe, caches_elsewhere
 
 log = logging.getLogger("appliance.evaluation.proof")
@@ -66,7 +66,7 @@ def read_whole_log(runtime: Runtime, handle: EngineHandle) -> str:
         text, offset_next = runtime.read_logs(handle, offset)
         if not text or offset_next == offset:
             break
-        parts.append(redact_keys(text))  # vLLM 0.26.0 logs the engine key (appliance/engine_secret.py)
+        parts.append(redact_keys(text))  # vLLM 0.26.0 logs the engine key (appliance/recipe/engine_secret.py)
         size += len(text)
         offset = offset_next
     return "".join(parts)
@@ -194,7 +194,7 @@ def ready_hook(
             markers, checksums = (), {}  # a recipe gone from the directory: record what can be seen
         try:
             proof = await asyncio.to_thread(collect, runtime, handle, spec, markers, checksums)
-        except (RuntimeError_, OSError) as exc:
+        except (EngineRuntimeError, OSError) as exc:
             note(WARNING_EVENT, f"kernel-path proof could not be gathered: {exc}", launch_id, None)
             return
         problems = proof.problems

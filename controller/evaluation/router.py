@@ -1,4 +1,4 @@
-"""Admin API routes for benchmarks, comparisons and fingerprints (included by controller/api.py).
+"""Admin API routes for benchmarks, comparisons and fingerprints (included by controller/api/app.py).
 
     GET  /benchmarks[?recipe=&limit=]     stored bench results (newest first)
     GET  /benchmarks/{id}                 one result with every request
@@ -26,8 +26,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.bench_result import BenchResult
-from appliance.bench_tiers import FIRST_N, NoTierFits
+from appliance.evaluation.bench_result import BenchResult
+from appliance.evaluation.bench_tiers import FIRST_N, NoTierFits
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, compare

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from appliance.bench_result import BenchResult
-from appliance.fingerprint import DeclaredCheck, Fingerprint
-from appliance.gate import GateResult
+from appliance.evaluation.bench_result import BenchResult
+from appliance.evaluation.fingerprint import DeclaredCheck, Fingerprint
+from appliance.evaluation.gate import GateResult
 from controller.sqlite_db import SqliteDb
 
 SCHEMA_VERSION = 1

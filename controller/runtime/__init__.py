@@ -7,7 +7,7 @@ process runtime (the embedded CPU engine) works on a host without a Docker daemo
 
 from __future__ import annotations
 
-from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Runtime
 from controller.runtime.registry import KINDS, make_runtime
 
-__all__ = ["KINDS", "EngineHandle", "ExitInfo", "Runtime", "RuntimeError_", "make_runtime"]
+__all__ = ["KINDS", "EngineHandle", "EngineRuntimeError", "ExitInfo", "Runtime", "make_runtime"]

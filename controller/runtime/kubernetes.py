@@ -1,6 +1,6 @@
 """KubernetesRuntime: one engine replica as a workload on a cluster, through the official client.
 
-The manifests come from the pure half (`appliance/runtimes/kubernetes.py`, `manifests(spec, ...)`);
+The manifests come from the pure half (`appliance/runtimes/k8s/kubernetes.py`, `manifests(spec, ...)`);
 this module only applies, watches, reads and deletes them. Choices, and why:
 
 - **Apply = server-side apply** (PATCH `application/apply-patch+yaml`, field manager
@@ -45,7 +45,7 @@ this module only applies, watches, reads and deletes them. Choices, and why:
   Service's DNS name (`<service>.<namespace>.svc`), which the pure half's `reach()` puts in
   `spec.host`; readiness stays the supervisor's (the pod's probes only gate the Service).
 
-Every API failure surfaces as RuntimeError_ with one operator-readable sentence (a missing config,
+Every API failure surfaces as EngineRuntimeError with one operator-readable sentence (a missing config,
 a missing namespace, RBAC naming the verb and resource to grant, a workload of another launch).
 """
 
@@ -71,11 +71,11 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
 from appliance import settings
-from appliance.engine_key import recipe_key
-from appliance.engine_secret import KEY_FILE_NAME, key_from_config
-from appliance.launch_spec import LaunchSpec
-from appliance.runtimes.k8s_manifests import KEY_VOLUME, engine_key_secret, manifests
-from appliance.runtimes.k8s_names import ENGINE_KEY_ENV, dns_label, label_value
+from appliance.recipe.engine_key import recipe_key
+from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.runtimes.k8s.manifests import KEY_VOLUME, engine_key_secret, manifests
+from appliance.runtimes.k8s.names import ENGINE_KEY_ENV, dns_label, label_value
 from controller.runtime.base import (
     LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
@@ -83,8 +83,8 @@ from controller.runtime.base import (
     LABEL_RECIPE,
     LABEL_SPEC_HASH,
     EngineHandle,
+    EngineRuntimeError,
     ExitInfo,
-    RuntimeError_,
     RuntimeUnconfigured,
 )
 from controller.runtime.log_offsets import MAX_CHUNK_BYTES, slice_log
@@ -123,7 +123,7 @@ Manifests = Callable[[LaunchSpec, str, str], list[dict[str, Any]]]
 
 
 def render_manifests(spec: LaunchSpec, launch_id: str, key_secret: str) -> list[dict[str, Any]]:
-    """The pure half's manifests (appliance/runtimes/k8s_manifests.py), the key Secret named."""
+    """The pure half's manifests (appliance/runtimes/k8s/manifests.py), the key Secret named."""
     return manifests(spec, launch_id=launch_id, key_secret=key_secret)
 
 
@@ -201,7 +201,9 @@ def launch_exit(pods: Sequence[k8s.V1Pod], *, now: float | None = None,
     return ended[0] if ended else infos[0]
 
 
-def api_failure(action: str, exc: ApiException, *, verb: str, resource: str, namespace: str) -> RuntimeError_:
+def api_failure(
+    action: str, exc: ApiException, *, verb: str, resource: str, namespace: str
+) -> EngineRuntimeError:
     """An API error → one sentence naming what to fix (Status bodies are JSON; see fixtures)."""
     try:
         body = json.loads(exc.body) if exc.body else {}
@@ -210,13 +212,13 @@ def api_failure(action: str, exc: ApiException, *, verb: str, resource: str, nam
     message = str(body.get("message") or exc.reason or exc)
     details = body.get("details") or {}
     if exc.status == 403:
-        return RuntimeError_(
+        return EngineRuntimeError(
             f"kubernetes: {action} was forbidden ({message}); RBAC must grant the controller's "
             f"service account `{verb}` on `{resource}` in namespace {namespace!r}")
     if exc.status == 404 and details.get("kind") == "namespaces":
-        return RuntimeError_(f"kubernetes: namespace {namespace!r} does not exist "
+        return EngineRuntimeError(f"kubernetes: namespace {namespace!r} does not exist "
                              f"(create it, or set {NAMESPACE_ENV}); {action} failed")
-    return RuntimeError_(f"kubernetes: {action} failed: HTTP {exc.status} {message}")
+    return EngineRuntimeError(f"kubernetes: {action} failed: HTTP {exc.status} {message}")
 
 
 def _ts(value: datetime | None) -> float:
@@ -228,7 +230,7 @@ def _model(cls: Any, body: Mapping[str, Any]) -> Any:
     return cls.from_dict(dict(body))
 
 
-def _expired(exc: RuntimeError_) -> bool:
+def _expired(exc: EngineRuntimeError) -> bool:
     """A watch ended by an ERROR event with code 410 (resourceVersion too old)."""
     cause = exc.__cause__
     return isinstance(cause, ApiException) and cause.status == 410
@@ -238,7 +240,7 @@ def _split_ref(ref: str) -> tuple[str, str, str]:
     """ref = `namespace/Kind/name` (what EngineHandle.ref holds for this runtime)."""
     parts = ref.split("/")
     if len(parts) != 3 or parts[1] not in WORKLOAD_KINDS:
-        raise RuntimeError_(f"kubernetes: handle ref {ref!r} is not namespace/Kind/name")
+        raise EngineRuntimeError(f"kubernetes: handle ref {ref!r} is not namespace/Kind/name")
     return parts[0], parts[1], parts[2]
 
 
@@ -335,7 +337,7 @@ class KubernetesRuntime:
             try:
                 self._unschedulable_grace_s = settings.current().k8s_unschedulable_grace_s
             except settings.SettingsError as exc:
-                raise RuntimeError_(f"kubernetes: {exc}") from None
+                raise EngineRuntimeError(f"kubernetes: {exc}") from None
         return self._unschedulable_grace_s
 
     def _exit(self, pods: Sequence[k8s.V1Pod]) -> ExitInfo | None:
@@ -344,7 +346,7 @@ class KubernetesRuntime:
     @contextmanager
     def _call(self, action: str, verb: str, resource: str, namespace: str,
               *, pass_not_found: bool = True) -> Iterator[None]:
-        """API failures → RuntimeError_; 404 passes through (a state callers handle) unless told."""
+        """API failures → EngineRuntimeError; 404 passes through (a state callers handle) unless told."""
         try:
             yield
         except ApiException as exc:
@@ -352,7 +354,7 @@ class KubernetesRuntime:
                 raise
             raise api_failure(action, exc, verb=verb, resource=resource, namespace=namespace) from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise RuntimeError_(f"kubernetes: cannot {action}: the API server is not reachable "
+            raise EngineRuntimeError(f"kubernetes: cannot {action}: the API server is not reachable "
                                 f"({exc.__class__.__name__})") from exc
 
     @staticmethod
@@ -405,7 +407,7 @@ class KubernetesRuntime:
             objects = [self._with_instance(o) for o in objects]
         workloads = [o for o in objects if o.get("kind") in WORKLOAD_KINDS]
         if len(workloads) != 1:
-            raise RuntimeError_(f"kubernetes: the manifests of {spec.recipe!r} hold {len(workloads)} "
+            raise EngineRuntimeError(f"kubernetes: the manifests of {spec.recipe!r} hold {len(workloads)} "
                                 "workloads; one Deployment or StatefulSet is expected")
         workload = workloads[0]
         ns = str(workload["metadata"].get("namespace") or self.namespace)
@@ -415,7 +417,7 @@ class KubernetesRuntime:
                 self._refuse_other_launch(obj, ns, launch_id)
         key = engine_key or recipe_key(spec)
         if not key:
-            raise RuntimeError_(f"kubernetes: no engine key for launch {launch_id}: the pod's key file "
+            raise EngineRuntimeError(f"kubernetes: no engine key for launch {launch_id}: the pod's key file "
                                 "comes from a Secret, and neither the controller nor the recipe gives one")
         self._create_secret(ns, engine_key_secret(spec, key, launch_id=launch_id, name=key_secret,
                                                   namespace=ns))
@@ -465,10 +467,10 @@ class KubernetesRuntime:
         meta = existing.metadata
         owner = (meta.annotations or {}).get(LABEL_LAUNCH_ID) or _labels(existing).get(LABEL_LAUNCH_ID)
         if meta.deletion_timestamp is not None:
-            raise RuntimeError_(f"kubernetes: {kind} {ns}/{name} of launch {owner} is still being "
+            raise EngineRuntimeError(f"kubernetes: {kind} {ns}/{name} of launch {owner} is still being "
                                 "deleted; start again once it is gone")
         if owner != launch_id:
-            raise RuntimeError_(
+            raise EngineRuntimeError(
                 f"kubernetes: {kind} {ns}/{name} already exists for launch {owner or '(not ours)'}; "
                 "stop that launch first (the appliance never takes over another launch's workload)")
 
@@ -479,7 +481,7 @@ class KubernetesRuntime:
         try:
             with self._call(f"create Secret {ns}/{name}", "create", "secrets", ns, pass_not_found=False):
                 self.core.create_namespaced_secret(ns, _model(k8s.V1Secret, body))
-        except RuntimeError_ as exc:
+        except EngineRuntimeError as exc:
             cause = exc.__cause__
             if not (isinstance(cause, ApiException) and cause.status == 409):
                 raise
@@ -499,7 +501,7 @@ class KubernetesRuntime:
                             "persistentvolumeclaims", ns, pass_not_found=False):
                 self.core.create_namespaced_persistent_volume_claim(
                     ns, _model(k8s.V1PersistentVolumeClaim, body))
-        except RuntimeError_ as exc:
+        except EngineRuntimeError as exc:
             cause = exc.__cause__
             if not (isinstance(cause, ApiException) and cause.status == 409):
                 raise
@@ -519,7 +521,7 @@ class KubernetesRuntime:
                      "PersistentVolumeClaim": "persistentvolumeclaims", "Service": "services",
                      "Deployment": "deployments.apps", "StatefulSet": "statefulsets.apps"}
         if kind not in patch:
-            raise RuntimeError_(f"kubernetes: the runtime cannot apply a {kind} ({name})")
+            raise EngineRuntimeError(f"kubernetes: the runtime cannot apply a {kind} ({name})")
         body = {**obj, "metadata": {**obj["metadata"], "namespace": ns}}
         with self._call(f"apply {kind} {ns}/{name}", "patch", resources[kind], ns, pass_not_found=False):
             patch[kind](name, ns, body, field_manager=FIELD_MANAGER, force=True,
@@ -562,7 +564,7 @@ class KubernetesRuntime:
                         return seen
                     if self._clock() >= deadline:
                         break
-            except RuntimeError_ as exc:
+            except EngineRuntimeError as exc:
                 if not _expired(exc):
                     raise
                 # 410 Gone: our resourceVersion fell out of the watch cache; list again, go on.
@@ -678,7 +680,7 @@ class KubernetesRuntime:
                 blob = bytes(cast(Any, resp).data)
         except ApiException:
             return "", offset  # 404: the pod is gone
-        except RuntimeError_ as exc:
+        except EngineRuntimeError as exc:
             cause = exc.__cause__
             if isinstance(cause, ApiException) and cause.status == 400:
                 return "", offset  # "is waiting to start": no log yet
@@ -720,7 +722,7 @@ class KubernetesRuntime:
         """Workloads labelled appliance.managed=true in the namespace. With no cluster configured at
         all this raises RuntimeUnconfigured: the registry leaves the runtime out quietly (most hosts
         have no cluster) and a kubernetes recipe is refused with that reason. A configured cluster
-        that does not answer raises RuntimeError_ (the registry reports it as a fault)."""
+        that does not answer raises EngineRuntimeError (the registry reports it as a fault)."""
         _ = self.api_client
         ns = self.namespace
         selector = f"{LABEL_MANAGED}=true"
@@ -729,7 +731,7 @@ class KubernetesRuntime:
             found += [("Deployment", d) for d in
                       self.apps.list_namespaced_deployment(
                           ns, label_selector=selector, _request_timeout=ADOPT_TIMEOUT_S).items or []]
-        # Deployments only: the pure half renders nothing else (k8s_manifests.py says why), and
+        # Deployments only: the pure half renders nothing else (k8s/manifests.py says why), and
         # listing StatefulSets too would make RBAC for a kind never used a condition of adoption.
         handles: list[EngineHandle] = []
         for kind, obj in found:

@@ -13,10 +13,10 @@ import socket
 
 import psutil
 
-from controller.runtime.base import RuntimeError_
+from controller.runtime.base import EngineRuntimeError
 
 
-class PortInUse(RuntimeError_):
+class PortInUse(EngineRuntimeError):
     """The engine's port is taken: a relaunch cannot succeed until its holder is gone."""
 
     def __init__(self, host: str, port: int, holder: str | None) -> None:

@@ -9,7 +9,7 @@ Layout of one launch, `runs_dir/<launch_id>/`:
 - `exit_status.json` written by the shim when the engine ends: exit code and terminating signal
 - `engine-key.yaml`  (0600) this launch's engine key as the vLLM config file it was given, for read-back
   on adoption; the engine itself reads the same text from `runs_dir/.engine-keys/<variant>.engine-key.yaml`,
-  a path that is the same for every launch of the variant (appliance/engine_secret.py)
+  a path that is the same for every launch of the variant (appliance/recipe/engine_secret.py)
 
 The run directory is 0700: the engine log can hold the key too (vLLM 0.26.0 logs its arguments).
 
@@ -44,10 +44,10 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from appliance.engine_names import ENGINE_KEY_ENV
-from appliance.engine_secret import KEY_FILE_NAME, key_from_config, stable_config_path, with_key_config
-from appliance.engine_secret import config_yaml as key_config_yaml
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.engine_names import ENGINE_KEY_ENV
+from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config, stable_config_path, with_key_config
+from appliance.recipe.engine_secret import config_yaml as key_config_yaml
+from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes.process import ProcessLaunch
 from controller.engine_setup import package_versions
 from controller.runtime.base import (
@@ -57,9 +57,9 @@ from controller.runtime.base import (
     LABEL_RECIPE,
     LABEL_SPEC_HASH,
     EngineHandle,
+    EngineRuntimeError,
     ExitInfo,
     Provenance,
-    RuntimeError_,
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import read_log_file
@@ -217,23 +217,25 @@ class ProcessRuntime:
 
     def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         """`engine_key` (the per-launch engine API key) reaches vLLM in a 0600 config file at the
-        variant's stable path (`--config`, appliance/engine_secret.py): never argv, the environment,
+        variant's stable path (`--config`, appliance/recipe/engine_secret.py): never argv, the environment,
         the launch record or a log."""
         if not isinstance(spec.runtime, ProcessLaunch):
-            raise RuntimeError_(
+            raise EngineRuntimeError(
                 f"recipe {spec.recipe!r} renders for the {spec.kind!r} runtime, not 'process'"
             )
         if not _LAUNCH_ID.match(launch_id):
-            raise RuntimeError_(f"launch id {launch_id!r} is not a safe directory name ([A-Za-z0-9._-])")
+            raise EngineRuntimeError(f"launch id {launch_id!r} is not a safe directory name ([A-Za-z0-9._-])")
         env = engine_env(spec.env)
         command = self.engine_command(spec, with_key=engine_key is not None)
         if shutil.which(command[0], path=env["PATH"]) is None:
-            raise RuntimeError_(
+            raise EngineRuntimeError(
                 f"cannot start {spec.recipe!r}: {command[0]!r} is not an executable file "
                 f"(for the embedded CPU engine, run `appliance engine setup` first)"
             )
         if spec.workdir is not None and not Path(spec.workdir).is_dir():
-            raise RuntimeError_(f"cannot start {spec.recipe!r}: workdir {spec.workdir} is not a directory")
+            raise EngineRuntimeError(
+                f"cannot start {spec.recipe!r}: workdir {spec.workdir} is not a directory"
+            )
         ensure_cache_dirs(spec)
         self._end_leftovers()
         ensure_port_free(spec.host, spec.port)
@@ -242,7 +244,7 @@ class ProcessRuntime:
             self.runs_dir.mkdir(parents=True, exist_ok=True)
             run_dir.mkdir(mode=0o700, exist_ok=False)
         except FileExistsError:
-            raise RuntimeError_(f"launch id {launch_id!r} was already used: {run_dir} exists") from None
+            raise EngineRuntimeError(f"launch id {launch_id!r} was already used: {run_dir} exists") from None
         if engine_key is not None:
             text = key_config_yaml(engine_key)
             _write_atomic(run_dir / KEY_FILE_NAME, text, mode=0o600)
@@ -273,7 +275,7 @@ class ProcessRuntime:
                     close_fds=True,
                 )
             except OSError as exc:
-                raise RuntimeError_(f"cannot start the engine shim with {self._python}: {exc}") from exc
+                raise EngineRuntimeError(f"cannot start the engine shim with {self._python}: {exc}") from exc
         try:
             shim_proc = psutil.Process(child.pid)
             create_time, after_boot = shim_proc.create_time(), started_after_boot(shim_proc)
@@ -333,7 +335,7 @@ class ProcessRuntime:
                 self._end_orphaned_group(handle, self._orphan_grace_s)
                 if status is None:
                     self.inspect(handle)  # records how it ended
-            except (OSError, ValidationError, RuntimeError_) as exc:
+            except (OSError, ValidationError, EngineRuntimeError) as exc:
                 log.warning("skipping %s: %s", handle_path, exc)
 
     def _key_path(self, spec: LaunchSpec) -> Path:
@@ -348,7 +350,7 @@ class ProcessRuntime:
         try:
             return with_key_config(command, str(self._key_path(spec)))
         except ValueError as exc:
-            raise RuntimeError_(f"cannot start {spec.recipe!r}: {exc}") from None
+            raise EngineRuntimeError(f"cannot start {spec.recipe!r}: {exc}") from None
 
     def provenance(self, spec: LaunchSpec) -> Provenance:
         """The engine's own interpreter and package versions (ProvenanceSource), found with the
@@ -408,11 +410,11 @@ class ProcessRuntime:
         except FileNotFoundError:
             return None
         except ValidationError as exc:
-            raise RuntimeError_(
+            raise EngineRuntimeError(
                 f"{path} is unreadable, cannot tell whether pid {handle.ref} is ours: {exc}"
             ) from exc
         if str(identity.pid) != handle.ref:
-            raise RuntimeError_(f"{path} records pid {identity.pid} but the handle says {handle.ref}")
+            raise EngineRuntimeError(f"{path} records pid {identity.pid} but the handle says {handle.ref}")
         self._identities[handle.launch_id] = identity
         return identity
 
@@ -465,7 +467,7 @@ class ProcessRuntime:
         except FileNotFoundError:
             return None
         except json.JSONDecodeError as exc:
-            raise RuntimeError_(f"{status_path} is corrupt: {exc}") from exc
+            raise EngineRuntimeError(f"{status_path} is corrupt: {exc}") from exc
         return status if isinstance(status, dict) else None
 
     @staticmethod
@@ -714,7 +716,7 @@ class ProcessRuntime:
                 # that ended). Runtime.adopt returns engines still running, as docker's
                 # status=running filter does; start() waits out such a shim (_end_leftovers).
                 running = self._shim(handle) is not None and self._status(handle) is None
-            except RuntimeError_ as exc:
+            except EngineRuntimeError as exc:
                 log.warning("skipping %s: %s", handle_path, exc)
                 continue
             if running:

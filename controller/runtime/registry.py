@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from controller.runtime.base import Runtime, RuntimeError_, RuntimeUnconfigured
+from controller.runtime.base import EngineRuntimeError, Runtime, RuntimeUnconfigured
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class RuntimeEntry:
 
 RUNTIMES: Mapping[str, RuntimeEntry] = {
     "process": RuntimeEntry("controller.runtime.process", external=False),
-    "docker": RuntimeEntry("controller.runtime.docker_rt", external=True),
+    "docker": RuntimeEntry("controller.runtime.docker", external=True),
     "kubernetes": RuntimeEntry("controller.runtime.kubernetes", external=True, extra="kubernetes"),
 }
 KINDS: tuple[str, ...] = tuple(RUNTIMES)
@@ -113,7 +113,7 @@ def available_runtimes(runs_dir: Path, skip: Iterable[str] = (), instance_id: st
             except RuntimeUnconfigured as exc:
                 missing[kind] = Unavailable(kind, f"{kind} runtime unavailable: {exc}", fault=False)
                 continue
-            except RuntimeError_ as exc:
+            except EngineRuntimeError as exc:
                 missing[kind] = Unavailable(kind, f"{kind} runtime unavailable: {exc}", fault=True)
                 continue
         runtimes[kind] = rt

@@ -1,7 +1,7 @@
 """The compile-cache record of a launch: what it ran with, what the cache looked like, why it missed.
 
 The pure half (factors, the log's cache lines, the comparison) is
-appliance/compile_factors.py; here is what reads the disk and the store: the model directory
+appliance/observe/compile_factors.py; here is what reads the disk and the store: the model directory
 (names, sizes, mtimes — no content), the cache root and the earlier launch's cache directory as
 found at launch (before the engine writes anything), and the earlier launch on the same root.
 The driver calls `begin` (in a thread) at start and `CompileWatch.observe` on every log poll.
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance.compile_factors import (
+from appliance.host_facts import HostFacts
+from appliance.observe.compile_factors import (
     CacheSeen,
     CompileFactors,
     DirState,
@@ -34,11 +35,10 @@ from appliance.compile_factors import (
     model_digest,
     root_warnings,
 )
-from appliance.host_facts import HostFacts
-from appliance.launch_spec import LaunchSpec, Mount
-from appliance.log_phases import CacheOutcome, PhaseTracker
-from appliance.recipe_model import Recipe
-from appliance.render import RenderError, render
+from appliance.observe.log_phases import CacheOutcome, PhaseTracker
+from appliance.recipe.launch_spec import LaunchSpec, Mount
+from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import RenderError, render
 from controller.runtime.base import Provenance
 from controller.store import EarlierLaunch, Store
 from controller.supervisor.preflight import caches_elsewhere

@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
-from appliance.engine_key import recipe_key
-from appliance.engine_secret import redact as redact_keys
-from appliance.kmsg import OomEvent
-from appliance.launch_spec import LaunchSpec
-from appliance.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
-from appliance.phase_record import event_label
+from appliance.diagnosis.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.observe.kmsg import OomEvent
+from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
+from appliance.observe.phase_record import event_label
+from appliance.recipe.engine_key import recipe_key
+from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import EngineHandle, ExitInfo, Provenance, Runtime, RuntimeError_
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance, Runtime
 from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Store
 from controller.supervisor import compile_cache, status_view
@@ -155,7 +155,7 @@ class Driver:
         self.oom_events = oom_events
         self.metrics = metrics if metrics is not None else ControllerMetrics()
         self.mem_target = mem_target
-        self.m = Machine(policy=policy or Policy())
+        self.machine = Machine(policy=policy or Policy())
         self.last_diagnosis: dict[str, Any] | None = None
         self.runs = LaunchRuns()  # per-launch state: one LaunchRun from start/adoption to MarkEnded
         self._probing = False
@@ -172,7 +172,7 @@ class Driver:
         # Called (as a task) when a launch becomes ready: the kernel-path/deployment proof
         # (controller/evaluation/proof.py, DOMAIN §7). None: nothing extra at ready.
         self.on_ready: Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]] | None = None
-        self.metrics.set_engine_state(self.m.state.value)
+        self.metrics.set_engine_state(self.machine.state.value)
 
     @property
     def gateway(self) -> GatewayLink:
@@ -183,16 +183,16 @@ class Driver:
         self.gateway_sync.gateway = link
 
     def _ready_launch(self) -> Launch | None:
-        return self.m.launch if self.m.state is State.READY else None
+        return self.machine.launch if self.machine.state is State.READY else None
 
     # ------------------------------------------------------------------------------------------
     # The machine
 
     def submit(self, obs: Observation) -> Reject | None:
         """Run one transition and start its actions. Never awaits: atomic within the event loop."""
-        before = self.m
-        self.m, actions = transition(before, obs, self.clock.now())
-        if self.m.state is not before.state:
+        before = self.machine
+        self.machine, actions = transition(before, obs, self.clock.now())
+        if self.machine.state is not before.state:
             self._state_changed()
         rejected: Reject | None = None
         for action in actions:
@@ -203,7 +203,7 @@ class Driver:
         return rejected
 
     def _state_changed(self) -> None:
-        m = self.m
+        m = self.machine
         self.metrics.set_engine_state(m.state.value)
         if m.state is State.READY and m.launch is not None:
             # Every way into ready, including an adopted engine that was ready before the restart (it
@@ -266,12 +266,12 @@ class Driver:
     async def step(self) -> None:
         """One look at the world, then Tick (always: the budget and stall clocks run on it)."""
         self.check_store()
-        launch = self.m.launch
+        launch = self.machine.launch
         if launch is not None and launch.handle is not None:
             try:
                 await self._follow(launch)
                 await self._watch_exit(launch)
-            except (RuntimeError_, OSError) as exc:
+            except (EngineRuntimeError, OSError) as exc:
                 self._runtime_unanswered(launch, exc)
             else:
                 if (run := self.runs.get(launch.launch_id)) is not None:
@@ -282,11 +282,11 @@ class Driver:
         self.submit(Tick())
 
     def _flag_stall(self, launch: Launch) -> None:
-        """A phase far over its usual duration (appliance/ready_eta.py) is reported once, as an event:
+        """A phase far over its usual duration (appliance/observe/ready_eta.py) is reported once, as an event:
         a flag for the operator before the budget runs out, not a kill — the machine's stall watch (no
         progress and no CPU) and the ready budget still decide when a start has failed."""
         run = self.runs.get(launch.launch_id)
-        if self.m.state is not State.STARTING or run is None:
+        if self.machine.state is not State.STARTING or run is None:
             return
         expected = status_view.eta(launch, run, self.clock.now())
         stall = expected.stall if expected is not None else None
@@ -347,7 +347,7 @@ class Driver:
         rt = self.runtimes.get(kind)
         if rt is None:
             why = self.unavailable_runtimes.get(kind)
-            raise RuntimeError_(f"no {kind!r} runtime is configured in this controller"
+            raise EngineRuntimeError(f"no {kind!r} runtime is configured in this controller"
                                 + (f": {why}" if why else ""))
         return rt
 
@@ -371,7 +371,7 @@ class Driver:
                 self._phase(launch, follower, event, now)
         self._record_cache(launch, run)
         self._record_engine(launch, run)
-        if self.m.state is State.STARTING:
+        if self.machine.state is State.STARTING:
             cpu = await asyncio.to_thread(rt.cpu_seconds, handle)
             self.submit(CpuSample(launch.launch_id, cpu))
 
@@ -379,7 +379,7 @@ class Driver:
         elapsed = now - follower.started_at
         detail = event.detail or ""
         # One row per phase (per capture round: first and last step), labelled from the event itself
-        # (appliance/phase_record.py); every event still restarts the stall clock.
+        # (appliance/observe/phase_record.py); every event still restarts the stall clock.
         keep = follower.recorder.keep(event)
         if keep:
             self.store.add_phase(launch.launch_id, event.phase.value, now, elapsed, event.line[:300])
@@ -389,11 +389,12 @@ class Driver:
         self._publish({
             "type": "phase", "launch_id": launch.launch_id, "phase": event.phase.value,
             "label": PHASE_LABELS[event.phase], "describe": label, "detail": detail,
-            "elapsed_s": round(elapsed, 1), "progress": progress(self.m, now),
+            "elapsed_s": round(elapsed, 1), "progress": progress(self.machine, now),
         })
 
     def _record_engine(self, launch: Launch, run: LaunchRun) -> None:
-        """Engine facts (appliance/engine_facts.py) and the start's own seconds → the launch record."""
+        """Engine facts (appliance/observe/engine_facts.py) and the start's own seconds → the launch
+        record."""
         follower = run.follower
         summary = follower.tracker.summary()
         seconds = {"weights_seconds": summary.weights_seconds, "weights_gib": summary.weights_gib,
@@ -444,7 +445,7 @@ class Driver:
         """The poll-time look (the fallback: the exit watcher normally saw it first)."""
         handle = launch.handle
         run = self.runs.get(launch.launch_id)
-        if handle is None or self.m.state is State.STOPPING or run is None or run.exiting:
+        if handle is None or self.machine.state is State.STOPPING or run is None or run.exiting:
             return
         info = await asyncio.to_thread(self._runtime(handle).inspect, handle)
         if not info.running:
@@ -454,9 +455,9 @@ class Driver:
 
     def _exit_noticed(self, launch_id: str, info: ExitInfo) -> None:
         """The engine ended: out of the gateway now (ExitSeen), classified after the OOM settle."""
-        launch = self.m.launch
+        launch = self.machine.launch
         run = self.runs.get(launch_id)
-        if (launch is None or launch.launch_id != launch_id or self.m.state is State.STOPPING
+        if (launch is None or launch.launch_id != launch_id or self.machine.state is State.STOPPING
                 or run is None or run.exiting):
             return
         run.exiting = True
@@ -472,7 +473,7 @@ class Driver:
         run.watched = True
 
         def current() -> bool:
-            launch = self.m.launch
+            launch = self.machine.launch
             return launch is not None and launch.launch_id == handle.launch_id
 
         def done() -> None:
@@ -522,11 +523,11 @@ class Driver:
         now = self.clock.now()
         if self._probing or now < self._next_probe:
             return
-        if self.m.state is State.STARTING:
+        if self.machine.state is State.STARTING:
             self._probing = True
             self._next_probe = now + self.config.probe_interval_s
             self._spawn(self._probe_ready(launch), f"probe {launch.launch_id}")
-        elif self.m.state is State.READY:
+        elif self.machine.state is State.READY:
             self._probing = True
             self._next_probe = now + self.config.health_interval_s
             self._spawn(self._probe_health(launch), f"health {launch.launch_id}")
@@ -565,7 +566,7 @@ class Driver:
             self.submit(HealthLost(launch.launch_id, detail))
 
     def _watch_gateway(self, launch: Launch) -> None:
-        if self.m.state is State.READY and self.gateway_sync.check_due(self.clock.now()):
+        if self.machine.state is State.READY and self.gateway_sync.check_due(self.clock.now()):
             self._spawn(self.gateway_sync.check(launch), f"gateway check {launch.launch_id}")
 
     # ------------------------------------------------------------------------------------------
@@ -582,7 +583,7 @@ class Driver:
         for rt in self.runtimes.values():
             try:
                 found.extend(await asyncio.to_thread(rt.adopt))
-            except RuntimeError_ as exc:
+            except EngineRuntimeError as exc:
                 self.note("adopt-error", f"{rt.name} runtime: {exc}")
         if not found:
             return
@@ -609,7 +610,7 @@ class Driver:
         for extra, _, extra_recorded in known[1:]:
             # The host holds one engine at a time (DOMAIN §3); an older leftover of ours is stopped.
             self.note("adopt-extra", f"stopping older engine {extra.ref} ({extra.recipe})", extra.launch_id)
-            info = await asyncio.to_thread(self._runtime(extra).stop, extra, self.m.policy.stop_grace_s)
+            info = await asyncio.to_thread(self._runtime(extra).stop, extra, self.machine.policy.stop_grace_s)
             if extra_recorded:
                 self.store.mark_ended(extra.launch_id, self.clock.now(), "stopped", info)
         if not recorded:
@@ -623,7 +624,7 @@ class Driver:
         key: str | None = None
         try:
             key = await asyncio.to_thread(self._runtime(handle).read_engine_key, handle)
-        except RuntimeError_ as exc:
+        except EngineRuntimeError as exc:
             self.note("adopt-key-unknown", f"cannot read the engine's API key: {exc}", handle.launch_id)
         own = recipe_key(spec)
         run.engine_key = key or (own if own != REDACTED else None)
@@ -643,7 +644,7 @@ class Driver:
         target = await self._mem_target(spec)
         self.runs.begin(run)
         self.submit(Adopted(handle, spec, ready_recorded=run.recorded_ready_s is not None))
-        launch = self.m.launch
+        launch = self.machine.launch
         if launch is None or launch.launch_id != handle.launch_id:
             self.runs.end(handle.launch_id)  # the machine did not take it: nothing to keep
             return
@@ -707,16 +708,17 @@ class Driver:
         cold = action.kind is StartKind.COLD_WARMUP or run.cache_empty
         self.store.create_launch(action.launch_id, spec, action.kind.value, prov, now,
                                  start="cold" if cold else "warm")
-        # The ETA's history, read once: earlier ready launches of this recipe (appliance/ready_eta.py).
+        # The ETA's history, read once: earlier ready launches of this recipe
+        # (appliance/observe/ready_eta.py).
         run.history = tuple(self.store.ready_history(spec.recipe, spec.spec_hash, exclude=action.launch_id))
         run.cold_start = cold
         self.metrics.begin_launch(spec.recipe, "cold" if cold else "warm", ready_budget_s=spec.ready_budget_s,
                                   min_mem_available_bytes=await self._mem_target(spec), started_at=now)
-        if self.m.failures > 0 and self.m.last_failure is not None:
-            self.metrics.record_restart(spec.recipe, self.m.last_failure.code)
+        if self.machine.failures > 0 and self.machine.last_failure is not None:
+            self.metrics.record_restart(spec.recipe, self.machine.last_failure.code)
         key, deliver = launch_key(spec)
         # The engine's environment is the spec's alone: the key goes in its --config file
-        # (appliance/engine_secret.py), which the compile factors leave out like vLLM does.
+        # (appliance/recipe/engine_secret.py), which the compile factors leave out like vLLM does.
         await self._begin_compile(run, spec, {}, prov, emptied=action.empty_cache_first is not None)
         failure: Failure | None = None
         try:
@@ -728,7 +730,7 @@ class Driver:
                 DiagnosisCode.PORT_IN_USE.value, str(exc),
                 "stop the process that holds the port (by PID), or give the recipe another engine.port",
                 retryable=True)
-        except RuntimeError_ as exc:
+        except EngineRuntimeError as exc:
             failure = Failure(
                 "launch_failed", f"the {spec.kind} runtime could not start the engine: {exc}",
                 "see the message: a missing interpreter, image or device is an installation problem",
@@ -743,7 +745,7 @@ class Driver:
         self.store.set_handle(action.launch_id, handle, self.clock.now())
         run.follower.started_at = self.clock.now()
         self.submit(Launched(action.launch_id, handle))
-        launch = self.m.launch
+        launch = self.machine.launch
         if launch is not None and launch.launch_id == action.launch_id:
             self._watch_death(handle)
 
@@ -754,7 +756,7 @@ class Driver:
             try:
                 info = await asyncio.to_thread(rt.stop, action.handle, action.grace_s)
                 break
-            except RuntimeError_ as exc:
+            except EngineRuntimeError as exc:
                 self.note("stop-error", f"stop attempt {attempt}: {exc}", action.launch_id)
                 info = await asyncio.to_thread(rt.inspect, action.handle)
                 if not info.running:
@@ -763,7 +765,7 @@ class Driver:
             # Never report a running engine as stopped: the host cannot hold two.
             self.note("stop-failed", "the engine did not stop; it stays under supervision", action.launch_id)
             return
-        launch = self.m.launch
+        launch = self.machine.launch
         if launch is not None and launch.launch_id == action.launch_id:
             await self._follow(launch)
         run = self.runs.get(action.launch_id)
@@ -774,13 +776,13 @@ class Driver:
         self._forget_unless_current(action.launch_id)
 
     async def _drain(self, action: DrainGateway) -> None:
-        await self.gateway_sync.drain(action.launch_id, action.deadline_s, self.m.policy.retry_after_s)
+        await self.gateway_sync.drain(action.launch_id, action.deadline_s, self.machine.policy.retry_after_s)
         self.submit(Drained(action.launch_id))
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()
         self.store.mark_ready(action.launch_id, now, action.ready_s)
-        launch = self.m.launch
+        launch = self.machine.launch
         run = self.runs.get(action.launch_id)
         follower = run.follower if run is not None else None
         if launch is None or launch.launch_id != action.launch_id:
@@ -832,7 +834,7 @@ class Driver:
 
     def _forget_unless_current(self, launch_id: str) -> None:
         """Drop a launch's state when the machine has no such launch (it ignored a late answer)."""
-        launch = self.m.launch
+        launch = self.machine.launch
         if launch is None or launch.launch_id != launch_id:
             self.runs.end(launch_id)
 
@@ -866,12 +868,12 @@ class Driver:
             self._subscribers.discard(queue)
 
     def status(self) -> dict[str, Any]:
-        launch = self.m.launch
+        launch = self.machine.launch
         run = self.runs.get(launch.launch_id) if launch is not None else None
-        return {**status_view.status(self.m, run, self.clock.now(), self.last_diagnosis),
+        return {**status_view.status(self.machine, run, self.clock.now(), self.last_diagnosis),
                 "store_problem": self.store_problem}
 
 
-# The failures the machine itself decides; their codes are appliance.diagnosis's, so the driver's
+# The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's
 # re-diagnosis over the evidence and the machine's own verdict use one spelling.
 _MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from controller.runtime.base import EngineHandle, ExitInfo, Runtime, RuntimeError_
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def watch_exit(
                     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                         loop.call_soon_threadsafe(on_exit, handle.launch_id, info)
                     return
-        except (RuntimeError_, OSError) as exc:
+        except (EngineRuntimeError, OSError) as exc:
             log.warning("exit watch of %s ended: %s (the poll still sees it)", handle.launch_id, exc)
         finally:
             on_done()

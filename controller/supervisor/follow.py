@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from appliance.engine_facts import EngineFactsReader
-from appliance.log_phases import PhaseEvent, PhaseTracker
-from appliance.phase_record import PhaseRecorder
+from appliance.observe.engine_facts import EngineFactsReader
+from appliance.observe.log_phases import PhaseEvent, PhaseTracker
+from appliance.observe.phase_record import PhaseRecorder
 
 TAIL_LINES = 200  # what the diagnosis and the launch record keep of the log
 _MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut (a tqdm bar redrawn for an hour)

@@ -2,7 +2,7 @@
 
 Every few seconds: one sample per card (controller/watch/gpu.py) → Prometheus; while an engine is
 starting or running, the samples are folded into that launch's peaks by the supervisor's current
-phase (appliance/gpu_mem.PhasePeaks: graph capture is where GPU memory jumps) → the launch record.
+phase (appliance/observe/gpu_mem.PhasePeaks: graph capture is where GPU memory jumps) → the launch record.
 A host with no readable GPU runs this loop with empty samples and records nothing.
 """
 
@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from appliance.gpu_mem import GpuSample, PhasePeaks
+from appliance.observe.gpu_mem import GpuSample, PhasePeaks
 from controller.metrics import ControllerMetrics
 from controller.store import Store
 from controller.supervisor.machine import Launch

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from appliance.diagnosis import Diagnosis
-from appliance.log_phases import CacheOutcome
-from appliance.ready_eta import PastLaunch
+from appliance.diagnosis.diagnosis import Diagnosis
+from appliance.observe.log_phases import CacheOutcome
+from appliance.observe.ready_eta import PastLaunch
 from controller.runtime.base import ExitInfo
 from controller.supervisor.compile_cache import CompileWatch
 from controller.supervisor.follow import LogFollower
@@ -48,7 +48,7 @@ class LaunchRun:
     exit: ExitInfo | None = None
     diagnosis: Diagnosis | None = None
     watched: bool = False  # an exit-watch thread waits on this engine
-    # The ETA (appliance/ready_eta.py): earlier ready launches of the recipe, read once at the start;
+    # The ETA (appliance/observe/ready_eta.py): earlier ready launches of the recipe, read once at the start;
     # whether the controller started it cold (None: not known, an adopted engine); the phases already
     # flagged as likely stalled (one event per phase).
     history: tuple[PastLaunch, ...] = ()

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from appliance.diagnosis import DiagnosisCode
-from appliance.launch_spec import LaunchSpec
+from appliance.diagnosis.diagnosis import DiagnosisCode
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle
 from controller.supervisor.signals import (
     Action,

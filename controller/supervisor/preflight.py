@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.admission import Admission, admit
 from appliance.host_facts import HostFacts
-from appliance.launch_spec import LaunchSpec
-from appliance.lint import Finding, lint
-from appliance.recipe_loader import RecipeError
-from appliance.recipe_model import Recipe
-from appliance.render import RenderError, render
+from appliance.recipe.admission import Admission, admit
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.lint import Finding, lint
+from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import RenderError, render
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_recipe, for_spec
 from controller.catalogue import Catalogue
@@ -38,7 +38,7 @@ Check = Callable[[Recipe, HostFacts], Failure | None]
 
 
 def lint_check(recipe: Recipe, facts: HostFacts) -> Failure | None:
-    """Lint errors refuse the launch (each rule is a measured incident, appliance/lint.py)."""
+    """Lint errors refuse the launch (each rule is a measured incident, appliance/recipe/lint.py)."""
     errors = [f for f in lint(recipe) if f.severity == "error"]
     if not errors:
         return None

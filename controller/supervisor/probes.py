@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from appliance.engine_key import bearer
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.engine_key import bearer
+from appliance.recipe.launch_spec import LaunchSpec
 
 
 class Prober(Protocol):

@@ -8,7 +8,7 @@ minimum for comparing two launches ("same artifact md5, 403/512 positions differ
 
 from __future__ import annotations
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import Provenance, ProvenanceSource, Runtime
 from controller.supervisor.driver import ProvenanceFn
 

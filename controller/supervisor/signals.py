@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo
 
 
@@ -27,7 +27,7 @@ class StartKind(StrEnum):
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a start or a running engine failed, in the terms of appliance.diagnosis.Diagnosis."""
+    """Why a start or a running engine failed, in the terms of appliance.diagnosis.diagnosis.Diagnosis."""
 
     code: str
     summary: str
@@ -96,7 +96,8 @@ class PhaseSeen:
     launch_id: str
     phase: str
     detail: str = ""
-    recorded: bool = True  # False: progress for the stall clock only, no event (appliance/phase_record.py)
+    # recorded False: progress for the stall clock only, no event (appliance/observe/phase_record.py)
+    recorded: bool = True
 
 
 @dataclass(frozen=True)

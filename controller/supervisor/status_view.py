@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.log_phases import PHASE_LABELS, CacheOutcome
-from appliance.ready_eta import ReadyEta, StartState, ready_eta, recipe_skips, start_state
+from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome
+from appliance.observe.ready_eta import ReadyEta, StartState, ready_eta, recipe_skips, start_state
 from controller.runtime.base import ExitInfo
 from controller.supervisor.launch_run import LaunchRun
 from controller.supervisor.machine import Launch, Machine, State, progress
@@ -49,7 +49,7 @@ def describe(run: LaunchRun | None) -> str | None:
 
 
 def eta(launch: Launch, run: LaunchRun | None, now: float) -> ReadyEta | None:
-    """The expected ready time of a start under way, from earlier launches (appliance/ready_eta.py);
+    """The expected ready time of a start under way, from earlier launches (appliance/observe/ready_eta.py);
     None once it is ready, before the runtime has started it, or without the driver's run."""
     if run is None or launch.handle is None or launch.ready_at is not None:
         return None

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.kmsg import OomEvent, OomEventKind, SeqGap
-from appliance.oom_attribution import LaunchTarget, attribute_oom
+from appliance.observe.kmsg import OomEvent, OomEventKind, SeqGap
+from appliance.observe.oom_attribution import LaunchTarget, attribute_oom
 from controller.metrics import ControllerMetrics
-from controller.runtime.base import ContainerScoped, EngineHandle, Runtime, RuntimeError_
+from controller.runtime.base import ContainerScoped, EngineHandle, EngineRuntimeError, Runtime
 from controller.store import Store
 from controller.supervisor.machine import Launch, State
 from controller.watch.history import HOST_HISTORY
@@ -97,7 +97,7 @@ class HostWatchLink:
         runtime = engine.runtime(handle.runtime) if engine else None
         try:
             return runtime.engine_pids(handle) if runtime else []
-        except (RuntimeError_, OSError) as exc:
+        except (EngineRuntimeError, OSError) as exc:
             # A Docker daemon restarting cannot say the container's PID: the host is still sampled
             # (MemAvailable, swap, PSI), the engine's processes at the next read that works.
             log.info("engine pids of %s unavailable this sample: %s", handle.launch_id, exc)

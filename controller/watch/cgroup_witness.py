@@ -17,7 +17,7 @@ import errno
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.procfs import ProcParseError, parse_memory_events, parse_oom_control
+from appliance.observe.procfs import ProcParseError, parse_memory_events, parse_oom_control
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 

@@ -3,7 +3,7 @@
 NVML comes from `nvidia-ml-py` (module `pynvml`), imported only when this runs: a host without it,
 or without an NVIDIA driver, just has no NVIDIA samples. NVML asks the driver, so it is used only
 when the host root is the real `/`; the sysfs files are read through the injected host root like
-every other host fact (fixture trees under tests/fixtures/hosts). Parsing is appliance/gpu_mem.py.
+every other host fact (fixture trees under tests/fixtures/hosts). Parsing is appliance/observe/gpu_mem.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from appliance.gpu_mem import GpuSample, parse_amdgpu
+from appliance.observe.gpu_mem import GpuSample, parse_amdgpu
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from appliance.kmsg import OomEvent, OomEventKind
+from appliance.observe.kmsg import OomEvent, OomEventKind
 from controller.watch.sampler import HostSample
 
 DEFAULT_POINTS = 6 * 3600  # 6 h at the watch's 1 Hz
@@ -35,7 +35,7 @@ class HostPoint(NamedTuple):
 
 class OomMark(NamedTuple):
     at: float  # wall clock, when the watch read the kill
-    scope: str  # global / cgroup / ... (appliance.kmsg.OomScope)
+    scope: str  # global / cgroup / ... (appliance.observe.kmsg.OomScope)
     task: str | None
     pid: int | None
 

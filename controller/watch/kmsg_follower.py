@@ -1,4 +1,4 @@
-"""Follow `/dev/kmsg` and report OOM kills as they happen (effectful; parsing in `appliance.kmsg`).
+"""Follow `/dev/kmsg` and report OOM kills as they happen (effectful; parsing in `appliance.observe.kmsg`).
 
 The device hands out one record per `read()`, and each opener has its own position:
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from appliance.kmsg import KmsgRecord, OomAssembler, OomEvent, SeqGap, SequenceTracker, parse_record
+from appliance.observe.kmsg import KmsgRecord, OomAssembler, OomEvent, SeqGap, SequenceTracker, parse_record
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Read the host's memory files through an injected proc root (effectful; parsing is in
-`appliance.procfs`).
+`appliance.observe.procfs`).
 
 Tests point `proc_root` at a fixture tree (`tests/fixtures/procfs/<host>/proc`), the way
 prometheus `client_python` takes `proc='/proc'`. Processes come and go between listing and
@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from appliance.procfs import (
+from appliance.observe.procfs import (
     MemInfo,
     Pressure,
     ProcessMemory,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from appliance.recipe_loader import RecipeError
-from appliance.recipe_model import Recipe
+from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.recipe_model import Recipe
 
 GIB = 1024**3
 

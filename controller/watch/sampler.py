@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
-from appliance.procfs import MemInfo, Pressure, ProcessMemory, SwapArea
+from appliance.observe.procfs import MemInfo, Pressure, ProcessMemory, SwapArea
 from controller.watch.procreader import ProcReader
 from controller.watch.sample_policy import ALWAYS, FullReason, ProcessSampleSchedule, SamplingPolicy
 

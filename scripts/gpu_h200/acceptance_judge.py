@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Judge a GPU acceptance run (docs/gpu-h200.md): the I/O around appliance.gpu_acceptance.judge.
+"""Judge a GPU acceptance run (docs/gpu-h200.md): the I/O around appliance.evaluation.gpu_acceptance.judge.
 
     python3 scripts/gpu_h200/acceptance_judge.py DIR [--write-docs docs/gpu-h200.md] [--fixtures OUT]
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (or .gpuwt/)
 
-from appliance.gpu_acceptance import (
+from appliance.evaluation.gpu_acceptance import (
     EXPECTED_RECIPES,
     Verdict,
     inputs_from_files,

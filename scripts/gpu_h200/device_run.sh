@@ -70,7 +70,7 @@ elif [ "$STEP" = A ]; then
     echo "== sitecustomize/usercustomize:"; python3 -c 'import sitecustomize; print(sitecustomize.__file__)' 2>&1 | tail -1
     python3 -c 'import usercustomize; print(usercustomize.__file__)' 2>&1 | tail -1
     echo "== root logger after importing the controller's modules (basicConfig is a no-op if it has handlers):"
-    python3 -c 'import logging; import controller.cli.main, controller.service, controller.cli.service_cmd; r=logging.getLogger(); print("handlers", r.handlers, "level", logging.getLevelName(r.level)); print("disabled loggers", [n for n, l in logging.root.manager.loggerDict.items() if getattr(l, "disabled", False)][:20])'
+    python3 -c 'import logging; import controller.cli.main, controller.service, controller.cli.lifecycle_cmd, controller.cli.api_cmd; r=logging.getLogger(); print("handlers", r.handlers, "level", logging.getLevelName(r.level)); print("disabled loggers", [n for n, l in logging.root.manager.loggerDict.items() if getattr(l, "disabled", False)][:20])'
     python3 -c 'import logging; import controller.service as s; import uvicorn; print("uvicorn", uvicorn.__version__); logging.basicConfig(level="INFO"); print("after basicConfig root handlers", logging.getLogger().handlers, logging.getLevelName(logging.getLogger().level))'
     echo "== NVML through the appliance's GPU watch:"; python3 -c 'from controller.watch.gpu import GpuReader; print(GpuReader().sample())'
     nv idle

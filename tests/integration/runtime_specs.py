@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 
 from appliance.host_facts import HostFacts
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import parse_recipes
-from appliance.render import render
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_loader import parse_recipes
+from appliance.recipe.render import render
 from appliance.runtimes.docker import DockerLaunch
 from tests.unit.spec_helpers import launch_spec
 

@@ -28,7 +28,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance.engine_key import ENGINE_KEY_ENV
+from appliance.recipe.engine_key import ENGINE_KEY_ENV
 from controller.runtime.process import ProcessRuntime
 from tests.integration.controller_harness import (
     ENGINE,

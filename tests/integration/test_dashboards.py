@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from appliance.kmsg import SeqGap, oom_events, parse_stream
-from controller.engine_cpu import launch_spec, prepare_cache_dirs
+from appliance.observe.kmsg import SeqGap, oom_events, parse_stream
+from bench.engine_cpu import launch_spec, prepare_cache_dirs
 from controller.gateway.metrics import GatewayMetrics
 from controller.metrics import ControllerMetrics
 from controller.settings import paths

@@ -27,8 +27,8 @@ import docker.errors
 import psutil
 import pytest
 
-from appliance.engine_secret import CONTAINER_KEY_PATH
-from appliance.launch_spec import LaunchSpec, Mount, Ulimit
+from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
+from appliance.recipe.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime.base import (
     LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
@@ -36,10 +36,10 @@ from controller.runtime.base import (
     LABEL_RECIPE,
     LABEL_SPEC_HASH,
     EngineHandle,
+    EngineRuntimeError,
     Runtime,
-    RuntimeError_,
 )
-from controller.runtime.docker_rt import DockerRuntime
+from controller.runtime.docker import DockerRuntime
 from controller.runtime.ports import PortInUse
 from controller.supervisor.engine_key import new_engine_key
 from tests.integration.images import busybox_image
@@ -262,7 +262,7 @@ def test_memlock_unlimited_runs_or_fails_with_an_operator_hint(
         assert re.search(r"Max locked memory\s+unlimited\s+unlimited", wait_for_log(rt, handle, "locked"))
     else:
         # Measured here: dockerd without CAP_SYS_RESOURCE → "error setting rlimit type 8".
-        with pytest.raises(RuntimeError_, match=r"memlock.*CAP_SYS_RESOURCE") as err:
+        with pytest.raises(EngineRuntimeError, match=r"memlock.*CAP_SYS_RESOURCE") as err:
             rt.start(spec, launch_id)
         assert "rlimit type 8" in str(err.value)
         left = rt.client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"})
@@ -298,7 +298,7 @@ def test_memory_hog_in_a_memory_limited_container_is_oom_killed(
 
 def test_missing_image_is_an_operator_error(rt: DockerRuntime, made: Tracker) -> None:
     spec = busybox_spec("appliance-test/never-built:nope", "true")
-    with pytest.raises(RuntimeError_, match=r"not present on this host.*never pulls.*images/README.md"):
+    with pytest.raises(EngineRuntimeError, match=r"not present on this host.*never pulls.*images/README.md"):
         rt.start(spec, made.launch_id())
 
 

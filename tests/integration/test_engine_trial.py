@@ -1,4 +1,4 @@
-"""controller.engine_trial (the cold-vs-warm measuring harness behind MEASURED.md) on the stand-in.
+"""bench.engine_trial (the cold-vs-warm measuring harness behind MEASURED.md) on the stand-in.
 
 The harness starts the rendered default recipe once, times /health to ready, probes /v1/models and
 a chat, and stops the engine by PID. The real engine's cold→warm proof is the warm-restart test
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_loader import parse_recipes
-from appliance.render import render
-from controller import engine_cpu, engine_trial
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_loader import parse_recipes
+from appliance.recipe.render import render
+from bench import engine_cpu, engine_trial
 from tests.integration.runtime_specs import RECIPE_NAME, SERVED_NAME, facts, standin_recipe
 
 

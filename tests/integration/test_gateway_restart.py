@@ -76,9 +76,9 @@ async def test_a_restarted_gateway_is_given_the_ready_engine_again(
         driver.submit(Apply("test-recipe"))
         for _ in range(10):
             await step()
-            if driver.m.state is State.READY:
+            if driver.machine.state is State.READY:
                 break
-        assert driver.m.state is State.READY
+        assert driver.machine.state is State.READY
         await step()
         assert await link.current() == GatewayUpstream(engine.url, "smollm2")
         assert await _status(s, gw1.url, key) == 200

@@ -17,8 +17,8 @@ import docker
 import pytest
 from docker.models.containers import Container
 
-from appliance.kmsg import OomEvent, OomEventKind, OomScope
-from appliance.oom_attribution import LaunchTarget, MatchKind, attribute_oom, diagnose_oom
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.observe.oom_attribution import LaunchTarget, MatchKind, attribute_oom, diagnose_oom
 from controller.metrics import ControllerMetrics
 from controller.watch.cgroup_witness import CgroupOomWitness, resolve_oom_file
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower

@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, Runtime, RuntimeError_
+from appliance.recipe.launch_spec import LaunchSpec
+from controller.runtime.base import EngineHandle, EngineRuntimeError, Runtime
 from controller.runtime.ports import port_is_free
 from controller.runtime.process import HANDLE_FILE, PID_FILE, PROCESS_FILE, ProcessRuntime
 from tests.integration.runtime_specs import process_spec, with_argv
@@ -164,7 +164,7 @@ def test_processes_left_behind_by_the_engine_are_reaped(rt: ProcessRuntime) -> N
 _CONTROLLER = """
 import sys
 from pathlib import Path
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 spec = LaunchSpec.model_validate_json(sys.argv[2])
 handle = ProcessRuntime(Path(sys.argv[1])).start(spec, "survivor")
@@ -273,7 +273,7 @@ def test_pid_reuse_is_not_adopted_nor_signalled(rt: ProcessRuntime, runs: Path, 
 
 def test_a_missing_engine_venv_is_an_operator_error(rt: ProcessRuntime, runs: Path) -> None:
     missing = with_argv(fake_spec(), ("/nonexistent/engine/venv/bin/python", "-m", "vllm"))
-    with pytest.raises(RuntimeError_, match="appliance engine setup"):
+    with pytest.raises(EngineRuntimeError, match="appliance engine setup"):
         rt.start(missing, "missing")
     assert not (runs / "missing").exists()
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from appliance.engine_key import ENGINE_KEY_ENV
-from appliance.engine_secret import KEY_FILE_NAME, key_from_config
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.engine_key import ENGINE_KEY_ENV
+from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig, SystemClock
@@ -70,11 +70,11 @@ async def test_a_killed_engine_leaves_the_gateway_before_the_next_poll(tmp_path:
     try:
         assert driver.submit(Apply("fake-engine")) is None
         async with asyncio.timeout(LIVENESS_S):
-            while driver.m.state is not State.READY:
+            while driver.machine.state is not State.READY:
                 await driver.step()
                 await driver.settle()
                 await asyncio.sleep(0.02)
-        launch = driver.m.launch
+        launch = driver.machine.launch
         assert launch is not None and launch.handle is not None
         main, _ = ready_pids(wait_for_log(rt, launch.handle, r"READY"))
         await _until(lambda: ("point_to", "http://127.0.0.1:1") in gateway.calls, "the gateway has it")
@@ -99,7 +99,7 @@ async def test_a_killed_engine_leaves_the_gateway_before_the_next_poll(tmp_path:
         # No step() from here on: only the exit watch can notice.
         await _until(lambda: len(gateway.calls) > calls_before, "the gateway was told about the death")
         assert gateway.calls[calls_before][0] == "clear"  # first word after the death: no upstream
-        await _until(lambda: driver.m.state is State.BACKOFF, "the exit was classified")
+        await _until(lambda: driver.machine.state is State.BACKOFF, "the exit was classified")
         await driver.settle()
         status = driver.status()
         assert status["state"] == "backoff"
@@ -132,15 +132,15 @@ async def test_an_exited_state_is_what_status_says_while_the_exit_is_classified(
     try:
         driver.submit(Apply("fake-engine"))
         async with asyncio.timeout(LIVENESS_S):
-            while driver.m.state is not State.READY:
+            while driver.machine.state is not State.READY:
                 await driver.step()
                 await driver.settle()
                 await asyncio.sleep(0.02)
-        launch = driver.m.launch
+        launch = driver.machine.launch
         assert launch is not None and launch.handle is not None
         main, _ = ready_pids(wait_for_log(rt, launch.handle, r"READY"))
         os.kill(main, signal.SIGKILL)
-        await _until(lambda: driver.m.state is State.EXITED, "the death was noticed")
+        await _until(lambda: driver.machine.state is State.EXITED, "the death was noticed")
         status = driver.status()
         assert status["state"] == "exited"
         assert status["launch"]["exit"] == {"exit_code": 137, "signal": 9, "oom_killed": None}

@@ -5,7 +5,7 @@ compile-key guard): the same functions the runtimes call, nothing re-typed here.
   at the variant's key file path);
 - docker: `appliance.runtimes.docker.container_kwargs(…, key_file=True)` (what DockerRuntime.create
   hands the daemon: `environment`, `entrypoint` + `command`);
-- kubernetes: the Deployment of `k8s_manifests.manifests` (its container's env values and command).
+- kubernetes: the Deployment of `k8s/manifests.manifests` (its container's env values and command).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.launch_spec import LaunchSpec
-from appliance.render import render
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.render import render
 from appliance.runtimes import docker as docker_plugin
-from appliance.runtimes.k8s_manifests import manifests
+from appliance.runtimes.k8s.manifests import manifests
 from controller.runtime.process import ProcessRuntime, engine_env
 from controller.supervisor.engine_key import launch_key
 from tests.unit.recipe_helpers import fixed_facts, shipped

@@ -6,8 +6,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from appliance.host_facts import HostFacts
-from appliance.recipe_loader import load_recipes
-from appliance.recipe_model import Recipe
+from appliance.recipe.recipe_loader import load_recipes
+from appliance.recipe.recipe_model import Recipe
 from host_setup.facts import gather_facts
 
 REPO = Path(__file__).resolve().parents[2]

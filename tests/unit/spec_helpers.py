@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 
 COMMON_DEFAULTS: dict[str, Any] = {
     "recipe": "r",

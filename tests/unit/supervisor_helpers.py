@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from appliance.launch_spec import LaunchSpec
+from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes.process import ProcessLaunch
 from controller.gateway.control import GatewayControlError
 from controller.runtime.base import EngineHandle, ExitInfo

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.admission import Admission, admit, swap_efficiency
 from appliance.host_facts import GIB, HostFacts
+from appliance.recipe.admission import Admission, admit, swap_efficiency
 from host_setup.facts import gather_facts
 from tests.unit.recipe_helpers import C_PRIME, HOSTS, B, C, host, shipped, with_changes
 
@@ -276,7 +276,7 @@ def test_placement_is_asked_of_the_plugin_not_read_from_the_kind(monkeypatch: py
 def test_a_cpu_kv_cache_request_larger_than_the_host_is_refused() -> None:
     """A child of cpu-smollm2 with VLLM_CPU_KVCACHE_SPACE=40 on a 23 GiB host was admitted (the CPU
     model ignored the KV space), then vLLM refused the allocation and the controller retried 5 times."""
-    from appliance.admission import kv_request_gib
+    from appliance.recipe.admission import kv_request_gib
 
     base = shipped()["cpu-smollm2"]
     env = {n: {"value": v.value} for n, v in base.env.vars.items()}

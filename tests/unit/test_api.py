@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 
 from controller import admin_token
-from controller.api import create_app
-from controller.api_context import ApiContext
+from controller.api.app import create_app
+from controller.api.context import ApiContext
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.machine import State
@@ -224,7 +224,7 @@ async def test_apply_during_a_start_is_409_and_status_shows_progress(
     r = await client.post("/apply", json={"recipe": "cpu-smollm2"}, headers=AUTH)
     assert r.status_code == 202 and r.json()["state"] == "preflight"
     await rig.step(1)
-    assert rig.driver.m.state is State.STARTING
+    assert rig.driver.machine.state is State.STARTING
     rig.runtime.current().log = "INFO Loading weights took 0.82 seconds\n"
     for _ in range(3):
         await rig.step(60)

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from controller import admin_token
-from controller.api import AdminGuard, create_app
-from controller.api_context import ApiContext
-from controller.api_gate import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
+from controller.api.app import AdminGuard, create_app
+from controller.api.context import ApiContext
+from controller.api.gate import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
+from controller.api.keys import keys_router
 from controller.gateway.keystore import KeyStore
-from controller.keys_api import keys_router
 from tests.unit.test_api import AUTH, TOKEN, Rig
 
 CHUNK = 64 * 1024
@@ -235,7 +235,7 @@ def test_numbers_past_sqlite_integers_are_422(home: Path, path: str, param: str)
 async def test_the_422_handler_never_echoes_unwritable_input() -> None:
     from fastapi.exceptions import RequestValidationError
 
-    from controller.api_gate import validation_error
+    from controller.api.gate import validation_error
 
     exc = RequestValidationError([
         {"type": "bool_parsing", "loc": ("body", "force"), "msg": "Input should be a valid boolean",

@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from controller import admin_token
-from controller.cli import keys_cmd, service_cmd
+from controller.cli import api_cmd, keys_cmd, lifecycle_cmd
 
 REFUSAL = {"code": "admission_refused", "summary": "predicted peak 80 GiB > RAM + swap 40 GiB",
            "hint": "use a smaller recipe", "retryable": False}
@@ -48,15 +48,16 @@ def status(state: str, recipe: str, outcome: str, failure: dict[str, Any] | None
 @pytest.fixture
 def app() -> typer.Typer:
     app = typer.Typer()
-    service_cmd.register(app)
+    lifecycle_cmd.register(app)
+    api_cmd.register(app)
     keys_cmd.register(app)
     return app
 
 
 def run(app: typer.Typer, monkeypatch: pytest.MonkeyPatch, client: ScriptedClient, *args: str) -> Any:
-    monkeypatch.setattr(service_cmd, "_client", lambda api: client)
+    monkeypatch.setattr(api_cmd, "_client", lambda api: client)
     follow = pytest.fail  # a refused or unchanged apply must not follow anything
-    monkeypatch.setattr(service_cmd, "_follow", lambda c, timeout_s=None: follow("followed"))
+    monkeypatch.setattr(api_cmd, "follow_outcome", lambda c, timeout_s=None: follow("followed"))
     return CliRunner().invoke(app, list(args))
 
 
@@ -87,7 +88,7 @@ def test_a_follow_that_ends_ready_on_another_recipe_is_not_success(monkeypatch: 
     """The race the verdict wait cannot see (another apply superseded ours): still never "ready: X"."""
     client = ScriptedClient([status("ready", "cpu-smollm2", "refused", REFUSAL)])
     with pytest.raises(typer.Exit) as exc:
-        service_cmd._end_of_follow(client, "ready", "big")  # type: ignore[arg-type]
+        api_cmd.end_of_follow(client, "ready", "big")  # type: ignore[arg-type]
     assert exc.value.exit_code == 1
 
 
@@ -97,14 +98,14 @@ def test_up_prints_the_answer_as_json_and_the_key_hint_that_works(
     ready = {"state": "ready", "recipe": "r", "launch": {"engine_url": "http://e", "served_model_name": "m"}}
     client = ScriptedClient([ready])
     answer = {"status": 200, "answer": "L'Étoile, \"la Marseillaise\"\nParis", "completion_tokens": 9}
-    monkeypatch.setattr(service_cmd, "_gateway_completion", lambda url, key, body: answer)
-    monkeypatch.setattr(service_cmd, "_first_key_once", lambda c: "k")
-    service_cmd._print_where(client, "http://gw", None)  # type: ignore[arg-type]
+    monkeypatch.setattr(lifecycle_cmd, "_gateway_completion", lambda url, key, body: answer)
+    monkeypatch.setattr(lifecycle_cmd, "_first_key_once", lambda c: "k")
+    lifecycle_cmd._print_where(client, "http://gw", None)  # type: ignore[arg-type]
     line = next(x for x in capsys.readouterr().out.splitlines() if "through the gateway:" in x)
     assert json.loads(line.split("through the gateway:", 1)[1]) == answer
 
-    monkeypatch.setattr(service_cmd, "_first_key_once", lambda c: None)
-    service_cmd._print_where(client, "http://gw", None)  # type: ignore[arg-type]
+    monkeypatch.setattr(lifecycle_cmd, "_first_key_once", lambda c: None)
+    lifecycle_cmd._print_where(client, "http://gw", None)  # type: ignore[arg-type]
     hint = next(x for x in capsys.readouterr().out.splitlines() if "keys create" in x)
     suggested = hint.split("`")[1].split()  # appliance keys create --name NAME
     assert suggested[:3] == ["appliance", "keys", "create"]
@@ -123,7 +124,7 @@ def test_down_removes_the_gateway_control_token(home: Path) -> None:
     admin_token.write_gateway_token(home / "run")
     token_file = home / "run" / admin_token.GATEWAY_TOKEN_FILE
     assert token_file.exists()
-    service_cmd.down(keep_engine=False, grace=1.0)
+    lifecycle_cmd.down(keep_engine=False, grace=1.0)
     assert not token_file.exists()
 
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.bench_tiers import MIN_TIER_INPUT_TOKENS, SEED_TIERS, NoTierFits, input_lengths, plan_tiers
-from appliance.prompts import PROMPT_SET_SHA256, bench_prompt, prompt_set_digest
+from appliance.evaluation.bench_tiers import (
+    MIN_TIER_INPUT_TOKENS,
+    SEED_TIERS,
+    NoTierFits,
+    input_lengths,
+    plan_tiers,
+)
+from appliance.evaluation.prompts import PROMPT_SET_SHA256, bench_prompt, prompt_set_digest
 
 
 def test_a_long_context_uses_the_seed_tiers_unscaled() -> None:

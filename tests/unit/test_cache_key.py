@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.cache_key import cache_key, variant_cache_root
+from appliance.recipe.cache_key import cache_key, variant_cache_root
 from tests.unit.recipe_helpers import HOME, C, fixed_facts, shipped, with_changes
 
 
@@ -97,8 +97,8 @@ def test_a_non_compile_env_value_keeps_the_root(name: str, value: str) -> None:
 
 
 def test_every_engine_field_is_classified() -> None:
-    from appliance.cache_key import COMPILE_ENGINE_FIELDS, NON_COMPILE_ENGINE_FIELDS
-    from appliance.recipe_model import EngineArgs
+    from appliance.recipe.cache_key import COMPILE_ENGINE_FIELDS, NON_COMPILE_ENGINE_FIELDS
+    from appliance.recipe.recipe_model import EngineArgs
 
     assert not COMPILE_ENGINE_FIELDS & NON_COMPILE_ENGINE_FIELDS
     assert set(EngineArgs.model_fields) == COMPILE_ENGINE_FIELDS | NON_COMPILE_ENGINE_FIELDS

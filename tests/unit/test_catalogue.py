@@ -1,11 +1,11 @@
-"""controller/catalogue.py and appliance/recipe_diff.py: the one recipe catalogue."""
+"""controller/catalogue.py and appliance/recipe/recipe_diff.py: the one recipe catalogue."""
 
 from __future__ import annotations
 
 import pytest
 
-from appliance.recipe_diff import flatten
-from appliance.recipe_loader import RecipeError
+from appliance.recipe.recipe_diff import flatten
+from appliance.recipe.recipe_loader import RecipeError
 from controller.catalogue import Catalogue, UnknownRecipe, load_failed
 from tests.unit.recipe_helpers import RECIPES_DIR
 

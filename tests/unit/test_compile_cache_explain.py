@@ -14,9 +14,9 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from appliance.compile_factors import DirState, MissReason, Variant, root_warnings
-from appliance.launch_spec import LaunchSpec
-from controller.cli import recipes_cmd, service_cmd
+from appliance.observe.compile_factors import DirState, MissReason, Variant, root_warnings
+from appliance.recipe.launch_spec import LaunchSpec
+from controller.cli import api_cmd, recipes_cmd
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Provenance
 from controller.store import Store
@@ -61,8 +61,10 @@ def _boot(root: Path, logs: dict[str, str]) -> Callable[[FakeEngine], None]:
 async def _ready(rig: Rig, launch_id: str) -> None:
     # force: the same spec hash again is a restart (the key was never part of the spec).
     assert rig.driver.submit(Apply("test-recipe", force=True)) is None
-    await rig.run_until(lambda: rig.driver.m.state is State.READY and rig.driver.m.launch is not None
-                        and rig.driver.m.launch.launch_id == launch_id, 300)
+    await rig.run_until(
+        lambda: rig.driver.machine.state is State.READY and rig.driver.machine.launch is not None
+        and rig.driver.machine.launch.launch_id == launch_id, 300,
+    )
 
 
 async def _two_launches(tmp_path: Path, logs: dict[str, str], key_2: str = KEY_1,
@@ -137,7 +139,7 @@ async def test_a_root_shared_with_another_variant_is_named(tmp_path: Path) -> No
     rig.preflight.spec = other
     rig.driver.submit(Apply("other-recipe"))
     await rig.run_until(
-        lambda: rig.driver.m.state is State.READY and rig.driver.m.recipe == "other-recipe", 300)
+        lambda: rig.driver.machine.state is State.READY and rig.driver.machine.recipe == "other-recipe", 300)
     second = rig.store.get_launch("L2")
     assert second is not None
     assert second.compile_cache["warnings"] == [
@@ -172,8 +174,8 @@ class _Client:
 
 def _cli(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any], *args: str) -> Result:
     app = typer.Typer()
-    service_cmd.register(app)
-    monkeypatch.setattr(service_cmd, "_client", lambda api: _Client(answers))
+    api_cmd.register(app)
+    monkeypatch.setattr(api_cmd, "_client", lambda api: _Client(answers))
     return CliRunner().invoke(app, list(args))
 
 
@@ -224,7 +226,7 @@ class _LookupClient(_Client):
     """Answers like the API: 404 for an unknown launch ID."""
 
     def get(self, path: str) -> Any:
-        from controller.api_client import ApiError
+        from controller.api.client import ApiError
 
         if path not in self.answers:
             raise ApiError(404, f"no launch {path!r}")
@@ -233,8 +235,8 @@ class _LookupClient(_Client):
 
 def _lookup_cli(monkeypatch: pytest.MonkeyPatch, answers: dict[str, Any], *args: str) -> Result:
     app = typer.Typer()
-    service_cmd.register(app)
-    monkeypatch.setattr(service_cmd, "_client", lambda api: _LookupClient(answers))
+    api_cmd.register(app)
+    monkeypatch.setattr(api_cmd, "_client", lambda api: _LookupClient(answers))
     return CliRunner().invoke(app, list(args))
 
 

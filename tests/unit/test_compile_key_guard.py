@@ -2,7 +2,7 @@
 
 Two launches of every shipped recipe, each with its own launch id and fresh engine key, exactly as
 the runtimes start them (tests/unit/engine_invocations.py), must give vLLM the same hashed
-environment under every version's rule (appliance/vllm_compile_rules.py: 0.26.0's ignore list from
+environment under every version's rule (appliance/observe/vllm_compile_rules.py: 0.26.0's ignore list from
 its source; the gfx906 build held to the strictest rule) and the same argv; neither the key nor the
 launch id may reach any variable vLLM reads or any argv word. The converse shows the check can fail:
 the old delivery (`VLLM_API_KEY`) and a compile-relevant variable move the key under 0.26.0.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.vllm_compile_rules import RULES, moved_by, per_launch_leaks
+from appliance.observe.vllm_compile_rules import RULES, moved_by, per_launch_leaks
 from tests.unit.engine_invocations import invocation, specs
 
 SPECS = specs()

@@ -1,6 +1,6 @@
 """The operator console without a browser: log-in, session expiry, CSRF, CSP, keys, apply, charts.
 
-The app is the real controller app (controller/api.py's create_app, which includes the console)
+The app is the real controller app (controller/api/app.py's create_app, which includes the console)
 over the rig of test_api.py: a real preflight over the shipped recipes and the reference host's
 fixture tree, a driver with the declared fakes for runtime/prober/gateway. Sessions get a fake
 clock where expiry is tested.
@@ -17,8 +17,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from appliance.kmsg import OomEvent, OomEventKind, OomScope
-from appliance.procfs import MemInfo
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.observe.procfs import MemInfo
 from controller import admin_token
 from controller.console import charts
 from controller.console.auth import COOKIE, Sessions
@@ -175,15 +175,16 @@ async def test_apply_confirms_then_a_second_apply_is_refused_and_changes_nothing
     confirm = await client.get("/console/recipes/cpu-smollm2/apply")
     assert "confirm-apply" in confirm.text and "Nothing is running" in confirm.text
     csrf = _form_token(confirm.text, "csrf")
-    assert rig.driver.m.state is State.IDLE
+    assert rig.driver.machine.state is State.IDLE
     r = await client.post("/console/recipes/cpu-smollm2/apply", data={"csrf": csrf})
     assert r.status_code == 303 and r.headers["location"] == "/console/?notice=applied"
-    assert rig.driver.m.state is State.PREFLIGHT and rig.driver.m.recipe == "cpu-smollm2"
-    token = rig.driver.m.token
+    assert rig.driver.machine.state is State.PREFLIGHT and rig.driver.machine.recipe == "cpu-smollm2"
+    token = rig.driver.machine.token
     again = await client.post("/console/recipes/cuda-generic/apply", data={"csrf": csrf})
     assert again.status_code == 409
     assert "start is in progress" in again.text and "Nothing was changed" in again.text
-    assert rig.driver.m.recipe == "cpu-smollm2" and rig.driver.m.token == token  # the first apply goes on
+    machine = rig.driver.machine
+    assert machine.recipe == "cpu-smollm2" and machine.token == token  # the first apply goes on
     now = await client.get("/console/?notice=applied")
     assert "Apply accepted" in now.text and 'id="progress"' in now.text
 
@@ -291,7 +292,7 @@ def test_waterfall_bars_run_from_one_phase_to_the_next() -> None:
 
 
 def _ctx(rig: Rig, home: Path):  # type: ignore[no-untyped-def]
-    from controller.api_context import ApiContext
+    from controller.api.context import ApiContext
 
     return ApiContext(rig.driver, rig.store, rig.preflight, home, "cpu-smollm2")
 

@@ -1,6 +1,6 @@
 """The console's Benchmarks pages over real stored results.
 
-Results are built with the real models (appliance/bench_result.py, the real tier plan for a short
+Results are built with the real models (appliance/evaluation/bench_result.py, the real tier plan for a short
 context, the real gate's verdict) and stored through the real EvalStore in the rig's database; the
 pages are fetched from the real controller app (test_console.py's rig and log-in).
 """
@@ -14,9 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance.bench_result import BenchResult, ProofResult, RequestRecord, SingleStream, TierResult
-from appliance.bench_tiers import SEED_TIERS, Tier, plan_tiers
-from appliance.gate import Verdict, decide
+from appliance.evaluation.bench_result import (
+    BenchResult,
+    ProofResult,
+    RequestRecord,
+    SingleStream,
+    TierResult,
+)
+from appliance.evaluation.bench_tiers import SEED_TIERS, Tier, plan_tiers
+from appliance.evaluation.gate import Verdict, decide
 from controller.console import charts
 from controller.evaluation.store import EvalStore
 from controller.runtime.base import Provenance

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.lint import has_errors, lint
-from appliance.render import render
+from appliance.recipe.lint import has_errors, lint
+from appliance.recipe.render import render
 from tests.unit.recipe_helpers import fixed_facts, shipped
 
 CUDA = ("cuda-smollm2-graph", "cuda-smollm2-eager", "cuda-smollm2-piecewise")

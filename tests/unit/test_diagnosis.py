@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis import (
+from appliance.diagnosis.diagnosis import (
     EXPECTED_ON_Z100,
     DiagnosisCode,
     FailureFacts,
@@ -18,8 +18,8 @@ from appliance.diagnosis import (
     oom_events_in_text,
     scan_text,
 )
-from appliance.kmsg import OomEvent, OomEventKind, OomScope
-from appliance.log_phases import Phase, track_text
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.observe.log_phases import Phase, track_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DOCTOR = FIXTURES / "doctor"
@@ -198,13 +198,39 @@ def test_a_vram_oom_near_the_custom_allreduce_info_line_stays_a_vram_oom() -> No
     assert C.CUSTOM_ALLREDUCE_UNSUPPORTED not in {f.code for f in scan_text(text)}
 
 
-def test_every_seed_row_is_a_known_code_once() -> None:
-    from appliance.diagnosis import SIGNATURES
-    from appliance.diagnosis_seed import SEED_SIGNATURES
+def test_every_row_is_a_known_code_once() -> None:
+    from appliance.diagnosis.diagnosis import SIGNATURES
 
     codes = [s.code for s in SIGNATURES]
     assert len(codes) == len(set(codes))
-    assert {row.code for row in SEED_SIGNATURES} <= {c.value for c in codes}
+    assert all(isinstance(c, C) for c in codes)
+
+
+def test_every_row_has_a_rank_and_ranks_are_unique() -> None:
+    """One table: a row cannot be added without its rank (a required field), and no two rows tie."""
+    from appliance.diagnosis.diagnosis import SIGNATURES, Decides
+
+    ranks = [s.rank for s in SIGNATURES]
+    assert all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+    assert len(ranks) == len(set(ranks)), sorted(r for r in ranks if ranks.count(r) > 1)
+    assert all(isinstance(s.decides, Decides) for s in SIGNATURES)
+    # Only the engine's own "failed to start" is the fallback `diagnose` reaches after stall/budget.
+    assert [s.code for s in SIGNATURES if s.decides is Decides.FALLBACK] == [C.ENGINE_START_FAILED]
+
+
+def test_the_ranks_keep_the_order_co_occurring_failures_are_decided_in() -> None:
+    """The order the separate failure list had before the rows carried their rank (diagnoses unchanged)."""
+    from appliance.diagnosis.diagnosis import _DEGRADED_ORDER, _FAILURE_ORDER
+
+    assert _FAILURE_ORDER == (
+        C.GLOBAL_OOM, C.CGROUP_OOM, C.PINNED_MEMORY_OOM, C.CUSTOM_ALLREDUCE_UNSUPPORTED,
+        C.GRAPH_PAD_FOR_CUDAGRAPH_BUG, C.COMPILE_CONSTRAINT_VIOLATION, C.IMPORT_ORDER_BAD_ALLOC,
+        C.CUDA_REINIT_FORKED, C.PACKED_SILU_NAN, C.HYDCU_MODULE_MISSING, C.MFMA_ONLY_KERNEL,
+        C.TRITON_UNSUPPORTED_TARGET, C.TRITON_API_MISMATCH, C.TORCHVISION_ABI_MISMATCH,
+        C.EXTENSION_ABI_MISMATCH, C.MODULE_NOT_FOUND, C.ENGINE_CONFIG_INVALID, C.DEVICE_OOM,
+        C.BIND_LOCALHOST_IN_BRIDGE, C.WORKER_DIED, C.PORT_IN_USE,
+    )
+    assert _DEGRADED_ORDER == (C.AOT_CACHE_MISS, C.RCCL_NET_SOCKET)
 
 
 def test_healthy_gpu_start_has_no_failure() -> None:

@@ -1,4 +1,4 @@
-"""controller.engine_cpu: the CPU engine started outside the supervisor is the default recipe, rendered.
+"""bench.engine_cpu: the CPU engine started outside the supervisor is the default recipe, rendered.
 
 One source of truth (recipes/cpu-smollm2.yaml → render): engine_env and the harness's argv cannot
 drift from what the supervisor launches, and the rendered env is pinned to the one measured in
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.recipe_loader import load_recipes
-from appliance.render import render
-from controller import engine_cpu
+from appliance.recipe.recipe_loader import load_recipes
+from appliance.recipe.render import render
+from bench import engine_cpu
 from controller.settings import DEFAULT_RECIPE, paths, recipes_dir
 from host_setup.facts import gather_facts
 from tests.unit.recipe_helpers import HOME, fixed_facts

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose
-from appliance.engine_key import ENGINE_KEY_ENV, recipe_key
-from appliance.engine_secret import CONTAINER_KEY_PATH
-from appliance.launch_spec import LaunchSpec
-from controller.runtime.docker_rt import container_create_kwargs
+from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose
+from appliance.recipe.engine_key import ENGINE_KEY_ENV, recipe_key
+from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
+from appliance.recipe.launch_spec import LaunchSpec
+from controller.runtime.docker import container_create_kwargs
 from controller.runtime.ports import PortInUse, ensure_port_free, port_is_free
 from controller.store import REDACTED, redact_spec
 from controller.supervisor.engine_key import launch_key, new_engine_key
@@ -102,7 +102,7 @@ async def test_the_engine_key_reaches_probe_and_gateway_and_nothing_else(tmp_pat
 
     rig.runtime.on_start = start
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 100)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 100)
     key = rig.runtime.keys["L1"]
     assert key is not None
     run = rig.driver.runs.get("L1")
@@ -123,7 +123,7 @@ async def test_the_engine_key_reaches_probe_and_gateway_and_nothing_else(tmp_pat
     again.driver.spec_for_recipe = lambda name: _spec(argv=NO_KEY_ARGV)
     await again.driver.adopt()
     rig.runtime.current().healthy = True
-    await again.run_until(lambda: again.driver.m.state is State.READY, 100)
+    await again.run_until(lambda: again.driver.machine.state is State.READY, 100)
     assert again.gateway.keys[-1] == key
 
 
@@ -136,7 +136,7 @@ async def test_a_taken_port_is_a_retryable_launch_failure_that_names_it(tmp_path
     rig.runtime.start = taken  # type: ignore[method-assign,assignment]
     rig.driver.submit(Apply("test-recipe"))
     await rig.step(1)
-    assert rig.driver.m.state is State.BACKOFF
-    failure = rig.driver.m.last_failure
+    assert rig.driver.machine.state is State.BACKOFF
+    failure = rig.driver.machine.last_failure
     assert failure is not None and failure.code == "port_in_use" and failure.retryable
     assert "pid 4242" in failure.summary

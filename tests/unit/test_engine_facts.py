@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.engine_facts import read_facts
+from appliance.observe.engine_facts import read_facts
 from controller.supervisor.signals import Apply
 from tests.unit.test_supervisor_driver import make_rig
 

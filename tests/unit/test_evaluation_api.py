@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance.fingerprint import Comparison, Fingerprint, check_declared
-from appliance.gate import decide
+from appliance.evaluation.fingerprint import Comparison, Fingerprint, check_declared
+from appliance.evaluation.gate import decide
 from controller.evaluation.store import EvalStore
 from controller.metrics import ControllerMetrics
 from tests.unit import test_api as _api
@@ -76,7 +76,7 @@ async def test_a_compare_whose_arm_never_gets_ready_fails_with_its_reason_and_st
     assert (await client.get(f"/compare/{job}")).json()["state"] == "failed"
     assert (await client.get("/benchmarks")).json() == []
     assert (await client.get("/comparisons")).json() == []
-    assert rig.driver.m.recipe == "cpu-smollm2"  # the switch really went to the supervisor
+    assert rig.driver.machine.recipe == "cpu-smollm2"  # the switch really went to the supervisor
 
 
 async def test_stored_results_are_listed_shown_and_exported_as_metrics(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from appliance.fingerprint import (
+from appliance.evaluation.fingerprint import (
     Comparison,
     Fingerprint,
     Measured,

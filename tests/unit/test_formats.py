@@ -8,9 +8,9 @@ import shlex
 import pytest
 import yaml
 
-from appliance.formats import FORMATS, FormatError, format_spec, vllm_config
-from appliance.launch_spec import LaunchSpec
-from appliance.render import render
+from appliance.recipe.formats import FORMATS, FormatError, format_spec, vllm_config
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.render import render
 from tests.unit.recipe_helpers import C, fixed_facts, shipped
 
 

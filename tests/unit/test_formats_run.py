@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from appliance.formats import MEMLOCK_EXIT, format_spec
 from appliance.host_facts import HostFacts
-from appliance.launch_spec import LaunchSpec, Ulimit
-from appliance.render import render
+from appliance.recipe.formats import MEMLOCK_EXIT, format_spec
+from appliance.recipe.launch_spec import LaunchSpec, Ulimit
+from appliance.recipe.render import render
 from tests.unit.recipe_helpers import B, shipped, with_changes
 
 REACHED = "REACHED-EXEC"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.bench_result import BenchResult, ProofResult, RequestRecord, TierResult, percentile
-from appliance.bench_tiers import SEED_TIERS
-from appliance.gate import Flag, Verdict, decide
+from appliance.evaluation.bench_result import BenchResult, ProofResult, RequestRecord, TierResult, percentile
+from appliance.evaluation.bench_tiers import SEED_TIERS
+from appliance.evaluation.gate import Flag, Verdict, decide
 
 
 def _tier(

@@ -7,8 +7,8 @@ from pathlib import Path
 from fastapi import FastAPI, Header, HTTPException
 from fastapi.testclient import TestClient
 
+from controller.api.keys import keys_router
 from controller.gateway.keystore import KeyStore, hash_key
-from controller.keys_api import keys_router
 
 
 def require_admin(authorization: str = Header(default="")) -> None:

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pytest
 
-from appliance.gpu_acceptance import (
+from appliance.evaluation.gpu_acceptance import (
     GatewayAnswer,
     Verdict,
     inputs_from_files,

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose, scan_text
-from appliance.engine_facts import read_facts
-from appliance.log_phases import CacheOutcome, Phase, track_text
-from appliance.phase_record import PhaseRecorder, event_label
+from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose, scan_text
+from appliance.observe.engine_facts import read_facts
+from appliance.observe.log_phases import CacheOutcome, Phase, track_text
+from appliance.observe.phase_record import PhaseRecorder, event_label
 
 H200 = Path(__file__).resolve().parent.parent / "fixtures" / "engine_logs" / "gpu-h200"
 GIB = 1024**3

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.gpu_mem import GpuSample, PhasePeaks, parse_amdgpu
+from appliance.observe.gpu_mem import GpuSample, PhasePeaks, parse_amdgpu
 from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.signals import Apply
 from controller.watch.gpu import GpuReader
@@ -87,7 +87,7 @@ def test_peaks_are_kept_per_phase_and_card() -> None:
 async def test_the_launch_record_gets_gpu_peaks_by_phase_and_metrics_the_samples(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
     link = GpuWatchLink(rig.store, GpuReader(GPUMEM), record_every_s=0.0)
-    link.current_launch = lambda: rig.driver.m.launch
+    link.current_launch = lambda: rig.driver.machine.launch
     rig.driver.submit(Apply("test-recipe"))
     await rig.step(1)
     rig.runtime.current().log += "Capturing CUDA graphs (decode, FULL): 50%|##| 2/4 [00:01<00:01]\r"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.recipe_loader import load_recipes
-from appliance.recipe_model import Recipe
+from appliance.recipe.recipe_loader import load_recipes
+from appliance.recipe.recipe_model import Recipe
 from host_setup.executor import apply_plan, revert_entries
 from host_setup.model import Area, HostPlan, HostSetupError, PlanRefused
 from host_setup.planner import plan_host

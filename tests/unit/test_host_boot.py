@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.recipe_model import Platform
+from appliance.recipe.recipe_model import Platform
 from host_setup.boot import default_driver, has_module, has_param, plan_boot, read_boot_state
 from host_setup.grub import (
     effective_spec,

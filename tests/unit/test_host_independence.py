@@ -33,8 +33,8 @@ def test_service_and_process_runtime_without_the_docker_sdk(tmp_path: Path) -> N
         from controller.service import make_runtimes
         from controller.settings import Paths
         from controller.supervisor.provenance import provenance_for
-        from controller.api import create_app
-        from appliance.launch_spec import LaunchSpec
+        from controller.api.app import create_app
+        from appliance.recipe.launch_spec import LaunchSpec
 
         paths = Paths(Path("home").resolve())
         runtimes, missing = make_runtimes(paths, docker=True)

@@ -1,5 +1,5 @@
 """`render --format helm-values`: values for vLLM production-stack's chart, validated against
-`appliance.runtimes.k8s_helm_model.HelmValues` — exactly the subset of the chart's values the render
+`appliance.runtimes.k8s.helm_model.HelmValues` — exactly the subset of the chart's values the render
 writes, unknown keys forbidden. Its key names and types follow production-stack's documented values at
 commit 01eaf92cb895ececa44ee86083f11522adafbbc9 (helm/values.schema.json); the chart's own schema is not
 shipped here (nothing fetched from a public repository is committed). Helm itself does not run here: the
@@ -14,10 +14,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from appliance.render import render
-from appliance.runtimes import kubernetes as k8s
-from appliance.runtimes.k8s_helm import split_image
-from appliance.runtimes.k8s_helm_model import HelmValues
+from appliance.recipe.render import render
+from appliance.runtimes.k8s import kubernetes as k8s
+from appliance.runtimes.k8s.helm import split_image
+from appliance.runtimes.k8s.helm_model import HelmValues
 from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
 
 AN_IMAGE = "vllm/vllm-openai:v0.11.0"

@@ -18,9 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from appliance.render import render
-from appliance.runtimes import kubernetes as k8s
-from appliance.runtimes.k8s_rbac import DROP_CACHE_RULES, RULES, SERVICE_ACCOUNT, rbac_manifests
+from appliance.recipe.render import render
+from appliance.runtimes.k8s import kubernetes as k8s
+from appliance.runtimes.k8s.rbac import DROP_CACHE_RULES, RULES, SERVICE_ACCOUNT, rbac_manifests
 from tests.unit import test_runtime_kubernetes as runtime_tests
 from tests.unit.k8s_recorded import RecordedCluster, Request
 from tests.unit.recipe_helpers import fixed_facts, shipped

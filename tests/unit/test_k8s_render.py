@@ -17,14 +17,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from appliance.launch_spec import LaunchSpec
-from appliance.lint import lint
-from appliance.render import render
-from appliance.runtimes import kubernetes as k8s
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.lint import lint
+from appliance.recipe.render import render
 from appliance.runtimes.base import FormatError
-from appliance.runtimes.k8s_manifests import startup_failure_threshold
-from appliance.runtimes.k8s_model import LABEL_KEY_RE, LABEL_VALUE_RE
-from appliance.runtimes.k8s_spec import DEVICE_ENV
+from appliance.runtimes.k8s import kubernetes as k8s
+from appliance.runtimes.k8s.manifests import startup_failure_threshold
+from appliance.runtimes.k8s.model import LABEL_KEY_RE, LABEL_VALUE_RE
+from appliance.runtimes.k8s.spec import DEVICE_ENV
 from tests.unit.recipe_helpers import REPO, fixed_facts, shipped, with_changes
 
 GOLDEN = REPO / "tests" / "fixtures" / "k8s"
@@ -352,7 +352,7 @@ def test_every_section_option_renders_schema_valid() -> None:
 def test_storage_is_an_existing_claim_or_a_size(storage: dict[str, str], message: str) -> None:
     from pydantic import ValidationError
 
-    from appliance.runtimes.k8s_model import Storage
+    from appliance.runtimes.k8s.model import Storage
 
     with pytest.raises(ValidationError, match=message):
         Storage.model_validate(storage)

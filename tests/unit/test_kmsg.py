@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.kmsg import (
+from appliance.observe.kmsg import (
     KmsgRecord,
     OomAssembler,
     OomEvent,

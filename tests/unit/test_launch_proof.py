@@ -11,8 +11,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from appliance.launch_proof import evaluate, per_rank_counts, rank_of, versions
-from appliance.recipe_model import Expectations
+from appliance.observe.launch_proof import evaluate, per_rank_counts, rank_of, versions
+from appliance.recipe.recipe_model import Expectations
 from controller.evaluation.proof import (
     PROOF_EVENT,
     WARNING_EVENT,
@@ -112,7 +112,7 @@ async def test_the_proof_is_recorded_at_ready_and_a_missing_marker_warns_and_rea
     rig.runtime.current().healthy = True
     for _ in range(3):
         await rig.step(1)
-    launch_id = rig.driver.m.launch.launch_id if rig.driver.m.launch else ""
+    launch_id = rig.driver.machine.launch.launch_id if rig.driver.machine.launch else ""
     record = (await client.get(f"/launches/{launch_id}")).json()
     kinds = [e["kind"] for e in record["events"]]
     assert PROOF_EVENT in kinds and WARNING_EVENT in kinds

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from appliance.lint import RULE_IDS, Finding, has_errors, lint
-from appliance.recipe_model import Recipe
+from appliance.recipe.lint import RULE_IDS, Finding, has_errors, lint
+from appliance.recipe.recipe_model import Recipe
 from tests.unit.recipe_helpers import C_PRIME, SHIPPED, B, C, shipped, with_changes
 
 
@@ -94,7 +94,7 @@ FIRES: list[Case] = [
     ("mem-available-bar", C, lambda r: with_changes(r, expect__min_mem_available_gib=1.0), "warning"),
     ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=1.78), "warning"),
     ("mem-available-bar", B, lambda r: with_changes(r, expect__min_mem_available_gib=None), "warning"),
-    # what a pod spec cannot express (appliance/runtimes/k8s_needs.py)
+    # what a pod spec cannot express (appliance/runtimes/k8s/needs.py)
     ("k8s-memlock", "cpu-smollm2", lambda r: on_k8s(r, host__memlock_unlimited=True), "warning"),
     ("k8s-memory-limit", "cpu-smollm2", lambda r: on_k8s(r, host__no_cgroup_memory_limit=True), "warning"),
     ("k8s-swap", "cpu-smollm2", lambda r: on_k8s(r, host__swap_total_gib=8), "warning"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.log_phases import (
+from appliance.observe.log_phases import (
     PROGRESS_ORDER,
     CacheOutcome,
     Phase,
@@ -388,7 +388,7 @@ def test_piecewise_and_full_bars_of_one_pass_are_one_round() -> None:
 
 
 def test_killed_capture_diagnosis_names_the_round() -> None:
-    from appliance.diagnosis import DiagnosisCode, FailureFacts, diagnose
+    from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose
 
     text = (FIXTURES / "doctor" / "graph_capture_killed_round2_full_and_piecewise.log").read_text()
     tracker = track_text(text)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.kmsg import OomEvent, OomEventKind, OomScope, oom_events, parse_stream
-from appliance.oom_attribution import (
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope, oom_events, parse_stream
+from appliance.observe.oom_attribution import (
     LaunchTarget,
     MatchKind,
     attribute_oom,

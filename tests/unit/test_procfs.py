@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.procfs import (
+from appliance.observe.procfs import (
     MemoryEvents,
     ProcParseError,
     memory_cgroup_of,

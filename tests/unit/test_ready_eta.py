@@ -1,10 +1,10 @@
-"""appliance/ready_eta.py: earlier launches in, ETA / phase expectations / stall flag out. Plain values,
-a fake clock (`now` is a number), golden texts."""
+"""appliance/observe/ready_eta.py: earlier launches in, ETA / phase expectations / stall flag out. Plain
+values, a fake clock (`now` is a number), golden texts."""
 
 from __future__ import annotations
 
-from appliance.log_phases import Phase
-from appliance.ready_eta import (
+from appliance.observe.log_phases import Phase
+from appliance.observe.ready_eta import (
     PastLaunch,
     PhaseExpectation,
     ReadyEta,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.recipe_loader import RecipeError, deep_merge, load_recipes, parse_recipes
-from appliance.recipe_model import GraphMode, Recipe
+from appliance.recipe.recipe_loader import RecipeError, deep_merge, load_recipes, parse_recipes
+from appliance.recipe.recipe_model import GraphMode, Recipe
 from tests.unit.recipe_helpers import SHIPPED, shipped
 
 BASE = """\
@@ -233,7 +233,7 @@ def test_deep_nesting_is_refused() -> None:
 
 
 def test_oversized_files_are_refused_without_reading_them_whole(tmp_path: Path) -> None:
-    from appliance import recipe_loader
+    from appliance.recipe import recipe_loader
 
     (tmp_path / "base.yaml").write_text(BASE + "#" + "x" * recipe_loader.MAX_RECIPE_BYTES + "\n")
     with pytest.raises(RecipeError) as info:
@@ -247,7 +247,7 @@ def test_oversized_files_are_refused_without_reading_them_whole(tmp_path: Path) 
 def test_each_file_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    from appliance import recipe_loader
+    from appliance.recipe import recipe_loader
 
     if yaml.__with_libyaml__:
         assert recipe_loader._LOADER.__name__ == "CSafeLoader"

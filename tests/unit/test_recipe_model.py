@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from appliance.recipe_model import EngineArgs, Environment, GraphMode
+from appliance.recipe.recipe_model import EngineArgs, Environment, GraphMode
 
 
 def test_env_shorthand_accepts_strings_and_numbers() -> None:

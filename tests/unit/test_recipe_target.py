@@ -82,7 +82,7 @@ async def test_the_target_is_cleared_when_the_launch_ends(tmp_path: Path) -> Non
     runtime.current().die(signal=9)  # no engine, no floor to compare MemAvailable with
     await driver.step()
     await driver.settle()
-    assert driver.m.launch is None
+    assert driver.machine.launch is None
     assert _targets(driver.metrics) == {}
 
 

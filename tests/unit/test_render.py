@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from appliance.host_facts import UNLIMITED
-from appliance.launch_spec import LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, Ulimit
-from appliance.render import TORCH_FIRST_CODE, RenderError, render
+from appliance.recipe.launch_spec import LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, Ulimit
+from appliance.recipe.render import TORCH_FIRST_CODE, RenderError, render
 from appliance.runtimes.docker import launch_of
 from appliance.runtimes.process import ProcessLaunch
 from controller.runtime import base as runtime_base

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.launch_spec import LaunchSpec, Mount
+from appliance.recipe.launch_spec import LaunchSpec, Mount
 from controller.runtime.base import ensure_cache_dirs, host_cache_dirs
 from tests.unit.spec_helpers import launch_spec
 

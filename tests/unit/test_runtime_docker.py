@@ -11,10 +11,10 @@ import pydantic
 import pytest
 import requests
 
-from appliance.launch_spec import LaunchSpec, Mount, Ulimit
+from appliance.recipe.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime import make_runtime
-from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
-from controller.runtime.docker_rt import (
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo
+from controller.runtime.docker import (
     DockerRuntime,
     _parse_docker_time,
     container_create_kwargs,
@@ -162,7 +162,7 @@ def test_nvidia_gpus_become_a_device_request(gpus: str, request_: dict[str, Any]
     kwargs = container_create_kwargs(gfx906_spec(platform="cuda", gpus=gpus), "L1")
     assert kwargs["device_requests"] == [request_]
     assert "device_requests" not in container_create_kwargs(gfx906_spec(), "L1")
-    with pytest.raises(RuntimeError_, match="--gpus syntax"):
+    with pytest.raises(EngineRuntimeError, match="--gpus syntax"):
         container_create_kwargs(gfx906_spec(gpus="many"), "L1")
 
 
@@ -170,7 +170,7 @@ def test_spec_without_image_or_bad_launch_id_is_rejected() -> None:
     # A docker launch without an image cannot even be built (LaunchSpec.runtime is DockerLaunch).
     with pytest.raises(pydantic.ValidationError, match=r"runtime\.docker\.image"):
         gfx906_spec(image=None)
-    with pytest.raises(RuntimeError_, match="container name"):
+    with pytest.raises(EngineRuntimeError, match="container name"):
         container_create_kwargs(gfx906_spec(), "a/b")
 
 
@@ -267,7 +267,7 @@ def runtime(client: FakeClient) -> DockerRuntime:
 
 def test_missing_image_says_build_it_never_pull() -> None:
     client = FakeClient(image_present=False)
-    with pytest.raises(RuntimeError_, match=r"not present on this host.*never pulls.*images/README.md"):
+    with pytest.raises(EngineRuntimeError, match=r"not present on this host.*never pulls.*images/README.md"):
         runtime(client).start(gfx906_spec(), "L1")
     assert client.containers.made == []
 
@@ -277,7 +277,7 @@ def test_start_failure_removes_the_container_and_explains() -> None:
         "500 Server Error", explanation="error setting rlimits for ready process: error setting rlimit type 8"
     )
     client = FakeClient(start_error=error)
-    with pytest.raises(RuntimeError_, match=r"rlimit type 8.*memlock.*CAP_SYS_RESOURCE"):
+    with pytest.raises(EngineRuntimeError, match=r"rlimit type 8.*memlock.*CAP_SYS_RESOURCE"):
         runtime(client).start(gfx906_spec(), "L1")
     assert client.containers.made[0].removed
 
@@ -298,14 +298,14 @@ def test_daemon_gone_is_an_operator_error() -> None:
     handle = EngineHandle(
         launch_id="L1", runtime="docker", ref="c0ffee", recipe="r", spec_hash="h", started_at=0
     )
-    with pytest.raises(RuntimeError_, match=r"daemon is not reachable.*start-dockerd"):
+    with pytest.raises(EngineRuntimeError, match=r"daemon is not reachable.*start-dockerd"):
         runtime(FakeClient()).inspect(handle)
 
 
 def test_no_daemon_at_all_is_an_operator_error(tmp_path: Any) -> None:
     # A real client on a socket nobody listens on (version pinned so that construction does not connect).
     client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-daemon.sock", version="1.41")
-    with pytest.raises(RuntimeError_, match=r"daemon is not reachable"):
+    with pytest.raises(EngineRuntimeError, match=r"daemon is not reachable"):
         DockerRuntime(client).adopt()
 
 
@@ -314,7 +314,7 @@ def test_daemon_down_at_first_use_is_an_operator_error(
 ) -> None:
     # No client injected: the runtime connects lazily (from the environment) on first use.
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
-    with pytest.raises(RuntimeError_, match=r"cannot connect to the daemon.*not reachable.*DOCKER_HOST"):
+    with pytest.raises(EngineRuntimeError, match=r"cannot connect to the daemon.*not reachable.*DOCKER_HOST"):
         DockerRuntime().adopt()
 
 
@@ -326,13 +326,13 @@ def test_unknown_network_at_create_is_an_operator_error() -> None:
 
     client.containers.create = create  # type: ignore[method-assign]
     with pytest.raises(
-        RuntimeError_, match="create container appliance-L1 failed: network appliance-net not found"
+        EngineRuntimeError, match="create container appliance-L1 failed: network appliance-net not found"
     ):
         runtime(client).start(gfx906_spec(network_mode="appliance-net"), "L1")
 
 
 def test_wrong_runtime_kind_is_rejected() -> None:
-    with pytest.raises(RuntimeError_, match="'process' runtime, not 'docker'"):
+    with pytest.raises(EngineRuntimeError, match="'process' runtime, not 'docker'"):
         runtime(FakeClient()).start(with_runtime(gfx906_spec(), "process", python="python"), "L1")
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from appliance.launch_spec import LaunchSpec, Mount
-from controller.runtime.docker_rt import (
+from appliance.recipe.launch_spec import LaunchSpec, Mount
+from controller.runtime.docker import (
     DockerRuntime,
     container_create_kwargs,
     own_container_id,
@@ -113,7 +113,7 @@ def test_host_network_engine_port_taken_is_refused_before_anything_is_created() 
 
     import pytest
 
-    from controller.runtime.base import RuntimeError_
+    from controller.runtime.base import EngineRuntimeError
 
     class NoCreate:
         def __getattr__(self, name: str) -> Any:
@@ -124,5 +124,5 @@ def test_host_network_engine_port_taken_is_refused_before_anything_is_created() 
         held.listen()
         port = held.getsockname()[1]
         s = spec().model_copy(update={"port": port, "host": "127.0.0.1"})
-        with pytest.raises(RuntimeError_, match=rf"^port 127.0.0.1:{port} is already in use"):
+        with pytest.raises(EngineRuntimeError, match=rf"^port 127.0.0.1:{port} is already in use"):
             DockerRuntime(NoCreate()).start(s, "L1")  # type: ignore[arg-type]

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_, RuntimeUnconfigured
+from appliance.recipe.launch_spec import LaunchSpec
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, RuntimeUnconfigured
 from controller.runtime.kubernetes import KubernetesRuntime, pod_exit, secret_name
 from tests.unit.k8s_recorded import FIXTURES, RecordedCluster, events, fixture, pod_list
 from tests.unit.spec_helpers import launch_spec
@@ -125,7 +125,7 @@ def test_start_puts_the_recipes_own_key_in_the_secret(cluster: RecordedCluster) 
 
 def test_start_without_any_key_is_refused(cluster: RecordedCluster) -> None:
     expect_free_names(cluster)
-    with pytest.raises(RuntimeError_, match="no engine key"):
+    with pytest.raises(EngineRuntimeError, match="no engine key"):
         runtime(cluster).start(spec(), LAUNCH, None)
     cluster.done()
 
@@ -134,7 +134,7 @@ def test_start_refuses_a_workload_of_another_launch(cluster: RecordedCluster) ->
     cluster.expect("GET", rf"/api/v1/namespaces/{NS}/services/{NAME}", "status_404_service.json",
                    status=404)
     cluster.expect("GET", DEPLOY, "deployment_other_launch.json")
-    with pytest.raises(RuntimeError_, match="already exists for launch 20261129T220000"):
+    with pytest.raises(EngineRuntimeError, match="already exists for launch 20261129T220000"):
         runtime(cluster).start(spec(), LAUNCH, KEY)
     cluster.done()  # nothing created
 
@@ -143,7 +143,7 @@ def test_start_names_the_rbac_grant_on_403(cluster: RecordedCluster) -> None:
     expect_free_names(cluster)
     cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "status_403_create_secrets.json",
                    status=403)
-    with pytest.raises(RuntimeError_) as err:
+    with pytest.raises(EngineRuntimeError) as err:
         runtime(cluster).start(spec(), LAUNCH, KEY)
     msg = str(err.value)
     assert "`create` on `secrets`" in msg and "'llm'" in msg and "forbidden" in msg
@@ -154,7 +154,7 @@ def test_start_says_the_namespace_is_missing(cluster: RecordedCluster) -> None:
     expect_free_names(cluster)
     cluster.expect("POST", rf"/api/v1/namespaces/{NS}/secrets", "status_404_namespace.json",
                    status=404)
-    with pytest.raises(RuntimeError_, match="namespace 'llm' does not exist"):
+    with pytest.raises(EngineRuntimeError, match="namespace 'llm' does not exist"):
         runtime(cluster).start(spec(), LAUNCH, KEY)
 
 
@@ -162,9 +162,9 @@ def test_no_cluster_config_is_one_sentence(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     rt = KubernetesRuntime(namespace=NS)
-    with pytest.raises(RuntimeError_, match="no cluster configuration"):
+    with pytest.raises(EngineRuntimeError, match="no cluster configuration"):
         rt.inspect(handle())
-    with pytest.raises(RuntimeError_, match="no cluster configuration"):
+    with pytest.raises(EngineRuntimeError, match="no cluster configuration"):
         rt.start(spec(), LAUNCH, KEY)
     # Not configured is its own kind of refusal: the registry leaves the runtime out quietly.
     with pytest.raises(RuntimeUnconfigured, match="no cluster configuration"):
@@ -247,7 +247,7 @@ def test_the_grace_comes_from_the_environment(
     assert rt.unschedulable_grace_s == 900.0 and rt.inspect(handle()).running
     for bad in ("five minutes", "-1", "inf", "nan"):
         monkeypatch.setenv("APPLIANCE_K8S_UNSCHEDULABLE_GRACE_S", bad)
-        with pytest.raises(RuntimeError_, match=r"UNSCHEDULABLE_GRACE_S=.* is not a number of seconds"):
+        with pytest.raises(EngineRuntimeError, match=r"UNSCHEDULABLE_GRACE_S=.* is not a number of seconds"):
             _ = runtime(cluster).unschedulable_grace_s
 
 
@@ -399,7 +399,7 @@ def test_logs_forbidden_names_pods_log(cluster: RecordedCluster) -> None:
                                                         "resource \"pods/log\" in API group \"\""}
     cluster.expect("GET", PODS, pod_list(fixture("pod_running.json")))
     cluster.expect("GET", rf"{PODS}/.*/log", body, status=403)
-    with pytest.raises(RuntimeError_, match="`get` on `pods/log`"):
+    with pytest.raises(EngineRuntimeError, match="`get` on `pods/log`"):
         runtime(cluster).read_logs(handle(), 0)
 
 

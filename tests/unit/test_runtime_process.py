@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, ExitInfo, RuntimeError_
+from appliance.recipe.launch_spec import LaunchSpec
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo
 from controller.runtime.log_offsets import decode_from, read_log_file, slice_log
 from controller.runtime.process import (
     FALLBACK_PATH,
@@ -196,7 +196,7 @@ def test_identity_file_must_agree_with_the_handle(tmp_path: Path) -> None:
     me = _me()
     handle = _record(tmp_path, "l", me)
     rt = ProcessRuntime(tmp_path)
-    with pytest.raises(RuntimeError_, match="records pid"):
+    with pytest.raises(EngineRuntimeError, match="records pid"):
         rt.inspect(handle.model_copy(update={"ref": str(me.pid + 1)}))
 
 
@@ -205,13 +205,13 @@ def test_identity_file_must_agree_with_the_handle(tmp_path: Path) -> None:
 
 def test_start_refuses_docker_specs_bad_ids_missing_programs_and_workdirs(tmp_path: Path) -> None:
     rt = ProcessRuntime(tmp_path)
-    with pytest.raises(RuntimeError_, match="'docker' runtime"):
+    with pytest.raises(EngineRuntimeError, match="'docker' runtime"):
         rt.start(launch_spec("docker", {"image": "x"}), "l1")
-    with pytest.raises(RuntimeError_, match="safe directory name"):
+    with pytest.raises(EngineRuntimeError, match="safe directory name"):
         rt.start(spec(), "../escape")
-    with pytest.raises(RuntimeError_, match=r"not an executable.*appliance engine setup"):
+    with pytest.raises(EngineRuntimeError, match=r"not an executable.*appliance engine setup"):
         rt.start(spec(argv=("/no/such/venv/bin/python", "-m", "vllm")), "l1")
-    with pytest.raises(RuntimeError_, match="workdir"):
+    with pytest.raises(EngineRuntimeError, match="workdir"):
         rt.start(spec(workdir=str(tmp_path / "nope")), "l1")
     assert list(tmp_path.iterdir()) == []
 

@@ -17,16 +17,16 @@ from typing import Any, ClassVar
 import pydantic
 import pytest
 
-from appliance import formats
-from appliance.launch_spec import LaunchSpec
-from appliance.recipe_model import Recipe
-from appliance.render import render
+from appliance.recipe import formats
+from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import render
 from appliance.runtimes import registry as pure_registry
 from appliance.runtimes.base import FormatError
 from appliance.runtimes.docker import DockerLaunch, manual_launch_id
 from appliance.runtimes.process import ProcessLaunch
 from controller.runtime import registry as effect_registry
-from controller.runtime.docker_rt import DockerRuntime
+from controller.runtime.docker import DockerRuntime
 from tests.unit.recipe_helpers import REPO, SHIPPED, C, fixed_facts, shipped
 from tests.unit.spec_helpers import launch_spec
 
@@ -39,7 +39,7 @@ SCANNED = ("appliance", "host_setup", "controller")
 def _allowed() -> set[str]:
     """A runtime's own files: every pure plug-in module, the effectful modules the registry names,
     and the two registries."""
-    own = {str(p.relative_to(REPO)) for p in (REPO / "appliance" / "runtimes").glob("*.py")}
+    own = {str(p.relative_to(REPO)) for p in (REPO / "appliance" / "runtimes").rglob("*.py")}
     own |= {entry.module.replace(".", "/") + ".py" for entry in effect_registry.RUNTIMES.values()}
     own |= {"controller/runtime/registry.py", "controller/runtime/process_shim.py"}
     return own
@@ -219,8 +219,8 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
     recipe = shipped()[name]
     spec = render(recipe, fixed_facts())
     # Cache dirs and ports are the host's business, not the create call's: keep them out of the way.
-    monkeypatch.setattr("controller.runtime.docker_rt.ensure_cache_dirs", lambda spec: None)
-    monkeypatch.setattr("controller.runtime.docker_rt.ensure_port_free", lambda host, port: None)
+    monkeypatch.setattr("controller.runtime.docker.ensure_cache_dirs", lambda spec: None)
+    monkeypatch.setattr("controller.runtime.docker.ensure_port_free", lambda host, port: None)
     client = _Client()
     runtime = DockerRuntime(client)  # type: ignore[arg-type]
     runtime.mountinfo = tmp_path / "no-mountinfo"  # on a host: paths pass through
@@ -233,7 +233,7 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
 def test_the_key_file_flag_is_the_only_difference() -> None:
     """The launch's key reaches vLLM as `--config FILE` at one path for every launch,
     never in the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile-cache key)."""
-    from appliance.engine_secret import CONTAINER_KEY_PATH
+    from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
     from appliance.runtimes.docker import container_kwargs
 
     spec = render(shipped()[C], fixed_facts())

@@ -12,8 +12,8 @@ import pytest
 import typer
 
 from controller import admin_token
-from controller.api_client import Client
-from controller.cli import service_cmd
+from controller.api.client import Client
+from controller.cli import api_cmd, lifecycle_cmd
 from controller.cli.service_client import StartView
 from controller.daemons import Daemon
 
@@ -81,7 +81,7 @@ def test_up_creates_a_token_once_and_stores_only_its_hash(tmp_path: Path, monkey
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
     monkeypatch.delenv(admin_token.TOKEN_ENV, raising=False)
-    token = service_cmd._ensure_token(tmp_path)
+    token = lifecycle_cmd._ensure_token(tmp_path)
     assert token is not None
     out = capsys.readouterr().out
     assert token in out
@@ -89,18 +89,18 @@ def test_up_creates_a_token_once_and_stores_only_its_hash(tmp_path: Path, monkey
     assert token not in stored and admin_token.matches(token, stored.strip())
     assert oct(admin_token.hash_file(tmp_path).stat().st_mode & 0o777) == "0o600"
     # Second run: not shown again; known only if the operator exported it.
-    assert service_cmd._ensure_token(tmp_path) is None
+    assert lifecycle_cmd._ensure_token(tmp_path) is None
     assert token not in capsys.readouterr().out
     monkeypatch.setenv(admin_token.TOKEN_ENV, token)
-    assert service_cmd._ensure_token(tmp_path) == token
+    assert lifecycle_cmd._ensure_token(tmp_path) == token
     monkeypatch.setenv(admin_token.TOKEN_ENV, "wrong")
-    assert service_cmd._ensure_token(tmp_path) is None
+    assert lifecycle_cmd._ensure_token(tmp_path) is None
 
 
 def test_a_malformed_configured_hash_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(admin_token.HASH_ENV, "not-a-hash")
     with pytest.raises(typer.Exit):
-        service_cmd._ensure_token(tmp_path)
+        lifecycle_cmd._ensure_token(tmp_path)
 
 
 def test_a_fresh_daemon_whose_cmdline_reads_empty_is_still_ours(tmp_path: Path,
@@ -151,7 +151,7 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from controller.api_client import Client
+    from controller.api.client import Client
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -180,7 +180,7 @@ def test_the_printed_curl_works_as_pasted(tmp_path: Path) -> None:
     import subprocess
 
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "it's here?"}]})
-    lines = service_cmd.try_it_lines("http://127.0.0.1:8080", "$KEY", body)
+    lines = lifecycle_cmd.try_it_lines("http://127.0.0.1:8080", "$KEY", body)
     command = "\n".join(line.strip() for line in lines).replace("curl -s", "printf '%s\\n'", 1)
     out = subprocess.run(["bash", "-c", command], env={"KEY": "sk-app-xyz", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, check=True).stdout.splitlines()
@@ -223,15 +223,16 @@ def test_up_remembers_its_port_and_status_finds_it_without_appliance_api(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from controller.api_client import API_ENV, DEFAULT_API, api_url, remembered_api
+    from controller.api.client import API_ENV, DEFAULT_API, api_url, remembered_api
 
     app = typer.Typer()
-    service_cmd.register(app)
+    lifecycle_cmd.register(app)
+    api_cmd.register(app)
     monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path))
     monkeypatch.delenv(API_ENV, raising=False)
     monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
     monkeypatch.delenv(admin_token.TOKEN_ENV, raising=False)
-    monkeypatch.setattr(service_cmd, "_ensure_engine", lambda recipe: None)
+    monkeypatch.setattr(lifecycle_cmd, "_ensure_engine", lambda recipe: None)
     assert api_url() == DEFAULT_API  # nothing remembered yet
     fake = _FakeController()  # a controller already answering on the port `up --port` names
     try:

@@ -75,7 +75,7 @@ async def _until(svc: Service, done: Callable[[], bool], steps: int = 20) -> Non
             return
         await svc.driver.step()
         await svc.driver.settle()
-    assert done(), f"state {svc.driver.m.state}"
+    assert done(), f"state {svc.driver.machine.state}"
 
 
 async def test_an_adopted_engine_publishes_its_recipes_target_on_metrics(tmp_path: Path) -> None:
@@ -88,11 +88,11 @@ async def test_an_adopted_engine_publishes_its_recipes_target_on_metrics(tmp_pat
     svc.store.create_launch("Lrunning", spec, "normal", Provenance(), 1.0)
     svc.store.set_handle("Lrunning", handle, 1.0)
     await svc.driver.adopt()
-    assert svc.driver.m.launch is not None and svc.driver.m.launch.launch_id == "Lrunning"
+    assert svc.driver.machine.launch is not None and svc.driver.machine.launch.launch_id == "Lrunning"
     assert _series(await _metrics_text(svc), TARGET) == {RECIPE: TARGET_GIB * GIB}
     # The engine dies: the launch ended, and so did its floor (the alert cannot fire for nothing).
     runtime.engines["Lrunning"].die(signal=9)
-    await _until(svc, lambda: svc.driver.m.launch is None)
+    await _until(svc, lambda: svc.driver.machine.launch is None)
     assert _series(await _metrics_text(svc), TARGET) == {}
     svc.store.close()
 
@@ -103,7 +103,7 @@ async def _launched_under_target(tmp_path: Path) -> str:
     svc, runtime = _service(tmp_path)
     svc.driver.submit(Apply(RECIPE))
     await svc.driver.settle()
-    assert svc.driver.m.state is State.STARTING, svc.driver.status()["last_diagnosis"]
+    assert svc.driver.machine.state is State.STARTING, svc.driver.status()["last_diagnosis"]
     assert len(runtime.started) == 1
     svc.watch.on_sample(HostSampler(ProcReader(TP4_HOST)).sample([1000]), None)
     text = await _metrics_text(svc)

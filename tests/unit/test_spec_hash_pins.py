@@ -7,7 +7,7 @@ computed on commit f4b18f2 (before LaunchSpec carried its derived facts), with `
 
 To refresh it *intentionally* — a recipe or the launch it renders to really changed, and every running
 engine of that recipe will be restarted rather than adopted — print the new values with
-`python -c "from appliance.render import render; from tests.unit.recipe_helpers import *;
+`python -c "from appliance.recipe.render import render; from tests.unit.recipe_helpers import *;
 print({n: render(shipped()[n], fixed_facts()).spec_hash for n in SHIPPED})"`, paste them here and say
 in the commit message which recipes moved and why.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.render import render
+from appliance.recipe.render import render
 from tests.unit.recipe_helpers import SHIPPED, fixed_facts, shipped
 
 PINNED = {

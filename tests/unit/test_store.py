@@ -246,7 +246,7 @@ def test_earlier_launches_on_a_root_newest_first_and_not_later_ones(tmp_path: Pa
 
 
 def test_ready_history_is_the_earlier_ready_launches_of_the_recipe_with_their_phases(tmp_path: Path) -> None:
-    from appliance.ready_eta import PastLaunch, StartState
+    from appliance.observe.ready_eta import PastLaunch, StartState
 
     store = Store(tmp_path / "h.sqlite3")
     spec = make_spec()

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis import DiagnosisCode, oom_events_in_text
-from appliance.kmsg import OomEvent
-from appliance.launch_spec import LaunchSpec
-from controller.runtime.base import EngineHandle, ExitInfo, Provenance, RuntimeError_
+from appliance.diagnosis.diagnosis import DiagnosisCode, oom_events_in_text
+from appliance.observe.kmsg import OomEvent
+from appliance.recipe.launch_spec import LaunchSpec
+from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance
 from controller.store import Store
 from controller.supervisor.compile_cache import launch_factors
 from controller.supervisor.driver import Driver, DriverConfig
@@ -59,7 +59,8 @@ class Rig:
     async def run_until(self, predicate: Callable[[], bool], limit_s: float, each: float = 10.0) -> float:
         start = self.clock.t
         while not predicate():
-            assert self.clock.t - start <= limit_s, f"not reached in {limit_s} s; state {self.driver.m.state}"
+            state = self.driver.machine.state
+            assert self.clock.t - start <= limit_s, f"not reached in {limit_s} s; state {state}"
             await self.step(each)
         return self.clock.t - start
 
@@ -97,7 +98,7 @@ async def test_a_40_minute_start_is_followed_through_its_phases_to_ready(tmp_pat
         2390: "INFO Application startup complete.\n",
     }
     elapsed = 0
-    while rig.driver.m.state is not State.READY:
+    while rig.driver.machine.state is not State.READY:
         assert elapsed <= 2700
         if elapsed in script:
             engine.log += script[elapsed]
@@ -125,7 +126,7 @@ async def test_a_stall_is_diagnosed_recorded_and_relaunched_after_10_s(tmp_path:
     engine = rig.runtime.current()
     engine.log = "INFO Loading weights took 0.82 seconds\n"
     engine.cpu = 3.0
-    await rig.run_until(lambda: rig.driver.m.state is State.BACKOFF, limit_s=200)
+    await rig.run_until(lambda: rig.driver.machine.state is State.BACKOFF, limit_s=200)
     assert rig.runtime.stopped == ["L1"]
     rec = rig.store.get_launch("L1")
     assert rec is not None and rec.status == "failed"
@@ -147,7 +148,7 @@ async def test_a_crash_loop_backs_off_10s_doubling_then_fails_with_the_diagnosis
 
     rig.runtime.on_start = crash
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.FAILED, limit_s=600, each=1)
+    await rig.run_until(lambda: rig.driver.machine.state is State.FAILED, limit_s=600, each=1)
     starts = [t for _, t in rig.runtime.started]
     assert len(starts) == 5
     gaps = [round(b - a) for a, b in itertools.pairwise(starts)]
@@ -165,25 +166,28 @@ async def test_failure_count_resets_only_after_ready_and_stable(tmp_path: Path) 
     rig = make_rig(tmp_path, policy=Policy(stable_window_s=600, max_failures=10))
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, limit_s=60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, limit_s=60)
     rig.runtime.current().die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state is State.READY and len(rig.runtime.started) == 2, 120)
-    assert rig.driver.m.failures == 1
+    await rig.run_until(
+        lambda: rig.driver.machine.state is State.READY and len(rig.runtime.started) == 2, 120
+    )
+    assert rig.driver.machine.failures == 1
     # Ready, but crashes 5 minutes later: not stable, the next delay doubles.
     for _ in range(30):
         await rig.step(10)
     rig.runtime.current().die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state is State.BACKOFF, 30)
-    assert rig.driver.m.failures == 2
-    assert rig.driver.m.backoff_until is not None and rig.driver.m.backoff_until - rig.clock.t >= 10
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 120)
+    await rig.run_until(lambda: rig.driver.machine.state is State.BACKOFF, 30)
+    assert rig.driver.machine.failures == 2
+    backoff_until = rig.driver.machine.backoff_until
+    assert backoff_until is not None and backoff_until - rig.clock.t >= 10
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
     # Stable for the window: reset; the next crash backs off 10 s again.
     for _ in range(61):
         await rig.step(10)
-    assert rig.driver.m.failures == 0
+    assert rig.driver.machine.failures == 0
     rig.runtime.current().die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state is State.BACKOFF, 30)
-    assert rig.driver.m.failures == 1
+    await rig.run_until(lambda: rig.driver.machine.state is State.BACKOFF, 30)
+    assert rig.driver.machine.failures == 1
 
 
 async def test_a_restarted_controller_adopts_the_running_engine_not_restarts_it(tmp_path: Path) -> None:
@@ -198,9 +202,9 @@ async def test_a_restarted_controller_adopts_the_running_engine_not_restarts_it(
     rig.store.mark_ready("Lrunning", rig.clock.t - 3500, 100.0)
 
     await rig.driver.adopt()
-    assert rig.driver.m.state is State.STARTING
+    assert rig.driver.machine.state is State.STARTING
     await rig.step()
-    assert rig.driver.m.state is State.READY
+    assert rig.driver.machine.state is State.READY
     assert rig.runtime.started == [] and rig.runtime.stopped == []
     assert rig.preflight.calls == 0
     assert ("point_to", "http://127.0.0.1:18000") in rig.gateway.calls
@@ -224,11 +228,11 @@ async def test_a_kernel_oom_kill_is_the_diagnosis_and_stops_the_retries(tmp_path
     await rig.step(5)
     rig.ooms["L1"] = events
     engine.die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state in (State.FAILED, State.BACKOFF), 60, each=1)
+    await rig.run_until(lambda: rig.driver.machine.state in (State.FAILED, State.BACKOFF), 60, each=1)
     rec = rig.store.get_launch("L1")
     assert rec is not None and rec.diagnosis is not None
     assert rec.diagnosis["code"] == "global_oom"
-    assert rig.driver.m.state is State.FAILED  # DOMAIN §3: a global OOM repeats; no blind retry
+    assert rig.driver.machine.state is State.FAILED  # DOMAIN §3: a global OOM repeats; no blind retry
 
 
 async def test_a_killed_shim_is_diagnosed_from_the_runtimes_note_not_unknown(tmp_path: Path) -> None:
@@ -241,7 +245,7 @@ async def test_a_killed_shim_is_diagnosed_from_the_runtimes_note_not_unknown(tmp
     engine.reason = f"the engine's shim (pid {engine.handle.ref}) was killed (killed by signal 9 (SIGKILL))"
     engine.running = False
     engine.ended.set()
-    await rig.run_until(lambda: rig.driver.m.state is State.FAILED, limit_s=120, each=1)
+    await rig.run_until(lambda: rig.driver.machine.state is State.FAILED, limit_s=120, each=1)
     rec = rig.store.get_launch("L1")
     assert rec is not None and rec.diagnosis is not None
     assert rec.diagnosis["code"] == DiagnosisCode.SHIM_KILLED.value
@@ -262,7 +266,7 @@ async def test_a_runtime_that_cannot_run_the_engine_is_diagnosed_in_its_own_word
 
     rig.runtime.on_start = unschedulable
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.FAILED, limit_s=120, each=1)
+    await rig.run_until(lambda: rig.driver.machine.state is State.FAILED, limit_s=120, each=1)
     rec = rig.store.get_launch("L1")
     assert rec is not None and rec.diagnosis is not None
     assert rec.diagnosis["code"] == "runtime_cannot_run"
@@ -281,7 +285,7 @@ async def test_warm_cache_restart_records_a_cold_and_a_warm_start(tmp_path: Path
 
     rig.runtime.on_start = boot
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 120)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
     cold, warm = rig.store.get_launch("L1"), rig.store.get_launch("L2")
     assert cold is not None and warm is not None
     assert (cold.kind, cold.cache, cold.status) == ("cold-warmup", "miss", "stopped")
@@ -305,7 +309,7 @@ async def test_preflight_refusal_is_reported_and_nothing_starts(tmp_path: Path) 
     rig.preflight.refuse = "needs 35.2 GiB, host has 27.3 GiB RAM + swap"
     rig.driver.submit(Apply("test-recipe"))
     await rig.step()
-    assert rig.driver.m.state is State.FAILED and rig.runtime.started == []
+    assert rig.driver.machine.state is State.FAILED and rig.runtime.started == []
     assert "35.2 GiB" in rig.driver.status()["last_diagnosis"]["summary"]
 
 
@@ -342,7 +346,7 @@ async def test_fresh_cache_is_emptied_only_when_the_new_engine_starts(tmp_path: 
     rig = make_rig(tmp_path)
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     root = tmp_path / "cache" / "test-recipe-0123"
     (root / "inductor").mkdir(parents=True)
     (root / "inductor" / "graph").write_text("compiled")
@@ -370,7 +374,7 @@ async def test_fresh_cache_is_emptied_only_when_the_new_engine_starts(tmp_path: 
     rig.runtime.stop = stop  # type: ignore[method-assign]
     rig.driver.preflight = fresh
     rig.driver.submit(Apply("test-recipe", fresh_cache=True))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     # Still there while the old engine was stopped; gone when the new one started.
     assert seen_at_stop == [True] and seen_at_start == [False] and not root.exists()
     assert any(e.kind == "cache-emptied" for e in rig.store.events())
@@ -396,20 +400,20 @@ async def test_the_ready_gauge_falls_to_0_when_the_engine_exits_or_is_stopped(tm
     rig = make_rig(tmp_path)
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     assert _ready_gauge(rig) == 1 and _state_gauge(rig, "ready") == 1
     assert _launch_start(rig) is not None
     # The engine dies: not ready any more, and no start is in progress whose budget could run out
     # (ApplianceEngineNotReadyPastBudget must not fire for an engine that is gone).
     rig.runtime.current().die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state is State.BACKOFF, 30)
+    await rig.run_until(lambda: rig.driver.machine.state is State.BACKOFF, 30)
     assert _ready_gauge(rig) == 0 and _state_gauge(rig, "backoff") == 1 and _state_gauge(rig, "ready") == 0
     assert _launch_start(rig) is None
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     assert _ready_gauge(rig) == 1 and _launch_start(rig) is not None
     # An operator stop: drained, stopped, idle — 0 again.
     rig.driver.submit(Stop())
-    await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.IDLE, 60)
     assert _ready_gauge(rig) == 0 and _launch_start(rig) is None and _state_gauge(rig, "idle") == 1
 
 
@@ -423,19 +427,19 @@ async def test_an_adopted_engine_is_marked_ready_once_it_answers(tmp_path: Path)
     rig.store.create_launch("Ladopted", spec, "normal", Provenance(), rig.clock.t - 600)
     rig.store.set_handle("Ladopted", handle, rig.clock.t - 600)
     await rig.driver.adopt()
-    assert rig.driver.m.state is State.STARTING and _ready_gauge(rig) == 0
+    assert rig.driver.machine.state is State.STARTING and _ready_gauge(rig) == 0
     await rig.step()
-    assert rig.driver.m.state is State.READY
+    assert rig.driver.machine.state is State.READY
     assert _ready_gauge(rig) == 1 and _state_gauge(rig, "ready") == 1
     rig.runtime.engines["Ladopted"].die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state is not State.READY, 30)
+    await rig.run_until(lambda: rig.driver.machine.state is not State.READY, 30)
     assert _ready_gauge(rig) == 0
 
 
 async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code(tmp_path: Path) -> None:
     # The machine decides "budget spent"; the driver re-diagnoses over the evidence with the same rules.
-    # Both must spell it as appliance.diagnosis does, or the re-diagnosis is skipped (it was keyed on
-    # the machine's own string).
+    # Both must spell it as appliance.diagnosis.diagnosis does, or the re-diagnosis is skipped (it was
+    # keyed on the machine's own string).
     rig = make_rig(tmp_path, make_spec(budget=100, stall=600))
     rig.driver.submit(Apply("test-recipe"))
     await rig.step(1)
@@ -444,15 +448,15 @@ async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code
 
     def busy() -> bool:
         engine.cpu += 10.0  # working, just slow: not a stall
-        return rig.driver.m.state is State.FAILED
+        return rig.driver.machine.state is State.FAILED
 
     await rig.run_until(busy, limit_s=200)
     rec = rig.store.get_launch("L1")
     assert rec is not None and rec.status == "failed" and rec.diagnosis is not None
     assert rec.diagnosis["code"] == DiagnosisCode.READY_BUDGET_EXCEEDED.value
     assert "weights loaded" in rec.diagnosis["summary"]  # the diagnosis module's phrasing, not the machine's
-    assert rig.driver.m.last_failure is not None
-    assert rig.driver.m.last_failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED
+    assert rig.driver.machine.last_failure is not None
+    assert rig.driver.machine.last_failure.code == DiagnosisCode.READY_BUDGET_EXCEEDED
     assert any(e.kind == DiagnosisCode.READY_BUDGET_EXCEEDED.value for e in rig.store.events())
 
 
@@ -472,12 +476,12 @@ async def test_a_start_waiting_on_the_runtime_says_so_and_ends_in_its_words(tmp_
 
     await rig.run_until(lambda: launch().get("runtime_note") is not None, limit_s=30, each=5)
     assert launch()["describe"] == launch()["runtime_note"] == waiting
-    assert rig.driver.m.state is State.STARTING
+    assert rig.driver.machine.state is State.STARTING
     engine = rig.runtime.current()
 
     def counted_busy() -> bool:
         engine.cpu += 10.0  # the kubernetes runtime counts a pod without a container as busy
-        return rig.driver.m.state is State.FAILED
+        return rig.driver.machine.state is State.FAILED
 
     await rig.run_until(counted_busy, limit_s=200)
     rec = rig.store.get_launch("L1")
@@ -505,7 +509,7 @@ async def test_a_spent_budget_is_not_blamed_on_the_runtime_for_the_stop_it_was_a
 
     def busy() -> bool:
         engine.cpu += 10.0
-        return rig.driver.m.state is State.FAILED
+        return rig.driver.machine.state is State.FAILED
 
     await rig.run_until(busy, limit_s=200)
     rec = rig.store.get_launch("L1")
@@ -526,7 +530,7 @@ async def test_a_runtime_that_stops_answering_for_a_while_does_not_end_supervisi
     def flaky_read(handle: EngineHandle, offset: int) -> tuple[str, int]:
         if outage["polls"] > 0:
             outage["polls"] -= 1
-            raise RuntimeError_("docker: the daemon did not answer: connection refused")
+            raise EngineRuntimeError("docker: the daemon did not answer: connection refused")
         return real_read(handle, offset)
 
     rig.runtime.read_logs = flaky_read  # type: ignore[method-assign]
@@ -534,7 +538,7 @@ async def test_a_runtime_that_stops_answering_for_a_while_does_not_end_supervisi
         await rig.step(5)  # raises nothing
     engine.log = "INFO Application startup complete.\n"
     engine.healthy = True
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, limit_s=60, each=5)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, limit_s=60, each=5)
     notes = [e for e in rig.store.events() if e.kind == "runtime-unanswered"]
     assert len(notes) == 1 and "connection refused" in notes[0].message  # said once, not per poll
 
@@ -558,7 +562,7 @@ async def test_a_restarted_gateway_gets_the_upstream_again(tmp_path: Path) -> No
     rig = make_rig(tmp_path)
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     await rig.step()
     url = "http://127.0.0.1:18000"
     assert rig.gateway.upstream == GatewayUpstream(url, "smollm2")
@@ -580,12 +584,12 @@ async def test_an_unreachable_gateway_is_reported_once_and_pointed_when_it_is_ba
     rig = make_rig(tmp_path)
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     rig.gateway.down = True
     rig.gateway.restart()
     for _ in range(6):
         await rig.step(10)
-    assert rig.driver.m.state is State.READY  # the engine is still supervised
+    assert rig.driver.machine.state is State.READY  # the engine is still supervised
     assert len([e for e in rig.store.events() if e.kind == "gateway-error"]) == 1
     rig.gateway.down = False
     await rig.run_until(lambda: rig.gateway.upstream is not None, limit_s=20, each=5)
@@ -597,9 +601,9 @@ async def test_the_gateway_check_never_undoes_a_stop(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
     rig.driver.submit(Stop())
-    await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
+    await rig.run_until(lambda: rig.driver.machine.state is State.IDLE, 60)
     for _ in range(4):
         await rig.step(10)
     assert rig.gateway.upstream is None
@@ -637,7 +641,7 @@ async def test_a_gpu_start_records_each_phase_once_with_its_own_label(tmp_path: 
         40: "(APIServer pid=1) INFO:     Application startup complete.\n",
     }
     elapsed = 0
-    while rig.driver.m.state is not State.READY:
+    while rig.driver.machine.state is not State.READY:
         assert elapsed <= 600
         engine.log += script.get(elapsed, "")
         engine.cpu += 8.0
@@ -716,7 +720,7 @@ async def test_status_has_the_eta_from_history_and_a_slow_phase_is_flagged_not_k
     for _ in range(3):
         engine.cpu += 5.0
         await rig.step(10)
-    assert len(flagged()) == 1 and rig.driver.m.state is State.STARTING  # once per phase; no kill
+    assert len(flagged()) == 1 and rig.driver.machine.state is State.STARTING  # once per phase; no kill
 
 
 async def test_without_history_the_eta_falls_back_to_the_budget(tmp_path: Path) -> None:
@@ -744,10 +748,10 @@ async def test_adoption_never_stops_its_own_engine_for_one_it_cannot_supervise(t
 
     await rig.driver.adopt()
     assert rig.runtime.stopped == []
-    launch = rig.driver.m.launch
+    launch = rig.driver.machine.launch
     assert launch is not None and launch.launch_id == "Lown"
     await rig.step()
-    assert rig.driver.m.state is State.READY and rig.runtime.started == []
+    assert rig.driver.machine.state is State.READY and rig.runtime.started == []
     rec = rig.store.get_launch("Lown")
     assert rec is not None and rec.ended_at is None
     # The instance that launched it is recorded with its handle.
@@ -767,7 +771,7 @@ async def test_adoption_still_stops_an_older_engine_of_its_own(tmp_path: Path) -
         rig.store.set_handle(launch_id, handle, rig.clock.t - age)
     await rig.driver.adopt()
     assert rig.runtime.stopped == ["Lold"]
-    launch = rig.driver.m.launch
+    launch = rig.driver.machine.launch
     assert launch is not None and launch.launch_id == "Lnew"
 
 
@@ -788,12 +792,12 @@ async def test_an_engine_adopted_mid_start_completes_its_launch_record(tmp_path:
                         "INFO Loading weights took 12.50 seconds")
 
     await rig.driver.adopt()
-    assert rig.driver.m.state is State.STARTING
+    assert rig.driver.machine.state is State.STARTING
     await rig.step(5)
     engine.log += ("INFO Directly load AOT compilation from path /c/aot/abc/rank_0_0/model\n"
                    "INFO Application startup complete.\n")
     engine.healthy = True
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60, each=5)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60, each=5)
     rec = rig.store.get_launch("Lmid")
     assert rec is not None
     assert rec.status == "ready" and rec.ready_s is not None and rec.ready_at is not None
@@ -823,7 +827,7 @@ async def test_an_engine_adopted_mid_start_keeps_filling_its_compile_cache_recor
                   "INFO Directly load AOT compilation from path /c/aot/abc/rank_0_0/model\n"
                   "INFO Application startup complete.\n")
     engine.healthy = True
-    await rig.run_until(lambda: rig.driver.m.state is State.READY, 60, each=5)
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60, each=5)
     rec = rig.store.get_launch("Lmid")
     assert rec is not None and rec.cache == "hit"
     assert "factors" in rec.compile_cache  # the launching controller's part is kept

@@ -38,7 +38,7 @@ def _launch_ids_held(driver: Any, launch_ids: set[str]) -> set[str]:
             scan(vars(obj), depth + 1)
 
     for name, value in vars(driver).items():
-        if name in ("m", "store", "runtimes", "preflight", "prober", "gateway", "clock"):
+        if name in ("machine", "store", "runtimes", "preflight", "prober", "gateway", "clock"):
             continue  # the machine and the seams: not the driver's bookkeeping
         scan(value, 0)
     return found
@@ -49,7 +49,7 @@ def _all_launch_ids(rig: Rig) -> set[str]:
 
 
 def _assert_only_current(rig: Rig) -> None:
-    launch = rig.driver.m.launch
+    launch = rig.driver.machine.launch
     current = {launch.launch_id} if launch is not None else set()
     held = _launch_ids_held(rig.driver, _all_launch_ids(rig))
     assert held <= current, f"state kept for ended launches: {sorted(held - current)}"
@@ -62,18 +62,18 @@ async def test_many_launch_cycles_leave_no_per_launch_state_behind(tmp_path: Pat
     for _ in range(4):
         # Ready, then the engine is killed: backoff, relaunched, ready again.
         rig.driver.submit(Apply("test-recipe"))
-        await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+        await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
         _assert_only_current(rig)
         rig.runtime.current().die(signal=9)
-        await rig.run_until(lambda: rig.driver.m.state is State.READY, 120)
+        await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
         _assert_only_current(rig)
         # An apply of the running recipe: its preflight starts nothing ("unchanged").
         rig.driver.submit(Apply("test-recipe"))
-        await rig.run_until(lambda: rig.driver.m.state is State.READY, 60)
+        await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
         _assert_only_current(rig)
         # A stop: drained, stopped, idle — no launch, no state.
         rig.driver.submit(Stop())
-        await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
+        await rig.run_until(lambda: rig.driver.machine.state is State.IDLE, 60)
         _assert_only_current(rig)
         assert len(rig.driver.runs) == 0
         # A start the runtime refuses: failed before an engine existed.
@@ -84,10 +84,10 @@ async def test_many_launch_cycles_leave_no_per_launch_state_behind(tmp_path: Pat
 
         rig.runtime.start = refuse  # type: ignore[method-assign]
         rig.driver.submit(Apply("test-recipe"))
-        await rig.run_until(lambda: rig.driver.m.state in (State.BACKOFF, State.FAILED), 60)
+        await rig.run_until(lambda: rig.driver.machine.state in (State.BACKOFF, State.FAILED), 60)
         rig.runtime.start = real_start  # type: ignore[method-assign]
         rig.driver.submit(Stop())
-        await rig.run_until(lambda: rig.driver.m.state is State.IDLE, 60)
+        await rig.run_until(lambda: rig.driver.machine.state is State.IDLE, 60)
         _assert_only_current(rig)
     assert rig.preflight.calls >= 16
     assert len(rig.driver.runs) == 0
@@ -109,6 +109,9 @@ async def test_an_adopted_launch_state_goes_when_it_exits(tmp_path: Path) -> Non
     await rig.driver.adopt()
     assert rig.driver.runs.ids() == {"L1"}
     rig.runtime.engines["L1"].die(signal=9)
-    await rig.run_until(lambda: rig.driver.m.state is not State.READY and rig.driver.m.launch is None, 60)
+    await rig.run_until(
+        lambda: rig.driver.machine.state is not State.READY and rig.driver.machine.launch is None, 60
+    )
     assert "L1" not in _launch_ids_held(rig.driver, {"L1"})
-    assert rig.driver.runs.ids() <= ({rig.driver.m.launch.launch_id} if rig.driver.m.launch else set())
+    launch = rig.driver.machine.launch
+    assert rig.driver.runs.ids() <= ({launch.launch_id} if launch else set())

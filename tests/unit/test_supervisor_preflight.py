@@ -176,7 +176,7 @@ async def test_a_missing_model_folder_is_refused_before_anything_is_stopped(tmp_
 
 
 def test_a_model_path_that_is_no_folder_path_is_refused_in_words(tmp_path: Path) -> None:
-    from appliance.recipe_model import Recipe
+    from appliance.recipe.recipe_model import Recipe
     from controller.supervisor.preflight import model_check
     from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.kmsg import OomEvent, OomEventKind, OomScope
+from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
 from controller.service import engine_view
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig

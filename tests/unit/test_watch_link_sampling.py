@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from controller.runtime.base import RuntimeError_
+from controller.runtime.base import EngineRuntimeError
 from controller.supervisor.machine import State
 from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
@@ -37,7 +37,7 @@ async def test_starting_engine_is_read_every_sample_ready_one_is_not(tmp_path: P
     link.sampler = HostSampler(ProcReader(TP4_HOST), policy=SamplingPolicy(full_every_s=3600.0))
     lookups: list[int] = []
     runtime.engine_pids = lambda handle: lookups.append(1) or [1000]  # type: ignore[method-assign,func-returns-value]
-    assert driver.m.state is not State.READY
+    assert driver.machine.state is not State.READY
 
     starting = await _loop(link, 3)
     assert [s.full_reason for s, _ in starting] == [FullReason.NEW_LAUNCH, FullReason.STARTING,
@@ -45,7 +45,7 @@ async def test_starting_engine_is_read_every_sample_ready_one_is_not(tmp_path: P
     assert len(lookups) == 3
     assert starting[-1][1] == [1000, 1001, 1002, 1003, 1004, 1005]  # the pids OOM attribution uses
 
-    driver.m = dataclasses.replace(driver.m, state=State.READY)
+    driver.machine = dataclasses.replace(driver.machine, state=State.READY)
     ready = await _loop(link, 5)
     assert [s.full_reason for s, _ in ready] == [None] * 5
     assert len(lookups) == 3  # no process-table scan while it idles ready
@@ -59,7 +59,7 @@ async def test_a_runtime_that_cannot_say_the_pids_does_not_end_the_host_watch(tm
     # the sampling loop and ended the host watch (MemAvailable, swap, PSI: the OOM context) for good.
     _driver, link, _, runtime = await _rig(tmp_path)
     link.sampler = HostSampler(ProcReader(TP4_HOST), policy=SamplingPolicy(full_every_s=3600.0))
-    answers = iter([RuntimeError_("docker: the daemon did not answer"), OSError("gone"), None])
+    answers = iter([EngineRuntimeError("docker: the daemon did not answer"), OSError("gone"), None])
 
     def engine_pids(handle: object) -> list[int]:
         exc = next(answers, None)

@@ -1,0 +1,186 @@
+"""What a benchmark run records, and the statistics over it. Pure data + arithmetic.
+
+DOMAIN §7: record output_throughput, p99_ttft_ms, p99_tpot_ms, failed, output_lens and each
+generated text — tokens/s alone misleads when output lengths change. Every request is kept, so a
+result can be re-gated later (appliance/evaluation/gate.py works on these records only).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from appliance.evaluation.bench_tiers import Tier, weighted_score
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolation percentile (numpy's default, what `vllm bench serve` reports)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class RequestRecord(BaseModel):
+    tier: str
+    index: int
+    input_tokens: int
+    output_tokens: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None  # (latency - ttft) / (output_tokens - 1); None for one token
+    latency_ms: float | None = None
+    text: str = ""
+    ok: bool
+    error: str | None = None
+
+
+class TierResult(BaseModel):
+    tier: Tier
+    requests: list[RequestRecord]
+    duration_s: float = Field(ge=0)
+    concurrency: int = Field(ge=1)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.requests if not r.ok)
+
+    @property
+    def output_lens(self) -> list[int]:
+        return [r.output_tokens for r in self.requests]
+
+    @property
+    def output_throughput(self) -> float:
+        """Output tokens/s of the successful requests over the tier's wall time."""
+        if self.duration_s <= 0:
+            return 0.0
+        return sum(r.output_tokens for r in self.requests if r.ok) / self.duration_s
+
+    @property
+    def p99_ttft_ms(self) -> float | None:
+        return percentile([r.ttft_ms for r in self.requests if r.ok and r.ttft_ms is not None], 99)
+
+    @property
+    def p99_tpot_ms(self) -> float | None:
+        return percentile([r.tpot_ms for r in self.requests if r.ok and r.tpot_ms is not None], 99)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "tier": self.tier.name,
+            "inputs": f"{self.tier.lo}-{self.tier.hi}",
+            "requests": len(self.requests),
+            "failed": self.failed,
+            "output_throughput": round(self.output_throughput, 3),
+            "p99_ttft_ms": _round(self.p99_ttft_ms),
+            "p99_tpot_ms": _round(self.p99_tpot_ms),
+            "output_lens": self.output_lens,
+        }
+
+
+class SingleStream(BaseModel):
+    """DOMAIN §7 single-stream protocol (S9–S14): decode median ms/token (n ≥ 5), TTFT at two
+    prompt lengths, conc=8 tokens/s; always the same client."""
+
+    decode_ms_samples: list[float]
+    ttft_ms_by_input: dict[int, float]
+    conc8_tokens_per_s: float | None
+    failed: int = 0
+
+    @property
+    def decode_ms_median(self) -> float | None:
+        return statistics.median(self.decode_ms_samples) if self.decode_ms_samples else None
+
+
+class ProofResult(BaseModel):
+    """Kernel-path and deployment proof (DOMAIN §7): which declared markers appeared, which
+    declared checksums matched. Empty when the recipe declares none."""
+
+    markers: dict[str, bool] = Field(default_factory=dict)
+    checksums: dict[str, bool] = Field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[str]:
+        out = [f"log marker not seen: {m!r}" for m, seen in self.markers.items() if not seen]
+        out += [f"checksum mismatch: {p}" for p, ok in self.checksums.items() if not ok]
+        return out
+
+
+class BenchResult(BaseModel):
+    id: str
+    launch_id: str | None
+    recipe: str
+    spec_hash: str | None
+    cache_vintage: str | None  # "cold" / "warm" (the launch's compile-cache outcome miss / hit)
+    cache_root: str | None
+    engine_url: str
+    prompt_set: str  # appliance.evaluation.prompts.PROMPT_SET_VERSION
+    tier_rule: str  # TierPlan.describe(): how the seed tiers were fitted into the context
+    output_tokens: int
+    ignore_eos: bool
+    tiers: list[TierResult]
+    single_stream: SingleStream | None = None
+    proof: ProofResult = Field(default_factory=ProofResult)
+    started_at: float
+    finished_at: float
+
+    @property
+    def failed(self) -> int:
+        return sum(t.failed for t in self.tiers) + (self.single_stream.failed if self.single_stream else 0)
+
+    def throughput_by_tier(self) -> dict[str, float]:
+        return {t.tier.name: t.output_throughput for t in self.tiers}
+
+    @property
+    def score(self) -> float:
+        return weighted_score(self.throughput_by_tier())
+
+    def tier(self, name: str) -> TierResult | None:
+        return next((t for t in self.tiers if t.tier.name == name), None)
+
+    @property
+    def total_output_tokens(self) -> int:
+        return sum(r.output_tokens for t in self.tiers for r in t.requests if r.ok)
+
+    def all_ttft_ms(self) -> list[float]:
+        return [r.ttft_ms for t in self.tiers for r in t.requests if r.ok and r.ttft_ms is not None]
+
+    def all_tpot_ms(self) -> list[float]:
+        return [r.tpot_ms for t in self.tiers for r in t.requests if r.ok and r.tpot_ms is not None]
+
+    @property
+    def p99_ttft_ms(self) -> float | None:
+        return percentile(self.all_ttft_ms(), 99)
+
+    @property
+    def p99_tpot_ms(self) -> float | None:
+        return percentile(self.all_tpot_ms(), 99)
+
+    def summary(self) -> dict[str, object]:
+        ss = self.single_stream
+        return {
+            "id": self.id,
+            "recipe": self.recipe,
+            "launch_id": self.launch_id,
+            "spec_hash": self.spec_hash,
+            "cache_vintage": self.cache_vintage,
+            "cache_root": self.cache_root,
+            "score": round(self.score, 3),
+            "failed": self.failed,
+            "p99_ttft_ms": _round(self.p99_ttft_ms),
+            "p99_tpot_ms": _round(self.p99_tpot_ms),
+            "tier_rule": self.tier_rule,
+            "prompt_set": self.prompt_set,
+            "tiers": [t.summary() for t in self.tiers],
+            "decode_ms_median": _round(ss.decode_ms_median) if ss else None,
+            "ttft_ms_by_input": ss.ttft_ms_by_input if ss else None,
+            "conc8_tokens_per_s": _round(ss.conc8_tokens_per_s) if ss else None,
+            "proof_problems": self.proof.problems,
+        }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)

@@ -1,0 +1,311 @@
+"""The controller's admin API (FastAPI). Listens on 127.0.0.1:8090 unless configured otherwise.
+
+Reads are open (the port is loopback by default); every mutating endpoint needs the bearer admin
+token: 401 when it is missing, 403 when it is wrong (or when no token is configured at all). Before
+any route runs (controller/api/gate.py): the Host header must name this machine (loopback, the
+address it listens on, or $APPLIANCE_ADMIN_HOSTS; else 400 — DNS rebinding), a request that may
+carry a body is authenticated from its head before the body is read, and bodies over 64 KiB are 413.
+Errors map to policy: 404 unknown recipe or launch, 409 a start already in progress (the state
+machine's own refusal, so two concurrent applies get one 202 and one 409), 422 a bad body (with
+the offending field in `detail[].loc`).
+
+    GET  /healthz                  the controller answers
+    GET  /metrics                  Prometheus (controller/metrics.py, the driver's ControllerMetrics)
+    GET  /recipes                  what can be applied
+    GET  /recipes/{name}           one recipe and its rendering on this host
+    POST /recipes/{name}/plan      lint + admission + rendering, nothing started
+    POST /apply                    {"recipe": name, "fresh_cache": false}
+    POST /restart | /stop
+    GET  /status                   state, phase, progress (fraction of the ready budget), eta (expected
+                                   ready time from earlier launches, likely-stall flag), diagnosis
+    GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset=
+    GET  /events                   server-sent events: state, phase and supervisor events
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.engine_secret import redact_recipe_data
+from appliance.recipe.recipe_loader import RecipeError
+from controller.api.context import ApiContext
+from controller.api.gate import (
+    SQLITE_INT_MAX,
+    AdminTokenFirst,
+    BodyLimit,
+    StrictJson,
+    admin_refusal,
+    allowed_hosts,
+    install_error_handlers,
+)
+from controller.catalogue import load_failed
+from controller.console.routes import console_router
+from controller.evaluation.router import evaluation_router
+from controller.evaluation.store import EvalStore
+from controller.runtime.base import EngineHandle, EngineRuntimeError
+from controller.store import LaunchRecord, LaunchSummary, redact_spec
+from controller.supervisor import compile_cache
+from controller.supervisor.preflight import UnknownRecipe
+from controller.supervisor.signals import Apply, Restart, Stop
+
+SSE_HEARTBEAT_S = 15.0
+_TEXT = "text/plain; charset=utf-8"
+
+
+class ApplyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    fresh_cache: bool = Field(
+        default=False,
+        description="Empty the recipe's compile-cache root first: the next start is cold "
+        "(and, for warm_restart recipes, runs the warm-up-then-restart flow).",
+    )
+    force: bool = Field(
+        default=False,
+        description="Restart even when exactly this launch spec is already ready (otherwise a no-op).",
+    )
+
+
+class Accepted(BaseModel):
+    accepted: bool = True
+    state: str
+    recipe: str | None
+    # The apply's id: `GET /status` → `last_apply` says what became of it (refused / unchanged / started).
+    apply_id: int | None = None
+
+
+class RecipeSummary(BaseModel):
+    name: str
+    description: str
+    platform: str
+    runtime: str
+    ready_budget_s: int
+    warm_restart: bool
+    default: bool
+
+
+_BEARER = HTTPBearer(auto_error=False, description="The admin token (its sha256 is configured).")
+
+
+class AdminGuard:
+    """The dependency on every mutating endpoint (also handed to keys_router)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def __call__(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        # The same decision gate.AdminTokenFirst makes before a body is read; here it also
+        # covers bodyless routes that need the token (GET /keys).
+        refusal = admin_refusal(self.home, f"{creds.scheme} {creds.credentials}" if creds else None)
+        if refusal is not None:
+            raise refusal
+
+
+def create_app(ctx: ApiContext) -> FastAPI:
+    app = FastAPI(
+        title="appliance controller",
+        version="0.1.0",
+        description="Supervises one engine per host: recipes, launches, phases, diagnosis.",
+    )
+    # Starlette runs the last added middleware first: Host, then the token, then the body size.
+    app.add_middleware(StrictJson)  # innermost: reads a body BodyLimit has already bounded
+    app.add_middleware(BodyLimit, max_bytes=ctx.max_body_bytes)
+    app.add_middleware(AdminTokenFirst, home=ctx.home)
+    app.add_middleware(TrustedHostMiddleware, www_redirect=False,
+                       allowed_hosts=allowed_hosts(ctx.listen_host, ctx.extra_hosts))
+    install_error_handlers(app)
+    Admin = Depends(AdminGuard(ctx.home))
+    driver, store, preflight = ctx.driver, ctx.store, ctx.preflight
+
+    async def known_recipe(name: str) -> None:
+        try:
+            await asyncio.to_thread(preflight.recipe, name)
+        except UnknownRecipe as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launchable recipe named {name!r}") from exc
+        except RecipeError as exc:
+            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, load_failed(exc)) from exc
+
+    @app.get("/healthz", tags=["meta"],
+             responses={503: {"description": "supervision has stopped, or the launch store was lost"}})
+    async def healthz() -> JSONResponse:
+        # Liveness for compose's healthcheck / a pod's livenessProbe: answering HTTP is not enough
+        # if the loop that watches the engine has stopped coming round, or the launch store's file
+        # was deleted or replaced under the controller (its records would be lost at the restart).
+        problem = driver.liveness_problem()
+        body = {"ok": problem is None, "state": driver.machine.state.value}
+        if problem is not None:
+            return JSONResponse({**body, "problem": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return JSONResponse(body)
+
+    @app.get("/metrics", tags=["meta"], response_class=Response)
+    async def get_metrics() -> Response:
+        body, content_type = ctx.driver.metrics.render()
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/recipes", tags=["recipes"], response_model=list[RecipeSummary])
+    async def list_recipes() -> list[RecipeSummary]:
+        try:
+            recipes = await asyncio.to_thread(preflight.catalogue.load)
+        except RecipeError as exc:
+            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, load_failed(exc)) from exc
+        return [
+            RecipeSummary(
+                name=r.name, description=r.description.strip(), platform=r.platform.value,
+                runtime=r.runtime.kind, ready_budget_s=r.expect.ready_budget_s,
+                warm_restart=r.expect.warm_restart, default=r.name == ctx.default_recipe,
+            )
+            for r in recipes.values() if not r.abstract
+        ]
+
+    @app.get("/recipes/{name}", tags=["recipes"])
+    async def show_recipe(name: str) -> dict[str, Any]:
+        await known_recipe(name)
+        report = await asyncio.to_thread(preflight.report, name)
+        return {
+            # unauthenticated: a recipe's own key (env VLLM_API_KEY, `--api-key` in extra_args) is redacted
+            "recipe": redact_recipe_data(report.recipe.model_dump(mode="json")),
+            "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
+            "render_error": report.render_error,
+        }
+
+    @app.post("/recipes/{name}/plan", tags=["recipes"], dependencies=[Admin])
+    async def plan(name: str) -> dict[str, Any]:
+        await known_recipe(name)
+        report = await asyncio.to_thread(preflight.report, name)
+        current = driver.machine.launch
+        spec = report.spec
+        # A cache root not writable, gone since a launch used it, or shared.
+        warnings = [] if spec is None else await asyncio.to_thread(
+            lambda: compile_cache.plan_warnings(
+                spec, compile_cache.other_variants(preflight.catalogue.load(), report.facts, spec),
+                store.earlier_on_root("", spec.cache_root)))
+        return {
+            "recipe": name,
+            "launchable": report.launchable,
+            "refusals": [vars(f) for f in report.refusals],
+            "lint": [f.model_dump(mode="json") for f in report.findings],
+            "admission": report.admission.model_dump(mode="json"),
+            "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
+            "render_error": report.render_error,
+            "cache_root": report.spec.cache_root if report.spec else None,
+            "cache_empty": report.cache_empty,
+            "cache_warnings": warnings,
+            "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
+            "would_replace": current.spec.recipe if current else None,
+            "state": driver.machine.state.value,
+        }
+
+    @app.post("/apply", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
+              response_model=Accepted, responses={404: {}, 409: {}, 422: {}})
+    async def apply(body: ApplyBody) -> Accepted:
+        await known_recipe(body.recipe)
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force))
+        if rejected is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
+        apply_id = driver.machine.apply.token if driver.machine.apply is not None else None
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, apply_id=apply_id)
+
+    @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
+              response_model=Accepted, responses={409: {}})
+    async def restart() -> Accepted:
+        rejected = driver.submit(Restart())
+        if rejected is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe)
+
+    @app.post("/stop", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
+              response_model=Accepted)
+    async def stop() -> Accepted:
+        driver.submit(Stop())
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe)
+
+    @app.get("/status", tags=["status"])
+    async def get_status() -> dict[str, Any]:
+        return driver.status()
+
+    @app.get("/launches", tags=["launches"], response_model=list[LaunchSummary])
+    async def launches(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50, recipe: str | None = None
+    ) -> list[LaunchSummary]:
+        return await asyncio.to_thread(store.list_launches, limit, recipe)
+
+    @app.get("/launches/{launch_id}", tags=["launches"], response_model=LaunchRecord)
+    async def launch(launch_id: str) -> LaunchRecord:
+        record = await asyncio.to_thread(store.get_launch, launch_id)
+        if record is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
+        return record
+
+    @app.get("/launches/{launch_id}/log", tags=["launches"], response_class=Response)
+    async def launch_log(
+        launch_id: str, offset: Annotated[int, Query(ge=0, le=SQLITE_INT_MAX)] = 0,
+    ) -> Response:
+        """Engine log text from byte `offset` (at most 4 MiB); `X-Next-Offset` says where to go on."""
+        record = await asyncio.to_thread(store.get_launch, launch_id)
+        if record is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
+        if record.handle is None:
+            return Response("", media_type=_TEXT, headers={"X-Next-Offset": str(offset)})
+        handle = EngineHandle.model_validate(record.handle)
+        runtime = driver.runtimes.get(handle.runtime)
+        if runtime is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"this controller has no {handle.runtime} runtime")
+        try:
+            text, next_offset = await asyncio.to_thread(runtime.read_logs, handle, offset)
+        except EngineRuntimeError as exc:
+            raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(exc)) from exc
+        # vLLM 0.26.0 logs the key it read from its config file (appliance/recipe/engine_secret.py).
+        key = driver.engine_key(launch_id)
+        text = redact_keys(text, [key] if key else [])
+        return Response(text, media_type=_TEXT, headers={"X-Next-Offset": str(next_offset)})
+
+    @app.get("/events", tags=["status"], response_class=StreamingResponse)
+    async def events(
+        request: Request,
+        after: Annotated[int | None, Query(
+            ge=0, le=SQLITE_INT_MAX, description="Replay stored events with a larger id first.")] = None,
+    ) -> StreamingResponse:
+        async def stream() -> AsyncIterator[bytes]:
+            async with driver.subscribe() as queue:
+                yield _sse("status", driver.status())
+                if after is not None:
+                    for record in await asyncio.to_thread(store.events, after, 1000):
+                        yield _sse("event", {"type": "event", **record.model_dump()}, record.id)
+                while not await request.is_disconnected():
+                    try:
+                        event = await asyncio.wait_for(queue.get(), timeout=SSE_HEARTBEAT_S)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    event_id = event.get("id") if event.get("type") == "event" else None
+                    yield _sse(str(event.get("type", "event")), event, event_id)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    evals = EvalStore(store.path)  # one handle on the evaluation tables: the API and the console read it
+    app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home), evals))
+    for router in ctx.extra_routers:
+        app.include_router(router)
+    # the operator console (controller/console/), own log-in
+    app.include_router(console_router(ctx, evals=evals))
+    return app
+
+
+def _sse(kind: str, data: dict[str, Any], event_id: object = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data, default=str)}\n\n".encode()

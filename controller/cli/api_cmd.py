@@ -1,0 +1,324 @@
+"""`appliance apply | status | logs | stop | restart | launches`: the commands that talk to the
+controller's API (`--api`, $APPLIANCE_API, default http://127.0.0.1:8090); mutations need the admin
+token in $APPLIANCE_ADMIN_TOKEN. `follow_outcome` / `end_of_follow` (a start phase by phase, then its
+outcome) are shared with `up` (controller/cli/lifecycle_cmd.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from controller.api.client import ApiError, Client, api_url
+from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
+from controller.cli.service_client import StartView, eta_phase_line, follow_start
+from controller.settings import (
+    CONTROLLER_PORT,
+)
+
+ApiOpt = Annotated[str | None, typer.Option("--api", help="Controller API URL (default $APPLIANCE_API, else "
+                                            "the one `appliance up` started for this APPLIANCE_HOME, else "
+                                            f"http://127.0.0.1:{CONTROLLER_PORT}).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Show the start phase by phase until "
+                                         "ready or failed.")]
+
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the `appliance` app."""
+    for name, fn in (("apply", apply), ("status", status), ("logs", logs), ("stop", stop),
+                     ("restart", restart), ("launches", launches)):
+        app.command(name)(fn)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+
+def follow_outcome(client: Client, timeout_s: float | None = None) -> str | None:
+    view = StartView(typer.echo)
+    try:
+        return asyncio.run(follow_start(client.base, view, lambda: client.get("/status"), timeout_s))
+    except KeyboardInterrupt:
+        typer.echo("(stopped following; the controller carries on — `appliance status`)")
+        return None
+
+
+def _refusal(s: dict[str, Any], recipe: str, apply_id: int | None = None) -> dict[str, Any] | None:
+    """The failure of this apply's preflight (admission, lint...), from `status.last_apply`."""
+    last = s.get("last_apply") or {}
+    if last.get("recipe") != recipe or last.get("outcome") != "refused":
+        return None
+    if apply_id is not None and last.get("token") != apply_id:
+        return None
+    failure: dict[str, Any] = last.get("failure") or {"summary": "refused (no reason given)"}
+    return failure
+
+
+def _refused(recipe: str, failure: dict[str, Any], serving: str | None) -> typer.Exit:
+    typer.echo(f"REFUSED: {recipe}: {failure.get('summary')}", err=True)
+    if failure.get("hint"):
+        typer.echo(f"  hint: {failure['hint']}", err=True)
+    if serving:
+        typer.echo(f"  (the engine keeps serving {serving})", err=True)
+    return typer.Exit(1)
+
+
+def end_of_follow(client: Client, outcome: str | None, recipe: str | None = None) -> None:
+    """`recipe`: what was asked for. Ready with another recipe means this apply did not happen
+    (a refused apply once printed "ready: <the old recipe>" and exited 0)."""
+    if outcome == "ready":
+        s = client.get("/status")
+        if recipe is not None and s.get("recipe") != recipe:
+            failure = _refusal(s, recipe)
+            if failure is not None:
+                raise _refused(recipe, failure, s.get("recipe"))
+            typer.echo(f"NOT APPLIED: {recipe}; the engine serves {s.get('recipe')} "
+                       "(another apply came in?)", err=True)
+            raise typer.Exit(1)
+        launch = s.get("launch") or {}
+        typer.echo(f"ready: {s.get('recipe')} at {launch.get('engine_url')} in {launch.get('ready_s')} s "
+                   f"(compile cache: {launch.get('cache')})")
+        return
+    s = client.get("/status")
+    diag = s.get("last_diagnosis") or {}
+    if outcome == "failed":
+        typer.echo(f"FAILED: {diag.get('summary', 'no diagnosis')}", err=True)
+        if diag.get("hint"):
+            typer.echo(f"  hint: {diag['hint']}", err=True)
+        raise typer.Exit(1)
+    if outcome == "idle":
+        typer.echo("the engine was stopped", err=True)
+        raise typer.Exit(1)
+
+
+
+# --------------------------------------------------------------------------------------------
+# Commands against the API
+
+
+def _client(api: str | None) -> Client:
+    return Client(api_url(api))
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ApiError as exc:
+        raise fail(str(exc), 2 if exc.status in (401, 403, 404, 422) else 1) from exc
+
+
+def apply(
+    recipe: Annotated[str, typer.Argument(help="Recipe name.")],
+    follow: FollowOpt = False,
+    fresh_cache: Annotated[bool, typer.Option(
+        help="Empty the recipe's compile cache first (cold start).")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Restart even when exactly this recipe's launch is already ready.")] = False,
+    api: ApiOpt = None,
+) -> None:
+    """Apply RECIPE: preflight, drain and stop the current engine, start the new one.
+
+    Says what the preflight decided: REFUSED (exit 1, the old engine keeps serving), unchanged (the
+    same launch is already ready: nothing restarted unless --force), or started."""
+    client = _client(api)
+    answer = _call(client.post, "/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force})
+    typer.echo(f"accepted: {recipe} (state {answer['state']})")
+    verdict = _await_preflight(client, answer.get("apply_id"))
+    if verdict is not None:
+        s, outcome = verdict
+        if outcome == "refused":
+            raise _refused(recipe, _refusal(s, recipe) or {}, s.get("recipe") if s.get("launch") else None)
+        if outcome == "unchanged":
+            typer.echo(f"unchanged: {recipe} is already running with exactly this launch spec; nothing "
+                       "restarted (`appliance apply --force` restarts it)")
+            return
+    if follow:
+        end_of_follow(client, follow_outcome(client), recipe)
+
+
+def _await_preflight(client: Client, apply_id: int | None,
+                     timeout_s: float = 300.0) -> tuple[dict[str, Any], str] | None:
+    """Wait for this apply's preflight verdict (seconds: lint, admission, render). None when the
+    controller does not say (an older one) or it takes longer than `timeout_s`."""
+    if apply_id is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = _call(client.get, "/status")
+        last = s.get("last_apply") or {}
+        if last.get("token") != apply_id:
+            return None  # another apply superseded ours: follow the state instead
+        if last.get("outcome") != "pending":
+            return s, str(last.get("outcome"))
+        if time.monotonic() > deadline:
+            typer.echo("the preflight is still running; `appliance status` tells how it ends")
+            return None
+        time.sleep(0.3)
+
+
+def restart(follow: FollowOpt = False, api: ApiOpt = None) -> None:
+    """Restart the current recipe (drain, stop, start)."""
+    client = _client(api)
+    answer = _call(client.post, "/restart")
+    typer.echo(f"restarting {answer['recipe']} (state {answer['state']})")
+    if follow:
+        end_of_follow(client, follow_outcome(client))
+
+
+def stop(api: ApiOpt = None) -> None:
+    """Stop the engine (drain first) and stay idle."""
+    answer = _call(_client(api).post, "/stop")
+    typer.echo(f"stopping (state {answer['state']})")
+
+
+def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
+    """State, phase, progress through the ready budget, the ETA from earlier launches, last diagnosis."""
+    s = _call(_client(api).get, "/status")
+    if as_json:
+        typer.echo(json.dumps(s, indent=2))
+        return
+    typer.echo(f"state:      {s['state']}" + (f"  (recipe {s['recipe']})" if s.get("recipe") else ""))
+    launch = s.get("launch")
+    if launch:
+        typer.echo(f"launch:     {launch['id']} ({launch['kind']}, {launch['runtime']} {launch['ref']})")
+        typer.echo(f"engine:     {launch['engine_url']}  model '{launch['served_model_name']}'")
+        if launch.get("ready_s") is not None:
+            typer.echo(f"ready in:   {launch['ready_s']} s  (compile cache {launch['cache']})")
+        elif launch.get("elapsed_s") is not None:
+            pct = f"{s['progress'] * 100:.0f}%" if s.get("progress") is not None else "?"
+            typer.echo(f"starting:   {launch['elapsed_s']} s of {launch['ready_budget_s']} s ({pct}); "
+                       f"{launch['describe']}")
+        eta = s.get("eta")
+        if eta:
+            # The expected ready time from earlier launches of this variant (appliance/observe/ready_eta.py).
+            typer.echo(f"expected:   {eta['text']}")
+            if eta.get("stall"):
+                typer.echo(f"WARNING:    {eta['stall']['text']} (a flag: the stall watch and the ready "
+                           "budget still decide)")
+            for p in eta.get("phases", []):
+                typer.echo(eta_phase_line(p))
+        else:
+            for p in launch.get("phases", []):
+                mark = "x" if p["at"] is not None else " "
+                typer.echo(f"  [{mark}] {p['label']}")
+        for line in compile_cache_lines(launch.get("compile_cache")):
+            typer.echo(line)
+    exited = (launch or {}).get("exit")
+    if s["state"] == "exited" and exited:
+        typer.echo(f"exited:     exit code {exited.get('exit_code')}, signal {exited.get('signal')}; out of "
+                   "the gateway (clients get 503 + Retry-After), classifying the exit")
+    last_apply = s.get("last_apply") or {}
+    if last_apply.get("outcome") == "refused":
+        failure = last_apply.get("failure") or {}
+        typer.echo(f"last apply: {last_apply.get('recipe')} REFUSED: {failure.get('summary')}")
+    if s.get("backoff_remaining_s") is not None:
+        typer.echo(f"backoff:    retry in {s['backoff_remaining_s']} s "
+                   f"(failure {s['failures']}/{s['max_failures']})")
+    if s.get("store_problem"):
+        typer.echo(f"STORE LOST: {s['store_problem']}; restart the controller (/healthz says 503)")
+    diag = s.get("last_diagnosis")
+    if diag:
+        which = f" (launch {diag['launch_id']})" if diag.get("launch_id") else ""
+        typer.echo(f"last failure{which}: [{diag.get('code')}] {diag.get('summary')}")
+        if diag.get("hint"):
+            typer.echo(f"  hint:     {diag['hint']}")
+
+
+def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:
+    """Why the compile cache missed (compared with which launch), and bad cache roots.
+    `cc`: a status's `launch.compile_cache` or a record's `compile_cache` (same keys where shared)."""
+    if not cc:
+        return []
+    seen = cc.get("seen") or {}
+    cache_hash = cc.get("cache_hash") or seen.get("cache_hash")
+    aot = cc.get("aot_path") or seen.get("aot_path")
+    out = []
+    if cache_hash or aot:
+        out.append(f"compile:    vLLM cache dir {cache_hash or '?'}" + (f", AOT {aot}" if aot else ""))
+    miss = cc.get("miss")
+    if miss:
+        against = f" vs launch {miss['compared_with']}" if miss.get("compared_with") else ""
+        out.append(f"cache miss: {miss['reason']}{against}: {'; '.join(miss.get('details') or [])}")
+    out += [f"WARNING:    {w}" for w in cc.get("warnings") or []]
+    return out
+
+
+def launches(
+    launch_id: Annotated[str | None, typer.Argument(
+        help="Show this launch (a unique prefix of its ID is enough): phases, cache, memory, diagnosis; "
+        "with --json the full record.")] = None,
+    limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+    recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
+    as_json: JsonOpt = False,
+    api: ApiOpt = None,
+) -> None:
+    """The launch records: what ran, how long the start took, cache hit/miss, how it ended."""
+    client = _client(api)
+    if launch_id:
+        try:
+            record = _call(resolve_launch, client.get, launch_id)
+        except LaunchLookupError as exc:
+            raise fail(str(exc), 2) from exc
+        explained = compile_cache_lines(record.get("compile_cache"))
+        if not as_json:
+            typer.echo("\n".join(launch_lines(record, explained)))
+            return
+        typer.echo(json.dumps(record, indent=2))
+        # Stdout stays the record as JSON (scripts read it); a reader also sees why the cache missed.
+        for line in explained:
+            typer.echo(line, err=True)
+        return
+    query = f"/launches?limit={limit}" + (f"&recipe={recipe}" if recipe else "")
+    rows = _call(client.get, query)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'launch':44} {'kind':12} {'status':8} {'ready_s':>8} {'cache':6} {'exit':>5} diagnosis")
+    for r in rows:
+        ready = f"{r['ready_s']:.1f}" if r["ready_s"] is not None else "-"
+        code = r["exit_code"] if r["exit_code"] is not None else "-"
+        typer.echo(f"{r['id']:44} {r['kind']:12} {r['status']:8} {ready:>8} {r['cache'] or '-':6} "
+                   f"{code!s:>5} {r['diagnosis_code'] or ''}")
+
+
+def logs(
+    launch_id: Annotated[str | None, typer.Option("--launch", help="Which launch (default: the current "
+                                                  "or latest).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of the existing log to show.")] = 50,
+    api: ApiOpt = None,
+) -> None:
+    """The engine's log (stdout+stderr), through the controller."""
+    client = _client(api)
+    if launch_id is None:
+        current = (_call(client.get, "/status").get("launch") or {}).get("id")
+        latest = _call(client.get, "/launches?limit=1")
+        launch_id = current or (latest[0]["id"] if latest else None)
+    if launch_id is None:
+        raise fail("no launch yet")
+    offset = 0
+    text = ""
+    while True:  # read what is there (the API hands out at most 4 MiB per call)
+        chunk, headers = _call(client.text, f"/launches/{launch_id}/log?offset={offset}")
+        next_offset = int(headers.get("x-next-offset", offset))
+        text += chunk
+        if next_offset == offset or not chunk:
+            break
+        offset = next_offset
+    shown = text.splitlines()[-lines:] if lines > 0 else []
+    for line in shown:
+        typer.echo(line)
+    while follow:
+        time.sleep(1.0)
+        chunk, headers = _call(client.text, f"/launches/{launch_id}/log?offset={offset}")
+        offset = int(headers.get("x-next-offset", offset))
+        if chunk:
+            typer.echo(chunk, nl=False)
