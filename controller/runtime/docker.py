@@ -494,7 +494,9 @@ class DockerRuntime:
         handles: list[EngineHandle] = []
         for container in containers:
             labels: dict[str, str] = container.labels
-            if self.instance_id is not None and labels.get(LABEL_INSTANCE) != self.instance_id:
+            # Unlabelled (launched before instance ids): handed to the driver, which adopts it only
+            # when its launch is in this appliance's own records.
+            if self.instance_id is not None and labels.get(LABEL_INSTANCE) not in (None, self.instance_id):
                 log.info("container %s belongs to appliance instance %s, not this one (%s): not adopted",
                          container.short_id, labels.get(LABEL_INSTANCE, "(none)"), self.instance_id)
                 continue

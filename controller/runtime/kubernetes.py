@@ -743,7 +743,8 @@ class KubernetesRuntime:
                 continue
             if obj.metadata.deletion_timestamp is not None:
                 continue  # being deleted: not running
-            if self.instance_id is not None and labels.get(LABEL_INSTANCE) != self.instance_id:
+            # Unlabelled (applied before instance ids): the driver adopts it only if it is on record.
+            if self.instance_id is not None and labels.get(LABEL_INSTANCE) not in (None, self.instance_id):
                 log.info("%s %s belongs to appliance instance %s, not this one: not adopted", kind,
                          obj.metadata.name, labels.get(LABEL_INSTANCE, "(none)"))
                 continue

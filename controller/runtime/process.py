@@ -706,7 +706,9 @@ class ProcessRuntime:
                 continue
             if handle.runtime != self.name or handle_path.parent.name != handle.launch_id:
                 continue
-            if self.instance_id is not None and handle.instance != self.instance_id:
+            # An unlabelled handle in our own runs directory was written by an older controller of this
+            # APPLIANCE_HOME: ours. Another instance's id here is not.
+            if self.instance_id is not None and handle.instance not in (None, self.instance_id):
                 log.info("skipping %s: launched by appliance instance %s, not this one (%s)",
                          handle_path, handle.instance or "(none)", self.instance_id)
                 continue

@@ -597,6 +597,14 @@ class Driver:
             if stored is not None:
                 known.append((candidate, stored, True))
                 continue
+            if candidate.instance is None:
+                # No instance label and not in our records: another appliance's engine launched before
+                # instance ids existed, or a hand-made one. Never ours to supervise or stop.
+                self.note("adopt-skipped", f"engine {candidate.ref} ({candidate.recipe}) carries no "
+                          "appliance instance label and is not in this appliance's launch records: "
+                          "left alone",
+                          candidate.launch_id)
+                continue
             planned = (await asyncio.to_thread(self.spec_for_recipe, candidate.recipe)
                        if self.spec_for_recipe is not None else None)
             if planned is None:

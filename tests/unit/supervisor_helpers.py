@@ -85,8 +85,10 @@ class FakeRuntime:
 
     def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         self.keys[launch_id] = engine_key
+        # Labelled with an instance id, as every real runtime labels what it starts.
         handle = EngineHandle(launch_id=launch_id, runtime="process", ref=str(1000 + len(self.started)),
-                              recipe=spec.recipe, spec_hash=spec.spec_hash, started_at=self.clock.now())
+                              recipe=spec.recipe, spec_hash=spec.spec_hash, started_at=self.clock.now(),
+                              instance="i-test")
         engine = FakeEngine(handle)
         self.engines[launch_id] = engine
         self.started.append((launch_id, self.clock.now()))

@@ -468,11 +468,16 @@ def test_adopt_lists_managed_workloads_by_label(cluster: RecordedCluster) -> Non
     cluster.done()
 
 
-def test_adopt_takes_only_workloads_labelled_with_this_instance(cluster: RecordedCluster) -> None:
-    # Issue 23: the recorded workloads carry no instance label (or another one): not this appliance's.
+def test_adopt_leaves_out_another_instances_workloads_and_hands_on_unlabelled_ones(
+    cluster: RecordedCluster,
+) -> None:
+    """The recorded workloads carry no instance label (applied before instance ids): they are handed
+    to the driver marked so (instance None), which adopts them only when they are on its own record;
+    a workload labelled with another appliance's id is never returned."""
     cluster.expect("GET", rf"/apis/apps/v1/namespaces/{NS}/deployments", "deployment_list_managed.json",
                    query={"labelSelector": "appliance.managed=true"})
-    assert runtime(cluster, instance_id="i-mine").adopt() == []
+    unlabelled = runtime(cluster, instance_id="i-mine").adopt()
+    assert len(unlabelled) == 2 and all(h.instance is None for h in unlabelled)
     cluster.done()
 
 

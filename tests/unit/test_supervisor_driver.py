@@ -759,6 +759,36 @@ async def test_adoption_never_stops_its_own_engine_for_one_it_cannot_supervise(t
     assert rig.runtime.engines["Lother"].running
 
 
+async def test_an_unlabelled_engine_is_adopted_only_when_it_is_on_this_appliances_record(
+    tmp_path: Path,
+) -> None:
+    """Engines launched before instance ids carry no label. After an upgrade our own must still be
+    adopted (its launch is in our store); someone else's must be left alone, even when a recipe of
+    ours has its name (`spec_for_recipe` would plan it)."""
+    rig = make_rig(tmp_path)
+    spec = make_spec()
+    rig.driver.spec_for_recipe = lambda name: spec
+    stranger = EngineHandle(launch_id="Lstranger", runtime="process", ref="901", recipe="test-recipe",
+                            spec_hash=spec.spec_hash, started_at=rig.clock.t - 60)
+    rig.runtime.engines["Lstranger"] = FakeEngine(stranger, healthy=True)
+    await rig.driver.adopt()
+    assert rig.driver.machine.launch is None and rig.runtime.stopped == []
+    assert rig.store.get_launch("Lstranger") is None
+    assert any(e.kind == "adopt-skipped" and "no appliance instance label" in e.message
+               for e in rig.store.events())
+    # Ours from before the upgrade: on record, so adopted.
+    again = make_rig(tmp_path / "again")
+    again.driver.spec_for_recipe = lambda name: spec
+    mine = stranger.model_copy(update={"launch_id": "Lmine"})
+    again.runtime.engines["Lmine"] = FakeEngine(mine, log="INFO Application startup complete.\n",
+                                                healthy=True)
+    again.store.create_launch("Lmine", spec, "normal", Provenance(), again.clock.t - 60)
+    again.store.set_handle("Lmine", mine, again.clock.t - 60)
+    await again.driver.adopt()
+    launch = again.driver.machine.launch
+    assert launch is not None and launch.launch_id == "Lmine" and again.runtime.stopped == []
+
+
 async def test_adoption_still_stops_an_older_engine_of_its_own(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
     spec = make_spec()
