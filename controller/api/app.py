@@ -36,10 +36,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from appliance.recipe.engine_secret import redact as redact_keys
 from appliance.recipe.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api.context import ApiContext
+from controller.api.context import ApiContext, LogUnavailable, read_launch_log
 from controller.api.gate import (
     SQLITE_INT_MAX,
     AdminTokenFirst,
@@ -53,7 +52,6 @@ from controller.catalogue import load_failed
 from controller.console.routes import console_router
 from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
-from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import LaunchRecord, LaunchSummary, redact_spec
 from controller.supervisor import compile_cache
 from controller.supervisor.preflight import UnknownRecipe
@@ -253,22 +251,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         launch_id: str, offset: Annotated[int, Query(ge=0, le=SQLITE_INT_MAX)] = 0,
     ) -> Response:
         """Engine log text from byte `offset` (at most 4 MiB); `X-Next-Offset` says where to go on."""
-        record = await asyncio.to_thread(store.get_launch, launch_id)
-        if record is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
-        if record.handle is None:
-            return Response("", media_type=_TEXT, headers={"X-Next-Offset": str(offset)})
-        handle = EngineHandle.model_validate(record.handle)
-        runtime = driver.runtimes.get(handle.runtime)
-        if runtime is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"this controller has no {handle.runtime} runtime")
         try:
-            text, next_offset = await asyncio.to_thread(runtime.read_logs, handle, offset)
-        except EngineRuntimeError as exc:
-            raise HTTPException(status.HTTP_502_BAD_GATEWAY, str(exc)) from exc
-        # vLLM 0.26.0 logs the key it read from its config file (appliance/recipe/engine_secret.py).
-        key = driver.engine_key(launch_id)
-        text = redact_keys(text, [key] if key else [])
+            text, next_offset = await asyncio.to_thread(read_launch_log, ctx, launch_id, offset)
+        except LogUnavailable as exc:
+            raise HTTPException(exc.code, str(exc)) from exc
         return Response(text, media_type=_TEXT, headers={"X-Next-Offset": str(next_offset)})
 
     @app.get("/events", tags=["status"], response_class=StreamingResponse)

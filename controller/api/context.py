@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.recipe.engine_secret import redact as redact_keys
 from controller.api.gate import MAX_BODY_BYTES
+from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.preflight import Preflight
@@ -28,3 +30,33 @@ class ApiContext:
     listen_host: str | None = None  # the address the API is bound to: also an accepted Host
     extra_hosts: tuple[str, ...] = ()  # more accepted Host names (besides loopback, $APPLIANCE_ADMIN_HOSTS)
     max_body_bytes: int = MAX_BODY_BYTES
+
+
+class LogUnavailable(Exception):
+    """A launch's log cannot be read: `code` is the HTTP status the API answers (404, 502)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def read_launch_log(ctx: ApiContext, launch_id: str, offset: int) -> tuple[str, int]:
+    """Engine log text of a launch from byte `offset` (at most the runtime's chunk) and the next offset,
+    with the engine's API key redacted. The one path behind `GET /launches/{id}/log` and the console's
+    log view. Blocking (the store, the runtime's file or daemon): call it from a worker thread."""
+    record = ctx.store.get_launch(launch_id)
+    if record is None:
+        raise LogUnavailable(404, f"no launch {launch_id!r}")
+    if record.handle is None:
+        return "", offset
+    handle = EngineHandle.model_validate(record.handle)
+    runtime = ctx.driver.runtimes.get(handle.runtime)
+    if runtime is None:
+        raise LogUnavailable(404, f"this controller has no {handle.runtime} runtime")
+    try:
+        text, next_offset = runtime.read_logs(handle, offset)
+    except EngineRuntimeError as exc:
+        raise LogUnavailable(502, str(exc)) from exc
+    # vLLM 0.26.0 logs the key it read from its config file (appliance/recipe/engine_secret.py).
+    key = ctx.driver.engine_key(launch_id)
+    return redact_keys(text, [key] if key else []), next_offset

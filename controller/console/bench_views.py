@@ -112,7 +112,7 @@ class BenchData:
             legend = [r.recipe for r in latest]
             groups = [charts.BarGroup(name, [r.throughput_by_tier().get(name) for r in latest])
                       for name in TIER_NAMES]
-            chart = charts.grouped_bars(groups, legend, y_format=lambda v: f"{v:.0f} tok/s",
+            chart = charts.grouped_bars(groups, legend, y_format=lambda v: f"{charts.tick_number(v)} tok/s",
                                         title="output tokens/s per tier, latest bench per recipe")
         return {"benches": benches, "comparisons": comparisons, "chart": chart,
                 "latest": [{"recipe": r.recipe, "id": r.id, "when": r.finished_at, "scaled": scaled(r)}

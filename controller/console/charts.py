@@ -89,10 +89,61 @@ def _svg(frame: _Frame, title: str) -> Markup:
     )
 
 
-def _y_grid(frame: _Frame, py: Callable[[float], float], top: float, fmt: Callable[[float], str]) -> None:
-    """Four horizontal grid steps from 0 to `top`, each labelled on the left axis."""
-    for i in range(5):
-        y = top * i / 4
+NICE_MULTIPLES = (1.0, 2.0, 5.0, 10.0)
+MAX_INTERVALS = 7  # at most this many grid steps on a value axis
+OOM_ENGINE = "#dc2626"  # an OOM kill of the engine
+OOM_OTHER = "#9ca3af"  # an OOM kill of another process: grey, told apart in the legend
+
+
+def nice_step(span: float, max_intervals: int = MAX_INTERVALS) -> float:
+    """The smallest step of 1, 2 or 5 × 10^n that covers `span` in at most `max_intervals` steps."""
+    if span <= 0 or not math.isfinite(span):
+        return 1.0
+    raw = span / max_intervals
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in NICE_MULTIPLES if m * magnitude >= raw * (1 - 1e-9))
+
+
+def nice_ticks(top: float, max_intervals: int = MAX_INTERVALS) -> list[float]:
+    """Round tick values from 0 to the first multiple of a nice step at or above `top`:
+    23.6 → 0, 5, 10, 15, 20, 25; 10 → 0, 2, 4, 6, 8, 10 (never 5.9, 11.8 or 2.5, 7.5)."""
+    step = nice_step(top, max_intervals)
+    n = max(1, math.ceil(top / step - 1e-9)) if top > 0 else 1
+    return [round(i * step, 10) for i in range(n + 1)]
+
+
+def tick_number(v: float) -> str:
+    """A tick value without float noise or a needless `.0`: 2, 2.5, 0.1."""
+    return f"{round(v, 6):g}"
+
+
+def place_labels(spans: Sequence[tuple[float, float]], rows: int = 3, gap: float = 4.0) -> list[int | None]:
+    """A row for each label given as (left, right) pixels, so no two labels in one row overlap:
+    each goes to the first row where it clears the row's last label by `gap`; one that fits no
+    row gets None (it is not drawn; its line keeps the text as a tooltip). Labels are taken in
+    order of their left edge; the answer is in the order given."""
+    ends: list[float] = [-math.inf] * rows
+    placed: list[int | None] = [None] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+        left, right = spans[i]
+        for row in range(rows):
+            if left >= ends[row] + gap:
+                ends[row] = right
+                placed[i] = row
+                break
+    return placed
+
+
+def label_width(text: str, px_per_char: float = 6.2) -> float:
+    """About how wide a label is at the charts' 11 px font (no font metrics on the server)."""
+    return len(text) * px_per_char + 2
+
+
+def _y_grid(frame: _Frame, py: Callable[[float], float], ticks: Sequence[float], fmt: Callable[[float], str],
+            unit: float = 1.0) -> None:
+    """A horizontal grid line at each tick (in `unit`s), each labelled on the left axis."""
+    for t in ticks:
+        y = t * unit
         frame.parts.append(f'<line x1="{frame.left}" x2="{frame.width - frame.right}" y1="{_num(py(y))}" '
                            f'y2="{_num(py(y))}" stroke="#e5e7eb" stroke-width="1"/>')
         frame.parts.append(f'<text x="{frame.left - 6}" y="{_num(py(y) + 4)}" text-anchor="end" class="tick">'
@@ -132,6 +183,11 @@ def _fold(points: Sequence[tuple[float, float | None]], x0: float, x1: float, co
     return out
 
 
+def gib_tick(v: float) -> str:
+    """A GiB axis value in bytes, on nice ticks: 0 GiB, 5 GiB, 0.5 GiB."""
+    return f"{tick_number(v / 2**30)} GiB"
+
+
 def clock_label(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
@@ -142,15 +198,21 @@ def line_chart(
     title: str,
     x_range: tuple[float, float] | None = None,
     y_max: float | None = None,
-    y_format: Callable[[float], str] = _num,
+    y_format: Callable[[float], str] = tick_number,
+    y_unit: float = 1.0,
     x_format: Callable[[float], str] = clock_label,
     markers: Sequence[Marker] = (),
     hlines: Sequence[HLine] = (),
+    marker_legend: Sequence[tuple[str, str]] = (),
     width: int = 880,
     height: int = 220,
 ) -> Markup:
-    """Time series with vertical markers and horizontal reference lines; empty series say so."""
-    frame = _Frame(width, height)
+    """Time series with vertical markers and horizontal reference lines; empty series say so.
+    The value axis has round ticks (nice_ticks) in `y_unit`s (2**30 for a GiB axis in bytes); marker
+    labels are staggered over three rows and a label with no room is left out (place_labels).
+    `marker_legend`: (label, colour) entries for kinds of markers (an engine's OOM kill, another's)."""
+    frame = _Frame(width, height + 18, top=30)  # the legend has a band of its own above the plot
+    height += 18
     xs = [x for s in series for x, _ in s.points]
     if x_range is None:
         if not xs:
@@ -162,7 +224,9 @@ def line_chart(
     if x1 <= x0:
         x1 = x0 + 1.0
     ys = [y for s in series for _, y in s.points if y is not None] + [h.y for h in hlines]
-    top = y_max if y_max is not None else (max(ys) * 1.1 if ys and max(ys) > 0 else 1.0)
+    wanted = y_max if y_max is not None else (max(ys) * 1.05 if ys and max(ys) > 0 else 1.0)
+    ticks = nice_ticks(wanted / y_unit)
+    top = ticks[-1] * y_unit
 
     def px(x: float) -> float:
         return frame.left + (x - x0) / (x1 - x0) * frame.plot_w
@@ -172,7 +236,7 @@ def line_chart(
 
     p = frame.parts
     # axes and four horizontal grid lines with their values
-    _y_grid(frame, py, top, y_format)
+    _y_grid(frame, py, ticks, y_format, y_unit)
     for i in range(5):
         x = x0 + (x1 - x0) * i / 4
         anchor = "start" if i == 0 else "end" if i == 4 else "middle"
@@ -188,24 +252,35 @@ def line_chart(
         for path in _paths(_fold(s.points, x0, x1, frame.plot_w, s.fold), px, py):
             p.append(f'<polyline fill="none" stroke="{escape(s.color)}" stroke-width="1.6" points="{path}">'
                      f"<title>{escape(s.name)}</title></polyline>")
-    for m in markers:
-        if not x0 <= m.x <= x1:
-            continue
+    shown = [m for m in markers if x0 <= m.x <= x1]
+    spans: list[tuple[float, float]] = []
+    for m in shown:
         dash = ' stroke-dasharray="3 3"' if m.dashed else ""
         p.append(f'<line x1="{_num(px(m.x))}" x2="{_num(px(m.x))}" y1="{frame.top}" '
                  f'y2="{frame.top + frame.plot_h}" stroke="{escape(m.color)}" stroke-width="1.2"{dash} '
                  f'class="marker"><title>{escape(m.label)}</title></line>')
         # near the right edge the label goes to the left of its line, so it is not cut off
-        right = px(m.x) > frame.left + frame.plot_w * 0.8
-        lx, anchor = (px(m.x) - 3, "end") if right else (px(m.x) + 3, "start")
-        p.append(f'<text x="{_num(lx)}" y="{frame.top + 10}" text-anchor="{anchor}" fill="{escape(m.color)}" '
-                 f'class="label">{escape(m.label)}</text>')
+        w = label_width(m.label)
+        spans.append((px(m.x) - 3 - w, px(m.x) - 3) if px(m.x) > frame.left + frame.plot_w * 0.8
+                     else (px(m.x) + 3, px(m.x) + 3 + w))
+    for m, (left, right), row in zip(shown, spans, place_labels(spans), strict=True):
+        if row is None:
+            continue
+        right_side = right <= px(m.x)
+        lx, anchor = (right, "end") if right_side else (left, "start")
+        p.append(f'<text x="{_num(lx)}" y="{frame.top + 10 + 12 * row}" text-anchor="{anchor}" '
+                 f'fill="{escape(m.color)}" class="label">{escape(m.label)}</text>')
     # legend
     lx = frame.left + 8
     for s in series:
-        p.append(f'<rect x="{lx}" y="{frame.top + 16}" width="10" height="3" fill="{escape(s.color)}"/>'
-                 f'<text x="{lx + 14}" y="{frame.top + 21}" class="legend">{escape(s.name)}</text>')
+        p.append(f'<rect x="{lx}" y="12" width="10" height="3" fill="{escape(s.color)}"/>'
+                 f'<text x="{lx + 14}" y="17" class="legend">{escape(s.name)}</text>')
         lx += 22 + 7 * len(s.name)
+    for name, color in marker_legend:
+        p.append(f'<line x1="{lx}" x2="{lx}" y1="8" y2="18" stroke="{escape(color)}" '
+                 f'stroke-width="2" class="legend-marker"/>'
+                 f'<text x="{lx + 6}" y="17" class="legend">{escape(name)}</text>')
+        lx += 22 + 7 * len(name)
     return _svg(frame, title)
 
 
@@ -274,7 +349,7 @@ class BarGroup:
 
 
 def grouped_bars(groups: Sequence[BarGroup], legend: Sequence[str], *, title: str,
-                 y_format: Callable[[float], str] = lambda v: f"{v:.0f}",
+                 y_format: Callable[[float], str] = tick_number,
                  value_format: Callable[[float], str] = lambda v: f"{v:.1f}",
                  width: int = 880, height: int = 260) -> Markup:
     """Vertical bars side by side per group, one colour per legend entry (e.g. eager vs graph per tier)."""
@@ -285,12 +360,13 @@ def grouped_bars(groups: Sequence[BarGroup], legend: Sequence[str], *, title: st
                  "nothing measured yet</text>")
         return _svg(frame, title)
     values = [v for g in groups for v in g.values if v is not None]
-    top = nice_top(max(values) * 1.08) if values else 1.0  # room for the value labels
+    ticks = nice_ticks(max(values) * 1.08) if values else [0.0, 1.0]  # room for the value labels
+    top = ticks[-1]
 
     def py(y: float) -> float:
         return frame.top + frame.plot_h - max(0.0, min(1.0, y / top)) * frame.plot_h
 
-    _y_grid(frame, py, top, y_format)
+    _y_grid(frame, py, ticks, y_format)
     slot = frame.plot_w / len(groups)
     bar_w = min(48.0, slot * 0.8 / len(legend))
     for gi, g in enumerate(groups):

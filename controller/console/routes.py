@@ -7,6 +7,9 @@
     GET  /console/recipes/{name}/apply  the preflight plan and a confirm form
     POST /console/recipes/{name}/apply  submit the apply (CSRF), 409 page when a start is in progress
     GET  /console/launches[/{id}]       history; one launch's phase waterfall and memory picture
+    GET  /console/launches/{id}/log     the tail of its engine log (redacted), with a follow mode
+    GET  /console/launches/{id}/log.txt?offset=   log text from a byte offset (the follow mode polls it)
+    GET  /console/engine/{stop|restart} a confirm page; POST submits it (CSRF), 409 page when refused
     GET  /console/benchmarks[/{id}]     stored comparisons (verdicts) and benches; one bench's tiers
     GET  /console/memory                host memory over time (controller/watch/history.py)
     GET  /console/keys, POST /console/keys, POST /console/keys/{id}/revoke
@@ -36,7 +39,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api.context import ApiContext
+from controller.api.context import ApiContext, LogUnavailable, read_launch_log
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
@@ -44,7 +47,7 @@ from controller.evaluation.store import EvalStore
 from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import Paths
 from controller.supervisor.preflight import UnknownRecipe
-from controller.supervisor.signals import Apply
+from controller.supervisor.signals import Apply, Restart, Stop
 from controller.watch.history import HOST_HISTORY, HostHistory
 from host_setup.facts import HostFactsError
 
@@ -65,11 +68,15 @@ MAX_FORM_BYTES = 8 * 1024  # the console's forms are a few short fields
 MAX_FIELD_CHARS = 512
 # A broken recipe directory or unreadable host facts: a page that says so, never a traceback.
 UNREADABLE = (RecipeError, HostFactsError, OSError)
+LOG_TAIL_CHARS = 64 * 1024  # the log page shows this much of the end of the log
+LOG_MAX_CHUNKS = 64  # reading to the end takes at most this many runtime reads (4 MiB each for files)
 STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second moves it without events
 # Fixed notices selected by a code in the redirect's query string: nothing a link can inject.
 NOTICES = {
     "applied": "Apply accepted: the preflight runs, then the engine drains and switches. Watch it below.",
     "revoked": "Key revoked: the gateway refuses it within about a second.",
+    "stopping": "Stop accepted: the gateway drains the engine, then it stops; the controller stays idle.",
+    "restarting": "Restart accepted: the preflight runs again, then the engine (re)starts. Watch it below.",
     "logged-out": "Logged out.",
 }
 
@@ -243,7 +250,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         snapshot = driver.status()
         expectations = await asyncio.to_thread(data.expectations, snapshot.get("recipe"))
         gateway = await data.gateway()
-        live = views.live_view(snapshot)
+        memory = await asyncio.to_thread(data.host_now, snapshot.get("recipe"))
+        live = views.live_view(snapshot, memory)
         return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
                     status_json=json.dumps(live), live=live)
 
@@ -260,7 +268,9 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                     if live is None:
                         yield b"event: ended\ndata: {}\n\n"
                         return
-                    yield f"event: status\ndata: {json.dumps(views.live_view(driver.status()))}\n\n".encode()
+                    snapshot = driver.status()
+                    memory = await asyncio.to_thread(data.host_now, snapshot.get("recipe"))
+                    yield f"event: status\ndata: {json.dumps(views.live_view(snapshot, memory))}\n\n".encode()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(queue.get(), timeout=STATUS_EVERY_S)
 
@@ -344,6 +354,79 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                            "/console/launches")
         benches = await asyncio.to_thread(bench.for_launch, launch_id)
         return page(request, "launch.html", session, launch=view, benches=benches)
+
+    def log_tail(launch_id: str) -> tuple[str, int, bool]:
+        """The end of the launch's log (the API's data path, keys redacted), its end offset, and
+        whether the start was cut off (longer than LOG_TAIL_CHARS, or than LOG_MAX_CHUNKS reads)."""
+        tail, offset, cut = "", 0, False
+        for _ in range(LOG_MAX_CHUNKS):
+            text, next_offset = read_launch_log(ctx, launch_id, offset)
+            if next_offset == offset or not text:
+                break
+            tail += text
+            if len(tail) > LOG_TAIL_CHARS:
+                tail, cut = tail[-LOG_TAIL_CHARS:], True
+            offset = next_offset
+        else:
+            cut = True
+        return tail, offset, cut
+
+    @router.get("/launches/{launch_id}/log")
+    async def launch_log(request: Request, launch_id: str) -> Response:
+        session = current(request)
+        record = await asyncio.to_thread(ctx.store.get_launch, launch_id)
+        if record is None:
+            return problem(request, session, 404, "Unknown launch", f"No launch {launch_id!r}.",
+                           "/console/launches")
+        try:
+            text, offset, cut = await asyncio.to_thread(log_tail, launch_id)
+        except LogUnavailable as exc:
+            return page(request, "log.html", session, exc.code, r=record, text="", offset=0, cut=False,
+                        error=f"The engine log cannot be read: {exc}",
+                        stored_tail=record.log_tail, live=False)
+        live = driver.machine.launch is not None and driver.machine.launch.launch_id == launch_id
+        return page(request, "log.html", session, r=record, text=text, offset=offset, cut=cut,
+                    stored_tail=record.log_tail if not text else None, live=live)
+
+    @router.get("/launches/{launch_id}/log.txt")
+    async def launch_log_text(request: Request, launch_id: str, offset: int = 0) -> Response:
+        """What the log page's follow mode polls: text from `offset`, `X-Next-Offset` where to go on."""
+        session, _ = sessions.lookup(request.cookies.get(COOKIE))
+        if session is None:
+            return _secure(Response("log in first", status.HTTP_401_UNAUTHORIZED, media_type="text/plain"))
+        try:
+            text, next_offset = await asyncio.to_thread(read_launch_log, ctx, launch_id, max(0, offset))
+        except LogUnavailable as exc:
+            return _secure(Response(str(exc), exc.code, media_type="text/plain"))
+        return _secure(Response(text, media_type="text/plain; charset=utf-8",
+                                headers={"X-Next-Offset": str(next_offset)}))
+
+    # -- Stop / Restart (the same confirm + CSRF discipline as Apply)
+
+    engine_actions: dict[str, tuple[type[Stop] | type[Restart], str, str]] = {
+        "stop": (Stop, "stopping", "Not stopped"), "restart": (Restart, "restarting", "Not restarted")}
+
+    @router.get("/engine/{action}")
+    async def engine_confirm(request: Request, action: str) -> Response:
+        session = current(request)
+        if action not in engine_actions:
+            return not_found(request)
+        return page(request, "engine_action.html", session, action=action, status=driver.status(),
+                    launch=driver.machine.launch.launch_id if driver.machine.launch else None)
+
+    @router.post("/engine/{action}")
+    async def engine_action(request: Request, action: str) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        if action not in engine_actions:
+            return not_found(request)
+        signal, notice, refused = engine_actions[action]
+        rejected = driver.submit(signal())
+        if rejected is not None:
+            return problem(request, session, status.HTTP_409_CONFLICT, refused,
+                           f"The controller refused: {rejected.reason}. Nothing was changed.")
+        return _secure(RedirectResponse(f"/console/?notice={notice}", status.HTTP_303_SEE_OTHER))
 
     # -- Benchmarks (read-only: `appliance bench | compare` write them)
 

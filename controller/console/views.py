@@ -28,13 +28,15 @@ from controller.store import LaunchRecord, redact_spec
 from controller.supervisor.driver import Driver
 from controller.supervisor.gateway_link import NoGateway
 from controller.supervisor.preflight import PlanReport, UnknownRecipe
-from controller.watch.history import HostHistory, HostPoint
+from controller.watch.history import HostHistory, HostPoint, OomMark
 
 log = logging.getLogger(__name__)
 
 GIB = 2**30
 GATEWAY_TIMEOUT_S = 2.0
 MEMORY_PAD_S = 30.0  # the memory picture of a launch starts a little before it and ends after it
+STALE_SAMPLE_S = 10.0  # the host watch samples once a second: an older latest sample is said to be old
+TARGET_TTL_S = 30.0  # the Now page's stream asks for the recipe's target each second: read it this seldom
 
 
 def known_reasons() -> set[str]:
@@ -119,13 +121,89 @@ def eta_phases(eta: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def live_view(status: dict[str, Any]) -> dict[str, Any]:
-    """The fields the Now page updates live (console.js); nothing secret is in driver.status()."""
+def state_line(status: dict[str, Any]) -> dict[str, str]:
+    """Every state label of the Now page from the one status object, so no two disagree: the
+    progress line, the retry line (only a backoff has a next try), and this start's cache outcome."""
+    state = str(status.get("state") or "idle")
+    launch = status.get("launch") or {}
+    progress = status.get("progress")
+    failures = int(status.get("failures") or 0)
+    most = status.get("max_failures")
+    wait = status.get("backoff_remaining_s")
+    if state == "starting" and progress is not None:
+        text = (f"{progress * 100:.1f} % of the ready budget ({_secs(launch.get('elapsed_s'))} of "
+                f"{_secs(launch.get('ready_budget_s'))})")
+    elif state == "starting":
+        text = "starting: the runtime is bringing the engine up (the ready budget counts from then)"
+    elif state == "backoff":
+        text = (f"backing off after a failure: next try in {_secs(wait)}" if isinstance(wait, int | float)
+                and wait > 0 else "backing off after a failure: the next try starts now")
+    else:
+        text = {
+            "idle": "idle: no engine running",
+            "preflight": "preflight: checking the recipe against this host before starting",
+            "ready": f"ready in {_secs(launch.get('ready_s'))}",
+            "draining": "draining: requests in flight finish, then the engine stops",
+            "stopping": "stopping the engine",
+            "exited": "the engine exited: classifying how (a kernel OOM record can come a moment later)",
+            "failed": "failed: the controller gave up; Restart or Apply to try again",
+        }.get(state, state)
+    retry = ""
+    if failures:
+        of = f"{failures} of {most}" if most else str(failures)
+        if state == "backoff":
+            soon = isinstance(wait, int | float) and wait > 0
+            retry = f"{of} failures before giving up" + (
+                f"; next try in {_secs(wait)}" if soon else "; retrying now")
+        elif state == "failed":
+            retry = f"{of} failures: gave up"
+        elif state in ("preflight", "starting"):
+            retry = f"{of} failures before giving up: this start is a retry"
+        else:
+            retry = f"{of} failures before giving up"
+    cache = launch.get("cache")
+    if cache == "hit":
+        cache_text = "hit: a warm start"
+    elif cache == "miss":
+        cache_text = "miss: a cold start"
+    elif launch and state in ("preflight", "starting"):
+        cache_text = "not known yet: no cache line in the log so far"
+    else:
+        cache_text = "—" if not launch else "no cache line in the log"
+    if launch.get("kind") == "cold-warmup":
+        cache_text += " (the warm-up start: it fills the cache, then the engine restarts warm)"
+    elif launch.get("kind") == "warm":
+        cache_text += " (the restart after the warm-up start)"
+    return {"progress_text": text, "retry_text": retry, "cache_text": cache_text}
+
+
+def memory_line(memory: dict[str, Any] | None) -> dict[str, str]:
+    """Current MemAvailable and its headroom against the recipe's target, as the Now page says them."""
+    if not memory or memory.get("available") is None:
+        return {"memory_text": "no host sample yet", "headroom_text": "—"}
+    text = f"{_gib(memory['available'])} of {_gib(memory.get('total'))}"
+    age = memory.get("age_s")
+    if isinstance(age, int | float) and age > STALE_SAMPLE_S:
+        text += f" (the last sample is {_secs(age)} old)"
+    target = memory.get("target")
+    if not target:
+        return {"memory_text": text, "headroom_text": "the recipe states no MemAvailable target"}
+    headroom = float(memory["available"]) - float(target)
+    side = "above" if headroom >= 0 else "BELOW"
+    return {"memory_text": text,
+            "headroom_text": f"{_gib(abs(headroom))} {side} the recipe's target of ≥ {_gib(target)}"}
+
+
+def live_view(status: dict[str, Any], memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fields the Now page updates live (console.js); nothing secret is in driver.status().
+    `memory`: ConsoleData.host_now (the host watch's latest sample and the recipe's target)."""
     launch = status.get("launch") or {}
     diagnosis = status.get("last_diagnosis") or {}
     progress = status.get("progress")
     eta: dict[str, Any] = status.get("eta") or {}
     return {
+        **state_line(status),
+        **memory_line(memory),
         "state": status.get("state"),
         "recipe": status.get("recipe"),
         "phase": launch.get("phase"),
@@ -135,6 +213,8 @@ def live_view(status: dict[str, Any]) -> dict[str, Any]:
         "elapsed_s": launch.get("elapsed_s"),
         "ready_budget_s": launch.get("ready_budget_s"),
         "ready_s": launch.get("ready_s"),
+        "headroom_low": bool(memory and memory.get("target") and memory.get("available") is not None
+                             and memory["available"] < memory["target"]),
         "launch_id": launch.get("id"),
         "cache": launch.get("cache"),
         # every start-up step in order; `done` once reached (log_phases.PhaseTracker.phase_list); with
@@ -202,6 +282,23 @@ def _phase_bars(record: LaunchRecord) -> list[charts.Bar]:
     return bars
 
 
+def oom_markers(ooms: list[OomMark], engine_pids: set[int]) -> list[charts.Marker]:
+    """OOM kills as chart markers: the engine's (a pid a launch record attributes to itself) red,
+    any other process's grey and said to be another's, so a neighbour's kill is not read as ours."""
+    out = []
+    for m in ooms:
+        ours = m.pid is not None and m.pid in engine_pids
+        label = f"OOM kill {m.task or '?'}" + ("" if ours else " (not the engine)")
+        out.append(charts.Marker(m.at, label, charts.OOM_ENGINE if ours else charts.OOM_OTHER, dashed=False))
+    return out
+
+
+def _oom_legend(markers: list[charts.Marker]) -> list[tuple[str, str]]:
+    colors = {m.color for m in markers if not m.dashed}
+    return [(name, c) for name, c in (("engine OOM kill", charts.OOM_ENGINE),
+                                      ("another process's OOM kill", charts.OOM_OTHER)) if c in colors]
+
+
 def _memory_chart(points: list[HostPoint], title: str, x_range: tuple[float, float] | None,
                   markers: list[charts.Marker], target_bytes: float | None) -> Markup:
     series = [
@@ -211,7 +308,8 @@ def _memory_chart(points: list[HostPoint], title: str, x_range: tuple[float, flo
     hlines = [charts.HLine(target_bytes, f"recipe target {_gib(target_bytes)}")] if target_bytes else []
     top = max((p.mem_total_bytes for p in points), default=None)
     return charts.line_chart(series, title=title, x_range=x_range, y_max=float(top) if top else None,
-                             y_format=charts.gib, markers=markers, hlines=hlines)
+                             y_format=charts.gib_tick, y_unit=GIB, markers=markers, hlines=hlines,
+                             marker_legend=_oom_legend(markers))
 
 
 def _psi_chart(points: list[HostPoint], title: str, x_range: tuple[float, float] | None,
@@ -222,15 +320,35 @@ def _psi_chart(points: list[HostPoint], title: str, x_range: tuple[float, float]
     ]
     top = max([v for p in points for v in (p.psi_some_avg10, p.psi_full_avg10) if v is not None], default=0.0)
     return charts.line_chart(series, title=title, x_range=x_range, y_max=max(10.0, top * 1.2),
-                             y_format=lambda v: f"{v:.0f} %", markers=markers)
+                             y_format=lambda v: f"{charts.tick_number(v)} %", markers=markers,
+                             marker_legend=_oom_legend(markers))
 
 
 class ConsoleData:
     def __init__(self, ctx: ApiContext, history: HostHistory) -> None:
         self.ctx = ctx
         self.history = history
+        self._targets: dict[str, tuple[float, float | None]] = {}
 
     # -- Now
+
+    def host_now(self, recipe_name: str | None) -> dict[str, Any]:
+        """The host watch's latest sample and the recipe's MemAvailable target (bytes)."""
+        points = self.history.points()
+        last = points[-1] if points else None
+        return {"available": last.mem_available_bytes if last else None,
+                "total": last.mem_total_bytes if last else None,
+                "age_s": time.time() - last.at if last else None,
+                "target": self._cached_target(recipe_name) if recipe_name else None}
+
+    def _cached_target(self, recipe_name: str) -> float | None:
+        now = time.monotonic()
+        hit = self._targets.get(recipe_name)
+        if hit is not None and now - hit[0] < TARGET_TTL_S:
+            return hit[1]
+        target = self._target_bytes(recipe_name)
+        self._targets[recipe_name] = (now, target)
+        return target
 
     def expectations(self, recipe_name: str | None) -> dict[str, Any] | None:
         if not recipe_name:
@@ -283,13 +401,20 @@ class ConsoleData:
                 continue
             admission = admit(r, facts)
             findings = lint(r)
+            errors = sum(f.severity == "error" for f in findings)
+            # Why Apply is greyed out: what the preflight would refuse it for (admission, then lint).
+            refused = [f"{c.name}: {c.message}" for c in admission.checks if c.verdict == "refuse"]
+            if errors:
+                refused.append(f"{errors} lint error{'s' if errors != 1 else ''}")
             rows.append({
                 "name": r.name, "description": r.description.strip().splitlines()[0] if r.description else "",
                 "platform": r.platform.value, "tp": r.engine.tensor_parallel_size,
                 "mode": r.engine.mode.value, "runtime": r.runtime.kind,
                 "verdict": admission.verdict, "checks": admission.checks,
-                "errors": sum(f.severity == "error" for f in findings),
-                "warnings": sum(f.severity != "error" for f in findings),
+                "errors": errors,
+                "warnings": sum(f.severity == "warning" for f in findings),
+                "infos": sum(f.severity == "info" for f in findings),
+                "apply_refused": "; ".join(refused) if admission.verdict == "refuse" or errors else None,
                 "default": r.name == self.ctx.default_recipe,
             })
         return rows
@@ -329,7 +454,8 @@ class ConsoleData:
             markers.append(charts.Marker(record.ready_at, "ready", "#2563eb"))
         if record.ended_at:
             markers.append(charts.Marker(record.ended_at, "end", "#6b7280"))
-        markers += [charts.Marker(e.at, "OOM kill", "#dc2626", dashed=False)
+        # the launch's own events are the kills attributed to its engine
+        markers += [charts.Marker(e.at, "OOM kill", charts.OOM_ENGINE, dashed=False)
                     for e in record.events if e.kind == "oom-kill"]
         window = (start - MEMORY_PAD_S, end + MEMORY_PAD_S)
         points = self.history.points(*window)
@@ -357,10 +483,12 @@ class ConsoleData:
         since = now - window_s
         points = self.history.points(since)
         markers: list[charts.Marker] = []
+        engine_pids: set[int] = set()
         for s in self.ctx.store.list_launches(50):
             record = self.ctx.store.get_launch(s.id)
             if record is None:
                 continue
+            engine_pids |= {o["pid"] for o in record.oom if isinstance(o.get("pid"), int)}
             begin, end = record.started_at or record.created_at, record.ended_at
             if end is not None and end < since:
                 continue
@@ -370,8 +498,7 @@ class ConsoleData:
                 markers.append(charts.Marker(record.ready_at, "ready", "#2563eb"))
             if end is not None and end >= since:
                 markers.append(charts.Marker(end, f"end ({record.status})", "#6b7280"))
-        markers += [charts.Marker(m.at, f"OOM kill {m.task or '?'} ({m.scope})", "#dc2626", dashed=False)
-                    for m in self.history.ooms(since)]
+        markers += oom_markers(self.history.ooms(since), engine_pids)
         recipe = self.ctx.driver.machine.recipe
         target = self._target_bytes(recipe) if recipe else None
         # A controller younger than the window has no samples before it started: start the axis at

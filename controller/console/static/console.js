@@ -1,6 +1,7 @@
 // The appliance console's only script (served from /console/static: the CSP allows no inline script).
 // Now page: follows /console/events (server-sent status snapshots, one a second) and moves the
-// progress bar and the state/phase fields. Revoke buttons: ask before submitting.
+// progress bar and the state/phase fields. Revoke buttons: ask before submitting. Log page: the
+// Follow button polls the log's text from the last offset (log.txt, X-Next-Offset) and appends it.
 "use strict";
 
 function secs(v) {
@@ -10,19 +11,12 @@ function secs(v) {
   return m + " min " + String(s).padStart(2, "0") + " s";
 }
 
-function progressText(s) {
-  if (s.progress_pct !== null && s.progress_pct !== undefined) {
-    return s.progress_pct.toFixed(1) + " % of the ready budget (" + secs(s.elapsed_s) + " of " +
-      secs(s.ready_budget_s) + ")";
-  }
-  if (s.state === "ready") return "ready in " + secs(s.ready_s);
-  return "not starting";
-}
-
 function applyStatus(s) {
   const fields = {
     state: s.state, recipe: s.recipe || "—", describe: s.describe || s.phase || "—",
-    cache: s.cache || "—", progress_text: progressText(s),
+    // every label below is the server's, derived from one status object (views.state_line)
+    cache: s.cache_text || "—", progress_text: s.progress_text || "", retry_text: s.retry_text || "",
+    memory_text: s.memory_text || "—", headroom_text: s.headroom_text || "—",
     eta_text: s.eta_text || "", stall: s.stall || "",
   };
   if (s.diagnosis) { fields.diagnosis = s.diagnosis; }
@@ -30,6 +24,8 @@ function applyStatus(s) {
     const key = el.dataset.live;
     if (key in fields) el.textContent = fields[key];
   }
+  const headroom = document.getElementById("headroom");
+  if (headroom) headroom.classList.toggle("low", Boolean(s.headroom_low));
   const state = document.getElementById("state");
   if (state) state.className = "state state-" + s.state;
   const bar = document.getElementById("progress");
@@ -61,6 +57,47 @@ function applyStatus(s) {
   }
 }
 
+const LOG_KEEP_CHARS = 256 * 1024;  // the page keeps the end of a followed log, not all of it
+const LOG_EVERY_MS = 2000;
+
+function followLog(button) {
+  const log = document.getElementById("log");
+  const state = document.getElementById("follow-state");
+  let offset = Number(button.dataset.offset || "0");
+  let timer = null;
+  async function poll() {
+    try {
+      const r = await fetch(button.dataset.logUrl + "?offset=" + offset, {credentials: "same-origin"});
+      if (r.status === 401) { window.location.assign("/console/login?next=" + window.location.pathname); return; }
+      if (!r.ok) { state.textContent = "the log cannot be read now (" + r.status + "); still trying"; return; }
+      const text = await r.text();
+      offset = Number(r.headers.get("X-Next-Offset") || offset);
+      if (text) {
+        const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+        log.textContent = (log.textContent + text).slice(-LOG_KEEP_CHARS);
+        if (atBottom) window.scrollTo(0, document.body.scrollHeight);
+      }
+      state.textContent = "following: new lines every " + LOG_EVERY_MS / 1000 + " s";
+    } catch (e) {
+      state.textContent = "the log cannot be read now; still trying";
+    }
+  }
+  function toggle() {
+    if (timer === null) {
+      timer = window.setInterval(poll, LOG_EVERY_MS);
+      button.textContent = "Stop following";
+      poll();
+    } else {
+      window.clearInterval(timer);
+      timer = null;
+      button.textContent = "Follow";
+      state.textContent = "not following";
+    }
+  }
+  button.addEventListener("click", toggle);
+  if (button.dataset.autostart) toggle();
+}
+
 function follow(url) {
   const source = new EventSource(url);
   source.addEventListener("status", (e) => applyStatus(JSON.parse(e.data)));
@@ -73,6 +110,8 @@ function follow(url) {
 document.addEventListener("DOMContentLoaded", () => {
   const now = document.getElementById("now");
   if (now && now.dataset.statusUrl) follow(now.dataset.statusUrl);
+  const logButton = document.getElementById("follow");
+  if (logButton && logButton.dataset.logUrl) followLog(logButton);
   for (const button of document.querySelectorAll("button[data-confirm]")) {
     button.form.addEventListener("submit", (e) => {
       if (!window.confirm(button.dataset.confirm)) e.preventDefault();
