@@ -235,6 +235,11 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     assert len(waterfall.find_elements(By.CSS_SELECTOR, "rect.bar")) >= 2
     assert ui.el("launch-memory").find_elements(By.TAG_NAME, "polyline")
     ui.shot("launch")
+    # the launch's engine log: its tail, and Follow (the current launch's log follows by itself)
+    ui.submit(ui.el("log-link"))
+    ui.wait(lambda: len(ui.text("log")) > 0, 30, "the engine log")
+    ui.wait(lambda: ui.text("follow-state").startswith("following"), 30, "the log to be followed")
+    ui.shot("log")
     ui.go("/console/memory")
     assert ui.el("memory-chart").find_elements(By.TAG_NAME, "polyline")
     assert ui.el("memory-chart").find_elements(By.CSS_SELECTOR, "line.marker")  # the launch boundaries
@@ -285,6 +290,14 @@ def test_console_in_a_real_browser(controller: Controller, browser: WebDriver) -
     ui.shot("keys")
     ui.go("/console/")
     ui.shot("now")
+    ui.read_log()
+
+    # 6b. Stop through its confirm page: the engine drains and stops, the controller goes idle.
+    ui.submit(ui.el("stop"))
+    assert "Drain and stop" in ui.text("confirm-stop")
+    ui.submit(ui.el("confirm-stop"))
+    ui.wait(lambda: "Stop accepted" in ui.text("notice"), 30, "the stop notice")
+    ui.wait(lambda: controller.status()["state"] == "idle", 120, "the engine to stop")
     ui.read_log()
 
     # 7. no console errors anywhere (CSP violations, script errors, failed loads).

@@ -73,9 +73,10 @@ function followLog(button) {
       const text = await r.text();
       offset = Number(r.headers.get("X-Next-Offset") || offset);
       if (text) {
-        const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+        // the log box scrolls by itself; it stays at the end unless the reader scrolled up
+        const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 40;
         log.textContent = (log.textContent + text).slice(-LOG_KEEP_CHARS);
-        if (atBottom) window.scrollTo(0, document.body.scrollHeight);
+        if (atBottom) log.scrollTop = log.scrollHeight;
       }
       state.textContent = "following: new lines every " + LOG_EVERY_MS / 1000 + " s";
     } catch (e) {
@@ -94,6 +95,7 @@ function followLog(button) {
       state.textContent = "not following";
     }
   }
+  log.scrollTop = log.scrollHeight;  // a tail: open at its end
   button.addEventListener("click", toggle);
   if (button.dataset.autostart) toggle();
 }
