@@ -265,8 +265,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "S11k: with VLLM_DCU_USE_INT8_SDOT4=1 the bare _rocm_C.w8a8_sdot4_gemm call made Dynamo add "
         "Eq(dim, hint) on the symbolic token dim → ConstraintViolationError within 150 s, `=0` ran; fixed "
         "by a custom_op with the M branch in an opaque body (0 graph breaks). Seed 000 rollback path: "
-        "`VLLM_DCU_USE_INT8_SDOT4=0` returns to the Triton kernel. Seed 000 open items (S11e, its compile section): with "
-        "cudagraph_mode=NONE, profile_run → _dummy_run raised it on two card pairs — a tree defect",
+        "`VLLM_DCU_USE_INT8_SDOT4=0` returns to the Triton kernel. Seed 000 open items (S11e, its compile "
+        "section): with cudagraph_mode=NONE, profile_run → _dummy_run raised it on two card pairs — a "
+        "tree defect",
         retryable=False,
         rank=60, decides=Decides.FAILURE,
     ),
@@ -538,7 +539,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "it; rocm_per_tensor_float_w8a8_scaled_mm_impl calls wvSplitKQ for M≤4 unguarded): serve the "
         "block-scaled FP8 checkpoint with VLLM_DCU_USE_FP8_EMU=1 (the FP8 slot) or the W8A8 INT8 model; "
         "never register that path as a custom op",
-        "seed 000 residual-risk table (S8, its FP8 scaled-mm section): \"wvSplitKQ (skinny GEMM) is not built on gfx906 (no MFMA)\" — "
+        "seed 000 residual-risk table (S8, its FP8 scaled-mm section): \"wvSplitKQ (skinny GEMM) is not "
+        "built on gfx906 (no MFMA)\" — "
         "a loud AttributeError rather than silently wrong numbers; forced through, S5's device assert",
         retryable=False,
         rank=125, decides=Decides.FAILURE,

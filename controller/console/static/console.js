@@ -23,7 +23,7 @@ function applyStatus(s) {
   const fields = {
     state: s.state, recipe: s.recipe || "—", describe: s.describe || s.phase || "—",
     cache: s.cache || "—", progress_text: progressText(s),
-    eta_text: s.eta_text || "", stall: s.stall || "",
+    eta_text: s.eta_text || "", stall: s.stall || "", log_tail: s.log_tail || "",
   };
   if (s.diagnosis) { fields.diagnosis = s.diagnosis; }
   for (const el of document.querySelectorAll("[data-live]")) {
@@ -44,6 +44,9 @@ function applyStatus(s) {
   }
   const stall = document.getElementById("stall");
   if (stall) stall.hidden = !s.stall;
+  // The failed launch's last log lines, shown only while backing off or failed.
+  const logTail = document.getElementById("log-tail");
+  if (logTail) logTail.hidden = !s.log_tail;
   const phases = document.getElementById("phases");
   if (phases && Array.isArray(s.phases)) {
     phases.replaceChildren(...s.phases.map((p) => {
