@@ -34,7 +34,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from appliance.observe.kmsg import OomAssembler, OomEvent, OomEventKind, OomScope
-from appliance.observe.log_phases import PHASE_LABELS, Phase
+from appliance.observe.log_phases import PHASE_LABELS, PROGRESS_ORDER, Phase
 from appliance.observe.oom_attribution import diagnose_oom
 
 
@@ -72,6 +72,15 @@ class DiagnosisCode(StrEnum):
     RCCL_IOMMU_PT_MISSING = "rccl_iommu_pt_missing"
     CLIENT_DISCONNECT = "client_disconnect"
     PORT_IN_USE = "port_in_use"  # the engine's port held by another process
+    # The model folder is missing or not a Hugging Face folder: vLLM/transformers took the path for a
+    # hub repo id and huggingface_hub's validate_repo_id refused it.
+    MODEL_PATH_INVALID = "model_path_invalid"
+    # vLLM's CPU worker: the requested KV cache does not fit the memory left on the NUMA node.
+    KV_CACHE_TOO_LARGE = "kv_cache_too_large"
+    # The skinny-GEMM op wvSplitKQ is not built on gfx906 (no MFMA): FP8 per-tensor/per-channel path.
+    SKINNY_GEMM_NOT_BUILT = "skinny_gemm_not_built"
+    # hipExtMallocWithFlags(Uncached) fails on gfx906 whatever the size: no uncached memory pool.
+    UNCACHED_MEMORY_UNSUPPORTED = "uncached_memory_unsupported"
     # The runtime reports why the engine never ran (an unschedulable pod, an image that cannot
     # be pulled) — there is no exit code and often no log line to read.
     RUNTIME_CANNOT_RUN = "runtime_cannot_run"
@@ -126,6 +135,9 @@ class Signature:
     needs_context: tuple[re.Pattern[str], ...] = ()
     # When one of these occurs within CONTEXT_LINES, the trigger belongs to a more specific signature.
     unless_context: tuple[re.Pattern[str], ...] = ()
+    # When one of these occurs on any EARLIER line, the trigger is past the phase the row is about
+    # (a `std::bad_alloc` after the weights loaded is not the import-order crash).
+    only_before: tuple[re.Pattern[str], ...] = ()
     _: KW_ONLY
     # Required on every row: the priority among co-occurring signatures (lower decides first; unique
     # across the table) and what the row can decide.
@@ -168,6 +180,11 @@ _SERVER_SIDE = _rx(*SERVER_SIDE, r"ConnectionResetError", r"BrokenPipeError")
 _LOOPBACK_BIND = _rx(
     r"(?:Uvicorn running on|Starting vLLM (?:API )?server(?: \d+)? on) https?://(?:127\.0\.0\.1|localhost)\b"
 )
+
+# Lines that prove the start got past import into weight loading (vLLM's loader and model runner).
+_WEIGHTS_STARTED = _rx(r"Loading weights took", r"Model loading took",
+                       r"Loading (?:safetensors|pt) checkpoint shards",
+                       r"Starting to load model")
 
 _GLOBAL_OOM_HINT = (
     "host RAM + swap are exhausted — this is not a cgroup limit. Add swap (recipe C: +4 GiB swapfile) and "
@@ -237,23 +254,31 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION, Severity.ERROR, _rx(r"ConstraintViolationError"),
         "torch.compile failed a dynamic-shape guard (ConstraintViolationError)",
-        "known fork issue (custom-op / dynamic-shape guard): roll the INT8 kernel back with "
+        "known fork issue (custom-op / dynamic-shape guard), two known cases. The bare sdot4 op "
+        "(_rocm_C.w8a8_sdot4_gemm with VLLM_DCU_USE_INT8_SDOT4=1): roll the INT8 kernel back with "
         "VLLM_DCU_USE_INT8_SDOT4=0 (the Triton path, same tree; decode 3.8–3.9× slower), or run eager "
-        "(--enforce-eager), or use the patched build (sdot4 as a torch.library custom_op)",
+        "(--enforce-eager), or use the patched build (sdot4 as a torch.library custom_op). Raised in "
+        "profile_run → _dummy_run instead (inputs_embeds/positions specialised to 2048 against "
+        "mark_dynamic, seen with -cc.cudagraph_mode=NONE): a deterministic defect of the vLLM tree that the "
+        "sdot4 switch does not touch — keep graphs on (the production mode) or run eager; the fix is a "
+        "change to vllm/ itself",
         "S11k: with VLLM_DCU_USE_INT8_SDOT4=1 the bare _rocm_C.w8a8_sdot4_gemm call made Dynamo add "
         "Eq(dim, hint) on the symbolic token dim → ConstraintViolationError within 150 s, `=0` ran; fixed "
         "by a custom_op with the M branch in an opaque body (0 graph breaks). Seed 000 rollback path: "
-        "`VLLM_DCU_USE_INT8_SDOT4=0` returns to the Triton kernel",
+        "`VLLM_DCU_USE_INT8_SDOT4=0` returns to the Triton kernel. Seed 000 open items (S11e, its compile "
+        "section): with cudagraph_mode=NONE, profile_run → _dummy_run raised it on two card pairs — a "
+        "tree defect",
         retryable=False,
         rank=60, decides=Decides.FAILURE,
     ),
     Signature(
         DiagnosisCode.IMPORT_ORDER_BAD_ALLOC, Severity.ERROR, _rx(r"std::bad_alloc"),
-        "std::bad_alloc at start-up: vllm was imported before torch",
+        "std::bad_alloc at start-up, before any weights loaded: vllm was imported before torch",
         "launch through the torch-first wrapper: python -c 'import torch; from vllm.entrypoints.cli.main "
         "import main; main()' serve <model>",
-        "DOMAIN §2 / S05: importing vllm before torch → std::bad_alloc, SIGABRT (exit 134)",
-        retryable=False,
+        "DOMAIN §2 / S05: importing vllm before torch → std::bad_alloc, SIGABRT (exit 134) right at import; "
+        "a bad_alloc once the weights are loading or loaded is some other allocation failure",
+        retryable=False, only_before=_WEIGHTS_STARTED,
         rank=70, decides=Decides.FAILURE,
     ),
     Signature(
@@ -307,8 +332,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         DiagnosisCode.WORKER_DIED, Severity.ERROR,
         _rx(r"Worker proc \S+ died unexpectedly", r"A worker died"),
-        "an engine worker process died without a Python error: it was killed from outside",
-        "with no kernel OOM record at hand, read `dmesg | grep -E 'oom-kill|Killed process'` (or pass the "
+        "an engine worker process died unexpectedly",
+        "with no kernel OOM record at hand and no Python error before the death, read "
+        "`dmesg | grep -E 'oom-kill|Killed process'` (or pass the "
         "dmesg text to `appliance doctor` too): a global OOM leaves exactly this in the engine log",
         "DOMAIN §3: the TP=4 graph global OOM lands ~5 s after `Available KV cache memory: 16.99 GiB`, at "
         "the start of the second graph-capture pass",
@@ -346,7 +372,7 @@ SIGNATURES: tuple[Signature, ...] = (
         DiagnosisCode.ENGINE_START_FAILED, Severity.ERROR,
         _rx(r"EngineCore failed to start", r"Engine core initialization failed",
             r"Engine process failed to start"),
-        "the engine core failed to start (no known signature matched the traceback)",
+        "the engine core reported a failed start (its root cause is above that line)",
         "read the traceback above the first matching line; report the signature if it recurs",
         "DOMAIN §5: unknown signatures are retried with backoff, then stopped as failed",
         retryable=True,
@@ -407,6 +433,34 @@ SIGNATURES: tuple[Signature, ...] = (
         retryable=True,
         rank=210, decides=Decides.FAILURE,
     ),
+    # A model path that is not a model folder: transformers/vLLM fall back to treating it as a hub repo
+    # id and huggingface_hub's validate_repo_id refuses it (an OSError or its own HFValidationError).
+    Signature(
+        DiagnosisCode.MODEL_PATH_INVALID, Severity.ERROR,
+        _rx(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'",
+            r"Repo id must use alphanumeric chars"),
+        "the model path is not a model folder: vLLM took it for a Hugging Face repo id",
+        "the model folder is missing or is not a Hugging Face folder (no config.json): vLLM took the path "
+        "for a hub repo id. The appliance never downloads models — check the recipe's model.path (the path "
+        "inside the engine) and model.host_path (the folder mounted there) and that config.json is in it",
+        "huggingface_hub's validate_repo_id: `Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '<path>'. Use `repo_type` argument if needed.` — raised when a local path "
+        "does not exist, so the error names a repo id instead of the missing folder",
+        retryable=False,
+        rank=174, decides=Decides.FAILURE,
+    ),
+    # vLLM's CPU worker checks the KV cache against the NUMA node's free memory before allocating it.
+    Signature(
+        DiagnosisCode.KV_CACHE_TOO_LARGE, Severity.ERROR,
+        _rx(r"on kv cache allocation is less than requested memory for kv"),
+        "the requested KV cache does not fit the memory left on the node (vLLM refused to allocate it)",
+        "lower the KV cache (--kv-cache-memory-bytes / VLLM_CPU_KVCACHE_SPACE, or the recipe's memory "
+        "fraction), free memory on that node, or pin the engine to a node with more; retrying cannot help",
+        "vLLM's CPU worker: `Available memory on node N (free/total GiB) on kv cache allocation is less than "
+        "requested memory for kv (X GiB)` — a configuration/host-size refusal, the same on every retry",
+        retryable=False,
+        rank=172, decides=Decides.FAILURE,
+    ),
     # The seed record's further signatures (seed 000 = the Z100 adaptation record, "S<step> §n" as it
     # cites itself); wordings are the tools' own.
     # The fault is the trigger and the assertion (or a stub's name) its context: a device-side assert
@@ -429,8 +483,10 @@ SIGNATURES: tuple[Signature, ...] = (
         DiagnosisCode.TRITON_UNSUPPORTED_TARGET, Severity.ERROR,
         _rx(r"error: unsupported target: '?gfx\w+", r"[Uu]nsupported target:? '?gfx9\d\d"),
         "Triton does not know this GPU target (unsupported target: 'gfx906')",
-        "install the gfx906-patched Triton into the engine's environment (S06: self-built triton 3.6.0 with "
-        "the VEGA ISA family, DTK hipDeviceProp_t and compiler.py patches), then clear TRITON_CACHE_DIR",
+        "prepend the gfx906-patched Triton to PYTHONPATH (the common base: "
+        "PYTHONPATH=/src:/mnt/game/triton-gfx906/install; S06: self-built triton 3.6.0 with the VEGA ISA "
+        "family, DTK hipDeviceProp_t and compiler.py patches) — never pip-install it over the DTK's "
+        "Triton — then clear TRITON_CACHE_DIR",
         "seed 000, S5 / S06 §2.1–§3.6: 14 Triton tests failed with `unsupported target` on the stock "
         "wheel; the patched triton 3.6.0 (5 files, 48 lines) removed all 14",
         retryable=False,
@@ -443,8 +499,9 @@ SIGNATURES: tuple[Signature, ...] = (
          r"No module named 'triton\.[\w.]+'"),
         "Triton's Python layer and its native library (or vLLM and Triton) disagree on an API",
         "the Triton Python package must match libtriton.so and the vLLM build: for the 3.6 wheel's "
-        "add_convert_to_buffer_ops (Python 5 args, native 4) set AMDGCN_USE_BUFFER_OPS=0, or use the "
-        "self-built patched Triton; never mix DTK wheels with community wheels",
+        "add_convert_to_buffer_ops (Python 5 args, native 4) set AMDGCN_USE_BUFFER_OPS=0, or prepend the "
+        "self-built patched Triton to PYTHONPATH (never pip-install it over the DTK's Triton); never mix "
+        "DTK wheels with community wheels",
         "seed 000, S4b §5.2 / S6 §3.3: amd.passes.ttgpuir.add_convert_to_buffer_ops is 5-argument in "
         "Python and 4-argument in libtriton.so ⇒ immediate crash",
         # Triton's own frames or modules, not the word: vLLM logs "Using Triton Attention backend".
@@ -472,6 +529,34 @@ SIGNATURES: tuple[Signature, ...] = (
         "with `undefined symbol`",
         retryable=False, needs_context=_rx(r"\.so\b", r"ImportError", r"OSError"),
         rank=150, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.SKINNY_GEMM_NOT_BUILT, Severity.ERROR,
+        _rx(r"has no attribute 'wvSplitKQ'", r"wvSplitKQ \(skinny GEMM\) is not built"),
+        "the FP8 skinny-GEMM kernel wvSplitKQ is not built on gfx906 (no MFMA): an FP8 per-tensor / "
+        "per-channel path reached it",
+        "FP8 per-tensor / per-channel W8A8 is not supported on gfx906 (ROCmFP8ScaledMMLinearKernel refuses "
+        "it; rocm_per_tensor_float_w8a8_scaled_mm_impl calls wvSplitKQ for M≤4 unguarded): serve the "
+        "block-scaled FP8 checkpoint with VLLM_DCU_USE_FP8_EMU=1 (the FP8 slot) or the W8A8 INT8 model; "
+        "never register that path as a custom op",
+        "seed 000 residual-risk table (S8, its FP8 scaled-mm section): \"wvSplitKQ (skinny GEMM) is not "
+        "built on gfx906 (no MFMA)\" — "
+        "a loud AttributeError rather than silently wrong numbers; forced through, S5's device assert",
+        retryable=False,
+        rank=125, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.UNCACHED_MEMORY_UNSUPPORTED, Severity.INFO,
+        _rx(r"\bUncached\(0x3\)\s*rc=\d+\s+out of memory"),
+        "uncached device memory (hipExtMallocWithFlags Uncached 0x3) is unavailable on gfx906 — no "
+        "uncached pool, not a VRAM shortage; why RCCL never uses P2P and custom all-reduce cannot work "
+        "here (keep --disable-custom-all-reduce, NCCL_SHM_DISABLE unset)",
+        EXPECTED_ON_Z100,
+        "seed 000, S11f §10 / S13 §3.1.1: a ctypes probe of hipExtMallocWithFlags gave Default(0x0) rc=0 and "
+        "Uncached(0x3) rc=2 out of memory (4 KB too; Finegrained/UncachedXdp likewise), with or without "
+        "iommu=pt",
+        retryable=True, benign=True,
+        rank=535, decides=Decides.NOTE,
     ),
     Signature(
         DiagnosisCode.RCCL_NET_SOCKET, Severity.WARNING, _rx(r"\bvia NET/Socket"),
@@ -591,12 +676,21 @@ def _matches(sig: Signature, lines: Sequence[str], i: int) -> bool:
     return True
 
 
+def _first_line(patterns: tuple[re.Pattern[str], ...], lines: Sequence[str]) -> int | None:
+    return next((i for i, line in enumerate(lines) if any(p.search(line) for p in patterns)), None)
+
+
 def scan_lines(lines: Sequence[str]) -> list[Finding]:
     """Every signature in `lines`, one Finding per code, in the order of `SIGNATURES`."""
     hits: dict[DiagnosisCode, list[int]] = {}
     clean = [line.rstrip("\r\n") for line in lines]
+    # Where each row's `only_before` first appears: its triggers count only above that line.
+    cutoff = {sig.code: _first_line(sig.only_before, clean) for sig in SIGNATURES if sig.only_before}
     for i in range(len(clean)):
         for sig in SIGNATURES:
+            end = cutoff.get(sig.code)
+            if end is not None and i > end:
+                continue
             if _matches(sig, clean, i):
                 hits.setdefault(sig.code, []).append(i)
     findings: list[Finding] = []
@@ -723,6 +817,73 @@ def _missing_module_summary(finding: Finding) -> str | None:
            "is broken (not retryable)"
 
 
+_KV_REFUSED = re.compile(
+    r"Available memory on node (\d+) \((-?[\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than "
+    r"requested memory for kv \((-?[\d.]+(?:/[\d.]+)?) GiB\)")
+_REPO_ID = re.compile(r"Repo id must (?:be in the form|use)[^:]*: '([^']*)'")
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+# An exception line, also behind vLLM's `(Worker pid=N) ERROR mm-dd hh:mm:ss [file.py:N] ` prefix.
+_RAISED = re.compile(r"(?:^|\]\s|\)\s)\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:")
+
+
+def _ruled_out(code: DiagnosisCode, facts: FailureFacts) -> bool:
+    """A row the facts beyond the text rule out: the import-order crash happens at import, so not once
+    the log tracker saw the start reach weight loading (the tail may have lost those lines)."""
+    if code is not DiagnosisCode.IMPORT_ORDER_BAD_ALLOC or facts.phase_reached is None:
+        return False
+    reached = facts.phase_reached
+    return reached in PROGRESS_ORDER and PROGRESS_ORDER.index(reached) >= PROGRESS_ORDER.index(
+        Phase.WEIGHTS_LOADING)
+
+
+def _summary_from_tail(code: DiagnosisCode, tail: Sequence[str]) -> str | None:
+    """Rows whose summary quotes the engine's own numbers or names."""
+    if code is DiagnosisCode.KV_CACHE_TOO_LARGE:
+        for line in tail:
+            if (m := _KV_REFUSED.search(line)) is not None:
+                node, free, total, want = m.groups()
+                return (f"the KV cache does not fit: vLLM asked for {want} GiB for KV on NUMA node {node}, "
+                        f"which had {free} of {total} GiB available (not retryable)")
+    if code is DiagnosisCode.MODEL_PATH_INVALID:
+        for line in tail:
+            if (m := _REPO_ID.search(line)) is not None:
+                return (f"the model path {m.group(1)!r} is not a model folder (missing, or no config.json): "
+                        "vLLM took it for a Hugging Face repo id (not retryable)")
+    if code is DiagnosisCode.WORKER_DIED:  # reached only when no traceback precedes the death
+        return "an engine worker process died without a Python error: it was killed from outside"
+    if code is DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION and any("_dummy_run" in line for line in tail):
+        return ("torch.compile failed a dynamic-shape guard (ConstraintViolationError) in profile_run → "
+                "_dummy_run: the vLLM tree's defect (seen with cudagraph_mode=NONE), not the sdot4 op")
+    return None
+
+
+def _error_before(tail: Sequence[str], finding: Finding) -> str | None:
+    """The last Python exception line above the worker's death, when a traceback precedes it."""
+    above = tail[:finding.first_line_no - 1]
+    if not any(_TRACEBACK.search(line) for line in above):
+        return None
+    for line in reversed(above):
+        if _RAISED.search(line) and "Traceback" not in line:
+            return clip(line.strip())
+    return "a Python traceback"
+
+
+def _worker_died_after_error(
+    sig: Signature, finding: Finding, facts: FailureFacts, findings: tuple[Finding, ...], error: str,
+) -> Diagnosis:
+    return Diagnosis(
+        code=sig.code, severity=sig.severity,
+        summary="an engine worker process died after a Python error (no known signature matched it)"
+                + _where(facts),
+        hint="read the traceback above the worker's death: the worker raised, it was not killed from "
+             "outside; "
+             "report the signature if it recurs",
+        evidence=(error, *finding.evidence), retryable=True,
+        fact="DOMAIN §5: unknown signatures are retried with backoff, then stopped as failed",
+        findings=findings,
+    )
+
+
 def diagnose(facts: FailureFacts) -> Diagnosis:
     """THE diagnosis of one failed start. Evidence-first: kernel OOM records, then known log
     signatures, then the docker OOM flag, probes, stall/budget, signal, exit code."""
@@ -742,9 +903,12 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
 
     # 2. Known signatures in the log tail, most specific first.
     for code in _FAILURE_ORDER:
-        if code in found:
-            return _from_signature(_BY_CODE[code], found[code], facts, findings,
-                                   summary=_missing_module_summary(found[code]))
+        if code in found and not _ruled_out(code, facts):
+            sig = _BY_CODE[code]
+            if code is DiagnosisCode.WORKER_DIED and (error := _error_before(tail, found[code])):
+                return _worker_died_after_error(sig, found[code], facts, findings, error)
+            summary = _missing_module_summary(found[code]) or _summary_from_tail(code, tail)
+            return _from_signature(sig, found[code], facts, findings, summary=summary)
 
     sig_no = _signal_of(facts)
 
@@ -810,7 +974,7 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
     if DiagnosisCode.ENGINE_START_FAILED in found:
         finding = found[DiagnosisCode.ENGINE_START_FAILED]
         child = _failed_child_signal(tail)
-        summary = None
+        summary = "the engine core failed to start; no known signature matched the traceback"
         if child is not None:
             summary = (f"the engine core failed to start: a core process died of {_signal_name(child)}"
                        + (" — with no OOM record at hand, check dmesg for an OOM kill" if child == 9 else ""))

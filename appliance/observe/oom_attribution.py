@@ -191,7 +191,8 @@ def diagnose_oom(
     (from the log follower); the title names it because it decides the remedy: a global OOM during
     graph capture is the DOMAIN §3 signature of recipe C′/TP=4 graph on 31 GiB of RAM."""
     when = phase_words(phase)
-    during = f" during {when}" if when else ""
+    # "after graph capture" reads as it is; other phases read "during graph capture".
+    during = "" if not when else f" {when}" if when.startswith("after ") else f" during {when}"
     detail = _victim(event)
     if event.scope is OomScope.GLOBAL:
         return OomDiagnosis(

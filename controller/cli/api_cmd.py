@@ -230,6 +230,11 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
         typer.echo(f"last failure{which}: [{diag.get('code')}] {diag.get('summary')}")
         if diag.get("hint"):
             typer.echo(f"  hint:     {diag['hint']}")
+    tail = s.get("failed_log_tail")
+    if tail:
+        typer.echo(f"log tail ({len(tail)} lines of the failed launch):")
+        for line in tail:
+            typer.echo(f"  | {line}")
 
 
 def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:

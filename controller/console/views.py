@@ -228,6 +228,8 @@ def live_view(status: dict[str, Any], memory: dict[str, Any] | None = None) -> d
         # elapsed against the usual ready time (the second bar; None without history)
         "eta_pct": _pct(eta.get("elapsed_s"), eta.get("median_s")),
         "diagnosis": diagnosis.get("summary"),
+        # the failed launch's last log lines while backing off or failed (status_view.FAILED_TAIL_LINES)
+        "log_tail": "\n".join(status.get("failed_log_tail") or []),
         "hint": diagnosis.get("hint"),
     }
 

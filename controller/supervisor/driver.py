@@ -836,7 +836,10 @@ class Driver:
             diag_dict = status_view.failure_dict(failure)
         if diag_dict is not None:
             diag_dict["launch_id"] = action.launch_id
-            self.last_diagnosis = diag_dict
+            # The status shows the failed launch's last log lines beside its diagnosis (the record
+            # keeps its own, longer tail in the store's log_tail column).
+            tail = follower.tail_lines()[-status_view.FAILED_TAIL_LINES:] if follower else ()
+            self.last_diagnosis = {**diag_dict, "log_tail": list(tail)}
         self.store.mark_ended(action.launch_id, now, action.status, info, diag_dict,
                               follower.tail_text() if follower else None)
 

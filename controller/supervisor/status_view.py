@@ -12,6 +12,9 @@ from controller.supervisor.launch_run import LaunchRun
 from controller.supervisor.machine import Launch, Machine, State, progress
 from controller.supervisor.signals import ApplyOutcome, Failure
 
+# How many of a failed launch's last log lines `GET /status` shows while backing off or failed.
+FAILED_TAIL_LINES = 20
+
 
 def exit_dict(info: ExitInfo | None) -> dict[str, Any] | None:
     if info is None:
@@ -105,6 +108,8 @@ def status(m: Machine, run: LaunchRun | None, now: float,
     if last_diagnosis is None and m.last_failure is not None:
         last_diagnosis = failure_dict(m.last_failure)
     starting = m.state is State.STARTING and m.launch is not None
+    failed = m.state in (State.FAILED, State.BACKOFF)
+    tail = (last_diagnosis or {}).get("log_tail") if failed else None
     expected = eta(m.launch, run, now) if starting and m.launch is not None else None
     return {
         "state": m.state.value,
@@ -113,6 +118,8 @@ def status(m: Machine, run: LaunchRun | None, now: float,
         "max_failures": m.policy.max_failures,
         "backoff_remaining_s": round(m.backoff_until - now, 1) if m.backoff_until is not None else None,
         "last_diagnosis": last_diagnosis,
+        # The failed launch's last log lines, while the machine backs off or has given up.
+        "failed_log_tail": list(tail)[-FAILED_TAIL_LINES:] if tail else None,
         "last_apply": apply_dict(m.apply),
         "launch": launch_status(m.launch, run, now) if m.launch is not None else None,
         "progress": progress(m, now),

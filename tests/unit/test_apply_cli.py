@@ -206,3 +206,15 @@ def test_follow_lines_carry_the_eta_the_usual_phase_time_and_the_stall_flag() ->
     assert lines[-1].endswith("torch.compile (usually ~18 s)")
     view.event("event", {"kind": "likely-stalled", "message": "torch.compile 95 s, usually 18 s"}, None)
     assert lines[-1].endswith("likely-stalled: torch.compile 95 s, usually 18 s")
+
+
+def test_status_shows_the_failed_launch_s_log_tail(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = {"state": "failed", "recipe": "r", "failures": 5, "max_failures": 5, "backoff_remaining_s": None,
+         "last_diagnosis": {"code": "model_path_invalid", "summary": "the model path '/models/nope' is not",
+                            "hint": "check model.path", "launch_id": "L1"},
+         "failed_log_tail": ["INFO starting", "OSError: Repo id must be in the form 'repo_name'"],
+         "progress": None, "last_apply": None, "launch": None}
+    result = run(app, monkeypatch, ScriptedClient([s]), "status")
+    assert result.exit_code == 0, result.output
+    assert "log tail (2 lines of the failed launch):" in result.output
+    assert "  | OSError: Repo id must be in the form 'repo_name'" in result.output

@@ -531,3 +531,15 @@ async def test_console_404_pages_carry_the_security_headers(client: httpx.AsyncC
         assert r.headers["cache-control"] == "no-store" and r.headers["referrer-policy"] == "no-referrer"
     await login(client)
     assert (await client.get("/console/keys")).status_code == 200  # the catch-all shadows no page
+
+
+def test_the_now_page_shows_a_failed_launch_s_log_tail() -> None:
+    from controller.console import views
+
+    live = views.live_view({"state": "failed", "failed_log_tail": ["INFO a", "OSError: Repo id must be"]})
+    assert live["log_tail"] == "INFO a\nOSError: Repo id must be"
+    assert views.live_view({"state": "ready"})["log_tail"] == ""
+    now = (Path(views.__file__).parent / "templates" / "now.html").read_text()
+    assert 'data-live="log_tail"' in now and 'id="log-tail"' in now
+    js = (Path(views.__file__).parent / "static" / "console.js").read_text()
+    assert "log_tail" in js and 'getElementById("log-tail")' in js

@@ -94,10 +94,21 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
         C.EXTENSION_ABI_MISMATCH, {C.EXTENSION_ABI_MISMATCH, C.ENGINE_START_FAILED}, False,
     ),
     "rccl_net_socket_shm_disabled.log": (C.RCCL_NET_SOCKET, {C.RCCL_NET_SOCKET}, True),
+    "model_path_invalid_repo_id.log": (C.MODEL_PATH_INVALID, {C.MODEL_PATH_INVALID}, False),
+    "kv_cache_too_large_cpu.log": (
+        C.KV_CACHE_TOO_LARGE, {C.KV_CACHE_TOO_LARGE, C.WORKER_DIED, C.ENGINE_START_FAILED}, False,
+    ),
+    "skinny_gemm_wvsplitkq_missing.log": (
+        C.SKINNY_GEMM_NOT_BUILT, {C.SKINNY_GEMM_NOT_BUILT, C.ENGINE_START_FAILED}, False,
+    ),
+    "compile_constraint_violation_dummy_run.log": (
+        C.COMPILE_CONSTRAINT_VIOLATION, {C.COMPILE_CONSTRAINT_VIOLATION, C.ENGINE_START_FAILED}, False,
+    ),
 }
 
 BENIGN_FIXTURES = {
     "benign_rocblaslt_no_paths.log": C.ROCBLASLT_NO_PATHS,
+    "uncached_memory_probe.txt": C.UNCACHED_MEMORY_UNSUPPORTED,
 }
 # Informational, but not "expected on Z100": each says what it is and that the engine is fine.
 INFO_FIXTURES = {
@@ -226,8 +237,9 @@ def test_the_ranks_keep_the_order_co_occurring_failures_are_decided_in() -> None
         C.GLOBAL_OOM, C.CGROUP_OOM, C.PINNED_MEMORY_OOM, C.CUSTOM_ALLREDUCE_UNSUPPORTED,
         C.GRAPH_PAD_FOR_CUDAGRAPH_BUG, C.COMPILE_CONSTRAINT_VIOLATION, C.IMPORT_ORDER_BAD_ALLOC,
         C.CUDA_REINIT_FORKED, C.PACKED_SILU_NAN, C.HYDCU_MODULE_MISSING, C.MFMA_ONLY_KERNEL,
-        C.TRITON_UNSUPPORTED_TARGET, C.TRITON_API_MISMATCH, C.TORCHVISION_ABI_MISMATCH,
-        C.EXTENSION_ABI_MISMATCH, C.MODULE_NOT_FOUND, C.ENGINE_CONFIG_INVALID, C.DEVICE_OOM,
+        C.TRITON_UNSUPPORTED_TARGET, C.SKINNY_GEMM_NOT_BUILT, C.TRITON_API_MISMATCH,
+        C.TORCHVISION_ABI_MISMATCH, C.EXTENSION_ABI_MISMATCH, C.MODULE_NOT_FOUND, C.ENGINE_CONFIG_INVALID,
+        C.KV_CACHE_TOO_LARGE, C.MODEL_PATH_INVALID, C.DEVICE_OOM,
         C.BIND_LOCALHOST_IN_BRIDGE, C.WORKER_DIED, C.PORT_IN_USE,
     )
     assert _DEGRADED_ORDER == (C.AOT_CACHE_MISS, C.RCCL_NET_SOCKET)
@@ -482,3 +494,88 @@ def test_the_runtimes_reason_explains_an_engine_that_never_ran() -> None:
     # With an exit code the engine did run: the exit decides, as before.
     assert diagnose(FailureFacts(exit_code=1, runtime_reason="CrashLoopBackOff: back-off")).code is \
         DiagnosisCode.EXIT_NONZERO
+
+
+# --- hardening: wrong model path, KV refusal, bad_alloc phase, seed signatures ---------------------
+
+
+def test_a_wrong_model_path_is_named_and_not_retried() -> None:
+    diagnosis = diagnose(facts_from_text(read("model_path_invalid_repo_id.log")))
+    assert diagnosis.code is C.MODEL_PATH_INVALID and not diagnosis.retryable
+    assert "'/models/nope'" in diagnosis.summary
+    assert "never downloads" in diagnosis.hint and "host_path" in diagnosis.hint
+
+
+def test_the_cpu_kv_refusal_quotes_vllms_numbers_and_is_not_retried() -> None:
+    tail = tuple(read("kv_cache_too_large_cpu.log").split("\n"))
+    diagnosis = diagnose(FailureFacts(exit_code=1, log_tail=tail))
+    assert diagnosis.code is C.KV_CACHE_TOO_LARGE and not diagnosis.retryable
+    assert "40.0 GiB" in diagnosis.summary and "19.12 of 21.46 GiB" in diagnosis.summary
+    assert "without a Python error" not in diagnosis.summary
+
+
+def test_a_worker_death_after_a_traceback_never_says_without_a_python_error() -> None:
+    tail = (
+        "(Worker pid=9) ERROR [multiproc_executor.py:1018] Traceback (most recent call last):",
+        "(Worker pid=9) ERROR [multiproc_executor.py:1018]   File \"x.py\", line 1, in f",
+        "(Worker pid=9) ERROR [multiproc_executor.py:1018] KeyError: 'layers.0.mlp'",
+        "(EngineCore pid=8) ERROR [multiproc_executor.py:254] Worker proc VllmWorker-0 died unexpectedly, "
+        "shutting down executor.",
+    )
+    diagnosis = diagnose(FailureFacts(exit_code=1, log_tail=tail))
+    assert diagnosis.code is C.WORKER_DIED
+    assert "without a Python error" not in diagnosis.summary and "after a Python error" in diagnosis.summary
+    assert any("KeyError" in e for e in diagnosis.evidence)
+    assert all("without a Python error" not in f.summary for f in scan_text("\n".join(tail)))
+    # With no traceback before it, the death is still called a kill from outside.
+    bare = diagnose(facts_from_text(read("worker_died_during_capture_round2.log")))
+    assert "without a Python error" in bare.summary
+
+
+BAD_ALLOC = "terminate called after throwing an instance of 'std::bad_alloc'"
+
+
+def test_bad_alloc_after_the_weights_loaded_is_not_the_import_order_crash() -> None:
+    text = "\n".join([
+        "(Worker_TP0 pid=5) INFO [default_loader.py:397] Loading weights took 41.20 seconds",
+        "(Worker_TP0 pid=5) INFO [gpu_model_runner.py:2602] Model loading took 7.27 GiB and 43.1 seconds",
+        BAD_ALLOC, "  what():  std::bad_alloc",
+    ])
+    assert C.IMPORT_ORDER_BAD_ALLOC not in {f.code for f in scan_text(text)}
+    assert diagnose(FailureFacts(exit_code=134, log_tail=tuple(text.split("\n")))).code is not (
+        C.IMPORT_ORDER_BAD_ALLOC)
+    # The tracker saw loading start even though the tail lost those lines: not the import crash either.
+    assert diagnose(FailureFacts(exit_code=134, log_tail=(BAD_ALLOC,),
+                                 phase_reached=Phase.WEIGHTS_LOADED)).code is not C.IMPORT_ORDER_BAD_ALLOC
+    # Before any load progress it still is.
+    assert diagnose(FailureFacts(exit_code=134, log_tail=(BAD_ALLOC,),
+                                 phase_reached=Phase.PROCESS_STARTED)).code is C.IMPORT_ORDER_BAD_ALLOC
+
+
+def test_constraint_violation_in_dummy_run_is_the_tree_defect_not_sdot4() -> None:
+    diagnosis = diagnose(facts_from_text(read("compile_constraint_violation_dummy_run.log")))
+    assert diagnosis.code is C.COMPILE_CONSTRAINT_VIOLATION
+    assert "_dummy_run" in diagnosis.summary and "_dummy_run" in diagnosis.hint
+    sdot4 = diagnose(facts_from_text(read("compile_constraint_violation_sdot4.log")))
+    assert "_dummy_run" not in sdot4.summary
+
+
+def test_triton_hints_say_prepend_to_pythonpath_never_pip_install() -> None:
+    from appliance.diagnosis.diagnosis import SIGNATURES
+
+    for sig in SIGNATURES:
+        if sig.code in (C.TRITON_UNSUPPORTED_TARGET, C.TRITON_API_MISMATCH):
+            assert "PYTHONPATH" in sig.hint and "never pip-install" in sig.hint, sig.code
+            assert "install the gfx906-patched Triton into" not in sig.hint
+
+
+def test_the_fallback_finding_does_not_claim_no_signature_matched() -> None:
+    """doctor lists every finding of a file: the fallback row must not say "no known signature" beside
+    the signature that matched the same traceback."""
+    findings = scan_text(read("compile_constraint_violation_sdot4.log"))
+    fallback = next(f for f in findings if f.code is C.ENGINE_START_FAILED)
+    assert "no known signature" not in fallback.summary
+    # When it IS the diagnosis, it says so.
+    alone = diagnose(FailureFacts(exit_code=1, log_tail=("(EngineCore pid=3) ERROR [core.py:708] EngineCore "
+                                                          "failed to start.",)))
+    assert alone.code is C.ENGINE_START_FAILED and "no known signature" in alone.summary

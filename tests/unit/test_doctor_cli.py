@@ -42,10 +42,15 @@ FAILURES = {
     "torchvision_nms_missing.log": "torchvision_abi_mismatch",
     "extension_undefined_symbol.log": "extension_abi_mismatch",
     "rccl_net_socket_shm_disabled.log": "rccl_net_socket",
+    "model_path_invalid_repo_id.log": "model_path_invalid",
+    "kv_cache_too_large_cpu.log": "kv_cache_too_large",
+    "skinny_gemm_wvsplitkq_missing.log": "skinny_gemm_not_built",
+    "compile_constraint_violation_dummy_run.log": "compile_constraint_violation",
 }
 CLEAN = {
     "benign_rocblaslt_no_paths.log": "rocblaslt_no_paths",
     "gpu_default_graph_tp4_aot_hit.log": "rocblaslt_no_paths",
+    "uncached_memory_probe.txt": "uncached_memory_unsupported",
 }
 
 
@@ -228,3 +233,9 @@ def test_real_cpu_cold_start_with_torch_logs_is_a_clean_miss(run: CliRunner) -> 
     code, out, _ = invoke(run, str(DOCTOR.parent / "engine_logs" / "cpu_cold.log"))
     assert code == 0, out
     assert "start-up reached: API up · compile cache miss" in out
+
+
+@pytest.mark.parametrize("name", sorted(FAILURES))
+def test_a_matched_signature_is_never_also_called_no_known_signature(run: CliRunner, name: str) -> None:
+    _, out, _ = invoke(run, str(DOCTOR / name))
+    assert "no known signature" not in out, out

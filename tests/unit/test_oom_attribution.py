@@ -148,3 +148,12 @@ def test_diagnosis_without_phase_or_scope() -> None:
 )
 def test_phase_words(phase: str | None, words: str | None) -> None:
     assert phase_words(phase) == words
+
+
+@pytest.mark.parametrize("phase", ["weights_loaded", "graph_capture_done", "compile_finished"])
+def test_a_finished_phase_reads_after_never_during_after(phase: str) -> None:
+    ev = kill_of("global_oom_5.15_cgroup2_tp4_graph.txt")
+    d = diagnose_oom(ev, phase=phase)
+    assert "during after" not in d.title and d.title.startswith("global OOM after ")
+    cg = diagnose_oom(kill_of("memcg_v1_kernel_6.18_docker.txt"), phase=phase)
+    assert "during after" not in cg.detail and " hit after " in cg.detail

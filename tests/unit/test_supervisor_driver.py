@@ -863,3 +863,21 @@ async def test_an_engine_adopted_mid_start_keeps_filling_its_compile_cache_recor
     assert "factors" in rec.compile_cache  # the launching controller's part is kept
     seen = rec.compile_cache.get("seen") or {}
     assert seen.get("aot_path") and seen.get("evidence")
+
+
+async def test_a_failed_launch_s_log_tail_is_in_the_status_while_failed(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, policy=Policy(max_failures=1))
+
+    def crash(engine: FakeEngine) -> None:
+        engine.log = "".join(f"INFO line {i}\n" for i in range(30)) + (
+            "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/models/nope'. "
+            "Use `repo_type` argument if needed.\n")
+        engine.die(exit_code=1)
+
+    rig.runtime.on_start = crash
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.machine.state is State.FAILED, limit_s=600, each=1)
+    status = rig.driver.status()
+    assert status["last_diagnosis"]["code"] == "model_path_invalid"
+    tail = status["failed_log_tail"]
+    assert len(tail) == 20 and tail[-1].startswith("OSError: Repo id must be") and tail[0] == "INFO line 11"

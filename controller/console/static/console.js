@@ -17,7 +17,7 @@ function applyStatus(s) {
     // every label below is the server's, derived from one status object (views.state_line)
     cache: s.cache_text || "—", progress_text: s.progress_text || "", retry_text: s.retry_text || "",
     memory_text: s.memory_text || "—", headroom_text: s.headroom_text || "—",
-    eta_text: s.eta_text || "", stall: s.stall || "",
+    eta_text: s.eta_text || "", stall: s.stall || "", log_tail: s.log_tail || "",
   };
   if (s.diagnosis) { fields.diagnosis = s.diagnosis; }
   for (const el of document.querySelectorAll("[data-live]")) {
@@ -40,6 +40,9 @@ function applyStatus(s) {
   }
   const stall = document.getElementById("stall");
   if (stall) stall.hidden = !s.stall;
+  // The failed launch's last log lines, shown only while backing off or failed.
+  const logTail = document.getElementById("log-tail");
+  if (logTail) logTail.hidden = !s.log_tail;
   const phases = document.getElementById("phases");
   if (phases && Array.isArray(s.phases)) {
     phases.replaceChildren(...s.phases.map((p) => {
