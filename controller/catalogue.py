@@ -10,6 +10,8 @@ preflight only launch a concrete recipe (`UnknownRecipe` otherwise).
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,14 @@ from appliance.recipe.recipe_model import Recipe
 
 class UnknownRecipe(LookupError):
     """No launchable (present, not abstract) recipe by that name."""
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'a' or 'b'?)`` for the names close to a mistyped `name` (difflib), else ``""``."""
+    close = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(f"'{c}'" for c in close) + "?)"
 
 
 def load_failed(exc: RecipeError) -> str:
@@ -42,8 +52,8 @@ class Catalogue:
     def _pick(self, recipes: dict[str, Recipe], name: str) -> Recipe:
         if name not in recipes:
             known = ", ".join(sorted(recipes))
-            raise RecipeError(f"no recipe named '{name}' in {self.directory}; known: {known}",
-                              rule="unknown-recipe")
+            raise RecipeError(f"no recipe named '{name}' in {self.directory}{did_you_mean(name, recipes)}; "
+                              f"known: {known}", rule="unknown-recipe")
         return recipes[name]
 
     def launchable(self, name: str) -> Recipe:

@@ -10,6 +10,7 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,20 @@ def forget_api(home: Path) -> None:
 
 
 class ApiError(Exception):
+    """`str(exc)` is the controller's detail in words (the HTTP status's phrase when it gave none);
+    the status stays on `exc.status` for exit codes and for callers that branch on it."""
+
     def __init__(self, status: int | None, detail: str) -> None:
-        super().__init__(f"{status}: {detail}" if status else detail)
+        super().__init__(detail.strip() or _phrase(status))
         self.status = status
         self.detail = detail
+
+
+def _phrase(status: int | None) -> str:
+    try:
+        return HTTPStatus(status).phrase.lower() if status is not None else "no answer"
+    except ValueError:
+        return f"an answer the client does not know (HTTP {status})"
 
 
 @dataclass

@@ -14,7 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from controller.api.client import ApiError, Client, api_url
+from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
+from controller.cli.options import JsonOpt
 from controller.cli.service_client import StartView, eta_phase_line, follow_start
 from controller.settings import (
     CONTROLLER_PORT,
@@ -23,7 +25,6 @@ from controller.settings import (
 ApiOpt = Annotated[str | None, typer.Option("--api", help="Controller API URL (default $APPLIANCE_API, else "
                                             "the one `appliance up` started for this APPLIANCE_HOME, else "
                                             f"http://127.0.0.1:{CONTROLLER_PORT}).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Show the start phase by phase until "
                                          "ready or failed.")]
 
@@ -42,12 +43,16 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 
-def follow_outcome(client: Client, timeout_s: float | None = None) -> str | None:
-    view = StartView(typer.echo)
+def follow_outcome(client: Client, timeout_s: float | None = None, *, err: bool = False) -> str | None:
+    """`err`: the phase lines go to stderr (with --json, stdout holds only the JSON)."""
+    def echo(line: str) -> None:
+        typer.echo(line, err=err)
+
+    view = StartView(echo)
     try:
         return asyncio.run(follow_start(client.base, view, lambda: client.get("/status"), timeout_s))
     except KeyboardInterrupt:
-        typer.echo("(stopped following; the controller carries on — `appliance status`)")
+        echo("(stopped following; the controller carries on — `appliance status`)")
         return None
 
 
@@ -71,9 +76,11 @@ def _refused(recipe: str, failure: dict[str, Any], serving: str | None) -> typer
     return typer.Exit(1)
 
 
-def end_of_follow(client: Client, outcome: str | None, recipe: str | None = None) -> None:
+def end_of_follow(client: Client, outcome: str | None, recipe: str | None = None, *,
+                  err: bool = False) -> None:
     """`recipe`: what was asked for. Ready with another recipe means this apply did not happen
-    (a refused apply once printed "ready: <the old recipe>" and exited 0)."""
+    (a refused apply once printed "ready: <the old recipe>" and exited 0). `err`: the ready line
+    goes to stderr (with --json)."""
     if outcome == "ready":
         s = client.get("/status")
         if recipe is not None and s.get("recipe") != recipe:
@@ -85,7 +92,7 @@ def end_of_follow(client: Client, outcome: str | None, recipe: str | None = None
             raise typer.Exit(1)
         launch = s.get("launch") or {}
         typer.echo(f"ready: {s.get('recipe')} at {launch.get('engine_url')} in {launch.get('ready_s')} s "
-                   f"(compile cache: {launch.get('cache')})")
+                   f"(compile cache: {launch.get('cache')})", err=err)
         return
     s = client.get("/status")
     diag = s.get("last_diagnosis") or {}
@@ -109,10 +116,30 @@ def _client(api: str | None) -> Client:
 
 
 def _call(fn: Any, *args: Any) -> Any:
+    """`fn(*args)`; an API error becomes its detail in words on stderr (`str(ApiError)` carries no
+    HTTP code) and an exit code from the status: 2 for a refused credential, an unknown name or bad
+    input, 1 otherwise."""
     try:
         return fn(*args)
     except ApiError as exc:
-        raise fail(str(exc), 2 if exc.status in (401, 403, 404, 422) else 1) from exc
+        raise fail(str(exc), _exit_code(exc)) from exc
+
+
+def _exit_code(exc: ApiError) -> int:
+    return 2 if exc.status in (401, 403, 404, 422) else 1
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _unknown_recipe(client: Client, recipe: str, exc: ApiError) -> typer.Exit:
+    """A 404 from /apply: the controller does not know `recipe`; suggest the near names it serves."""
+    try:
+        names = [str(r["name"]) for r in client.get("/recipes")]
+    except (ApiError, KeyError, TypeError):
+        names = []
+    return fail(f"{exc}{did_you_mean(recipe, names)}", _exit_code(exc))
 
 
 def apply(
@@ -122,15 +149,25 @@ def apply(
         help="Empty the recipe's compile cache first (cold start).")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Restart even when exactly this recipe's launch is already ready.")] = False,
+    as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
     """Apply RECIPE: preflight, drain and stop the current engine, start the new one.
 
     Says what the preflight decided: REFUSED (exit 1, the old engine keeps serving), unchanged (the
-    same launch is already ready: nothing restarted unless --force), or started."""
+    same launch is already ready: nothing restarted unless --force), or started. With --json stdout
+    is the API's answer (state, recipe, apply_id) as JSON; the rest goes to stderr, exit codes alike."""
     client = _client(api)
-    answer = _call(client.post, "/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force})
-    typer.echo(f"accepted: {recipe} (state {answer['state']})")
+    try:
+        answer = client.post("/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force})
+    except ApiError as exc:
+        if exc.status == 404:
+            raise _unknown_recipe(client, recipe, exc) from exc
+        raise fail(str(exc), _exit_code(exc)) from exc
+    if as_json:
+        _echo_json(answer)
+    else:
+        typer.echo(f"accepted: {recipe} (state {answer['state']})")
     verdict = _await_preflight(client, answer.get("apply_id"))
     if verdict is not None:
         s, outcome = verdict
@@ -138,10 +175,13 @@ def apply(
             raise _refused(recipe, _refusal(s, recipe) or {}, s.get("recipe") if s.get("launch") else None)
         if outcome == "unchanged":
             typer.echo(f"unchanged: {recipe} is already running with exactly this launch spec; nothing "
-                       "restarted (`appliance apply --force` restarts it)")
+                       "restarted (`appliance apply --force` restarts it)", err=as_json)
             return
     if follow:
-        end_of_follow(client, follow_outcome(client), recipe)
+        if as_json:
+            end_of_follow(client, follow_outcome(client, err=True), recipe, err=True)
+        else:
+            end_of_follow(client, follow_outcome(client), recipe)
 
 
 def _await_preflight(client: Client, apply_id: int | None,
@@ -164,18 +204,27 @@ def _await_preflight(client: Client, apply_id: int | None,
         time.sleep(0.3)
 
 
-def restart(follow: FollowOpt = False, api: ApiOpt = None) -> None:
-    """Restart the current recipe (drain, stop, start)."""
+def restart(follow: FollowOpt = False, as_json: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Restart the current recipe (drain, stop, start). With --json stdout is the API's answer."""
     client = _client(api)
     answer = _call(client.post, "/restart")
-    typer.echo(f"restarting {answer['recipe']} (state {answer['state']})")
+    if as_json:
+        _echo_json(answer)
+    else:
+        typer.echo(f"restarting {answer['recipe']} (state {answer['state']})")
     if follow:
-        end_of_follow(client, follow_outcome(client))
+        if as_json:
+            end_of_follow(client, follow_outcome(client, err=True), err=True)
+        else:
+            end_of_follow(client, follow_outcome(client))
 
 
-def stop(api: ApiOpt = None) -> None:
-    """Stop the engine (drain first) and stay idle."""
+def stop(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Stop the engine (drain first) and stay idle. With --json stdout is the API's answer."""
     answer = _call(_client(api).post, "/stop")
+    if as_json:
+        _echo_json(answer)
+        return
     typer.echo(f"stopping (state {answer['state']})")
 
 
@@ -299,9 +348,11 @@ def logs(
                                                   "or latest).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of the existing log to show.")] = 50,
+    as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
-    """The engine's log (stdout+stderr), through the controller."""
+    """The engine's log (stdout+stderr), through the controller. With --json: one object
+    {launch_id, lines, next_offset}; with --follow too, one more per new chunk (JSON Lines)."""
     client = _client(api)
     if launch_id is None:
         current = (_call(client.get, "/status").get("launch") or {}).get("id")
@@ -319,11 +370,17 @@ def logs(
             break
         offset = next_offset
     shown = text.splitlines()[-lines:] if lines > 0 else []
-    for line in shown:
-        typer.echo(line)
+    if as_json:
+        typer.echo(json.dumps({"launch_id": launch_id, "lines": shown, "next_offset": offset}))
+    else:
+        for line in shown:
+            typer.echo(line)
     while follow:
         time.sleep(1.0)
         chunk, headers = _call(client.text, f"/launches/{launch_id}/log?offset={offset}")
         offset = int(headers.get("x-next-offset", offset))
-        if chunk:
+        if chunk and as_json:
+            typer.echo(json.dumps({"launch_id": launch_id, "lines": chunk.splitlines(),
+                                   "next_offset": offset}))
+        elif chunk:
             typer.echo(chunk, nl=False)

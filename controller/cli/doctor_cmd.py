@@ -35,6 +35,7 @@ from appliance.diagnosis.diagnosis import (
 from appliance.observe.engine_facts import read_facts
 from appliance.observe.kmsg import OomEvent
 from appliance.observe.log_phases import PhaseTracker, track_text
+from controller.cli.options import JsonOpt
 
 EXIT_OK = 0
 EXIT_FOUND = 1
@@ -153,7 +154,7 @@ def doctor(
         list[str],
         typer.Argument(metavar="FILE...", help="Saved engine logs or dmesg/kmsg text; '-' reads stdin."),
     ],
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Diagnose saved engine logs and kernel logs with the supervisor's rules (DOMAIN §5).
 

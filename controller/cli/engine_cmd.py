@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from controller import engine_setup
+from controller.cli.options import JsonOpt
 
 engine_app = typer.Typer(
     name="engine",
@@ -40,7 +41,7 @@ def setup_cmd(
 
 @engine_app.command("status")
 def status_cmd(
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """What is installed, where, and which versions. Exit code 0 when ready, 1 otherwise."""
     info = engine_setup.status()

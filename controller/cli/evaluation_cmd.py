@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
+from urllib.parse import quote
 
 import typer
 
 from appliance.evaluation.bench_result import BenchResult
 from appliance.evaluation.bench_tiers import NoTierFits
 from controller.api.client import ApiError, Client, api_url
+from controller.cli.options import JsonOpt
 from controller.evaluation.bench import BenchParams, LaunchInfo, run_bench
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, compare
@@ -33,7 +35,6 @@ from controller.store import Store
 
 T = TypeVar("T")
 ApiOpt = Annotated[str | None, typer.Option("--api", help="Controller API URL (default $APPLIANCE_API).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")]
 KeyOpt = Annotated[
     str | None,
     typer.Option(
@@ -90,7 +91,7 @@ def _progress(event: dict[str, Any]) -> None:
     """One line per progress event: where the run is (a real-host run takes many minutes)."""
     phase = event.get("phase")
     who = f"[{event['recipe']}] " if event.get("recipe") else ""
-    if phase in ("tier", "decode") or str(phase).startswith("fingerprint"):
+    if phase in ("tier", "decode", "conc") or str(phase).startswith("fingerprint"):
         what = event.get("tier") or phase
         extra = f" error={event['error']}" if event.get("error") else ""
         typer.echo(f"  {who}{what}: {event.get('done')}/{event.get('total')}{extra}", err=True)
@@ -296,7 +297,23 @@ def compare_cmd(
     typer.echo(f"json: {path}")
 
 
-def print_fingerprint(run: FingerprintRun) -> None:
+def earlier_launches(get: Callable[[str], Any], launch: LaunchInfo) -> list[str] | None:
+    """The ids of the other launches of `launch`'s recipe variant (same recipe and spec hash) the
+    controller has records of; None when it cannot tell (no launch id, no answer)."""
+    if not launch.launch_id:
+        return None
+    try:
+        rows = get(f"/launches?limit=1000&recipe={quote(launch.recipe, safe='')}")
+    except ApiError:
+        return None
+    return [str(r["id"]) for r in rows
+            if r.get("id") != launch.launch_id and r.get("spec_hash") == launch.spec_hash]
+
+
+def print_fingerprint(run: FingerprintRun, earlier: list[str] | None = None) -> None:
+    """`earlier`: the other launches of this variant (earlier_launches). The restart comparison needs
+    the token streams of a *fingerprint* of one of them on this cache root, not just the launch: with
+    launches but no such fingerprint the line says so, instead of "no earlier launch"."""
     fp = run.fingerprint
     typer.echo(
         f"fingerprint {run.id}: recipe {run.launch.recipe} launch {run.launch.launch_id or '-'} "
@@ -310,8 +327,15 @@ def print_fingerprint(run: FingerprintRun) -> None:
     typer.echo(f"set sha256 (concurrent): {fp.concurrent_set_hash}")
 
     def line(label: str, c: Any) -> str:
+        if c is None and earlier:
+            shown = ", ".join(earlier[:3]) + (", …" if len(earlier) > 3 else "")
+            return (f"  {label:9} not measured: {len(earlier)} earlier launch(es) of this variant "
+                    f"({shown}) but no stored fingerprint of one on this cache root with prompt set "
+                    f"{fp.prompt_set} and max_tokens {fp.max_tokens} (`appliance fingerprint` after each "
+                    "start, or `--restart`, stores one)")
         if c is None:
-            return f"  {label:9} not measured (no earlier launch of this variant on this cache root)"
+            return (f"  {label:9} not measured (no fingerprint of an earlier launch of this variant on this "
+                    "cache root)")
         if c.identical:
             return f"  {label:9} identical"
         return f"  {label:9} {len(c.differing)} prompt(s) differ, first divergent token {c.first_divergence}"
@@ -411,7 +435,8 @@ def fingerprint(
         )
         return
     for run in runs:
-        print_fingerprint(run)
+        earlier = None if run.fingerprint.restarts is not None else earlier_launches(client.get, run.launch)
+        print_fingerprint(run, earlier)
 
 
 def benchmarks(

@@ -31,6 +31,7 @@ import typer
 from appliance.recipe.recipe_loader import RecipeError
 from appliance.recipe.recipe_model import Recipe
 from controller.catalogue import Catalogue
+from controller.cli.options import JsonOpt
 from controller.settings import paths, recipes_dir
 from host_setup import acs as acs_mod
 from host_setup.commands import Commands, HostContext, SubprocessCommands
@@ -59,7 +60,6 @@ acs_app = typer.Typer(
 )
 host_app.add_typer(acs_app)
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 HostRootOpt = Annotated[
     Path,
     typer.Option("--host-root", help="Work on this tree (a copy or fixture) instead of the running host /."),

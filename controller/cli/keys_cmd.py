@@ -16,6 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from appliance import settings
+from controller.api.client import ApiError
+from controller.cli.options import JsonOpt
 from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import paths
 
@@ -31,7 +33,6 @@ KeysOpt = Annotated[
 ApiOpt = Annotated[
     str | None, typer.Option("--api", help="Use the controller's admin API at this URL, not the file.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def _api(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -51,12 +52,22 @@ def _api(base: str, method: str, path: str, body: dict[str, Any] | None = None) 
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        typer.echo(f"error: {method} {path} → {exc.code}: {detail}", err=True)
-        raise typer.Exit(1) from exc
+        # The controller's detail in words; the HTTP status only picks the exit code (as for the
+        # other API commands: 2 for a refused credential, an unknown key or bad input).
+        error = ApiError(exc.code, _detail(exc.read().decode(errors="replace")[:500]))
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2 if exc.code in (401, 403, 404, 422) else 1) from exc
     except urllib.error.URLError as exc:
         typer.echo(f"error: cannot reach {base}: {exc.reason}", err=True)
         raise typer.Exit(1) from exc
+
+
+def _detail(raw: str) -> str:
+    try:
+        detail = json.loads(raw).get("detail", raw)
+    except (ValueError, AttributeError):
+        return raw
+    return detail if isinstance(detail, str) else json.dumps(detail)
 
 
 def _when(ts: float | None) -> str:
@@ -121,16 +132,20 @@ def revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (from `appliance keys list`).")],
     keys: KeysOpt = None,
     api: ApiOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Revoke a key; the gateway refuses it within about a second, without a restart."""
     if api:
-        _api(api, "DELETE", f"/keys/{key_id}")
+        out: dict[str, Any] = _api(api, "DELETE", f"/keys/{key_id}")
     else:
         try:
-            KeyStore(keys or paths().keys_db).revoke(key_id)
+            out = KeyStore(keys or paths().keys_db).revoke(key_id).as_dict()
         except KeyNotFound as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
     typer.echo(f"revoked {key_id}")
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+from typing import Annotated
+
 import typer
+
+DISTRIBUTION = "llm-appliance"  # pyproject.toml [project] name
 
 app = typer.Typer(
     name="appliance",
@@ -10,6 +15,29 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def package_version() -> str:
+    """The installed package's version (importlib.metadata), or a sentence saying it is not installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return f"unknown ({DISTRIBUTION} is not installed: `pip install -e .`)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"appliance {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", help="Print the appliance's version and exit.", metavar="", is_eager=True,
+        callback=_print_version)] = False,
+) -> None:
+    """Serve LLMs on memory-starved GPU hosts: recipes, supervised launches, host watch, gateway."""
 
 
 def _register() -> None:

@@ -30,6 +30,7 @@ from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import Placement
 from appliance.runtimes.k8s.kubernetes import render_with_image
 from controller.catalogue import Catalogue
+from controller.cli.options import JsonOpt
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root
 from controller.supervisor import compile_cache
@@ -39,7 +40,6 @@ recipes_app = typer.Typer(
     name="recipes", help="List, show, render, lint and diff recipes.", no_args_is_help=True
 )
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 HostRootOpt = Annotated[Path, typer.Option("--host-root", help="Read host facts under this root "
                                            "(a copied or fixture tree) instead of /.")]
 EXIT_FINDINGS = 1
@@ -96,16 +96,46 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
 
 @recipes_app.command("show")
-def show_cmd(name: str, as_json: JsonOpt = False) -> None:
-    """The merged recipe (after `extends`) and its compile-cache key."""
+def show_cmd(
+    name: str,
+    all_fields: Annotated[bool, typer.Option(
+        "--all", help="Every field, unset (null) and empty ones included.", metavar="")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The merged recipe (after `extends`), where its launch binds, and its compile-cache key.
+
+    Fields left unset or empty are omitted unless --all. `engine.host` is what the rendered launch
+    binds (`--host`): the runtime decides it (the process runtime always binds 127.0.0.1, whatever
+    the recipe says); `launch` says where the controller and gateway reach the engine."""
     with _bad_input():
         recipe = _get(name)
     data = redact_recipe_data(recipe.model_dump(mode="json"))
+    runtime = runtime_registry.for_recipe(recipe)
+    listen, reach = runtime.listen(recipe), runtime.reach(recipe)
+    data["engine"]["host"] = listen
+    port = recipe.engine.port
+    data["launch"] = {"binds": f"{listen}:{port}", "reached_at": f"{reach}:{port}"}
+    if recipe.engine.host != listen:
+        data["launch"]["recipe_engine_host"] = (f"{recipe.engine.host} (not used: the {recipe.runtime.kind} "
+                                                f"runtime binds {listen})")
     data["cache_key"] = cache_key(recipe)
+    if not all_fields:
+        data = _without_unset(data)
     if as_json:
         _print_json(data)
     else:
         typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110), nl=False)
+
+
+def _without_unset(value: Any) -> Any:
+    """`value` without the None, empty-string, empty-list and empty-mapping entries of its mappings
+    (recursively): a recipe sets a handful of ~100 fields, `recipes show` shows those."""
+    if isinstance(value, dict):
+        pruned = {k: _without_unset(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v is not None and v != "" and v != [] and v != {}}
+    if isinstance(value, list):
+        return [_without_unset(v) for v in value]
+    return value
 
 
 @recipes_app.command("render")

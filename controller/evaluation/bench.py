@@ -154,9 +154,17 @@ async def run_single_stream(
             ttft[length] = rec.ttft_ms
         progress({"phase": "ttft", "input_tokens": length, "ttft_ms": rec.ttft_ms})
     start = time.perf_counter()
-    recs = await asyncio.gather(
-        *(client.timed("conc", k, short, params.output_tokens, True) for k in range(params.conc))
-    )
+    done = 0
+
+    async def one(k: int) -> RequestRecord:
+        # Each request is reported as it completes, not all together when the last one ends.
+        nonlocal done
+        rec = await client.timed("conc", k, short, params.output_tokens, True)
+        done += 1
+        progress({"phase": "conc", "done": done, "total": params.conc, "ok": rec.ok, "error": rec.error})
+        return rec
+
+    recs = await asyncio.gather(*(one(k) for k in range(params.conc)))
     wall = time.perf_counter() - start
     failed += sum(not r.ok for r in recs)
     conc = sum(r.output_tokens for r in recs if r.ok) / wall if wall > 0 else None

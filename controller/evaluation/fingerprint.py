@@ -59,15 +59,18 @@ async def measure(
         first = await serial("serial")
         again = await serial("repeat")
         gate = asyncio.Semaphore(concurrency)
+        done = 0
 
         async def one(p: str) -> list[int]:
+            # Reported as each request completes (not once, when the whole batch has ended).
+            nonlocal done
             async with gate:
-                return (await c.tokens(p, max_tokens)).token_ids
+                ids = (await c.tokens(p, max_tokens)).token_ids
+            done += 1
+            progress({"phase": "fingerprint-concurrent", "done": done, "total": len(FINGERPRINT_PROMPTS)})
+            return ids
 
         concurrent = list(await asyncio.gather(*(one(p) for p in FINGERPRINT_PROMPTS)))
-        progress(
-            {"phase": "fingerprint-concurrent", "done": len(concurrent), "total": len(FINGERPRINT_PROMPTS)}
-        )
 
     ref = (
         store.restart_reference(

@@ -232,3 +232,53 @@ def test_dashboard_vllm_names_exist_in_the_real_engines_metrics_text() -> None:
             for m in re.finditer(r"\b(vllm:[a-z0-9_:]+)\b", expr)}
     assert used, "no vllm metrics in the dashboards?"
     assert used <= exported, sorted(used - exported)
+
+
+# --- scrape targets, recipe targets, runbooks ----------------------------------------------------
+
+
+def test_every_scrape_job_has_a_target_down_alert() -> None:
+    jobs = {c["job_name"] for c in yaml.safe_load((PROM / "prometheus.yml").read_text())["scrape_configs"]}
+    assert jobs == {"appliance-controller", "appliance-gateway", "vllm-engine"}
+    exprs = [" ".join(r["expr"].split()) for r in _rules() if "alert" in r]
+    for job in jobs:
+        assert any(f'up{{job="{job}"}} == 0' in e for e in exprs), job
+
+
+def test_memory_stat_panels_compare_against_the_running_recipes_target() -> None:
+    # A fixed byte threshold is one host's value (recipe C's 2.35 GiB on the reference host); the
+    # colours follow the running recipe's target gauge instead, as the alert does.
+    doc = json.loads((MON / "grafana" / "dashboards" / "host-memory.json").read_text())
+    memory_stats = [p for p in doc["panels"] if p["type"] == "stat"
+                    and any("memory_available" in t["expr"] for t in p["targets"])]
+    assert len(memory_stats) == 2
+    for panel in memory_stats:
+        assert all("appliance_launch_memory_available_target_bytes" in t["expr"] for t in panel["targets"])
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert [s["value"] for s in steps] == [None, 0], panel["title"]
+    target_alert = next(r for r in _rules() if r.get("alert") == "ApplianceMemAvailableBelowRecipeTarget")
+    assert "appliance_launch_memory_available_target_bytes" in target_alert["expr"]
+    assert not re.search(r"\d{6,}", target_alert["expr"])
+
+
+def _cli_commands() -> set[str]:
+    import typer
+
+    from controller.cli import main
+
+    if not main.app.registered_commands and not main.app.registered_groups:
+        main._register()
+    return set(getattr(typer.main.get_command(main.app), "commands", {}))
+
+
+def test_runbooks_name_commands_that_exist() -> None:
+    commands = _cli_commands()
+    for rule in _rules():
+        runbook = rule.get("annotations", {}).get("runbook", "")
+        for name in re.findall(r"`appliance ([a-z-]+)", runbook):
+            assert name in commands, (rule.get("alert"), name)
+    fatal = next(r for r in _rules() if r.get("alert") == "ApplianceEngineFatal")["annotations"]["runbook"]
+    # `appliance engine status` is the engine install check, not where a failed launch is explained.
+    assert "appliance engine status" not in fatal
+    for command in ("`appliance status`", "`appliance launches ID`", "`appliance doctor`"):
+        assert command in fatal
