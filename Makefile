@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test setup setup-system engine images check unit
+.PHONY: up test setup setup-system engine images check unit mutation
 
 ## Set everything up on a fresh machine and run the appliance on its embedded default (CPU engine).
 up: setup engine
@@ -37,3 +37,13 @@ check:
 
 unit: setup
 	$(BIN)/python -m pytest -q tests/unit
+
+## Mutation testing of the pure decision modules (README "Mutation testing"). Slow, so not part of
+## `make test` or CI: run it by hand after changing one of them. MUTANTS narrows it to some modules
+## (mutmut name globs, e.g. MUTANTS='appliance.recipe.admission*'); MUTATION_JOBS caps the workers.
+MUTANTS ?=
+MUTATION_JOBS ?= $(shell nproc)
+mutation: setup
+	rm -rf mutants
+	$(BIN)/python scripts/mutation.py run --max-children $(MUTATION_JOBS) $(MUTANTS)
+	$(BIN)/python scripts/mutation.py results

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from appliance.host_facts import GIB, HostFacts
-from appliance.recipe.admission import Admission, admit, swap_efficiency
+from appliance.recipe.admission import Admission, admit, pressure_reserve_gib
 from host_setup.facts import gather_facts
 from tests.unit.recipe_helpers import C_PRIME, HOSTS, B, C, host, shipped, with_changes
 
@@ -47,13 +48,13 @@ def test_reference_host_refuses_c() -> None:
     a = admit(shipped()[C], host("reference"))
     assert a.verdict == "refuse"
     assert {k: v for k, v in verdicts(a).items() if v != "admit"} == {
-        "memory-peak-cold": "refuse", "memory-peak-warm": "refuse", "swap-total": "refuse",
+        "memory-peak-cold": "warn", "memory-peak-warm": "warn", "swap-total": "refuse",
         "swappiness": "refuse"}
     cold = next(c for c in a.checks if c.name == "memory-peak-cold")
-    # 4 × (6.76 + 1.27) + 3.1 + 1.43 against 31.26 − 0.6 + 4 × 0.758
-    assert (cold.numbers["demand_gib"], cold.numbers["capacity_gib"], cold.numbers["margin_gib"]) == (
-        36.65, 33.692, -2.958)
-    assert "global OOM" in cold.message
+    # 4 × (6.03 + 1.27) + 3.1 + 1.43 against 31.26 − 0.6 + 4: no OOM, but at swappiness 60 the kernel
+    # keeps only 0.29 GiB MemAvailable (S14c) — under the 2 GB bar; the host requirements refuse.
+    assert (cold.numbers["demand_gib"], cold.numbers["capacity_gib"], cold.numbers["margin_gib"],
+            cold.numbers["mem_available_gib"]) == (33.73, 34.66, 0.93, 0.29)
 
 
 def test_reference_host_admits_b() -> None:
@@ -63,7 +64,7 @@ def test_reference_host_admits_b() -> None:
     # 4 × (4.52 + 0.19) + 3.1 + 2.62 = 24.56: RAM alone leaves 31.26 − 0.6 − 24.56 = 6.1 GiB, and
     # that is the prediction — S14d measured MemAvailable 6.1 GiB with swap unused.
     assert (cold.numbers["demand_gib"], cold.numbers["ram_left_gib"], cold.numbers["mem_available_gib"],
-            cold.numbers["margin_gib"]) == (24.56, 6.1, 6.1, 9.132)
+            cold.numbers["margin_gib"], cold.numbers["swap_peak_gib"]) == (24.56, 6.1, 6.1, 10.1, 0.0)
     assert "predicted min MemAvailable 6.10 GiB from RAM alone" in cold.message
 
 
@@ -72,14 +73,17 @@ def test_c_is_admitted_with_8_gib_swap_and_swappiness_200_and_shows_its_margin()
     assert a.verdict == "admit"
     memory = {c.name: c for c in a.checks if c.name.startswith("memory")}
     assert memory["memory-peak-cold"].numbers == {
-        "workers": 4, "mode": "graph", "per_worker_gib": 8.03, "overhead_gib": 3.1, "kv_extra_gib": 0.0,
+        "workers": 4, "mode": "graph", "per_worker_gib": 7.3, "overhead_gib": 3.1, "kv_extra_gib": 0.0,
         "transient_gib": 1.43,
-        "demand_gib": 36.65, "mem_total_gib": 31.26, "page_cache_floor_gib": 0.6, "swap_total_gib": 8.0,
-        "swappiness": 200, "swap_efficiency": 1.0, "capacity_gib": 38.66, "margin_gib": 2.01,
-        "ram_left_gib": -5.99, "mem_available_gib": 2.01, "min_mem_available_gib": 2.0,
+        "demand_gib": 33.73, "mem_total_gib": 31.26, "page_cache_floor_gib": 0.6, "swap_total_gib": 8.0,
+        "swappiness": 200, "pressure_reserve_gib": 2.35, "capacity_gib": 38.66, "margin_gib": 4.93,
+        "ram_left_gib": -3.07, "mem_available_gib": 2.35, "swap_peak_gib": 5.42,
+        "min_mem_available_gib": 2.0,
     }
-    assert memory["memory-peak-warm"].numbers["margin_gib"] == 3.44
-    assert "margin 2.01 GiB" in memory["memory-peak-cold"].message
+    # The warm start is no lighter (S14c: peak ΣRssAnon +1.8% over cold).
+    assert memory["memory-peak-warm"].numbers == {**memory["memory-peak-cold"].numbers}
+    assert "predicted min MemAvailable 2.35 GiB" in memory["memory-peak-cold"].message
+    assert "swap 5.42 GiB" in memory["memory-peak-cold"].message
 
 
 def test_c_with_8_gib_swap_but_swappiness_60_is_refused(tmp_path: Path) -> None:
@@ -93,7 +97,9 @@ def test_c_with_swappiness_200_but_4_gib_swap_is_refused(tmp_path: Path) -> None
     a = admit(shipped()[C], variant(tmp_path, swappiness=200))
     assert a.verdict == "refuse"
     assert verdicts(a)["swap-total"] == "refuse"
-    assert verdicts(a)["memory-peak-cold"] == "refuse"
+    # S14c: the seed ran C on 4 GiB swap at swappiness 200 and survived with swap full: not an OOM,
+    # but under the bar (1.78 GiB measured, counted a miss).
+    assert verdicts(a)["memory-peak-cold"] == "warn"
 
 
 def test_c_prime_with_16_gib_swap_runs_but_only_with_a_warning() -> None:
@@ -169,11 +175,11 @@ def test_recipe_without_memory_model_warns() -> None:
     assert verdicts(a)["memory-peak"] == "warn"
 
 
-@pytest.mark.parametrize(("swappiness", "efficiency"), [(200, 1.0), (60, 0.758), (130, 0.879), (0, 0.654),
-                                                         (None, 0.758)])
-def test_swap_efficiency_is_calibrated_on_s14c(swappiness: int | None, efficiency: float) -> None:
-    # S14c: same 10 GiB swap, margin 0.29 → 2.71 GiB from swappiness 60 → 200: 2.42 GiB = 24.2%.
-    assert swap_efficiency(swappiness) == efficiency
+@pytest.mark.parametrize(("swappiness", "reserve"), [(200, 2.35), (60, 0.29), (130, 1.32), (0, 0.0),
+                                                    (None, 0.29), (300, 2.35), (41, 0.01), (40, 0.0)])
+def test_pressure_reserve_is_calibrated_on_s14c(swappiness: int | None, reserve: float) -> None:
+    # S14c: margin 0.29 GiB at swappiness 60; recipe C at 200 with swap to spare: 2.35 GiB.
+    assert pressure_reserve_gib(swappiness) == reserve
 
 
 # --- the numbers against the seed record -------------------------------------------------------
@@ -188,12 +194,61 @@ def test_b_is_not_predicted_better_than_s14d_measured() -> None:
         assert predicted == 6.1  # and swap does not change it
 
 
-def test_c_prediction_is_conservative_against_s14c_and_meets_the_bar() -> None:
-    # S14c §3.12.1: C on 8 GiB swap / swappiness 200 bottomed at 2.35 GiB MemAvailable; the bar is 2 GB.
-    cold = next(c for c in admit(shipped()[C], host("reference-swap8-swappiness200")).checks
-                if c.name == "memory-peak-cold")
-    predicted = cold.numbers["mem_available_gib"]
-    assert isinstance(predicted, float) and 2.0 <= predicted <= 2.35
+class SeedRun(NamedTuple):
+    """One run of the seed record: the recipe, the host it ran on, what happened."""
+
+    recipe: str
+    start: str  # "cold" or "warm": the start whose minimum was recorded
+    swap_gib: float
+    swappiness: int
+    oom: bool  # a global OOM
+    min_available_gib: float | None  # the measured minimum MemAvailable, where recorded
+    tolerance_gib: float  # how far *below* the measurement the prediction may be (never above)
+    swap_peak_gib: float | None = None  # the measured swap peak, where recorded
+
+
+# Every seed run in DOMAIN §2–§3 and S14/S14c/S14d that names its recipe and its host (MemTotal 31.26
+# GiB throughout). Left out: the S14c arms that swapped out 7.4–8.8 GB (swap size not recorded) and the
+# graph-pool arm whose OOM was "unchanged" (swap and swappiness not recorded).
+SEED_RUNS = {
+    # S14 §3.7.2, S14c §3.12.1: recipe C with the extra 4 GiB swapfile; the serving (warm) start.
+    "C 8 GiB swap, swappiness 200": SeedRun(C, "warm", 8, 200, False, 2.35, 0.1, 5.40),
+    # The same, without the extra swapfile: survived with swap 100% full, counted a miss. The two C runs
+    # differ by 0.83 GiB in total demand (34.31 vs 33.48 GiB); the model keeps the heavier.
+    "C 4 GiB swap, swappiness 200": SeedRun(C, "warm", 4, 200, False, 1.78, 0.9, 4.0),
+    # S14c: swappiness 60 → 200 with the same swap raised the margin 0.29 → 2.71 GiB. The arm's swap
+    # size is not recorded; C's 8 GiB stands in (both predictions only need swap to spare).
+    "S14c graph arm, swappiness 60": SeedRun(C, "warm", 8, 60, False, 0.29, 0.05),
+    "S14c graph arm, swappiness 200": SeedRun(C, "warm", 8, 200, False, 2.71, 0.4),
+    # S14c: C′ (default graph, 51 + 2 capture sizes, no warm restart) with 16 GiB swap: 66 MiB.
+    "C' 16 GiB swap, swappiness 200": SeedRun(C_PRIME, "cold", 16, 200, False, 0.066, 0.05),
+    # S14 §3.3.1: the TP=4 default graph on the reference host: a global OOM.
+    "C' 4 GiB swap, swappiness 60": SeedRun(C_PRIME, "cold", 4, 60, True, None, 0.0),
+    # S14d: eager B, 6.1 GiB available with or without a 16 GiB swapfile, not one page swapped.
+    "B 4 GiB swap, swappiness 60": SeedRun(B, "cold", 4, 60, False, 6.1, 0.05, 0.0),
+    "B 16 GiB swap, swappiness 200": SeedRun(B, "cold", 16, 200, False, 6.1, 0.05, 0.0),
+    # DOMAIN §2: recipe A (TP=2 graph) runs on the reference host as it is ("nothing" to add).
+    "A 4 GiB swap, swappiness 60": SeedRun("gfx906-a-tp2-graph", "cold", 4, 60, False, None, 0.0),
+}
+
+
+@pytest.mark.parametrize("run", SEED_RUNS.values(), ids=SEED_RUNS.keys())
+def test_every_seed_run_is_predicted_within_its_tolerance(run: SeedRun) -> None:
+    facts = host("reference").model_copy(update={
+        "swap_total_bytes": int(run.swap_gib * GIB), "swap_free_bytes": int(run.swap_gib * GIB),
+        "swappiness": run.swappiness})
+    check = next(c for c in admit(shipped()[run.recipe], facts).checks
+                 if c.name == f"memory-peak-{run.start}")
+    assert (check.verdict == "refuse") is run.oom, check.message
+    if run.min_available_gib is not None:
+        predicted = check.numbers["mem_available_gib"]
+        assert isinstance(predicted, float)
+        # Never better than measured (0.01 GiB of rounding), at most the tolerance worse.
+        assert run.min_available_gib - run.tolerance_gib <= predicted <= run.min_available_gib + 0.01
+        # Under the 2 GB bar exactly when the seed counted a miss.
+        assert (check.verdict == "warn") is (run.min_available_gib < 2.0)
+    if run.swap_peak_gib is not None:
+        assert check.numbers["swap_peak_gib"] == pytest.approx(run.swap_peak_gib, abs=0.05)
 
 
 def test_overhead_is_enginecore_size_not_what_it_swapped_out() -> None:
