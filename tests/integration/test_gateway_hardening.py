@@ -219,7 +219,7 @@ def low_fd_gateway(store: KeyStore) -> Iterator[str]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (160, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    store.version()  # the file exists before the gateway starts
+    store.snapshot(create=True)  # the file exists before the gateway starts (reads never create it)
     proc = subprocess.Popen(
         [sys.executable, "-m", "controller.cli.main", "gateway", "--listen", f"127.0.0.1:{port}",
          "--keys", str(store.path), "--header-timeout", "1", "--max-connections-per-client", "1000"],
