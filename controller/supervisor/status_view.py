@@ -116,7 +116,10 @@ def status(m: Machine, run: LaunchRun | None, now: float,
         "recipe": m.recipe,
         "failures": m.failures,
         "max_failures": m.policy.max_failures,
-        "backoff_remaining_s": round(m.backoff_until - now, 1) if m.backoff_until is not None else None,
+        # Only while backing off, never below 0: the console once showed "next try in 0 s" beside a
+        # start already under way (the deadline passed, the next poll not yet come).
+        "backoff_remaining_s": (round(max(0.0, m.backoff_until - now), 1)
+                                if m.state is State.BACKOFF and m.backoff_until is not None else None),
         "last_diagnosis": last_diagnosis,
         # The failed launch's last log lines, while the machine backs off or has given up.
         "failed_log_tail": list(tail)[-FAILED_TAIL_LINES:] if tail else None,

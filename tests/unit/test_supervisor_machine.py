@@ -509,3 +509,18 @@ def test_stop_while_the_exit_is_classified_ends_idle_not_in_backoff() -> None:
     assert r.m.state is State.EXITED
     r.feed(Exited(lid, ExitInfo(running=False, exit_code=137, signal=9), CRASH), 101)
     assert r.m.state is State.IDLE and r.m.backoff_until is None
+
+
+def test_the_backoff_countdown_is_shown_only_while_backing_off_and_never_below_zero() -> None:
+    from controller.supervisor.status_view import status
+
+    r = Run()
+    r.feed(Apply("test-recipe"), 0)
+    lid = r.start(0)
+    r.feed(ExitSeen(lid, ExitInfo(running=False, exit_code=137, signal=9)), 10)
+    r.feed(Exited(lid, ExitInfo(running=False, exit_code=137, signal=9), CRASH), 11)
+    assert r.m.state is State.BACKOFF and r.m.backoff_until is not None
+    assert status(r.m, None, r.m.backoff_until - 4.0, None)["backoff_remaining_s"] == 4.0
+    assert status(r.m, None, r.m.backoff_until + 3.0, None)["backoff_remaining_s"] == 0.0  # poll not yet come
+    starting = replace(r.m, state=State.STARTING)
+    assert status(starting, None, r.m.backoff_until + 3.0, None)["backoff_remaining_s"] is None
