@@ -12,6 +12,7 @@ import pytest
 
 from appliance.host_facts import GIB, HostFacts
 from appliance.recipe.admission import Admission, admit, pressure_reserve_gib
+from appliance.recipe.recipe_model import Recipe
 from host_setup.facts import gather_facts
 from tests.unit.recipe_helpers import C_PRIME, HOSTS, B, C, host, shipped, with_changes
 
@@ -348,3 +349,45 @@ def test_a_cpu_kv_cache_request_larger_than_the_host_is_refused() -> None:
     assert kv_request_gib(flag) == 2.0 and admit(flag, facts).verdict != "refuse"
     # A GPU recipe's KV cache is on the card: no host term.
     assert kv_request_gib(shipped()["cuda-smollm2-graph"]) is None
+
+
+# Boundaries the mutation run found unguarded (README "Mutation testing"): binary-exact figures so
+# that each comparison sits exactly on its edge.
+def _exact(min_avail: float | None = 0.5, **memory: float) -> Recipe:
+    figures = {"worker_anon_gib_eager": 1.5, "worker_anon_gib_graph": 1.5, "overhead_gib": 0.75,
+               "startup_transient_gib": 0.5, "page_cache_floor_gib": 0.25, **memory}
+    return with_changes(shipped()["cpu-smollm2"], expect__min_mem_available_gib=min_avail,
+                        **{f"memory__{k}": v for k, v in figures.items()})
+
+
+def _host(total_gib: float, swap_gib: float = 0.0) -> HostFacts:
+    return HostFacts(mem_total_bytes=int(total_gib * GIB), mem_available_bytes=int(total_gib * GIB),
+                     swap_total_bytes=int(swap_gib * GIB), swap_free_bytes=int(swap_gib * GIB),
+                     swappiness=60, appliance_home="/var/lib/appliance")
+
+
+def test_a_zero_margin_is_not_yet_a_global_oom_and_a_negative_one_is_refused_in_numbers() -> None:
+    # demand 1.5 + 0.75 + 0.5 = 2.75 GiB; RAM left for it 3.0 − 0.25 = 2.75: margin exactly 0.
+    edge = admit(_exact(), _host(3.0)).checks[0]
+    assert (edge.verdict, edge.numbers["margin_gib"]) == ("warn", 0.0)  # under the 0.5 bar, not an OOM
+    short = admit(_exact(), _host(2.5)).checks[0]
+    assert short.verdict == "refuse"
+    assert "exceeds RAM + swap 2.25 GiB by 0.50 GiB — a global OOM. Add ≥ 0.5 GiB swap" in short.message
+
+
+def test_exactly_the_bar_is_admitted_and_no_bar_means_zero() -> None:
+    # RAM leaves exactly 0.5 GiB = the recipe's bar: admitted, not a warning.
+    at_bar = admit(_exact(), _host(3.5)).checks[0]
+    assert (at_bar.verdict, at_bar.numbers["mem_available_gib"]) == ("admit", 0.5)
+    # No bar at all: 0 GiB left at the peak is still no warning (the default bar is 0, not more).
+    no_bar = admit(_exact(min_avail=None), _host(3.0)).checks[0]
+    assert no_bar.verdict == "admit"
+    assert "under the recipe's min MemAvailable bar" in admit(_exact(), _host(3.0)).checks[0].message
+
+
+def test_a_warm_start_books_its_own_transient_when_the_recipe_gives_one() -> None:
+    warm = with_changes(_exact(warm_transient_gib=1.0), expect__warm_restart=True)
+    checks = {c.name: c for c in admit(warm, _host(8.0)).checks if c.name.startswith("memory")}
+    assert checks["memory-peak-cold"].numbers["transient_gib"] == 0.5
+    numbers = checks["memory-peak-warm"].numbers
+    assert (numbers["transient_gib"], numbers["demand_gib"]) == (1.0, 3.25)
