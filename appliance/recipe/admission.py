@@ -60,6 +60,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
+from appliance.recipe.engine_argv import flag_value
 from appliance.recipe.lint import DEFAULT_MEMLOCK_BYTES, pinned_bytes_per_worker
 from appliance.recipe.recipe_model import AcsState, GraphMode, Platform, Recipe
 from appliance.runtimes import registry as runtime_registry
@@ -136,15 +137,12 @@ def kv_request_gib(recipe: Recipe) -> float | None:
     the card) or when the recipe sets neither."""
     if recipe.platform is not Platform.CPU:
         return None
-    args = list(recipe.engine.extra_args)
-    for i, arg in enumerate(args):
-        value = args[i + 1] if arg == "--kv-cache-memory-bytes" and i + 1 < len(args) else (
-            arg.split("=", 1)[1] if arg.startswith("--kv-cache-memory-bytes=") else None)
-        if value is not None:
-            try:
-                return float(value) / GIB
-            except ValueError:
-                return None
+    flag = flag_value(recipe.engine.extra_args, "--kv-cache-memory-bytes")  # the one argv reader
+    if flag is not None:
+        try:
+            return float(flag) / GIB
+        except ValueError:
+            return None
     var = recipe.env.vars.get("VLLM_CPU_KVCACHE_SPACE")
     try:
         return float(var.value) if var is not None else None
