@@ -149,15 +149,21 @@ def _key_tar(key: str, folder: str, uid: int, gid: int, numeric: bool, under: st
     return buf.getvalue()
 
 
+def _container_file(container: Container, path: str) -> bytes:
+    """A regular file of the container, through the Engine API's archive download."""
+    stream, _ = container.get_archive(path)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        member = tar.next()
+        data = tar.extractfile(member) if member is not None else None
+        if data is None:
+            raise FileNotFoundError(f"{path}: not a regular file in container {container.short_id}")
+        return data.read()
+
+
 def _key_of_container(container: Container) -> str | None:
     try:
-        stream, _ = container.get_archive(CONTAINER_KEY_PATH)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            data = tar.extractfile(member) if member is not None else None
-            if data is not None:
-                return key_from_config(data.read().decode(errors="replace"))
-    except docker.errors.NotFound:
+        return key_from_config(_container_file(container, CONTAINER_KEY_PATH).decode(errors="replace"))
+    except (docker.errors.NotFound, FileNotFoundError):
         pass  # no key file: an engine started by an older controller, or a recipe with its own key
     for item in container.attrs.get("Config", {}).get("Env") or []:
         name, sep, value = str(item).partition("=")
@@ -467,13 +473,7 @@ class DockerRuntime:
 
     def engine_file(self, handle: EngineHandle, path: str) -> bytes:
         """A file as the engine sees it inside its container (EngineFiles)."""
-        stream, _ = self.client.containers.get(handle.ref).get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            data = tar.extractfile(member) if member is not None else None
-            if data is None:
-                raise FileNotFoundError(f"{path}: not a regular file in container {handle.ref[:12]}")
-            return data.read()
+        return _container_file(self.client.containers.get(handle.ref), path)
 
     @staticmethod
     def engine_key_of(ref: str) -> str | None:
