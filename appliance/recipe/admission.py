@@ -30,11 +30,14 @@ host (the cases of `test_every_seed_run_is_predicted_within_its_tolerance`):
   Linear in between, 0 below swappiness ≈ 40.
 - Recipe C's demand 33.73 GiB = 31.26 − 0.6 − 2.35 + 5.40 (RAM not available + swap peak of that run):
   its per-worker graph RssAnon is booked at 6.03 GiB (derived from that total, not a per-process
-  measurement; the 6.76 GiB of the base is C′'s OOM victim at the second of two 51-size capture
-  rounds). Both starts carry the same transient: S14c measured the warm start's peak ΣRssAnon +1.8%
-  over the cold one ("无益"), so a warm start is modelled no lighter. The 4 GiB / swappiness 200 run is
-  then predicted at 0.93 GiB (swap full) against the 1.78 GiB measured: the two C runs differ by
-  0.83 GiB in total demand, and the model keeps the heavier one.
+  measurement). The base's 7.28 GiB — the upper end of the TP=4 graph OOM victims' anon-rss (6.76–7.28,
+  S14 §3.7–§3.8), killed at the second of C′'s two 51-size capture rounds — cannot stand for C: it
+  predicts 38.73 GiB against the 38.66 GiB that 8 GiB swap gives, a global OOM for the run that kept
+  2.35 GiB. C′ keeps the base's figure and its measured peak (its transient is the rest). Both
+  starts carry the same transient: S14c measured the warm start's peak ΣRssAnon +1.8% over the cold
+  one ("无益"), so a warm start is modelled no lighter. The 4 GiB / swappiness 200 run is then
+  predicted at 0.93 GiB (swap full) against the 1.78 GiB measured: the two C runs differ by 0.83 GiB
+  in total demand, and the model keeps the heavier one.
 - Recipe C′ (16 GiB swap, 66 MiB MemAvailable) and recipe B (6.1 GiB, swap untouched) are calibrated
   in their recipes' `memory:` sections; C′ at 4 GiB / swappiness 60 is the S14 global OOM.
 

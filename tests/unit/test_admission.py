@@ -252,6 +252,31 @@ def test_every_seed_run_is_predicted_within_its_tolerance(run: SeedRun) -> None:
         assert check.numbers["swap_peak_gib"] == pytest.approx(run.swap_peak_gib, abs=0.05)
 
 
+def test_the_base_books_the_upper_end_of_the_graph_victims_and_c_prime_keeps_its_measured_peak() -> None:
+    # S14 §3.7: TP=4 graph OOM victims at 6.76 / 7.09 / 7.21 / 7.28; the base takes the upper end.
+    recipes = shipped()
+    c_prime, a = recipes[C_PRIME].memory, recipes["gfx906-a-tp2-graph"].memory
+    assert c_prime is not None and c_prime.worker_anon_gib_graph == 7.28  # inherited from the base
+    assert a is not None and a.worker_anon_gib_graph == 6.93  # A books its own measurement (TP=2)
+    # C′'s peak is the measured one whatever the split: 31.26 − 0.6 + 16 − 0.064 ≈ 46.60 GiB.
+    facts = host("reference-swap16-swappiness200")
+    cold = next(c for c in admit(recipes[C_PRIME], facts).checks if c.name == "memory-peak-cold")
+    assert (cold.numbers["per_worker_gib"], cold.numbers["transient_gib"], cold.numbers["demand_gib"]) == (
+        8.55, 9.3, 46.6)
+
+
+def test_c_cannot_book_the_upper_end_without_predicting_an_oom_for_the_run_that_survived() -> None:
+    # S14c §3.12.1: C ran with 8 GiB swap at swappiness 200 and kept 2.35 GiB. With the base's 7.28 its
+    # demand 4 × (7.28 + 1.27) + 3.1 + 1.43 = 38.73 exceeds 31.26 − 0.6 + 8 = 38.66: why C books 6.03.
+    facts = host("reference-swap8-swappiness200")
+    c = shipped()[C]
+    assert c.memory is not None and c.memory.worker_anon_gib_graph == 6.03
+    heavier = with_changes(c, memory__worker_anon_gib_graph=7.28)
+    cold = next(k for k in admit(heavier, facts).checks if k.name == "memory-peak-cold")
+    assert (cold.verdict, cold.numbers["demand_gib"], cold.numbers["capacity_gib"]) == (
+        "refuse", 38.73, 38.66)
+
+
 def test_overhead_is_enginecore_size_not_what_it_swapped_out() -> None:
     # S14c §3.2.1: EngineCore/APIServer 1.5–3.1 GiB; 1523 MiB (S14 §3.7.2) is what it swapped out.
     memory = shipped()[C].memory
