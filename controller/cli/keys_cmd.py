@@ -70,6 +70,15 @@ def _detail(raw: str) -> str:
     return detail if isinstance(detail, str) else json.dumps(detail)
 
 
+def _shown(text: str) -> str:
+    """A key name as the terminal gets it: control characters as escapes, never raw.
+
+    The store refuses such names, but a store written before that rule, or a controller reached with
+    --api, can still hand one over; printed raw, an escape sequence would act on the terminal.
+    """
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def _when(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
@@ -101,7 +110,8 @@ def create(
         typer.echo(json.dumps(out))
         return
     typer.echo(out["key"])
-    typer.echo(f"created key {out['id']} ({out['name']}). Store it now: it cannot be shown again.", err=True)
+    typer.echo(f"created key {out['id']} ({_shown(out['name'])}). Store it now: it cannot be shown again.",
+               err=True)
 
 
 @keys_app.command("list")
@@ -122,7 +132,7 @@ def list_keys(
     typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'RPM':>6} {'CONC':>5}")
     for r in rows:
         typer.echo(
-            f"{r['id']:<13} {r['name'][:24]:<24} {_when(r['created']):<19} {_when(r['revoked']):<19} "
+            f"{r['id']:<13} {_shown(r['name'])[:24]:<24} {_when(r['created']):<19} {_when(r['revoked']):<19} "
             f"{r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5}"
         )
 

@@ -51,6 +51,23 @@ def test_keys_api_mode_needs_the_admin_token(tmp_path: Path, monkeypatch: pytest
     assert r.exit_code != 0 and "APPLIANCE_ADMIN_TOKEN" in r.output
 
 
+def test_keys_list_escapes_a_stored_name_with_control_characters(tmp_path: Path) -> None:
+    # The store refuses such names now; one written before that rule must still not reach the terminal raw.
+    import sqlite3
+
+    db = tmp_path / "keys.db"
+    KeyStore(db).create("svc")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE keys SET name = ?", ("evil\x1b[2J\x07",))
+    listed = CliRunner().invoke(app(), ["keys", "list", "--keys", str(db)])
+    assert listed.exit_code == 0, listed.output
+    assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout
+    assert "evil\\x1b[2J\\x07" in listed.stdout
+    # --json keeps the data exact (JSON escapes it itself).
+    rows = json.loads(CliRunner().invoke(app(), ["keys", "list", "--keys", str(db), "--json"]).stdout)
+    assert rows[0]["name"] == "evil\x1b[2J\x07"
+
+
 @pytest.mark.parametrize(
     ("listen", "expected"),
     [("127.0.0.1:8080", ("127.0.0.1", 8080)), (":9000", ("0.0.0.0", 9000)), ("[::1]:81", ("::1", 81))],
