@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from controller.gateway import auth
 from controller.gateway.auth import AdminAuth, AuthFailure, KeyCache, bearer_token, hash_admin_token
 from controller.gateway.keystore import KeyRecord, KeyStore
 
@@ -189,3 +196,108 @@ async def test_store_checks_for_unknown_keys_are_shared_and_spaced(tmp_path: Pat
     _, key = store.create("late")
     assert isinstance(await cache.authenticate_fresh(bearer(key)), KeyRecord)
     assert await waiting is AuthFailure.INVALID
+
+
+# ---- boundaries the mutation run over this module found unpinned (README "Mutation testing") ------
+
+
+class _Clock:
+    """The auth module's monotonic clock, driven by hand (the event loop keeps the real one)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.slept: list[object] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+        await asyncio.sleep(0)
+
+
+def _drive(monkeypatch: pytest.MonkeyPatch, clock: _Clock) -> None:
+    """Route the auth module's clock and its sleeps (only those) through `clock`."""
+
+    class _Asyncio:
+        sleep = staticmethod(clock.sleep)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(asyncio, name)
+
+    monkeypatch.setattr(auth, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(auth, "asyncio", _Asyncio())
+
+
+def test_before_load_nothing_is_trusted(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "k.db")
+    _, key = store.create("a")
+    cache = KeyCache(store)
+    assert cache.authenticate(bearer(key)) is AuthFailure.UNAVAILABLE and not cache.fresh
+
+
+def test_load_without_create_never_makes_a_missing_store(tmp_path: Path) -> None:
+    from controller.gateway.keystore import KeyStoreError
+
+    path = tmp_path / "k.db"
+    with pytest.raises(KeyStoreError):
+        KeyCache(KeyStore(path)).load()
+    assert not path.exists()  # a deleted store stays deleted: clients get 503, not 401
+
+
+async def test_unknown_key_checks_are_shared_then_spaced_by_the_gap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    _drive(monkeypatch, clock)
+    store = KeyStore(tmp_path / "k.db")
+    cache = KeyCache(store, reload_gap_s=0.5)
+    cache.load(create=True)
+    # A burst: one store check shared by all, started at once (the first check waits for nothing).
+    burst = asyncio.gather(*(cache.authenticate_fresh(bearer(_made_up(i))) for i in range(20)))
+    assert set(await asyncio.wait_for(burst, 10)) == {AuthFailure.INVALID}
+    assert (cache.reloads_for_unknown, clock.slept) == (1, [])
+    # The next one at the same instant waits out the whole gap, then checks again.
+    assert await asyncio.wait_for(cache.authenticate_fresh(bearer(_made_up(100))), 10) is AuthFailure.INVALID
+    assert (cache.reloads_for_unknown, clock.slept) == (2, [0.5])
+    # Exactly one gap later: no wait at all.
+    clock.t += 0.5
+    assert await asyncio.wait_for(cache.authenticate_fresh(bearer(_made_up(101))), 10) is AuthFailure.INVALID
+    assert (cache.reloads_for_unknown, clock.slept) == (3, [0.5])
+
+
+async def test_an_unreadable_store_is_reported_once_per_outage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    _drive(monkeypatch, clock)
+    path = tmp_path / "k.db"
+    store = KeyStore(path)
+    store.create("a")
+    cache = KeyCache(store, refresh_s=1.0, max_stale_s=10.0)
+    cache.load()
+
+    async def checks(n: int) -> None:
+        start = len(clock.slept)
+        task = asyncio.ensure_future(cache.run_refresher())
+        while len(clock.slept) < start + n + 1:  # n checks done, the next sleep begun
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    caplog.set_level(logging.INFO, logger="controller.gateway.auth")
+    for p in tmp_path.iterdir():
+        p.unlink()
+    await asyncio.wait_for(checks(3), 10)
+    (first,) = warnings()
+    assert str(path) in first and "every request gets 503" in first
+    KeyStore(path).create("b")  # restored: read again, trusted again
+    await asyncio.wait_for(checks(1), 10)
+    assert cache.fresh and len(warnings()) == 1
+    for p in tmp_path.iterdir():
+        p.unlink()
+    await asyncio.wait_for(checks(2), 10)
+    assert len(warnings()) == 2  # a new outage is reported again

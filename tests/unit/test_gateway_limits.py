@@ -91,3 +91,48 @@ def test_an_idle_key_saves_up_at_most_one_minute_of_requests() -> None:
         admitted += 1
         assert admitted <= 100, "the bucket is not capped"
     assert admitted == 6
+
+
+# Boundaries the mutation run over this module found unpinned (README "Mutation testing").
+
+
+def test_a_key_never_seen_has_nothing_in_flight() -> None:
+    assert KeyLimiter(Clock()).in_flight("0123456789ab") == 0
+
+
+def test_a_concurrency_refusal_names_the_limit_and_hints_one_second() -> None:
+    limiter = KeyLimiter(Clock())
+    k = key(conc=1)
+    assert isinstance(limiter.try_acquire(k), Lease)
+    refused = limiter.try_acquire(k)
+    assert isinstance(refused, LimitExceeded)
+    assert refused.reason == "too many concurrent requests for this key (limit 1)"
+    assert refused.retry_after_s == 1
+
+
+def test_retry_after_is_the_wait_for_the_missing_part_of_a_token() -> None:
+    clock = Clock()
+    limiter = KeyLimiter(clock)
+    k = key(rpm=6)  # one token every 10 s
+    for _ in range(6):
+        lease = limiter.try_acquire(k)
+        assert isinstance(lease, Lease)
+        lease.release()
+    clock.t += 5.0  # half a token back: 5 s to go, not 15
+    refused = limiter.try_acquire(k)
+    assert isinstance(refused, LimitExceeded) and refused.retry_after_s == 5
+
+
+def test_retry_after_is_at_least_one_second_and_not_more_than_needed() -> None:
+    clock = Clock()
+    limiter = KeyLimiter(clock)
+    k = key(rpm=60)  # one token a second: an empty bucket waits exactly 1 s
+    for _ in range(60):
+        lease = limiter.try_acquire(k)
+        assert isinstance(lease, Lease)
+        lease.release()
+    refused = limiter.try_acquire(k)
+    assert isinstance(refused, LimitExceeded) and refused.retry_after_s == 1
+    clock.t += 0.75  # a quarter of a second left: still a whole second (Retry-After is in whole seconds)
+    refused = limiter.try_acquire(k)
+    assert isinstance(refused, LimitExceeded) and refused.retry_after_s == 1
