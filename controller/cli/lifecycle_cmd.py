@@ -198,6 +198,8 @@ def _print_where(client: Client, gateway_url: str | None, token: str | None) -> 
     typer.echo(f"  export {API_ENV}={client.base}   (commands of this APPLIANCE_HOME find it without)")
     typer.echo(f"engine      {engine_url}   (recipe {s.get('recipe')}, served model '{model}')")
     if gateway_url is None:
+        # The console is the controller's own: it is there with or without a gateway.
+        typer.echo(f"console     {client.base}/console   (log in with the admin token)")
         return
     typer.echo(f"gateway     {gateway_url}   (clients use this, with a key)")
     key = _first_key_once(client)

@@ -218,3 +218,15 @@ def test_status_shows_the_failed_launch_s_log_tail(app: typer.Typer, monkeypatch
     assert result.exit_code == 0, result.output
     assert "log tail (2 lines of the failed launch):" in result.output
     assert "  | OSError: Repo id must be in the form 'repo_name'" in result.output
+
+
+@pytest.mark.parametrize("gateway_url", ["http://gw", None])
+def test_up_prints_the_console_url_with_or_without_a_gateway(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], gateway_url: str | None
+) -> None:
+    ready = {"state": "ready", "recipe": "r", "launch": {"engine_url": "http://e", "served_model_name": "m"}}
+    client = ScriptedClient([ready])
+    monkeypatch.setattr(lifecycle_cmd, "_first_key_once", lambda c: None)
+    lifecycle_cmd._print_where(client, gateway_url, None)  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert f"{client.base}/console" in out and out.count("/console") == 1

@@ -279,3 +279,13 @@ async def test_wide_tables_scroll_inside_their_cards(client: httpx.AsyncClient, 
     bench_template = (Path(charts.__file__).parent / "templates" / "benchmarks.html").read_text()
     assert '<div class="table-scroll"><table id="benches">' in bench_template
     assert '<div class="table-scroll"><table id="comparisons">' in bench_template
+
+
+async def test_the_recipe_diff_shows_both_cache_keys(client: httpx.AsyncClient) -> None:
+    # Both keys were once blank on this page.
+    await login(client)
+    pair = {"a": "gfx906-b-tp4-eager", "b": "gfx906-c-tp4-graph-piecewise"}
+    page = (await client.get("/console/recipes", params=pair)).text
+    keys = re.search(r"cache keys ([0-9a-f]+) / ([0-9a-f]+)\)", page)
+    assert keys, "the diff names no cache keys"
+    assert len(keys.group(1)) >= 8 and len(keys.group(2)) >= 8 and keys.group(1) != keys.group(2)
