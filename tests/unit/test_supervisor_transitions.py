@@ -29,6 +29,7 @@ from controller.supervisor.signals import (
     MarkEnded,
     Notify,
     Observation,
+    PreflightFailed,
     PreflightOk,
     ReadyProbed,
     Reject,
@@ -425,3 +426,170 @@ def test_an_engine_found_at_start_up_is_adopted_only_by_an_idle_supervisor() -> 
     busy.preflight()
     assert busy.feed(Adopted(h, make_spec()), 1) == [
         Notify("adopt-skipped", "engine 5555 found but the supervisor is busy")]
+
+
+# ---- second pass: rows the first pass left open -------------------------------------------------
+
+
+def test_observations_about_another_launch_change_nothing() -> None:
+    from controller.supervisor.signals import CpuSample, PhaseSeen
+
+    r = Run()
+    r.ready(0)
+    before = r.m
+    for obs in (CpuSample("L9", 5.0), PhaseSeen("L9", "graph_capture", "x"), ReadyProbed("L9"),
+                ExitSeen("L9", ExitInfo(running=False, exit_code=1)), Stopped("L9", GONE), Drained("L9"),
+                HealthLost("L9", "timeout"), Exited("L9", ExitInfo(running=False, exit_code=1), CRASH)):
+        assert r.feed(obs, 60) == [], obs
+        assert r.m == before, obs
+
+
+def test_a_stale_preflight_refusal_is_ignored() -> None:
+    r = Run()
+    r.backoff(0)
+    r.feed(Tick(), 15)  # relaunch: a new preflight
+    stale = r.m.token - 1
+    assert r.feed(PreflightFailed(stale, FATAL), 16) == [] and r.m.state is State.PREFLIGHT
+
+
+def test_a_retryable_preflight_failure_backs_off_from_its_own_time() -> None:
+    r = Run()
+    r.preflight(0)
+    unreadable = Failure("host_facts_unreadable", "cannot read /proc/meminfo", "", retryable=True)
+    out = r.feed(PreflightFailed(r.m.token, unreadable), 7)
+    assert out[0] == Notify("preflight-failed", "cannot read /proc/meminfo", data={
+        "code": "host_facts_unreadable", "summary": "cannot read /proc/meminfo", "hint": "",
+        "retryable": True})
+    assert (r.m.state, r.m.backoff_until) == (State.BACKOFF, 17.0)
+
+
+def test_a_refused_apply_over_a_ready_engine_is_noted_and_the_old_engine_keeps_serving() -> None:
+    r = Run()
+    r.ready(0)
+    r.preflight(100, recipe="too-big")
+    refusal = Failure("admission_refused", "needs 80 GiB", "smaller model", retryable=False)
+    out = r.feed(PreflightFailed(r.m.token, refusal), 101)
+    assert out == [Notify("preflight-failed", "needs 80 GiB", data={
+        "code": "admission_refused", "summary": "needs 80 GiB", "hint": "smaller model", "retryable": False})]
+    assert (r.m.state, r.m.recipe, r.m.last_failure) == (State.READY, "test-recipe", refusal)
+
+
+def test_a_relaunch_refused_by_preflight_does_not_rewrite_the_applys_outcome() -> None:
+    r = Run()
+    r.backoff(0)
+    assert r.m.apply is not None and r.m.apply.outcome == "started"
+    r.feed(Tick(), 15)
+    unreadable = Failure("host_facts_unreadable", "cannot read", "", retryable=True)
+    r.feed(PreflightFailed(r.m.token, unreadable), 16)
+    assert r.m.apply.outcome == "started"
+
+
+def test_an_apply_clears_the_failure_count_and_the_backoff() -> None:
+    r = Run()
+    r.backoff(0)
+    r.m = replace(r.m, failures=3)
+    out = r.feed(Apply("test-recipe", fresh_cache=True), 6)
+    assert (r.m.state, r.m.failures, r.m.backoff_until, r.m.pending) == (State.PREFLIGHT, 0, None, None)
+    assert out == [Notify("apply", "apply test-recipe", data={"recipe": "test-recipe", "fresh_cache": True}),
+                   RunPreflight(r.m.token, "test-recipe", True)]
+
+
+def test_an_apply_of_the_running_launch_is_noted_against_that_launch() -> None:
+    r = Run()
+    lid = r.ready(0)
+    r.preflight(100)
+    ok = PreflightOk(r.m.token, "L9", make_spec(), False, False)
+    out = r.feed(ok, 101)
+    assert out == [Notify("unchanged", "test-recipe is already running with this exact launch spec "
+                          "(0123456789abcdef): nothing restarted (use --force to restart it)", lid)]
+    assert r.m.state is State.READY
+
+
+def test_the_stall_clock_starts_when_the_runtime_has_launched_the_engine() -> None:
+    r = Run()
+    r.preflight(0)
+    lid = r.preflight_ok(0)
+    r.feed(Launched(lid, make_handle(lid, started_at=100)), 100)  # the runtime took 100 s
+    assert r.feed(Tick(), 219) == [] and r.m.state is State.STARTING  # stall window 120 s
+    r.feed(Tick(), 220)
+    assert r.m.state is State.STOPPING and r.m.stop_failure is not None
+    assert r.m.stop_failure.code == "stalled" and r.m.stop_failure.retryable
+
+
+def test_cpu_time_keeps_a_quiet_start_alive_from_each_sample_that_shows_work() -> None:
+    from controller.supervisor.signals import CpuSample
+
+    r = Run()
+    lid = r.starting(0)  # stall window 120 s
+    r.feed(CpuSample(lid, 0.0), 10)  # the reference
+    r.feed(CpuSample(lid, 1.0), 20)  # work
+    r.feed(CpuSample(lid, 1.5), 30)  # exactly the 0.5 s epsilon: work too
+    assert r.feed(Tick(), 149) == [] and r.m.state is State.STARTING
+    r.feed(Tick(), 150)
+    assert r.m.state is State.STOPPING
+
+
+def test_a_phase_restarts_the_stall_clock_and_is_noted_when_recorded() -> None:
+    from controller.supervisor.signals import PhaseSeen
+
+    r = Run()
+    lid = r.starting(0)
+    out = r.feed(PhaseSeen(lid, "graph_capture", "capturing graphs 3/51"), 100)
+    assert out == [Notify("phase", "capturing graphs 3/51", lid, {"phase": "graph_capture"})]
+    assert r.m.launch is not None and (r.m.launch.phase, r.m.launch.progress_at) == ("graph_capture", 100)
+    assert r.feed(Tick(), 219) == [] and r.m.state is State.STARTING
+
+
+def test_a_cold_warm_up_restarts_warm_and_the_second_ready_is_the_one_served() -> None:
+    r = Run()
+    r.preflight(0)
+    r.feed(PreflightOk(r.m.token, "L1", make_spec(), True, True), 0)
+    r.feed(Launched("L1", make_handle("L1")), 0)
+    out = r.feed(ReadyProbed("L1"), 351.2341)
+    assert out[1] == Notify(
+        "warmup-ready", "cold start ready in 351.234 s; restarting on the same cache root", "L1",
+        {"ready_s": 351.234})
+    assert r.m.state is State.STOPPING and r.m.launch is not None and r.m.launch.ready_at == 351.2341
+    r.feed(Stopped("L1", GONE), 352)
+    assert r.m.state is State.PREFLIGHT
+    r.feed(PreflightOk(r.m.token, "L2", make_spec(), True, False), 353)
+    r.feed(Launched("L2", make_handle("L2", started_at=353)), 353)
+    out = r.feed(ReadyProbed("L2"), 583)
+    assert Notify("ready", "test-recipe ready in 230 s", "L2", {"ready_s": 230, "kind": "warm"}) in out
+
+
+def test_a_ready_engine_clears_the_last_failure_and_one_failure_resets_after_the_window() -> None:
+    r = Run()
+    r.backoff(0)
+    r.feed(Tick(), 15)
+    lid = r.preflight_ok(16)
+    r.feed(Launched(lid, make_handle(lid, started_at=16)), 16)
+    r.feed(ReadyProbed(lid), 40)
+    assert (r.m.state, r.m.last_failure, r.m.failures) == (State.READY, None, 1)
+    out = r.feed(Tick(), 640)
+    assert r.m.failures == 0 and out[0].kind == "backoff-reset"  # type: ignore[union-attr]
+
+
+def test_an_adopted_engine_gets_its_stall_window_from_adoption() -> None:
+    r = Run()
+    h = make_handle("L5", started_at=0)
+    r.feed(Adopted(h, make_spec(budget=5000)), 1000)
+    assert r.feed(Tick(), 1119) == [] and r.m.state is State.STARTING
+    r.feed(Tick(), 1120)
+    assert r.m.state is State.STOPPING
+
+
+def test_the_first_exit_note_tells_the_gateway_when_to_retry() -> None:
+    r = Run()
+    lid = r.starting()
+    out = r.feed(Exited(lid, ExitInfo(running=False, exit_code=137), CRASH), 5)
+    assert [(c.reason, c.retry_after_s) for c in only(out, ClearUpstream)] == [
+        ("engine exited", RETRY_AFTER), ("backoff", 10.0)]
+
+
+def test_a_lost_engine_is_restarted_with_the_hint_to_read_its_log() -> None:
+    r = Run()
+    lid = r.ready()
+    r.feed(HealthLost(lid, "timeout"), 100)
+    assert r.m.stop_failure is not None
+    assert r.m.stop_failure.hint == "see the log tail; the engine is restarted"
