@@ -132,6 +132,12 @@ def test_a_worker_death_after_an_error_quotes_that_error_first() -> None:
     assert d.evidence[0] == "ValueError: boom"  # the exception line, not the line just above the death
 
 
+def test_the_error_quoted_is_the_exception_line_not_the_last_line_above_the_death() -> None:
+    died = "(EngineCore_DP0 pid=7) Worker proc VllmWorker-0 died unexpectedly, shutting down executor."
+    tail = ("Traceback (most recent call last):", "ValueError: boom", "  (shutting down the executor)", died)
+    assert diagnose(FailureFacts(log_tail=tail)).evidence[0] == "ValueError: boom"
+
+
 def test_a_traceback_after_the_worker_death_is_not_before_it() -> None:
     died = "(EngineCore_DP0 pid=7) Worker proc VllmWorker-0 died unexpectedly, shutting down executor."
     d = diagnose(FailureFacts(log_tail=(died, "Traceback (most recent call last):", "ValueError: later")))
@@ -172,8 +178,9 @@ def test_a_failed_start_quotes_its_line_and_names_a_dead_core_by_signal() -> Non
     tail = ("RuntimeError: something specific", ENGINE_FAILED.format(code=1))
     d = diagnose(FailureFacts(log_tail=tail, exit_code=1))
     assert d.code is C.ENGINE_START_FAILED and "no known signature matched" in d.summary
-    assert any("Engine core initialization failed" in e for e in d.evidence)
-    assert any("RuntimeError" in e for e in d.evidence)
+    # The last exception line as it stands, then the finding's own numbered line.
+    assert d.evidence[0] == ENGINE_FAILED.format(code=1)
+    assert d.evidence[1].startswith("2: RuntimeError: Engine core initialization failed")
     # A core that exited 0 died of no signal; -9 is SIGKILL (then: look for an OOM kill), -15 is not.
     for code, words, dmesg in (("0", "no known signature matched", False), ("-9", "died of SIGKILL", True),
                                ("-15", "died of SIGTERM", False)):
@@ -197,11 +204,11 @@ def test_an_oom_of_unknown_scope_is_unattributed_with_the_constraint_advice() ->
 
 
 def test_stall_evidence_is_where_it_stood_then_the_last_three_lines() -> None:
-    tail = ("one", "two", "", "three", "four")
+    tail = ("one", "two", "three", "four", "", "five", "six")
     d = diagnose(FailureFacts(log_tail=tail, stalled=True, progress="capturing graphs round 2: 38/51"))
-    assert d.evidence == ("at: capturing graphs round 2: 38/51", "three", "four")
+    assert d.evidence == ("at: capturing graphs round 2: 38/51", "five", "six")
     d = diagnose(FailureFacts(log_tail=tail, stalled=True))
-    assert d.evidence == ("three", "four")
+    assert d.evidence == ("five", "six")
 
 
 def test_config_and_module_refusals_quote_vllm() -> None:
