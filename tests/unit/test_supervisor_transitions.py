@@ -593,3 +593,21 @@ def test_a_lost_engine_is_restarted_with_the_hint_to_read_its_log() -> None:
     r.feed(HealthLost(lid, "timeout"), 100)
     assert r.m.stop_failure is not None
     assert r.m.stop_failure.hint == "see the log tail; the engine is restarted"
+
+
+def test_late_answers_for_the_current_launch_are_ignored_outside_their_state() -> None:
+    r = Run()
+    lid = r.ready(0)
+    before = r.m
+    assert r.feed(ReadyProbed(lid), 60) == [] and r.m == before  # ready once, recorded once
+    assert r.feed(Drained(lid), 61) == [] and r.m == before  # no drain was asked for
+
+
+def test_a_spent_budget_is_noted_with_its_failure_against_the_launch() -> None:
+    r = Run()
+    lid = r.starting(0)
+    out = r.feed(Tick(), 600)
+    assert r.m.stop_failure is not None
+    assert out[0] == Notify("ready_budget_exceeded", "not ready after 600 s (last phase: none)", lid, {
+        "code": "ready_budget_exceeded", "summary": "not ready after 600 s (last phase: none)",
+        "hint": r.m.stop_failure.hint, "retryable": False})
