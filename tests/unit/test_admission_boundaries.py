@@ -125,3 +125,11 @@ PINNED_CACHE_KEYS = {
 @pytest.mark.parametrize("name", sorted(PINNED_CACHE_KEYS))
 def test_the_cache_key_of_a_shipped_recipe_does_not_move(name: str) -> None:
     assert cache_key(shipped()[name]) == PINNED_CACHE_KEYS[name]
+
+
+def test_a_cache_root_with_a_trailing_slash_gives_one_slash_before_the_variant() -> None:
+    from appliance.recipe.cache_key import variant_cache_root
+
+    cpu = with_changes(shipped()[CPU], cache__root="/srv/cache/")
+    root = variant_cache_root(cpu, host("reference"))
+    assert root == f"/srv/cache/{CPU}-{cache_key(cpu)}"
