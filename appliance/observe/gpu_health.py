@@ -49,7 +49,8 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 # Reasons that are the card doing its job, not losing speed to heat or power: idle, clocks an
 # administrator set, a sync-boost group, the display clock.
-BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"})
+BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "sync_boost",
+                             "display_clock_setting"})
 
 # Degrees below the card's own slowdown threshold at which it counts as hot (a warning before it
 # throttles; the H200 slows at 89 °C, MEASURED.md).
@@ -201,13 +202,16 @@ def card_from_answers(index: int, answers: Mapping[str, Any], *, blind: tuple[st
 
 
 class ReplayQueries:
-    """A recording (scripts/gpu_h200/record_gpu_health.py's JSON: {"cards": [{query: value | {"error":
-    text}}]}) answered back, with `inject` overriding answers ({index: {query: value}}) for the faults a
-    healthy card cannot show. An `{"error": …}` answer raises, as NVML did when it was recorded."""
+    """A recording (scripts/gpu_h200/record_gpu_health.py's JSON: {"samples": [{"cards": [{query: value |
+    {"error": text}}]}]}, one sample picked) answered back, with `inject` overriding answers
+    ({index: {query: value}}) for the faults a healthy card cannot show. An `{"error": …}` answer
+    raises, as NVML did when it was recorded."""
 
-    def __init__(self, recording: Mapping[str, Any], inject: Mapping[int, Mapping[str, Any]] | None = None
-                 ) -> None:
-        self.cards: list[dict[str, Any]] = [dict(c) for c in recording.get("cards", ())]
+    def __init__(self, recording: Mapping[str, Any], inject: Mapping[int, Mapping[str, Any]] | None = None,
+                 *, sample: int = 0) -> None:
+        cards = (recording["samples"][sample]["cards"] if "samples" in recording
+                 else recording.get("cards", ()))
+        self.cards: list[dict[str, Any]] = [dict(c) for c in cards]
         for index, answers in (inject or {}).items():
             self.cards[index].update(answers)
 
@@ -221,6 +225,51 @@ class ReplayQueries:
         if isinstance(answer, dict) and "error" in answer:
             raise RuntimeError(str(answer["error"]))
         return answer
+
+
+# The raw recorder's keys (tests/fixtures/gpu_health/h200-2026-12-01/recorded-with-nvml_raw.py) → the
+# queries they answer.
+_RAW_KEYS: dict[str, str] = {
+    "temperature_c": "temperature_gpu",
+    "temperature_slowdown_c": "temperature_threshold_slowdown",
+    "temperature_shutdown_c": "temperature_threshold_shutdown",
+    "ecc_volatile_corrected": "ecc_volatile_corrected",
+    "ecc_volatile_uncorrected": "ecc_volatile_uncorrected",
+    "ecc_aggregate_corrected": "ecc_aggregate_corrected",
+    "ecc_aggregate_uncorrected": "ecc_aggregate_uncorrected",
+    "retired_pages_pending": "retired_pages_pending",
+    "remapped_rows": "remapped_rows",
+    "pcie_gen": "pcie_link_gen_curr",
+    "pcie_gen_max": "pcie_link_gen_max",
+    "pcie_width": "pcie_link_width_curr",
+    "pcie_width_max": "pcie_link_width_max",
+    "name": "name",
+}
+
+
+def recording_from_raw(raw_card: Mapping[str, Any]) -> dict[str, Any]:
+    """One card of a raw NVML recording ({call: {"ok": v} | {"error": e}}) as `CardQueries` answers."""
+    def get(key: str) -> Any:
+        entry = raw_card.get(key)
+        if not isinstance(entry, Mapping):
+            return {"error": f"{key} was not recorded"}
+        return entry["ok"] if "ok" in entry else {"error": entry.get("error", "?")}
+
+    out: dict[str, Any] = {query: get(key) for query, key in _RAW_KEYS.items()}
+    pci, util = get("pci"), get("utilization")
+    out["pci_bus_id"] = pci.get("busId", pci) if isinstance(pci, Mapping) and "error" not in pci else pci
+    out["utilization_percent"] = util.get("gpu", util) if isinstance(util, Mapping) and "error" not in util \
+        else util
+    for query, key in (("power_w", "power_usage_mw"), ("power_limit_w", "enforced_power_limit_mw")):
+        value = get(key)
+        out[query] = value / 1000.0 if isinstance(value, (int, float)) else value
+    # Drivers with the renamed API record both; they are the same bits.
+    out["throttle_reasons"] = get("clocks_event_reasons" if "clocks_event_reasons" in raw_card
+                                  else "clocks_throttle_reasons")
+    sbe, dbe = get("retired_pages_sbe"), get("retired_pages_dbe")
+    out["retired_pages"] = (len(sbe) + len(dbe) if isinstance(sbe, list) and isinstance(dbe, list)
+                            else sbe if isinstance(sbe, Mapping) else dbe)
+    return out
 
 
 # --- AMD / Hygon sysfs --------------------------------------------------------------------------
@@ -276,7 +325,8 @@ def parse_amdgpu_health(index: int, vendor: str, files: Mapping[str, str], pci: 
         temperature_shutdown_c=hwmon("temp1_emergency", 1000),
         power_w=power, power_limit_w=hwmon("power1_cap", 1e6),
         ecc_aggregate_uncorrected=ue, ecc_aggregate_corrected=ce,
-        pcie_gen=pcie_gen(files.get("current_link_speed")), pcie_gen_max=pcie_gen(files.get("max_link_speed")),
+        pcie_gen=pcie_gen(files.get("current_link_speed")),
+        pcie_gen_max=pcie_gen(files.get("max_link_speed")),
         pcie_width=_sysfs_int(files.get("current_link_width")),
         pcie_width_max=_sysfs_int(files.get("max_link_width")),
         utilization_percent=float(busy) if busy is not None and 0 <= busy <= 100 else None,
@@ -331,8 +381,9 @@ def assess(card: CardHealth, fatal_events: Iterable[GpuEvent] = ()) -> list[Heal
     if card.remap_pending or card.retired_pages_pending:
         add("remap-pending", "warn", "memory rows/pages are waiting to be remapped or retired: reset the "
             "card when it is idle")
-    if card.pcie_width is not None and card.pcie_width_max is not None and card.pcie_width < card.pcie_width_max:
-        add("pcie-link", "warn", f"PCIe link x{card.pcie_width} of x{card.pcie_width_max}: reseat the card "
+    width, width_max = card.pcie_width, card.pcie_width_max
+    if width is not None and width_max is not None and width < width_max:
+        add("pcie-link", "warn", f"PCIe link x{width} of x{width_max}: reseat the card "
             "or check the slot (cross-card copies and P2P depend on the link, DOMAIN §6)")
     # NVIDIA and AMD lower the link *generation* at idle to save power: only a busy card's gen counts.
     elif (card.pcie_gen is not None and card.pcie_gen_max is not None and card.pcie_gen < card.pcie_gen_max

@@ -23,7 +23,13 @@ from typing import Any
 
 from appliance.host_facts import GPU_VENDORS
 from appliance.observe.gpu_events import pci_key
-from appliance.observe.gpu_health import NVML_QUERIES, CardHealth, CardQueries, card_from_queries, parse_amdgpu_health
+from appliance.observe.gpu_health import (
+    NVML_QUERIES,
+    CardHealth,
+    CardQueries,
+    card_from_queries,
+    parse_amdgpu_health,
+)
 
 log = logging.getLogger(__name__)
 
