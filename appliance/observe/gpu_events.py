@@ -325,3 +325,24 @@ def attribute_card(event: GpuEvent, cards_by_pci: dict[str, int]) -> GpuEvent:
     if event.pci is None or event.pci not in cards_by_pci:
         return event
     return event.model_copy(update={"card": cards_by_pci[event.pci]})
+
+
+def launch_cards(env: dict[str, str]) -> frozenset[int]:
+    """The cards a launch was given (CUDA_/HIP_VISIBLE_DEVICES, always explicit on GPUs, DOMAIN §2).
+
+    These are the runtime's indices; the GPU watch's are NVML's (PCI bus order) and drm's cardN. They
+    agree when CUDA_DEVICE_ORDER=PCI_BUS_ID and on hosts whose drm cards are only the GPUs (the
+    reference host's four DCUs); an event is also matched by the engine's pids, which needs neither."""
+    out: set[int] = set()
+    for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        for part in env.get(name, "").split(","):
+            if part.strip().isdigit():
+                out.add(int(part.strip()))
+    return frozenset(out)
+
+
+def xid_label(event: GpuEvent) -> str:
+    """A bounded metric label: a code of the table, "other" for the rest, "" when not an Xid."""
+    if event.xid is None:
+        return ""
+    return str(event.xid) if event.xid in XID_TABLE else "other"
