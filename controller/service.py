@@ -133,6 +133,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
     watch = HostWatchLink(store, metrics=metrics)
     gpu_health = GpuHealthLink(metrics=metrics)
+    preflight.gpu = gpu_health
     watch.on_record = gpu_health.on_record  # kernel GPU events ride on the OOM watch's kmsg follower
     prober = HttpProber()
 
@@ -150,6 +151,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     )
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
+    preflight.note = driver.note
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)

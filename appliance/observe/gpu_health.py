@@ -396,3 +396,28 @@ def assess(card: CardHealth, fatal_events: Iterable[GpuEvent] = ()) -> list[Heal
 def verdict_of(findings: Iterable[HealthFinding]) -> Verdict:
     rank = {"admit": 0, "warn": 1, "refuse": 2}
     return max((f.verdict for f in findings), key=rank.__getitem__, default="admit")
+
+
+def card_line(card: CardHealth) -> str:
+    """One line an operator reads: `appliance plan`, the console's GPU health panel."""
+    def num(value: float | None, unit: str) -> str:
+        return "?" if value is None else f"{value:.0f}{unit}"
+
+    parts = [f"GPU {card.index}" + (f" {card.name}" if card.name else "") + f" ({card.vendor})"]
+    if card.lost:
+        return parts[0] + ": LOST (does not answer)"
+    parts.append(f"{num(card.temperature_c, ' °C')} (slowdown {num(card.temperature_slowdown_c, '')})")
+    parts.append(f"{num(card.power_w, '')}/{num(card.power_limit_w, ' W')}")
+    if card.pcie_gen is not None or card.pcie_width is not None:
+        parts.append(f"PCIe gen{card.pcie_gen or '?'} x{card.pcie_width or '?'} of "
+                     f"gen{card.pcie_gen_max or '?'} x{card.pcie_width_max or '?'}")
+    ue = [v for v in (card.ecc_volatile_uncorrected, card.ecc_aggregate_uncorrected) if v is not None]
+    parts.append(f"ECC uncorrectable {max(ue)}" if ue else "ECC ?")
+    if card.remap_pending is not None or card.retired_pages_pending is not None:
+        pending = card.remap_pending or card.retired_pages_pending
+        parts.append("remap pending" if pending else "no remap pending")
+    if card.slowing:
+        parts.append("throttling: " + ", ".join(card.slowing))
+    if card.blind:
+        parts.append(f"{len(card.blind)} fact(s) unreadable")
+    return f"{parts[0]}: {', '.join(parts[1:])}"
