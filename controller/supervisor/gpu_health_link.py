@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from appliance.observe.gpu_events import GpuEvent, GpuEventReader, attribute_card, launch_cards
@@ -29,6 +30,7 @@ from controller.watch.gpu_health import HEALTH_INTERVAL_S, HealthReader, cards_b
 log = logging.getLogger(__name__)
 
 KEEP_ENDED_S = 120.0  # an event for a launch that just ended still finds it (as watch_link.py)
+RECENT_EVENTS = 20  # kernel GPU events the console shows
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class GpuHealthLink:
         self._fatal_by_card: dict[int, list[GpuEvent]] = {}
         self._recent: dict[str, tuple[frozenset[int], float]] = {}  # launch id → (its cards, last seen)
         self._blind_said = False
+        self._recent_events: deque[GpuEvent] = deque(maxlen=RECENT_EVENTS)
 
     # -- for the driver and admission
 
@@ -63,6 +66,14 @@ class GpuHealthLink:
 
     def fatal_events(self, card: int) -> list[GpuEvent]:
         return list(self._fatal_by_card.get(card, ()))
+
+    @property
+    def blind_note(self) -> str | None:
+        return self.reader.blind_note
+
+    @property
+    def recent_events(self) -> Sequence[GpuEvent]:
+        return tuple(self._recent_events)
 
     def findings(self, cards: frozenset[int] | None = None) -> list[HealthFinding]:
         """The last sample's findings, for `cards` (None: every card)."""
@@ -98,6 +109,7 @@ class GpuHealthLink:
 
     def _on_event(self, raw: GpuEvent) -> None:
         event = attribute_card(raw, cards_by_pci(self.cards))
+        self._recent_events.append(event)
         self.metrics.gpu_health.record_event(event, self.wall())
         if event.fatal and event.card is not None:
             self._fatal_by_card.setdefault(event.card, []).append(event)

@@ -44,6 +44,12 @@ class GpuHealthSource(Protocol):
     @property
     def cards(self) -> Sequence[CardHealth]: ...
 
+    @property
+    def blind_note(self) -> str | None: ...  # what the watch cannot see, and why
+
+    @property
+    def recent_events(self) -> Sequence[GpuEvent]: ...  # the latest kernel GPU events, oldest first
+
     def fatal_events(self, card: int) -> list[GpuEvent]: ...
 
 

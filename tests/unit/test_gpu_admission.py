@@ -22,6 +22,8 @@ class Watch:
 
     cards: list[CardHealth]
     fatal: dict[int, list[GpuEvent]] = field(default_factory=dict)
+    blind_note: str | None = None
+    recent_events: list[GpuEvent] = field(default_factory=list)
 
     def fatal_events(self, index: int) -> list[GpuEvent]:
         return self.fatal.get(index, [])
