@@ -173,3 +173,21 @@ def test_amdgpu_missing_files_are_blind(tmp_path: Path) -> None:
 def test_sysfs_helpers() -> None:
     assert pcie_gen("32.0 GT/s PCIe") == 5 and pcie_gen("8.0 GT/s") == 3 and pcie_gen("Unknown") is None
     assert ras_counts("ue: 1\nce: 7\n") == (1, 7) and ras_counts("garbage") == (None, None)
+
+
+def test_the_recorders_output_replays_to_the_card_it_recorded() -> None:
+    # scripts/gpu_h200/record_gpu_health.py asks the same seam the controller reads with; its JSON is
+    # what ReplayQueries answers back (here it records the replayed H200, faults included).
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "scripts" / "gpu_h200" / "record_gpu_health.py"
+    spec = importlib.util.spec_from_file_location("record_gpu_health", path)
+    assert spec is not None and spec.loader is not None
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)
+    source = ReplayQueries(h200_recording(), {0: {"remapped_rows": [0, 1, 1, 0]}})
+    recording = json.loads(json.dumps(recorder.record(source, 2, 0.0, "580.159.04", sleep=lambda _: None)))
+    assert recording["format"] == "appliance-gpu-health-recording/1" and len(recording["samples"]) == 2
+    replayed = card_from_queries(0, ReplayQueries(recording, sample=1))
+    assert replayed == card_from_queries(0, source)
+    assert replayed.remap_pending and [f.check for f in assess(replayed)] == ["remap-pending"]
