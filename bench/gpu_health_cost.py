@@ -71,7 +71,10 @@ def measure(samples: int = 200, cards: int = 8) -> dict[str, Any]:
     # after the first sample, one card's NVML calls cost this much CPU.
     nvml_card_s = statistics.median(c["cpu_s"] for c in raw["sample_cost"][1:])
     nvidia_total = nvidia_s + cards * nvml_card_s
-    pct = lambda s: round(100 * s / HEALTH_INTERVAL_S, 4)  # noqa: E731
+
+    def pct(seconds: float) -> float:
+        return round(100 * seconds / HEALTH_INTERVAL_S, 4)
+
     return {
         "interval_s": HEALTH_INTERVAL_S, "nvidia_cards": cards,
         "nvidia_parse_assess_metrics_ms": round(nvidia_s * 1000, 3),
