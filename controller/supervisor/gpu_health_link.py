@@ -67,6 +67,16 @@ class GpuHealthLink:
     def fatal_events(self, card: int) -> list[GpuEvent]:
         return list(self._fatal_by_card.get(card, ()))
 
+    def acknowledge_reset(self, card: int) -> int:
+        """The operator reset the card: its fatal events no longer refuse launches. How many there were."""
+        cleared = len(self._fatal_by_card.pop(card, []))
+        if cleared:
+            self._note("gpu-reset", f"GPU {card}: reset acknowledged by the operator ({cleared} fatal "
+                       "kernel event(s) no longer refuse it)", None)
+            self.card_findings = [f for f in self.card_findings
+                                  if not (f.card == card and f.check == "fatal-event")]
+        return cleared
+
     @property
     def blind_note(self) -> str | None:
         return self.reader.blind_note
