@@ -1177,7 +1177,8 @@ def _from_gpu(events: Sequence[GpuEvent], facts: FailureFacts,
             code=sig.code, severity=Severity.ERROR,
             summary=f"GPU fault, not an engine bug — {main.describe()}{more}" + _where(facts),
             hint=_ACTION_HINT[main.action]
-            + (" — not relaunched on this card until then" if main.fatal else ""),
+            + (f" — then `appliance gpu reset-done {main.card if main.card is not None else 'N'}`; not "
+               "relaunched on this card until then" if main.fatal else ""),
             evidence=evidence, retryable=not main.fatal, fact=sig.fact, findings=findings,
         )
     if application:

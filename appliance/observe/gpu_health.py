@@ -362,7 +362,7 @@ def assess(card: CardHealth, fatal_events: Iterable[GpuEvent] = ()) -> list[Heal
         add("lost", "refuse", "the card does not answer (fallen off the bus): drain the node and reboot it")
     for event in fatal_events:
         add("fatal-event", "refuse", f"{event.describe()} since the card was last reset: reset the card "
-            "(nvidia-smi -r / a reboot) before launching on it")
+            f"(nvidia-smi -r / a reboot), then `appliance gpu reset-done {card.index}`")
     if card.remap_failure:
         add("remap-failure", "refuse", "a row remapping failed (no spare rows): the card needs service")
     t, slow, stop = card.temperature_c, card.temperature_slowdown_c, card.temperature_shutdown_c

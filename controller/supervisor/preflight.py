@@ -209,8 +209,9 @@ class Preflight:
         if not refused:
             return None
         return Failure("gpu_unhealthy", "; ".join(c.message for c in refused),
-                       "reset the card (nvidia-smi -r -i N, or reboot), drain the node if it recurs, check "
-                       f"cooling; `appliance plan {recipe.name}` shows the card's state", retryable=False)
+                       "reset the card (nvidia-smi -r -i N, or reboot) and say so (`appliance gpu reset-done "
+                       "N`), drain the node if it recurs, check cooling; `appliance gpu status` shows the "
+                       "cards", retryable=False)
 
     def recipe(self, name: str) -> Recipe:
         """The launchable recipe called `name` (raises UnknownRecipe or RecipeError)."""
