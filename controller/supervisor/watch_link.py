@@ -200,7 +200,8 @@ class HostWatchLink:
             source = DevKmsg(path)
         except OSError as exc:
             self._note("kmsg-unavailable", f"cannot read {path} ({exc.strerror}): OOM kills will be "
-                       "diagnosed from exit codes and logs only", None)
+                       "diagnosed from exit codes and logs only"
+                       + ("; GPU Xid/reset events are not seen" if self.on_record is not None else ""), None)
             return
         follower = KmsgFollower(source, self.on_oom, on_gap=self.on_gap, on_record=self.on_record)
         try:
