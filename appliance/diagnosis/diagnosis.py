@@ -33,7 +33,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from appliance.observe.gpu_events import FaultSide, GpuAction, GpuEvent, GpuEventKind
+from appliance.observe.gpu_events import FaultSide, GpuAction, GpuEvent, GpuEventKind, gpu_events_in_text
 from appliance.observe.kmsg import OomAssembler, OomEvent, OomEventKind, OomScope
 from appliance.observe.log_phases import PHASE_LABELS, PROGRESS_ORDER, Phase
 from appliance.observe.oom_attribution import diagnose_oom
@@ -685,6 +685,11 @@ def oom_events_in_text(lines: Iterable[str]) -> list[OomEvent]:
         events.extend(assembler.feed_message(kernel_message(line.rstrip("\r\n"))))
     events.extend(assembler.flush())
     return [e for e in events if e.kind is OomEventKind.KILL]
+
+
+def gpu_events_in_kernel_text(lines: Iterable[str]) -> list[GpuEvent]:
+    """GPU kernel events (Xid, amdgpu resets …) in saved dmesg/kmsg/journal text, for `doctor`."""
+    return gpu_events_in_text([kernel_message(line.rstrip("\r\n")) for line in lines])
 
 
 def clip(text: str, limit: int = 320) -> str:

@@ -283,6 +283,10 @@ class GpuEventReader:
 
     def __init__(self) -> None:
         self._last: GpuEvent | None = None
+        # Cards already reported off the bus: the driver prints the Xid 79 line and its companion
+        # `GPU 0000:2b:00.0: GPU has fallen off the bus.` (NVIDIA/open-gpu-kernel-modules#1151), and a
+        # card that fell off stays off until a reboot — one incident, one event.
+        self._off_bus: set[str] = set()
 
     def feed_message(self, message: str, *, seq: int | None = None,
                      ts_usec: int | None = None) -> list[GpuEvent]:
@@ -295,6 +299,11 @@ class GpuEventReader:
                 return [last.model_copy(update={"pid": proc[0], "process": proc[1]})]
             return [last] if last is not None else []
         out: list[GpuEvent] = [self._last] if self._last is not None else []
+        if event.xid == 79 and event.pci is not None:
+            if event.pci in self._off_bus:
+                self._last = None
+                return out
+            self._off_bus.add(event.pci)
         event = event.model_copy(update={"seq": seq, "ts_usec": ts_usec})
         if event.vendor == "amd" and event.kind in (GpuEventKind.RING_TIMEOUT, GpuEventKind.PAGE_FAULT):
             self._last = event  # wait one record for its process line

@@ -14,6 +14,7 @@ from appliance.diagnosis.diagnosis import (
     FailureFacts,
     Severity,
     diagnose,
+    gpu_events_in_kernel_text,
     kernel_message,
     oom_events_in_text,
     scan_text,
@@ -36,6 +37,7 @@ def facts_from_text(text: str, **extra: object) -> FailureFacts:
     fields: dict[str, object] = {
         "log_tail": tuple(lines),
         "oom_events": tuple(oom_events_in_text(lines)),
+        "gpu_events": tuple(gpu_events_in_kernel_text(lines)),
         "phase_reached": tracker.furthest,
     }
     fields.update(extra)
@@ -104,6 +106,9 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
     "compile_constraint_violation_dummy_run.log": (
         C.COMPILE_CONSTRAINT_VIOLATION, {C.COMPILE_CONSTRAINT_VIOLATION, C.ENGINE_START_FAILED}, False,
     ),
+    "gpu_xid79_fallen_off_bus.dmesg": (C.GPU_FAULT, {C.GPU_FAULT}, False),
+    "gpu_xid31_mmu_fault.dmesg": (C.GPU_ENGINE_FAULT, {C.GPU_ENGINE_FAULT}, True),
+    "amdgpu_ring_timeout_reset.dmesg": (C.GPU_FAULT, {C.GPU_FAULT}, False),
 }
 
 BENIGN_FIXTURES = {

@@ -95,3 +95,13 @@ def test_pci_keys_and_card_attribution() -> None:
     assert attribute_card(event, {"0000:3b:00": 2}).card == 2
     assert attribute_card(event, {"0000:3c:00": 0}).card is None
     assert "GPU 2: Xid 79" in attribute_card(event, {"0000:3b:00": 2}).describe()
+
+
+def test_one_card_off_the_bus_is_one_event_whatever_the_driver_repeats() -> None:
+    # The Xid line and its companion (NVIDIA/open-gpu-kernel-modules#1151), then the Xid again: one
+    # card, one incident; another card's is its own.
+    lines = ["NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+             "NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.",
+             "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+             "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]
+    assert [e.pci for e in gpu_events_in_text(lines)] == ["0000:2b:00", "0000:3b:00"]
