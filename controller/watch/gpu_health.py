@@ -135,10 +135,20 @@ class HealthReader:
         if not self._nvml_tried:
             self._nvml_tried = True
             self._nvml, why = load_pynvml()
-            if self._nvml is None:
+            if self._nvml is None and self._nvidia_present():
                 self._blind(f"NVML unavailable ({why}): NVIDIA temperature, power, throttling, ECC, "
                             "remapped rows and PCIe link are not watched")
+            elif self._nvml is None:  # no NVIDIA card here: nothing is blind (a CPU or AMD host)
+                log.info("no NVML (%s) and no NVIDIA PCI device: NVIDIA health not read", why)
         return self._nvml
+
+    def _nvidia_present(self) -> bool:
+        """An NVIDIA PCI device (vendor 0x10de) on the host, whatever the driver says."""
+        try:
+            devices = list((self.host_root / "sys/bus/pci/devices").iterdir())
+        except OSError:
+            return True  # cannot tell: say what is blind rather than stay silent
+        return any(_read(d / "vendor").strip().lower() == "0x10de" for d in devices)
 
     def _blind(self, note: str) -> None:
         if self.blind_note is None:

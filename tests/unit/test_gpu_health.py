@@ -191,3 +191,24 @@ def test_the_recorders_output_replays_to_the_card_it_recorded() -> None:
     replayed = card_from_queries(0, ReplayQueries(recording, sample=1))
     assert replayed == card_from_queries(0, source)
     assert replayed.remap_pending and [f.check for f in assess(replayed)] == ["remap-pending"]
+
+
+def test_no_nvml_on_a_host_without_nvidia_cards_is_not_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A CPU or AMD host: pynvml missing there blinds nothing.
+    from controller.watch import gpu_health
+
+    monkeypatch.setattr(gpu_health, "load_pynvml", lambda: (None, "ModuleNotFoundError: pynvml"))
+    dev = tmp_path / "sys/bus/pci/devices/0000:43:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x1d94\n")
+    reader = HealthReader(tmp_path, use_nvml=True)
+    with caplog.at_level(logging.WARNING):
+        reader.sample()
+    assert reader.blind_note is None and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    (tmp_path / "sys/bus/pci/devices/0000:3b:00.0").mkdir()
+    (tmp_path / "sys/bus/pci/devices/0000:3b:00.0/vendor").write_text("0x10de\n")
+    nvidia_host = HealthReader(tmp_path, use_nvml=True)
+    nvidia_host.sample()
+    assert nvidia_host.blind_note is not None and "NVML unavailable" in nvidia_host.blind_note
