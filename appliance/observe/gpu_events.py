@@ -195,7 +195,7 @@ _PID = re.compile(r"\bpid=(?:'?)(?P<pid>\d+|<unknown>)'?")
 _NAME = re.compile(r"\bname=(?P<name>[^,]*)")
 _NV_OFF_BUS = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\b.*"
                          r"(?:has )?fallen off the bus")
-_AMD_PREFIX = re.compile(r"^(?:amdgpu|hydcu) (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+_AMD_PREFIX = re.compile(r"\b(?:amdgpu|hydcu) (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
                          r"(?:(?:amdgpu|hydcu): )?")
 _RING_TIMEOUT = re.compile(r"ring (?P<ring>\S+) timeout, signaled seq=\d+, emitted seq=\d+")
 _RESET_BEGIN = re.compile(r"GPU reset begin!")
@@ -244,7 +244,7 @@ def parse_gpu_line(message: str) -> GpuEvent | None:
         return None
     if not any(marker in text for marker in _AMD_MARKERS):
         return None
-    prefix = _AMD_PREFIX.match(text)
+    prefix = _AMD_PREFIX.search(text)  # also behind a journal or syslog prefix
     pci = pci_key(prefix.group("pci")) if prefix else None
     if (m := _RING_TIMEOUT.search(text)) is not None:
         return GpuEvent(vendor="amd", kind=GpuEventKind.RING_TIMEOUT, pci=pci, ring=m.group("ring"),

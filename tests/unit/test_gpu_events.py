@@ -105,3 +105,12 @@ def test_one_card_off_the_bus_is_one_event_whatever_the_driver_repeats() -> None
              "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
              "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]
     assert [e.pci for e in gpu_events_in_text(lines)] == ["0000:2b:00", "0000:3b:00"]
+
+
+def test_lines_behind_a_journal_prefix_keep_their_card() -> None:
+    # `journalctl -k` without a hostname field (as in pop-os/pop#2132's syslog excerpt style)
+    amd = parse_gpu_line("Feb  2 08:03:20 kernel: [37937.169164] amdgpu 0000:03:00.0: amdgpu: "
+                         "GPU reset begin!")
+    nv = parse_gpu_line("May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.")
+    assert amd is not None and amd.pci == "0000:03:00" and amd.kind is GpuEventKind.RESET
+    assert nv is not None and nv.pci == "0000:2b:00" and nv.xid == 79
