@@ -370,8 +370,12 @@ def assess(card: CardHealth, fatal_events: Iterable[GpuEvent] = ()) -> list[Heal
         add("overheat", "refuse", f"{t:.0f} °C is at its shutdown temperature {stop:.0f} °C: check cooling")
     elif t is not None and slow is not None and t >= slow - HOT_MARGIN_C:
         add("hot", "warn", f"{t:.0f} °C, slowdown at {slow:.0f} °C: check cooling")
-    if card.slowing:
-        add("throttling", "warn", f"clocks held back by {', '.join(card.slowing)}"
+    # A busy card at its software power cap is doing its job (the cap is what it is set to draw);
+    # idle at the cap, or any thermal/hardware slowdown, costs speed nobody asked for.
+    busy = (card.utilization_percent or 0) > 0
+    slowing = [r for r in card.slowing if not (busy and r == "sw_power_cap")]
+    if slowing:
+        add("throttling", "warn", f"clocks held back by {', '.join(slowing)}"
             + (f" ({card.power_w:.0f} of {card.power_limit_w:.0f} W)" if card.power_w is not None
                and card.power_limit_w is not None else ""))
     ue = max(card.ecc_volatile_uncorrected or 0, card.ecc_aggregate_uncorrected or 0)

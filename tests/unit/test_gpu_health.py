@@ -212,3 +212,10 @@ def test_no_nvml_on_a_host_without_nvidia_cards_is_not_a_warning(
     nvidia_host = HealthReader(tmp_path, use_nvml=True)
     nvidia_host.sample()
     assert nvidia_host.blind_note is not None and "NVML unavailable" in nvidia_host.blind_note
+
+
+def test_a_busy_card_at_its_power_cap_is_not_throttling() -> None:
+    assert assess(h200({"throttle_reasons": 0x4, "utilization_percent": 95})) == []
+    assert [f.check for f in assess(h200({"throttle_reasons": 0x4}))] == ["throttling"]  # idle at the cap
+    assert [f.check for f in assess(h200({"throttle_reasons": 0x4 | 0x40, "utilization_percent": 95}))] == [
+        "throttling"]
