@@ -80,7 +80,8 @@ def main():
     res["same_across_requests"] = len(set(res["serial_sha"])) == 1
     res["same_in_batch_as_serial"] = set(res["batch_sha"]) == set(res["serial_sha"][:1])
     res["text_head"] = serial[0][:120]
-    json.dump(res, open(out, "w"), indent=1)
+    with open(out, "w") as fh:
+        json.dump(res, fh, indent=1)
     print(json.dumps({k: res[k] for k in ("label", "decode_ms_per_token_median", "ttft_ms_median",
                                           "same_across_requests", "same_in_batch_as_serial")}))
     print("   serial", res["serial_sha"], "batch", res["batch_sha"])
