@@ -145,6 +145,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
     )
     watch.engine = engine_view(driver)
+    driver.process_peaks = watch.process_peaks
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
