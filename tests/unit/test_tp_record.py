@@ -92,3 +92,16 @@ def test_a_single_rank_start_keeps_no_ranks_in_the_record() -> None:
     text = (FIXTURES / "engine_logs" / "cpu_cold.log").read_text()
     follower.feed(text, len(text.encode()), 1.0)
     assert len(follower.ranks.ranks) <= 1  # TP=1: the driver records no `ranks` (needs two or more)
+
+
+def test_the_readable_launch_view_lists_the_ranks() -> None:
+    from controller.cli.launch_view import launch_lines
+
+    record = {"id": "L1", "engine": {"ranks": {
+        "1": {"pid": 1004, "furthest": "kv_cache", "cache_outcome": "hit", "anon_peak_bytes": 2 << 30},
+        "0": {"pid": 1003, "furthest": "kv_cache", "cache_outcome": "hit", "anon_peak_bytes": 3 << 30}}}}
+    lines = launch_lines(record)
+    i = lines.index("ranks      (each worker process: its own log lines and host RAM)")
+    assert lines[i + 1].startswith("  rank 0: pid 1003") and "RssAnon peak 3.0 GiB" in lines[i + 1]
+    assert lines[i + 2].startswith("  rank 1: pid 1004")
+    assert not any(line.startswith("ranks") for line in launch_lines({"id": "L2", "engine": {}}))
