@@ -134,7 +134,9 @@ class RankStart(BaseModel):
     cache_outcome: str  # hit / miss / unknown, by this rank's lines alone (DOMAIN §4 rule)
     cache_evidence: list[str]
     weights_seconds: float | None = None
+    compile_seconds: float | None = None
     kv_cache_gib: float | None = None
+    graph_pool_gib: float | None = None  # `Graph capturing finished in N secs, took X GiB` of this rank
     anon_peak_bytes: int | None = None  # the host watch's peak RssAnon of this rank's process
 
 
@@ -197,7 +199,8 @@ class RankTracker:
                 phases=[p.value for p, at in t.phase_list() if at is not None],
                 cache_outcome=s.cache_outcome.value,
                 cache_evidence=list(s.cache_evidence[:_MAX_EVIDENCE]),
-                weights_seconds=s.weights_seconds, kv_cache_gib=s.kv_cache_gib,
+                weights_seconds=s.weights_seconds, compile_seconds=s.compile_seconds,
+                kv_cache_gib=s.kv_cache_gib, graph_pool_gib=_graph_pool(t),
                 anon_peak_bytes=(anon_by_pid or {}).get(pid) if pid is not None else None,
             ))
         return out
@@ -214,6 +217,11 @@ class RankTracker:
         if outcomes == {CacheOutcome.HIT}:
             return CacheOutcome.HIT
         return CacheOutcome.UNKNOWN
+
+
+def _graph_pool(tracker: PhaseTracker) -> float | None:
+    pools = [e.gib for e in tracker.events if e.marker == "graph_capture_finished" and e.gib is not None]
+    return pools[-1] if pools else None
 
 
 def anon_by_pid(process_anon_peak_bytes: dict[str, int]) -> dict[int, int]:

@@ -122,3 +122,18 @@ def test_diagnosis_of_a_killed_rank_names_it() -> None:
     assert d.code is DiagnosisCode.WORKER_DIED and d.retryable
     assert "VllmWorker-1 (tensor-parallel rank 1) died of SIGKILL (exit code -9)" in d.summary
     assert "killed from outside" in d.summary
+
+
+def test_each_ranks_graph_pool_and_compile_seconds_are_its_own() -> None:
+    # vLLM's wording of the lines (figures from MEASURED.md's H200 TP=1 run: 0.39 GiB for the default
+    # capture sizes); which ranks print them on CUDA at TP > 1 is for the GPU pair's run to show.
+    t = RankTracker()
+    t.feed("(Worker_TP0 pid=10) INFO 12-01 10:00:01 [backends.py:1] torch.compile takes 22.4 s in total", 1)
+    t.feed("(Worker_TP1 pid=11) INFO 12-01 10:00:01 [backends.py:1] torch.compile takes 23.1 s in total", 1)
+    t.feed("(Worker_TP0 pid=10) INFO 12-01 10:00:09 [gpu_model_runner.py:1] "
+           "Graph capturing finished in 4 secs, took 0.39 GiB", 2)
+    t.feed("(Worker_TP1 pid=11) INFO 12-01 10:00:09 [gpu_model_runner.py:1] "
+           "Graph capturing finished in 4 secs, took 0.41 GiB", 2)
+    record = t.record()
+    assert (record["0"]["compile_seconds"], record["1"]["compile_seconds"]) == (22.4, 23.1)
+    assert (record["0"]["graph_pool_gib"], record["1"]["graph_pool_gib"]) == (0.39, 0.41)
