@@ -123,7 +123,7 @@ redact "$R"/*.txt "$R"/*.json "$R"/runs/*/engine.log "$R"/logs/*
 python3 - "$R" > "$OUT/$NAME-summary.txt" 2>&1 <<'PY'
 import json, pathlib, sys
 r = pathlib.Path(sys.argv[1])
-print("launch  recipe  status  ready_s  cache  ranks: pid furthest cache anon_peak_GiB")
+print("launch  recipe  status  ready_s  cache  ranks: pid furthest cache anon_peak_GiB graph_pool_GiB")
 for p in sorted(r.glob("launch-*.json")):
     try:
         d = json.loads(p.read_text())
@@ -133,7 +133,8 @@ for p in sorted(r.glob("launch-*.json")):
         continue
     ranks = (d.get("engine") or {}).get("ranks") or {}
     per = "; ".join(f"{k}: {v.get('pid')} {v.get('furthest')} {v.get('cache_outcome')} "
-                    f"{(v.get('anon_peak_bytes') or 0) / 2**30:.2f}" for k, v in sorted(ranks.items()))
+                    f"{(v.get('anon_peak_bytes') or 0) / 2**30:.2f} pool {v.get('graph_pool_gib')}"
+                    for k, v in sorted(ranks.items()))
     eng = d.get("engine") or {}
     print(d.get("id"), d["recipe"], d.get("status"), d.get("ready_s"), d.get("cache"),
           "graph_pool_gib", eng.get("graph_pool_gib"), "|", per)
