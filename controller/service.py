@@ -153,6 +153,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
     preflight.note = driver.note
+    driver.process_peaks = watch.process_peaks
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)

@@ -37,6 +37,7 @@ from appliance.observe.gpu_events import FaultSide, GpuAction, GpuEvent, GpuEven
 from appliance.observe.kmsg import OomAssembler, OomEvent, OomEventKind, OomScope
 from appliance.observe.log_phases import PHASE_LABELS, PROGRESS_ORDER, Phase
 from appliance.observe.oom_attribution import diagnose_oom
+from appliance.observe.rank_logs import deaths_in
 
 
 class DiagnosisCode(StrEnum):
@@ -892,11 +893,27 @@ def _summary_from_tail(code: DiagnosisCode, tail: Sequence[str]) -> str | None:
                 return (f"the model path {m.group(1)!r} is not a model folder (missing, or no config.json): "
                         "vLLM took it for a Hugging Face repo id (not retryable)")
     if code is DiagnosisCode.WORKER_DIED:  # reached only when no traceback precedes the death
-        return "an engine worker process died without a Python error: it was killed from outside"
+        return f"{_dead_worker(tail)} without a Python error: it was killed from outside"
     if code is DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION and any("_dummy_run" in line for line in tail):
         return ("torch.compile failed a dynamic-shape guard (ConstraintViolationError) in profile_run → "
                 "_dummy_run: the vLLM tree's defect (seen with cudagraph_mode=NONE), not the sdot4 op")
     return None
+
+
+def _dead_worker(tail: Sequence[str]) -> str:
+    """"<which worker> died[ of <signal>]", in the executor's words: vLLM names the process
+    `VllmWorker-<rank>` (its tensor-parallel rank) and reports `exit code: -9` for a SIGKILL
+    (appliance/observe/rank_logs.py)."""
+    deaths = deaths_in(tuple(tail))
+    if not deaths:
+        return "an engine worker process died"
+    d = deaths[0]
+    who = f"engine worker {d.process}" + (f" (tensor-parallel rank {d.rank})" if d.rank is not None else "")
+    if d.signal is not None:
+        return f"{who} died of {_signal_name(d.signal)} (exit code {d.exit_code})"
+    if d.exit_code is not None:
+        return f"{who} died with exit code {d.exit_code}"
+    return f"{who} died"
 
 
 def _error_before(tail: Sequence[str], finding: Finding) -> str | None:
@@ -915,7 +932,7 @@ def _worker_died_after_error(
 ) -> Diagnosis:
     return Diagnosis(
         code=sig.code, severity=sig.severity,
-        summary="an engine worker process died after a Python error (no known signature matched it)"
+        summary=f"{_dead_worker(facts.log_tail)} after a Python error (no known signature matched it)"
                 + _where(facts),
         hint="read the traceback above the worker's death: the worker raised, it was not killed from "
              "outside; "

@@ -372,10 +372,12 @@ def _requirement_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
               kernel=facts.kernel_release)
     if recipe.platform in GPU_VENDORS and recipe.devices:
         gpus = facts.gpus_of(GPU_VENDORS[recipe.platform])
-        needed = max(recipe.devices) + 1
+        # The highest card index listed, and one card per tensor-parallel rank (each rank is a worker
+        # process on its own GPU): a TP=4 recipe needs four cards even if it lists fewer.
+        needed = max(max(recipe.devices) + 1, recipe.workers)
         check("gpus", len(gpus) >= needed, "refuse",
               f"{len(gpus)} {'/'.join(GPU_VENDORS[recipe.platform])} GPU(s) found in sysfs; devices "
-              f"{list(recipe.devices)} need {needed}",
+              f"{list(recipe.devices)} at tensor_parallel_size {recipe.workers} need {needed}",
               "DOMAIN §2: HIP_/CUDA_VISIBLE_DEVICES lists cards that must exist",
               found=len(gpus), needed=needed)
     return out

@@ -177,6 +177,9 @@ class Driver:
         # Called (as a task) when a launch becomes ready: the kernel-path/deployment proof
         # (controller/evaluation/proof.py, DOMAIN §7). None: nothing extra at ready.
         self.on_ready: Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]] | None = None
+        # The host watch's peak RssAnon per engine pid for a launch (service.build wires it): with TP > 1
+        # the record gives each rank's worker process its own host RAM (DOMAIN §3: memory is per worker).
+        self.process_peaks: Callable[[str], Mapping[int, int]] | None = None
         self.metrics.set_engine_state(self.machine.state.value)
 
     @property
@@ -407,6 +410,9 @@ class Driver:
                    "init_engine_seconds": summary.init_engine_seconds}
         facts = {**follower.facts.facts.model_dump(mode="json", exclude_none=True),
                  **{k: v for k, v in seconds.items() if v is not None}}
+        if len(follower.ranks.ranks) > 1:  # tensor parallel: each rank's phases, cache lines and host RAM
+            peaks = dict(self.process_peaks(launch.launch_id)) if self.process_peaks else {}
+            facts["ranks"] = follower.ranks.record(peaks)
         if facts and facts != run.engine_seen:
             run.engine_seen = facts
             self.store.set_engine_facts(launch.launch_id, facts)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from appliance.observe.kmsg import KmsgRecord, OomEvent, OomEventKind, SeqGap
 from appliance.observe.oom_attribution import LaunchTarget, attribute_oom
+from appliance.observe.rank_logs import anon_by_pid
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import ContainerScoped, EngineHandle, EngineRuntimeError, Runtime
 from controller.store import Store
@@ -156,6 +157,13 @@ class HostWatchLink:
         )
         if self.clock() - self._last_record >= self.record_every_s:
             self._flush()
+
+    def process_peaks(self, launch_id: str) -> dict[int, int]:
+        """Peak RssAnon per engine pid of the launch being watched (empty for any other launch)."""
+        marks = self._marks
+        if marks is None or marks.launch_id != launch_id:
+            return {}
+        return anon_by_pid(marks.process_anon_peak_bytes)
 
     def _flush(self) -> None:
         marks = self._marks

@@ -11,6 +11,7 @@ Standard library only (it runs on the device image). Against an OpenAI-compatibl
 
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
@@ -20,8 +21,11 @@ PROMPT = "The capital of France is"
 
 
 def post(url, body, stream=False):
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    # Through the appliance's gateway (tp_acceptance.sh): a client key, from the environment only.
+    if os.environ.get("DECODE_CLIENT_KEY"):
+        headers["Authorization"] = "Bearer " + os.environ["DECODE_CLIENT_KEY"]
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
     return urllib.request.urlopen(req, timeout=120)
 
 
