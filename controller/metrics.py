@@ -82,6 +82,7 @@ from appliance.observe.compile_factors import MissReason
 from appliance.observe.gpu_mem import GpuSample
 from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
 from appliance.observe.procfs import ProcessMemory
+from controller.watch.gpu_health_metrics import GpuHealthMetrics
 from controller.watch.sampler import HostSample, Watermarks
 
 # The supervisor's states by name (controller.supervisor.machine.State's values, in its order): alert
@@ -189,6 +190,7 @@ class ControllerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.gpu_health = GpuHealthMetrics(r)  # card health and GPU kernel events (its own module)
 
         # --- engine lifecycle
         self.engine_state = Gauge(

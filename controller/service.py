@@ -26,6 +26,7 @@ from appliance.recipe.render import RenderError
 from controller import admin_token, logsetup
 from controller.api.app import AdminGuard, create_app
 from controller.api.context import ApiContext
+from controller.api.gpu import gpu_router
 from controller.api.keys import keys_router
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.gateway.control import ControlGateway
@@ -36,6 +37,7 @@ from controller.settings import CONTROLLER_PORT, Paths, instance_id
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
+from controller.supervisor.gpu_health_link import GpuHealthLink, LaunchView
 from controller.supervisor.gpu_link import GpuWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
@@ -113,6 +115,7 @@ class Service:
     prober: HttpProber
     app: FastAPI
     metrics: ControllerMetrics
+    gpu_health: GpuHealthLink
 
 
 def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Service:
@@ -130,6 +133,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     gateway, gateway_note = make_gateway(cfg, paths)
     preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
     watch = HostWatchLink(store, metrics=metrics)
+    gpu_health = GpuHealthLink(metrics=metrics)
+    preflight.gpu = gpu_health
+    watch.on_record = gpu_health.on_record  # kernel GPU events ride on the OOM watch's kmsg follower
     prober = HttpProber()
 
     def spec_for_recipe(name: str) -> LaunchSpec | None:
@@ -141,10 +147,13 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     driver = Driver(
         runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway,
         policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
-        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
+        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, gpu_events=gpu_health.gpu_events,
         metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
     )
     watch.engine = engine_view(driver)
+    gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
+    preflight.note = driver.note
+    driver.process_peaks = watch.process_peaks
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
     driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
@@ -157,8 +166,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         driver.note("grant", blind)
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
-                                extra_routers=(keys_router(guard),), listen_host=cfg.host))
-    return Service(store, driver, watch, gpu_watch, prober, app, metrics)
+                                extra_routers=(keys_router(guard), gpu_router(guard, gpu_health)),
+                                listen_host=cfg.host))
+    return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health)
 
 
 async def serve(cfg: ServiceConfig) -> None:
@@ -190,6 +200,7 @@ async def serve(cfg: ServiceConfig) -> None:
         tasks.append(asyncio.create_task(watch.run_kmsg(stop), name="kmsg"))
     if cfg.watch_host:
         tasks.append(asyncio.create_task(gpu_watch.run(stop), name="gpu-watch"))
+        tasks.append(asyncio.create_task(svc.gpu_health.run(stop), name="gpu-health"))
     try:
         await server.serve()
     finally:

@@ -33,9 +33,11 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from appliance.observe.gpu_events import FaultSide, GpuAction, GpuEvent, GpuEventKind, gpu_events_in_text
 from appliance.observe.kmsg import OomAssembler, OomEvent, OomEventKind, OomScope
 from appliance.observe.log_phases import PHASE_LABELS, PROGRESS_ORDER, Phase
 from appliance.observe.oom_attribution import diagnose_oom
+from appliance.observe.rank_logs import deaths_in
 
 
 class DiagnosisCode(StrEnum):
@@ -72,6 +74,11 @@ class DiagnosisCode(StrEnum):
     RCCL_IOMMU_PT_MISSING = "rccl_iommu_pt_missing"
     CLIENT_DISCONNECT = "client_disconnect"
     PORT_IN_USE = "port_in_use"  # the engine's port held by another process
+    # The card itself: a fatal Xid (fallen off the bus, uncontained ECC, GSP), an amdgpu reset or
+    # uncorrectable RAS error on one of the engine's cards (appliance/observe/gpu_events.py).
+    GPU_FAULT = "gpu_fault"
+    # The engine's own fault as the driver saw it on the card: Xid 13/31/43, an amdgpu VM page fault.
+    GPU_ENGINE_FAULT = "gpu_engine_fault"
     # The model folder is missing or not a Hugging Face folder: vLLM/transformers took the path for a
     # hub repo id and huggingface_hub's validate_repo_id refused it.
     MODEL_PATH_INVALID = "model_path_invalid"
@@ -588,6 +595,36 @@ SIGNATURES: tuple[Signature, ...] = (
         retryable=True, benign=True, needs_context=_rx(*SERVER_SIDE),
         rank=540, decides=Decides.NOTE,
     ),
+    # Kernel-log rows (saved dmesg for `doctor`; a live failure gets the structured events, `_from_gpu`).
+    # Fatal Xids of NVIDIA's catalogue (appliance/observe/gpu_events.XID_TABLE) and amdgpu's reset /
+    # uncorrectable RAS lines (drivers/gpu/drm/amd/amdgpu: amdgpu_device.c, amdgpu_ras.c).
+    Signature(
+        DiagnosisCode.GPU_FAULT, Severity.ERROR,
+        _rx(r"NVRM: Xid \([^)]*\): (?:48|61|62|64|74|79|95|119|120)\b", r"NVRM: .*fallen off the bus",
+            r"(?:amdgpu|hydcu) \S+: (?:amdgpu: )?GPU reset begin!",
+            r"\d+ uncorrectable hardware errors detected in"),
+        "the GPU itself failed (a fatal Xid, a card reset or an uncorrectable memory error): not an "
+        "engine bug",
+        "reset the card (nvidia-smi -r, or reboot), drain the node if it recurs, check cooling and power; "
+        "do not relaunch on that card before it is reset",
+        "NVIDIA Xid catalogue (docs.nvidia.com/deploy/xid-errors): 79 fallen off the bus, 48/95 "
+        "uncorrectable ECC, 119/120 GSP — resolution RESET_GPU or drain; amdgpu: a reset loses every "
+        "context on the card",
+        retryable=False,
+        rank=25, decides=Decides.FAILURE,
+    ),
+    Signature(
+        DiagnosisCode.GPU_ENGINE_FAULT, Severity.ERROR,
+        _rx(r"NVRM: Xid \([^)]*\): (?:13|31|43)\b", r"(?:amdgpu|hydcu) \S+: (?:amdgpu: )?\[\w+\] "
+            r"(?:retry |no-retry )?page fault"),
+        "the engine faulted on the GPU (illegal address / graphics exception): the application's fault, "
+        "the card is healthy",
+        "an engine/kernel bug: read the engine's CUDA/HIP error above its death; retried with backoff",
+        "NVIDIA Xid catalogue: 13 graphics engine exception, 31 MMU fault, 43 GPU stopped processing — "
+        "user application faults, resolution RESTART_APP",
+        retryable=True,
+        rank=27, decides=Decides.FAILURE,
+    ),
 )
 
 _BY_CODE: dict[DiagnosisCode, Signature] = {s.code: s for s in SIGNATURES}
@@ -649,6 +686,11 @@ def oom_events_in_text(lines: Iterable[str]) -> list[OomEvent]:
         events.extend(assembler.feed_message(kernel_message(line.rstrip("\r\n"))))
     events.extend(assembler.flush())
     return [e for e in events if e.kind is OomEventKind.KILL]
+
+
+def gpu_events_in_kernel_text(lines: Iterable[str]) -> list[GpuEvent]:
+    """GPU kernel events (Xid, amdgpu resets …) in saved dmesg/kmsg/journal text, for `doctor`."""
+    return gpu_events_in_text([kernel_message(line.rstrip("\r\n")) for line in lines])
 
 
 def clip(text: str, limit: int = 320) -> str:
@@ -724,6 +766,7 @@ class FailureFacts:
     oom_killed: bool | None = None  # docker State.OOMKilled
     log_tail: tuple[str, ...] = ()
     oom_events: tuple[OomEvent, ...] = ()  # kernel OOM kills of the engine's processes (attributed)
+    gpu_events: tuple[GpuEvent, ...] = ()  # GPU kernel events on the engine's cards or pids (attributed)
     phase_reached: Phase | None = None
     progress: str | None = None  # e.g. PhaseTracker.describe(): "capturing graphs round 2: 38/51 · …"
     stalled: bool = False  # no phase progress and no CPU time for the stall window
@@ -850,11 +893,27 @@ def _summary_from_tail(code: DiagnosisCode, tail: Sequence[str]) -> str | None:
                 return (f"the model path {m.group(1)!r} is not a model folder (missing, or no config.json): "
                         "vLLM took it for a Hugging Face repo id (not retryable)")
     if code is DiagnosisCode.WORKER_DIED:  # reached only when no traceback precedes the death
-        return "an engine worker process died without a Python error: it was killed from outside"
+        return f"{_dead_worker(tail)} without a Python error: it was killed from outside"
     if code is DiagnosisCode.COMPILE_CONSTRAINT_VIOLATION and any("_dummy_run" in line for line in tail):
         return ("torch.compile failed a dynamic-shape guard (ConstraintViolationError) in profile_run → "
                 "_dummy_run: the vLLM tree's defect (seen with cudagraph_mode=NONE), not the sdot4 op")
     return None
+
+
+def _dead_worker(tail: Sequence[str]) -> str:
+    """"<which worker> died[ of <signal>]", in the executor's words: vLLM names the process
+    `VllmWorker-<rank>` (its tensor-parallel rank) and reports `exit code: -9` for a SIGKILL
+    (appliance/observe/rank_logs.py)."""
+    deaths = deaths_in(tuple(tail))
+    if not deaths:
+        return "an engine worker process died"
+    d = deaths[0]
+    who = f"engine worker {d.process}" + (f" (tensor-parallel rank {d.rank})" if d.rank is not None else "")
+    if d.signal is not None:
+        return f"{who} died of {_signal_name(d.signal)} (exit code {d.exit_code})"
+    if d.exit_code is not None:
+        return f"{who} died with exit code {d.exit_code}"
+    return f"{who} died"
 
 
 def _error_before(tail: Sequence[str], finding: Finding) -> str | None:
@@ -873,7 +932,7 @@ def _worker_died_after_error(
 ) -> Diagnosis:
     return Diagnosis(
         code=sig.code, severity=sig.severity,
-        summary="an engine worker process died after a Python error (no known signature matched it)"
+        summary=f"{_dead_worker(facts.log_tail)} after a Python error (no known signature matched it)"
                 + _where(facts),
         hint="read the traceback above the worker's death: the worker raised, it was not killed from "
              "outside; "
@@ -895,6 +954,10 @@ def diagnose(facts: FailureFacts) -> Diagnosis:
     kills = [e for e in facts.oom_events if e.kind is OomEventKind.KILL]
     if kills:
         return _from_oom(kills, facts, findings)
+
+    # 1a. The card failed under the engine (a fatal Xid, a reset), or the driver saw the engine fault.
+    if facts.gpu_events and (gpu := _from_gpu(facts.gpu_events, facts, findings)) is not None:
+        return gpu
 
     # 1b. The runtime says the engine's shim was killed: the engine ended because its parent did (the
     # kernel's parent-death signal), whatever its log says while it shut down.
@@ -1103,4 +1166,50 @@ def _failed_child_signal(lines: Sequence[str]) -> int | None:
                 if int(code) < 0:
                     return -int(code)
             return None
+    return None
+
+
+_ACTION_HINT = {
+    GpuAction.DRAIN_NODE: "drain the node and reboot it; check power, seating and cooling",
+    GpuAction.RESET_GPU: "reset the card (nvidia-smi -r -i N, or reboot) before relaunching on it; "
+                         "drain the node if it recurs, check cooling",
+    GpuAction.CHECK_COOLING: "check cooling and airflow, then reset the card",
+    GpuAction.RESTART_APP: "relaunching is enough; reset the card when it is idle",
+    GpuAction.NONE: "nothing to do for the card",
+}
+
+
+def _from_gpu(events: Sequence[GpuEvent], facts: FailureFacts,
+              findings: tuple[Finding, ...]) -> Diagnosis | None:
+    """A GPU event that explains the death: a hardware fault first (fatal ones first), then the
+    engine's own fault as the driver saw it. Consequences (Xid 45) and notes (63, 92) explain nothing."""
+    hardware = [e for e in events if e.side is FaultSide.HARDWARE and e.action is not GpuAction.NONE]
+    hangs = [e for e in events if e.kind is GpuEventKind.RING_TIMEOUT]
+    application = [e for e in events if e.side is FaultSide.APPLICATION]
+    evidence = tuple(clip(e.text) for e in events if e.text)[:8]
+    main = next((e for e in hardware if e.fatal), None) or next(
+        (e for e in hardware if e.xid not in (63, 92)), None)
+    if main is None and hangs:
+        main = hangs[0]
+    if main is not None:
+        sig = _BY_CODE[DiagnosisCode.GPU_FAULT]
+        others = len(events) - 1
+        more = f" (+{others} more GPU event{'s' if others > 1 else ''})" if others else ""
+        return Diagnosis(
+            code=sig.code, severity=Severity.ERROR,
+            summary=f"GPU fault, not an engine bug — {main.describe()}{more}" + _where(facts),
+            hint=_ACTION_HINT[main.action]
+            + (f" — then `appliance gpu reset-done {main.card if main.card is not None else 'N'}`; not "
+               "relaunched on this card until then" if main.fatal else ""),
+            evidence=evidence, retryable=not main.fatal, fact=sig.fact, findings=findings,
+        )
+    if application:
+        first = application[0]
+        sig = _BY_CODE[DiagnosisCode.GPU_ENGINE_FAULT]
+        return Diagnosis(
+            code=sig.code, severity=Severity.ERROR,
+            summary=f"the engine faulted on the GPU — {first.describe()}; the card is healthy"
+            + _where(facts),
+            hint=sig.hint, evidence=evidence, retryable=True, fact=sig.fact, findings=findings,
+        )
     return None

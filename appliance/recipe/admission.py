@@ -58,11 +58,14 @@ and pinned memory. The node itself is checked where it is (the scheduler, the pl
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
+from appliance.observe.gpu_events import GpuEvent
+from appliance.observe.gpu_health import CardHealth, assess
 from appliance.recipe.engine_argv import flag_value
 from appliance.recipe.lint import DEFAULT_MEMLOCK_BYTES, pinned_bytes_per_worker
 from appliance.recipe.recipe_model import AcsState, GraphMode, Platform, Recipe
@@ -108,14 +111,17 @@ def pressure_reserve_gib(swappiness: int | None) -> float:
     return round(max(0.0, min(RESERVE_AT_200_GIB, RESERVE_AT_60_GIB + slope * (s - 60))), 3)
 
 
-def admit(recipe: Recipe, facts: HostFacts) -> Admission:
+def admit(recipe: Recipe, facts: HostFacts, gpus: Sequence[CardHealth] = (),
+          gpu_fatal: Mapping[int, Sequence[GpuEvent]] | None = None) -> Admission:
+    """`gpus`: the cards' health where it was read (the GPU health watch, or `appliance plan` on this
+    host); `gpu_fatal`: fatal kernel events per card since the controller started."""
     plugin = runtime_registry.for_recipe(recipe)
     if plugin.traits.placement is Placement.REMOTE:
         kept: tuple[Check, ...] = (*_node_memory_checks(recipe), _remote_check(recipe, plugin))
     else:
         memlock = _memlock_check(recipe, facts)
         kept = (*_memory_checks(recipe, facts), *([memlock] if memlock else []),
-                *_requirement_checks(recipe, facts))
+                *_requirement_checks(recipe, facts), *gpu_health_checks(recipe, gpus, gpu_fatal or {}))
     verdict = max((c.verdict for c in kept), key=_RANK.__getitem__, default="admit")
     return Admission(recipe=recipe.name, verdict=verdict, checks=kept)
 
@@ -369,10 +375,39 @@ def _requirement_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
               kernel=facts.kernel_release)
     if recipe.platform in GPU_VENDORS and recipe.devices:
         gpus = facts.gpus_of(GPU_VENDORS[recipe.platform])
-        needed = max(recipe.devices) + 1
+        # The highest card index listed, and one card per tensor-parallel rank (each rank is a worker
+        # process on its own GPU): a TP=4 recipe needs four cards even if it lists fewer.
+        needed = max(max(recipe.devices) + 1, recipe.workers)
         check("gpus", len(gpus) >= needed, "refuse",
               f"{len(gpus)} {'/'.join(GPU_VENDORS[recipe.platform])} GPU(s) found in sysfs; devices "
-              f"{list(recipe.devices)} need {needed}",
+              f"{list(recipe.devices)} at tensor_parallel_size {recipe.workers} need {needed}",
               "DOMAIN §2: HIP_/CUDA_VISIBLE_DEVICES lists cards that must exist",
               found=len(gpus), needed=needed)
+    return out
+
+
+_GPU_HEALTH_FACT = ("NVIDIA Xid catalogue (docs.nvidia.com/deploy/xid-errors) and NVML thresholds "
+                    "(MEASURED.md, H200: slowdown 89 °C, shutdown 95 °C); DOMAIN §6: cross-card copies "
+                    "depend on the PCIe link")
+
+
+def gpu_health_checks(recipe: Recipe, gpus: Sequence[CardHealth],
+                      fatal: Mapping[int, Sequence[GpuEvent]]) -> list[Check]:
+    """The health of the recipe's cards (its `devices`; every card when it names none): warn on a card
+    that throttles, runs hot, has uncorrectable ECC errors or pending remaps, or a link below its
+    maximum; refuse a card in a fatal state (lost, a failed remap, at shutdown temperature, a fatal
+    kernel event since it was last reset). Vendors the platform does not use are not looked at."""
+    vendors = GPU_VENDORS.get(recipe.platform)
+    if vendors is None:
+        return []
+    wanted = set(recipe.devices) if recipe.devices else None
+    out: list[Check] = []
+    for card in gpus:
+        if card.vendor not in vendors or (wanted is not None and card.index not in wanted):
+            continue
+        for f in assess(card, fatal.get(card.index, ())):
+            out.append(Check(name=f"gpu-health {f.check}", verdict=f.verdict, message=f.message,
+                             numbers={"gpu": card.index, "temperature_c": card.temperature_c,
+                                      "slowdown_c": card.temperature_slowdown_c},
+                             fact=_GPU_HEALTH_FACT))
     return out

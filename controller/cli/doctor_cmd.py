@@ -28,6 +28,7 @@ from appliance.diagnosis.diagnosis import (
     Severity,
     clip,
     diagnose,
+    gpu_events_in_kernel_text,
     oom_events_in_text,
     scan_lines,
     severity_at_least,
@@ -105,11 +106,13 @@ def overall_diagnosis(reports: list[FileReport]) -> Diagnosis:
     """One diagnosis over all files: kernel OOM kills from any of them, the phase of the last engine log."""
     lines = [line for r in reports for line in r.lines]
     events = tuple(e for r in reports for e in r.oom_events)
+    gpu = tuple(gpu_events_in_kernel_text(lines))
     engine_logs = [r for r in reports if r.tracker.events]
     tracker = engine_logs[-1].tracker if engine_logs else None
     return diagnose(FailureFacts(
         log_tail=tuple(lines),
         oom_events=events,
+        gpu_events=gpu,
         phase_reached=tracker.furthest if tracker else None,
         progress=tracker.describe() if tracker else None,
     ))

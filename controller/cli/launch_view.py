@@ -93,6 +93,7 @@ def launch_lines(record: dict[str, Any], compile_lines: Sequence[str] = ()) -> l
             busy_text = f", busy up to {busy:.0f}%" if busy is not None else ""
             out.append(f"  GPU {card} during {phase}: {_gib(peak.get('used_max_bytes'))} of "
                        f"{_gib(peak.get('total_bytes'))}{busy_text}")
+    out += _rank_lines((r.get("engine") or {}).get("ranks") or {})
     ooms = r.get("oom") or []
     if ooms:
         victims = sorted({str(o.get("task") or o.get("victim") or "?") for o in ooms})
@@ -108,4 +109,17 @@ def launch_lines(record: dict[str, Any], compile_lines: Sequence[str] = ()) -> l
     else:
         out.append("diagnosis  none")
     out.append(f"(the full record: `appliance launches {r.get('id')} --json`)")
+    return out
+
+
+def _rank_lines(ranks: dict[str, Any]) -> list[str]:
+    """Tensor parallel: one line per rank (appliance/observe/rank_logs.py `RankTracker.record`)."""
+    if not ranks:
+        return []
+    out = ["ranks      (each worker process: its own log lines and host RAM)"]
+    for rank in sorted(ranks, key=lambda k: int(k) if k.isdigit() else 0):
+        v = ranks[rank] or {}
+        out.append(f"  rank {rank}: pid {v.get('pid') or '-'}, furthest {v.get('furthest') or '-'}, "
+                   f"compile cache {v.get('cache_outcome') or 'unknown'}, "
+                   f"RssAnon peak {_gib(v.get('anon_peak_bytes'))}")
     return out

@@ -48,6 +48,7 @@ def _register() -> None:
         engine_cmd,
         evaluation_cmd,
         gateway_cmd,
+        gpu_cmd,
         host_cmd,
         keys_cmd,
         lifecycle_cmd,
@@ -55,7 +56,7 @@ def _register() -> None:
     )
 
     for module in (recipes_cmd, doctor_cmd, engine_cmd, lifecycle_cmd, api_cmd, host_cmd, gateway_cmd,
-                   keys_cmd, evaluation_cmd):
+                   keys_cmd, evaluation_cmd, gpu_cmd):
         module.register(app)
 
 

@@ -18,6 +18,7 @@ import typer
 import yaml
 
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
+from appliance.observe.gpu_health import CardHealth, card_line
 from appliance.recipe.admission import Admission, admit
 from appliance.recipe.cache_key import cache_key
 from appliance.recipe.engine_secret import redact_recipe_data
@@ -34,6 +35,7 @@ from controller.cli.options import JsonOpt
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root
 from controller.supervisor import compile_cache
+from controller.watch.gpu_health import HealthReader
 from host_setup.facts import HostFactsError, gather_facts
 
 recipes_app = typer.Typer(
@@ -216,7 +218,11 @@ def plan_cmd(
         shown_fmt = fmt or runtime_registry.for_recipe(recipe).default_format
         launch_text = format_spec(spec, shown_fmt, recipe)
     findings = lint(recipe)
-    admission = admit(recipe, facts)
+    # The cards' health as this host reads it now (NVML where the root is `/`, amdgpu sysfs under the
+    # root); fatal kernel events are the running controller's to know (its apply preflight checks them).
+    reader = HealthReader(host_root)
+    cards = reader.sample()
+    admission = admit(recipe, facts, cards)
     failed = has_errors(findings) or admission.verdict == "refuse"
     # A cache root that is not writable, gone since a launch used it, or shared with
     # another variant is named here, before anything starts (warnings: they do not fail the plan).
@@ -227,10 +233,12 @@ def plan_cmd(
             "recipe": recipe.name, "host_root": str(host_root), "facts": facts.model_dump(mode="json"),
             "lint": [f.model_dump() for f in findings], "admission": admission.model_dump(mode="json"),
             "launch": spec.model_dump(mode="json"), "cache_root": spec.cache_root, "cache_warnings": warnings,
+            "gpu_health": [c.model_dump(mode="json") for c in cards], "gpu_health_blind": reader.blind_note,
             "ok": not failed,
         })
     else:
-        typer.echo(_plan_text(recipe, host_root, facts, findings, admission, shown_fmt, launch_text))
+        typer.echo(_plan_text(recipe, host_root, facts, findings, admission, shown_fmt, launch_text,
+                              cards, reader.blind_note))
         typer.echo(f"\ncompile cache root: {spec.cache_root}")
         for warning in warnings:
             typer.echo(f"  WARNING {warning}")
@@ -239,7 +247,7 @@ def plan_cmd(
 
 
 def _plan_text(recipe: Recipe, root: Path, facts: HostFacts, findings: list[Finding], admission: Admission,
-               fmt: str, launch: str) -> str:
+               fmt: str, launch: str, cards: list[CardHealth] | None = None, blind: str | None = None) -> str:
     memlock = "unknown" if facts.memlock_soft_bytes is None else (
         "unlimited" if facts.memlock_soft_bytes == UNLIMITED else f"{facts.memlock_soft_bytes / MIB:.0f} MiB")
     gpus = ", ".join(sorted({f"{g.vendor}/{g.driver or 'no driver'}" for g in facts.gpus})) or "none"
@@ -254,6 +262,8 @@ def _plan_text(recipe: Recipe, root: Path, facts: HostFacts, findings: list[Find
         f"MemAvailable {facts.mem_available_gib:.2f} GiB, "
         f"swap {facts.swap_total_gib:.2f} GiB, swappiness {facts.swappiness}, memlock {memlock}, "
         f"GPUs {len(facts.gpus)} ({gpus}), cgroup v{facts.cgroup_version}, kernel {facts.kernel_release}",
+        *(f"  {card_line(c)}" for c in cards or ()),
+        *([f"  GPU health: {blind}"] if blind else []),
         "",
         f"lint: {sum(f.severity == 'error' for f in findings)} error(s), {len(findings)} finding(s)",
         *(_finding_line(f) for f in findings),

@@ -93,6 +93,7 @@ NICE_MULTIPLES = (1.0, 2.0, 5.0, 10.0)
 MAX_INTERVALS = 7  # at most this many grid steps on a value axis
 OOM_ENGINE = "#dc2626"  # an OOM kill of the engine
 OOM_OTHER = "#9ca3af"  # an OOM kill of another process: grey, told apart in the legend
+GPU_EVENT = "#7c2d12"  # a GPU kernel event (Xid, amdgpu reset) of the launch
 
 
 def nice_step(span: float, max_intervals: int = MAX_INTERVALS) -> float:

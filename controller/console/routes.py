@@ -43,6 +43,7 @@ from controller.api.context import ApiContext, LogUnavailable, read_launch_log
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
+from controller.console.gpu_views import gpu_health_view
 from controller.evaluation.store import EvalStore
 from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import Paths
@@ -252,8 +253,9 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         gateway = await data.gateway()
         memory = await asyncio.to_thread(data.host_now, snapshot.get("recipe"))
         live = views.live_view(snapshot, memory)
+        gpu = gpu_health_view(preflight.gpu)
         return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
-                    status_json=json.dumps(live), live=live)
+                    status_json=json.dumps(live), live=live, gpu=gpu)
 
     @router.get("/events")
     async def events(request: Request) -> Response:
@@ -457,7 +459,8 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         session = current(request)
         minutes = max(5, min(minutes, 6 * 60))
         view = await asyncio.to_thread(data.memory_view, minutes * 60.0)
-        return page(request, "memory.html", session, memory=view, minutes=minutes)
+        return page(request, "memory.html", session, memory=view, minutes=minutes,
+                    gpu=gpu_health_view(preflight.gpu))
 
     # -- Keys
 

@@ -298,7 +298,8 @@ def oom_markers(ooms: list[OomMark], engine_pids: set[int]) -> list[charts.Marke
 def _oom_legend(markers: list[charts.Marker]) -> list[tuple[str, str]]:
     colors = {m.color for m in markers if not m.dashed}
     return [(name, c) for name, c in (("engine OOM kill", charts.OOM_ENGINE),
-                                      ("another process's OOM kill", charts.OOM_OTHER)) if c in colors]
+                                      ("another process's OOM kill", charts.OOM_OTHER),
+                                      ("GPU event", charts.GPU_EVENT)) if c in colors]
 
 
 def _memory_chart(points: list[HostPoint], title: str, x_range: tuple[float, float] | None,
@@ -459,6 +460,9 @@ class ConsoleData:
         # the launch's own events are the kills attributed to its engine
         markers += [charts.Marker(e.at, "OOM kill", charts.OOM_ENGINE, dashed=False)
                     for e in record.events if e.kind == "oom-kill"]
+        # GPU kernel events attributed to the launch (controller/supervisor/gpu_health_link.py)
+        markers += [charts.Marker(e.at, "GPU event", charts.GPU_EVENT, dashed=False)
+                    for e in record.events if e.kind == "gpu-event"]
         window = (start - MEMORY_PAD_S, end + MEMORY_PAD_S)
         points = self.history.points(*window)
         target = self._target_bytes(record.recipe)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.diagnosis.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.kmsg import OomEvent
 from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.observe.phase_record import event_label
@@ -96,6 +97,8 @@ PreflightFn = Callable[[int, str, bool], Awaitable[PreflightOk | PreflightFailed
 ProvenanceFn = Callable[[LaunchSpec], Provenance]
 SpecForRecipe = Callable[[str], LaunchSpec | None]
 OomSource = Callable[[str], Sequence[OomEvent]]
+# launch id → the GPU kernel events attributed to it (controller/supervisor/gpu_health_link.py).
+GpuEventSource = Callable[[str], Sequence[GpuEvent]]
 # recipe name → its MemAvailable floor in bytes (controller/watch/recipe_target.py; blocking: loads
 # the recipe), for `MemAvailableBelowRecipeTarget`.
 MemTarget = Callable[[str], int | None]
@@ -139,6 +142,7 @@ class Driver:
         provenance: ProvenanceFn | None = None,
         spec_for_recipe: SpecForRecipe | None = None,
         oom_events: OomSource | None = None,
+        gpu_events: GpuEventSource | None = None,
         metrics: ControllerMetrics | None = None,
         mem_target: MemTarget | None = None,
     ) -> None:
@@ -153,6 +157,7 @@ class Driver:
         self.provenance = provenance
         self.spec_for_recipe = spec_for_recipe
         self.oom_events = oom_events
+        self.gpu_events = gpu_events
         self.metrics = metrics if metrics is not None else ControllerMetrics()
         self.mem_target = mem_target
         self.machine = Machine(policy=policy or Policy())
@@ -172,6 +177,9 @@ class Driver:
         # Called (as a task) when a launch becomes ready: the kernel-path/deployment proof
         # (controller/evaluation/proof.py, DOMAIN §7). None: nothing extra at ready.
         self.on_ready: Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]] | None = None
+        # The host watch's peak RssAnon per engine pid for a launch (service.build wires it): with TP > 1
+        # the record gives each rank's worker process its own host RAM (DOMAIN §3: memory is per worker).
+        self.process_peaks: Callable[[str], Mapping[int, int]] | None = None
         self.metrics.set_engine_state(self.machine.state.value)
 
     @property
@@ -402,6 +410,9 @@ class Driver:
                    "init_engine_seconds": summary.init_engine_seconds}
         facts = {**follower.facts.facts.model_dump(mode="json", exclude_none=True),
                  **{k: v for k, v in seconds.items() if v is not None}}
+        if len(follower.ranks.ranks) > 1:  # tensor parallel: each rank's phases, cache lines and host RAM
+            peaks = dict(self.process_peaks(launch.launch_id)) if self.process_peaks else {}
+            facts["ranks"] = follower.ranks.record(peaks)
         if facts and facts != run.engine_seen:
             run.engine_seen = facts
             self.store.set_engine_facts(launch.launch_id, facts)
@@ -509,6 +520,7 @@ class Driver:
             else info.reason if info else None,
             log_tail=follower.tail_lines() if follower else (),
             oom_events=tuple(self.oom_events(launch.launch_id)) if self.oom_events else (),
+            gpu_events=tuple(self.gpu_events(launch.launch_id)) if self.gpu_events else (),
             phase_reached=tracker.furthest if tracker else None,
             progress=tracker.describe() if tracker and tracker.current else None,
             stalled=stalled,

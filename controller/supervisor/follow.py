@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from appliance.observe.engine_facts import EngineFactsReader
 from appliance.observe.log_phases import PhaseEvent, PhaseTracker
 from appliance.observe.phase_record import PhaseRecorder
+from appliance.observe.rank_logs import RankTracker
 
 TAIL_LINES = 200  # what the diagnosis and the launch record keep of the log
 _MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut (a tqdm bar redrawn for an hour)
@@ -27,6 +28,7 @@ class LogFollower:
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
     recorder: PhaseRecorder = field(default_factory=PhaseRecorder)  # which events the record keeps
     facts: EngineFactsReader = field(default_factory=EngineFactsReader)  # engine facts for the record
+    ranks: RankTracker = field(default_factory=RankTracker)  # per-rank phases and deaths (TP > 1)
     facts_changed: bool = False
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     _partial: str = ""
@@ -48,6 +50,7 @@ class LogFollower:
             events.extend(self.tracker.feed(line[start:], now))
             if self.facts.feed(_last_segment(line)):
                 self.facts_changed = True
+            self.ranks.feed(_last_segment(line), now)
             self.tail.append(_last_segment(line))
         if lines:
             self._partial_fed = 0

@@ -16,9 +16,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from appliance.host_facts import HostFacts
-from appliance.recipe.admission import Admission, admit
+from appliance.observe.gpu_events import GpuEvent
+from appliance.observe.gpu_health import CardHealth
+from appliance.recipe.admission import Admission, admit, gpu_health_checks
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.lint import Finding, lint
 from appliance.recipe.recipe_loader import RecipeError
@@ -33,6 +36,21 @@ from host_setup.facts import HostFactsError, gather_facts
 
 # A check returns None (pass) or the failure that refuses the launch (lint errors, admission).
 Check = Callable[[Recipe, HostFacts], Failure | None]
+
+
+class GpuHealthSource(Protocol):
+    """The GPU health watch as preflight reads it (controller/supervisor/gpu_health_link.py)."""
+
+    @property
+    def cards(self) -> Sequence[CardHealth]: ...
+
+    @property
+    def blind_note(self) -> str | None: ...  # what the watch cannot see, and why
+
+    @property
+    def recent_events(self) -> Sequence[GpuEvent]: ...  # the latest kernel GPU events, oldest first
+
+    def fatal_events(self, card: int) -> list[GpuEvent]: ...
 
 
 
@@ -167,6 +185,33 @@ class Preflight:
     # Where `fresh_cache` may delete: the appliance's cache dir, plus roots recipes declare.
     cache_bases: Sequence[Path] = field(default_factory=tuple)
     clock: Callable[[], float] = time.time
+    # Card health and fatal kernel events (None: not watched, e.g. `appliance plan` without a controller).
+    gpu: GpuHealthSource | None = None
+    # Where the apply's GPU warnings are said (the driver's event log); None: only in the plan report.
+    note: Callable[[str, str, str | None], None] | None = None
+
+    def _gpu_args(self) -> tuple[Sequence[CardHealth], dict[int, Sequence[GpuEvent]]]:
+        if self.gpu is None:
+            return (), {}
+        cards = list(self.gpu.cards)
+        return cards, {c.index: self.gpu.fatal_events(c.index) for c in cards}
+
+    def gpu_check(self, recipe: Recipe, *, say: bool = True) -> Failure | None:
+        """The recipe's cards: a fatal state refuses the launch, the rest is said as a warning
+        (`say`: in the event log, once per apply — not for every plan the console shows)."""
+        cards, fatal = self._gpu_args()
+        checks = gpu_health_checks(recipe, cards, fatal)
+        refused = [c for c in checks if c.verdict == "refuse"]
+        if say and self.note is not None:
+            for c in checks:
+                if c.verdict == "warn":
+                    self.note("gpu-health", f"{recipe.name}: {c.message}", None)
+        if not refused:
+            return None
+        return Failure("gpu_unhealthy", "; ".join(c.message for c in refused),
+                       "reset the card (nvidia-smi -r -i N, or reboot) and say so (`appliance gpu reset-done "
+                       "N`), drain the node if it recurs, check cooling; `appliance gpu status` shows the "
+                       "cards", retryable=False)
 
     def recipe(self, name: str) -> Recipe:
         """The launchable recipe called `name` (raises UnknownRecipe or RecipeError)."""
@@ -191,7 +236,7 @@ class Preflight:
         recipe = self.recipe(name)
         facts = self.facts()
         findings = lint(recipe)
-        admission = admit(recipe, facts)
+        admission = admit(recipe, facts, *self._gpu_args())
         spec: LaunchSpec | None = None
         render_error: str | None = None
         try:
@@ -199,6 +244,8 @@ class Preflight:
         except RenderError as exc:
             render_error = str(exc)
         refusals = [c for c in (check(recipe, facts) for check in self.checks) if c is not None]
+        gpu_failure = self.gpu_check(recipe, say=False) if self.gpu is not None else None
+        refusals += [gpu_failure] if gpu_failure is not None else []
         return PlanReport(
             recipe=recipe, facts=facts, findings=findings, admission=admission, spec=spec,
             render_error=render_error, refusals=refusals,
@@ -226,6 +273,8 @@ class Preflight:
             refusal = check(recipe, facts)
             if refusal is not None:
                 return PreflightFailed(token, refusal)
+        if self.gpu is not None and (gpu_refusal := self.gpu_check(recipe)) is not None:
+            return PreflightFailed(token, gpu_refusal)
         try:
             spec = render(recipe, facts)
         except RenderError as exc:

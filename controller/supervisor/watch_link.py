@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.observe.kmsg import OomEvent, OomEventKind, SeqGap
+from appliance.observe.kmsg import KmsgRecord, OomEvent, OomEventKind, SeqGap
 from appliance.observe.oom_attribution import LaunchTarget, attribute_oom
+from appliance.observe.rank_logs import anon_by_pid
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import ContainerScoped, EngineHandle, EngineRuntimeError, Runtime
 from controller.store import Store
@@ -63,11 +64,18 @@ class HostWatchLink:
         self._last_record = 0.0
         self._targets: dict[str, tuple[LaunchTarget, float]] = {}  # launch id → (target, last seen)
         self._ooms: dict[str, list[OomEvent]] = {}
+        # Every kernel record, for the GPU event watch (controller/supervisor/gpu_health_link.py).
+        self.on_record: Callable[[KmsgRecord], None] | None = None
 
     # -- for the driver
 
     def oom_events(self, launch_id: str) -> list[OomEvent]:
         return list(self._ooms.get(launch_id, ()))
+
+    def pids_of(self, launch_id: str) -> frozenset[int]:
+        """The engine's pids seen for a launch (still there for KEEP_ENDED_S after it ended)."""
+        seen = self._targets.get(launch_id)
+        return seen[0].pids if seen is not None else frozenset()
 
     # -- sampling
 
@@ -150,6 +158,13 @@ class HostWatchLink:
         if self.clock() - self._last_record >= self.record_every_s:
             self._flush()
 
+    def process_peaks(self, launch_id: str) -> dict[int, int]:
+        """Peak RssAnon per engine pid of the launch being watched (empty for any other launch)."""
+        marks = self._marks
+        if marks is None or marks.launch_id != launch_id:
+            return {}
+        return anon_by_pid(marks.process_anon_peak_bytes)
+
     def _flush(self) -> None:
         marks = self._marks
         if marks is None or marks.samples == 0:
@@ -193,9 +208,10 @@ class HostWatchLink:
             source = DevKmsg(path)
         except OSError as exc:
             self._note("kmsg-unavailable", f"cannot read {path} ({exc.strerror}): OOM kills will be "
-                       "diagnosed from exit codes and logs only", None)
+                       "diagnosed from exit codes and logs only"
+                       + ("; GPU Xid/reset events are not seen" if self.on_record is not None else ""), None)
             return
-        follower = KmsgFollower(source, self.on_oom, on_gap=self.on_gap)
+        follower = KmsgFollower(source, self.on_oom, on_gap=self.on_gap, on_record=self.on_record)
         try:
             await follower.run(stop)
         finally:

@@ -11,6 +11,7 @@ Standard library only (it runs on the device image). Against an OpenAI-compatibl
 
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
@@ -20,8 +21,11 @@ PROMPT = "The capital of France is"
 
 
 def post(url, body, stream=False):
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    # Through the appliance's gateway (tp_acceptance.sh): a client key, from the environment only.
+    if os.environ.get("DECODE_CLIENT_KEY"):
+        headers["Authorization"] = "Bearer " + os.environ["DECODE_CLIENT_KEY"]
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
     return urllib.request.urlopen(req, timeout=120)
 
 
@@ -80,7 +84,8 @@ def main():
     res["same_across_requests"] = len(set(res["serial_sha"])) == 1
     res["same_in_batch_as_serial"] = set(res["batch_sha"]) == set(res["serial_sha"][:1])
     res["text_head"] = serial[0][:120]
-    json.dump(res, open(out, "w"), indent=1)
+    with open(out, "w") as fh:
+        json.dump(res, fh, indent=1)
     print(json.dumps({k: res[k] for k in ("label", "decode_ms_per_token_median", "ttft_ms_median",
                                           "same_across_requests", "same_in_batch_as_serial")}))
     print("   serial", res["serial_sha"], "batch", res["batch_sha"])

@@ -145,3 +145,27 @@ def test_install_does_not_retry_other_failures(monkeypatch: pytest.MonkeyPatch, 
     with pytest.raises(engine_setup.EngineSetupError, match="No space left"):
         engine_setup._step_install_vllm(lambda _line: None)
     assert len(calls) == 1
+
+
+@pytest.mark.engine
+def test_the_tp_model_is_rebuilt_byte_for_byte_and_its_heads_divide(installed: str, tmp_path: Path) -> None:
+    """scripts/make_tp_model.py again, into a fresh folder: the same sha256 as the recorded build (and
+    the setup's copy), and the engine's transformers reads 8 heads / 4 KV heads of 64."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tp_model.py"
+    out = tmp_path / "tp"
+    proc = subprocess.run(
+        [str(engine_setup.engine_python()), str(script), "--tokenizer-from",
+         str(engine_setup.default_model_dir()), "--out", str(out), "--check"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    installed_copy = engine_setup.tp_model_dir() / "model.safetensors"
+    assert (out / "model.safetensors").read_bytes() == installed_copy.read_bytes()
+    code = ("import json, sys, transformers\n"
+            "c = transformers.AutoConfig.from_pretrained(sys.argv[1])\n"
+            "print(json.dumps([c.num_attention_heads, c.num_key_value_heads, c.head_dim,\n"
+            "                  c.tie_word_embeddings]))\n")
+    proc = subprocess.run([str(engine_setup.engine_python()), "-c", code, str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [8, 4, 64, True]

@@ -9,7 +9,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"  # the embedded default's folder under $
 
 
 # Every folder a shipped recipe names under $APPLIANCE_HOME/models (recipes/*.yaml).
-SHIPPED_MODELS = (DEFAULT_MODEL, "model", "qwen3.8-27b-w8a8", "qwen3.8-27b-fp8")
+SHIPPED_MODELS = (DEFAULT_MODEL, "tp-llama-8h4kv", "model", "qwen3.8-27b-w8a8", "qwen3.8-27b-fp8")
 
 
 def seed_models(home: Path) -> None:

@@ -14,6 +14,7 @@ from appliance.diagnosis.diagnosis import (
     FailureFacts,
     Severity,
     diagnose,
+    gpu_events_in_kernel_text,
     kernel_message,
     oom_events_in_text,
     scan_text,
@@ -36,6 +37,7 @@ def facts_from_text(text: str, **extra: object) -> FailureFacts:
     fields: dict[str, object] = {
         "log_tail": tuple(lines),
         "oom_events": tuple(oom_events_in_text(lines)),
+        "gpu_events": tuple(gpu_events_in_kernel_text(lines)),
         "phase_reached": tracker.furthest,
     }
     fields.update(extra)
@@ -104,6 +106,9 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
     "compile_constraint_violation_dummy_run.log": (
         C.COMPILE_CONSTRAINT_VIOLATION, {C.COMPILE_CONSTRAINT_VIOLATION, C.ENGINE_START_FAILED}, False,
     ),
+    "gpu_xid79_fallen_off_bus.dmesg": (C.GPU_FAULT, {C.GPU_FAULT}, False),
+    "gpu_xid31_mmu_fault.dmesg": (C.GPU_ENGINE_FAULT, {C.GPU_ENGINE_FAULT}, True),
+    "amdgpu_ring_timeout_reset.dmesg": (C.GPU_FAULT, {C.GPU_FAULT}, False),
 }
 
 BENIGN_FIXTURES = {
@@ -234,7 +239,8 @@ def test_the_ranks_keep_the_order_co_occurring_failures_are_decided_in() -> None
     from appliance.diagnosis.diagnosis import _DEGRADED_ORDER, _FAILURE_ORDER
 
     assert _FAILURE_ORDER == (
-        C.GLOBAL_OOM, C.CGROUP_OOM, C.PINNED_MEMORY_OOM, C.CUSTOM_ALLREDUCE_UNSUPPORTED,
+        C.GLOBAL_OOM, C.CGROUP_OOM, C.GPU_FAULT, C.GPU_ENGINE_FAULT, C.PINNED_MEMORY_OOM,
+        C.CUSTOM_ALLREDUCE_UNSUPPORTED,
         C.GRAPH_PAD_FOR_CUDAGRAPH_BUG, C.COMPILE_CONSTRAINT_VIOLATION, C.IMPORT_ORDER_BAD_ALLOC,
         C.CUDA_REINIT_FORKED, C.PACKED_SILU_NAN, C.HYDCU_MODULE_MISSING, C.MFMA_ONLY_KERNEL,
         C.TRITON_UNSUPPORTED_TARGET, C.SKINNY_GEMM_NOT_BUILT, C.TRITON_API_MISMATCH,

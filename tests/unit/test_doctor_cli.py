@@ -46,6 +46,9 @@ FAILURES = {
     "kv_cache_too_large_cpu.log": "kv_cache_too_large",
     "skinny_gemm_wvsplitkq_missing.log": "skinny_gemm_not_built",
     "compile_constraint_violation_dummy_run.log": "compile_constraint_violation",
+    "gpu_xid79_fallen_off_bus.dmesg": "gpu_fault",
+    "gpu_xid31_mmu_fault.dmesg": "gpu_engine_fault",
+    "amdgpu_ring_timeout_reset.dmesg": "gpu_fault",
 }
 CLEAN = {
     "benign_rocblaslt_no_paths.log": "rocblaslt_no_paths",

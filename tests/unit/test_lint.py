@@ -170,6 +170,10 @@ def test_shipped_findings_are_the_expected_warnings() -> None:
         # recipe B on a cluster — what the node and namespace must provide
         "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-kernel-module",
                                    "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs"],
+        # the tensor-parallel model's recipes: nothing to warn about (NVLink multicast off, devices = TP)
+        "cpu-tp2": [],
+        **{f"cuda-tp{tp}-{mode}{car}": [] for tp in (2, 4) for mode in ("eager", "graph", "piecewise")
+           for car in ("", "-nocar")},
     }
 
 

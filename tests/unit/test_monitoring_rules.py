@@ -205,6 +205,8 @@ def test_dashboards_are_well_formed() -> None:
         ids = [p["id"] for p in doc["panels"]]
         assert len(ids) == len(set(ids)), path.name
         for panel in doc["panels"]:
+            if panel["type"] == "row":  # a row groups the panels below it; it queries nothing
+                continue
             assert panel["targets"], (path.name, panel["title"])
             assert panel["datasource"]["uid"] == "${datasource}"
             grid = panel["gridPos"]

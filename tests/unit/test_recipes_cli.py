@@ -189,3 +189,27 @@ def test_diff(runner: CliRunner, app: typer.Typer) -> None:
     assert code == 0
     assert {"model.path", "env.vars.VLLM_DCU_USE_FP8_EMU.value"} <= fields
     assert data["same_compile_inputs"] is False
+
+
+def test_plan_shows_the_cards_health_warns_and_refuses_on_it(runner: CliRunner, app: typer.Typer,
+                                                              tmp_path: Path) -> None:
+    # The swap-8 host that admits C, with its four DCUs' health files (fake amdgpu sysfs): one card
+    # with uncorrectable RAS errors warns; one at its emergency temperature refuses.
+    from tests.unit.test_gpu_health import _card
+
+    host = tmp_path / "host"
+    shutil.copytree(SWAP8, host, symlinks=True)
+    for n in range(4):
+        _card(host, n, slot=f"0000:{0x03 + 0x20 * n:02x}:00.0", ue=2 if n == 1 else 0)
+    code, out, _ = run(runner, app, "plan", C, "--host-root", str(host))
+    assert code == 0, out
+    assert ("GPU 1 (hygon): 45 °C (slowdown 100), 35/300 W, PCIe gen4 x16 of gen4 x16, "
+            "ECC uncorrectable 2") in out
+    assert "warn   gpu-health ecc-uncorrectable: GPU 1: 2 uncorrectable ECC error(s)" in out
+    (host / "sys/class/drm/card3/device/hwmon/hwmon3/temp1_input").write_text("106000\n")
+    code, out, _ = run(runner, app, "plan", C, "--host-root", str(host), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["admission"]["verdict"] == "refuse"
+    refused = [c["name"] for c in data["admission"]["checks"] if c["verdict"] == "refuse"]
+    assert refused == ["gpu-health overheat"]
+    assert len(data["gpu_health"]) == 4 and data["gpu_health_blind"] is None

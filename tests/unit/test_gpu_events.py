@@ -1,0 +1,116 @@
+"""GPU fault lines in the kernel log → events (appliance/observe/gpu_events.py), on fixture lines whose
+sources tests/fixtures/gpu_health/kmsg/README.md cites."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.diagnosis.diagnosis import kernel_message
+from appliance.observe.gpu_events import (
+    XID_TABLE,
+    FaultSide,
+    GpuAction,
+    GpuEvent,
+    GpuEventKind,
+    GpuEventReader,
+    attribute_card,
+    gpu_events_in_text,
+    parse_gpu_line,
+    pci_key,
+)
+from appliance.observe.kmsg import parse_stream
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "gpu_health" / "kmsg"
+
+
+def _events(name: str) -> list[GpuEvent]:
+    lines = (FIXTURES / name).read_text().splitlines()
+    return gpu_events_in_text([kernel_message(line) for line in lines])
+
+
+def test_the_xid_table_covers_the_codes_an_operator_meets() -> None:
+    assert {13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= set(XID_TABLE)
+    for code in (13, 31, 43):
+        assert XID_TABLE[code].side is FaultSide.APPLICATION and not XID_TABLE[code].fatal
+    for code in (48, 79, 95, 119, 120):
+        assert XID_TABLE[code].side is FaultSide.HARDWARE and XID_TABLE[code].fatal
+    assert XID_TABLE[79].action is GpuAction.DRAIN_NODE
+
+
+def test_nvidia_fixture_lines() -> None:
+    events = _events("nvidia_xid.txt")
+    assert [(e.xid, e.kind) for e in events] == [
+        (79, GpuEventKind.XID), (31, GpuEventKind.XID), (48, GpuEventKind.XID), (63, GpuEventKind.XID),
+        (3, GpuEventKind.XID), (79, GpuEventKind.XID), (None, GpuEventKind.UNKNOWN)]
+    off_bus, mmu, dbe, remap, old, no_xid, cut = events
+    assert off_bus.pci == "0000:2b:00" and off_bus.fatal and off_bus.side is FaultSide.HARDWARE
+    assert (mmu.pid, mmu.process, mmu.side, mmu.fatal) == (12083, "chrome", FaultSide.APPLICATION, False)
+    assert dbe.pid is None and dbe.process is None and dbe.fatal  # pid='<unknown>'
+    assert remap.pid == 1896 and remap.pci == "0000:10:1c" and not remap.fatal
+    assert old.pci == "0000:01:00" and not old.known and "Xid 3" in old.meaning
+    assert no_xid.pci == "0000:b3:00" and no_xid.fatal
+    # Bad input: a truncated record is kept, as unknown, with its text.
+    assert not cut.known and cut.text.startswith("NVRM: Xid (PCI:0000:3b:0")
+
+
+def test_amdgpu_fixture_lines() -> None:
+    events = _events("amdgpu.txt")
+    kinds = [e.kind for e in events]
+    assert kinds == [GpuEventKind.RING_TIMEOUT, GpuEventKind.RESET, GpuEventKind.RING_TIMEOUT,
+                     GpuEventKind.RESET, GpuEventKind.PAGE_FAULT, GpuEventKind.RAS, GpuEventKind.RAS]
+    ring, reset, old_ring, old_reset, fault, ue, ce = events
+    assert (ring.pci, ring.ring, ring.pid, ring.process) == ("0000:28:00", "gfx_0.0.0", 2288, "cosmic-comp")
+    assert reset.pci == "0000:28:00" and reset.fatal and reset.side is FaultSide.HARDWARE
+    assert old_ring.pci is None and (old_ring.pid, old_ring.process) == (2184, "Xorg")
+    assert old_reset.pci == "0000:03:00"
+    assert fault.side is FaultSide.APPLICATION and fault.pci == "0000:03:00"
+    assert (ue.block, ue.count, ue.fatal) == ("umc", 2, True)
+    assert (ce.block, ce.count, ce.fatal) == ("gfx", 5, False)
+
+
+def test_kmsg_records_carry_seq_and_time() -> None:
+    text = ("4,900,5000000,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=VLLM::EngineCor, "
+            "Graphics Exception\n")
+    reader = GpuEventReader()
+    events = [e for rec in parse_stream(text) for e in reader.feed_message(rec.message, seq=rec.seq,
+                                                                               ts_usec=rec.ts_usec)]
+    assert len(events) == 1
+    assert (events[0].seq, events[0].ts_usec, events[0].pid, events[0].process) == (
+        900, 5000000, 4242, "VLLM::EngineCor")
+
+
+@pytest.mark.parametrize("text", ["", "random text", "NVRM: loading NVIDIA UNIX Open Kernel Module",
+                                  "amdgpu 0000:28:00.0: [drm] PCIE GART of 512M enabled"])
+def test_other_lines_are_not_events(text: str) -> None:
+    assert parse_gpu_line(text) is None
+
+
+def test_pci_keys_and_card_attribution() -> None:
+    assert pci_key("00000000:3B:00.0") == pci_key("0000:3b:00") == pci_key("3b:00.0") == "0000:3b:00"
+    assert pci_key("not a bus id") is None
+    event = parse_gpu_line("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
+    assert event is not None
+    assert attribute_card(event, {"0000:3b:00": 2}).card == 2
+    assert attribute_card(event, {"0000:3c:00": 0}).card is None
+    assert "GPU 2: Xid 79" in attribute_card(event, {"0000:3b:00": 2}).describe()
+
+
+def test_one_card_off_the_bus_is_one_event_whatever_the_driver_repeats() -> None:
+    # The Xid line and its companion (NVIDIA/open-gpu-kernel-modules#1151), then the Xid again: one
+    # card, one incident; another card's is its own.
+    lines = ["NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+             "NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.",
+             "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+             "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]
+    assert [e.pci for e in gpu_events_in_text(lines)] == ["0000:2b:00", "0000:3b:00"]
+
+
+def test_lines_behind_a_journal_prefix_keep_their_card() -> None:
+    # `journalctl -k` without a hostname field (as in pop-os/pop#2132's syslog excerpt style)
+    amd = parse_gpu_line("Feb  2 08:03:20 kernel: [37937.169164] amdgpu 0000:03:00.0: amdgpu: "
+                         "GPU reset begin!")
+    nv = parse_gpu_line("May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.")
+    assert amd is not None and amd.pci == "0000:03:00" and amd.kind is GpuEventKind.RESET
+    assert nv is not None and nv.pci == "0000:2b:00" and nv.xid == 79
