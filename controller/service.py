@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,12 +40,14 @@ from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
 from controller.supervisor.gpu_health_link import GpuHealthLink, LaunchView
 from controller.supervisor.gpu_link import GpuWatchLink
+from controller.supervisor.gpu_memory_link import GpuMemoryLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.probes import HttpProber
 from controller.supervisor.provenance import provenance_for
 from controller.supervisor.signals import Apply
 from controller.supervisor.watch_link import EngineView, HostWatchLink
+from controller.watch.gpu import GpuReader
 from controller.watch.recipe_target import recipe_mem_target
 from host_setup.facts import HostFactsError
 
@@ -153,6 +156,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
     preflight.note = driver.note
+    preflight.gpu_memory = GpuMemoryLink(GpuReader(), running_pids=running_pids_of(watch))
     driver.process_peaks = watch.process_peaks
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
@@ -169,6 +173,17 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
                                 extra_routers=(keys_router(guard), gpu_router(guard, gpu_health)),
                                 listen_host=cfg.host))
     return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health)
+
+
+def running_pids_of(watch: HostWatchLink) -> Callable[[], frozenset[int] | None]:
+    """The running engine's pids as the host watch last saw them: empty when no engine runs, None
+    when one runs but none of its pids were seen (GPU admission then cannot count its share)."""
+    def pids() -> frozenset[int] | None:
+        launch = watch.engine.launch() if watch.engine is not None else None
+        if launch is None or launch.handle is None:
+            return frozenset()
+        return watch.pids_of(launch.launch_id) or None
+    return pids
 
 
 async def serve(cfg: ServiceConfig) -> None:

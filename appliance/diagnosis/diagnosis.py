@@ -84,6 +84,8 @@ class DiagnosisCode(StrEnum):
     MODEL_PATH_INVALID = "model_path_invalid"
     # vLLM's CPU worker: the requested KV cache does not fit the memory left on the NUMA node.
     KV_CACHE_TOO_LARGE = "kv_cache_too_large"
+    # vLLM's GPU worker: the card has less free memory than gpu_memory_utilization × its total.
+    GPU_MEMORY_SHORT = "gpu_memory_short"
     # The skinny-GEMM op wvSplitKQ is not built on gfx906 (no MFMA): FP8 per-tensor/per-channel path.
     SKINNY_GEMM_NOT_BUILT = "skinny_gemm_not_built"
     # hipExtMallocWithFlags(Uncached) fails on gfx906 whatever the size: no uncached memory pool.
@@ -467,6 +469,23 @@ SIGNATURES: tuple[Signature, ...] = (
         "requested memory for kv (X GiB)` — a configuration/host-size refusal, the same on every retry",
         retryable=False,
         rank=172, decides=Decides.FAILURE,
+    ),
+    # vLLM's GPU worker checks `gpu_memory_utilization × total` against the card's free memory when it
+    # starts (vllm/v1/worker/utils.py `request_memory`), before the weights load.
+    Signature(
+        DiagnosisCode.GPU_MEMORY_SHORT, Severity.ERROR,
+        _rx(r"Free memory on device\b[^(\n]*\([\d.]+/[\d.]+ GiB\) on startup is less than "
+            r"(?:desired GPU memory utilization|the engine's budget)"),
+        "the card has less free memory than the recipe's gpu_memory_utilization asks for (vLLM refused to "
+        "start)",
+        "lower engine.gpu_memory_utilization, or stop what else holds the card (`nvidia-smi` lists its "
+        "processes: an engine left from an earlier launch?); `appliance plan NAME` checks each card before "
+        "the running engine is stopped; retrying cannot help while the card stays that full",
+        "vLLM's GPU worker: `Free memory on device (F/T GiB) on startup is less than desired GPU memory "
+        "utilization (U, R GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+        "processes.` — a configuration/occupancy refusal, the same on every retry",
+        retryable=False,
+        rank=173, decides=Decides.FAILURE,
     ),
     # The seed record's further signatures (seed 000 = the Z100 adaptation record, "S<step> §n" as it
     # cites itself); wordings are the tools' own.
@@ -863,6 +882,9 @@ def _missing_module_summary(finding: Finding) -> str | None:
 _KV_REFUSED = re.compile(
     r"Available memory on node (\d+) \((-?[\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than "
     r"requested memory for kv \((-?[\d.]+(?:/[\d.]+)?) GiB\)")
+_GPU_SHORT = re.compile(
+    r"Free memory on device\b\s*([^\s(]*)\s*\(([\d.]+)/([\d.]+) GiB\) on startup is less than "
+    r"(?:desired GPU memory utilization|the engine's budget[^(]*) \(([\d.]+), ([\d.]+) GiB\)")
 _REPO_ID = re.compile(r"Repo id must (?:be in the form|use)[^:]*: '([^']*)'")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 # An exception line, also behind vLLM's `(Worker pid=N) ERROR mm-dd hh:mm:ss [file.py:N] ` prefix.
@@ -887,6 +909,13 @@ def _summary_from_tail(code: DiagnosisCode, tail: Sequence[str]) -> str | None:
                 node, free, total, want = m.groups()
                 return (f"the KV cache does not fit: vLLM asked for {want} GiB for KV on NUMA node {node}, "
                         f"which had {free} of {total} GiB available (not retryable)")
+    if code is DiagnosisCode.GPU_MEMORY_SHORT:
+        for line in tail:
+            if (m := _GPU_SHORT.search(line)) is not None:
+                device, free, total, util, want = m.groups()
+                card = f"the card {device}" if device else "the card"
+                return (f"{card} had {free} of {total} GiB free at start, less than gpu_memory_utilization "
+                        f"{util} asks for ({want} GiB): vLLM refused to start (not retryable)")
     if code is DiagnosisCode.MODEL_PATH_INVALID:
         for line in tail:
             if (m := _REPO_ID.search(line)) is not None:

@@ -67,6 +67,7 @@ from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.gpu_health import CardHealth, assess
 from appliance.recipe.engine_argv import flag_value
+from appliance.recipe.gpu_kv_admission import GpuMemoryView, gpu_memory_checks
 from appliance.recipe.lint import DEFAULT_MEMLOCK_BYTES, pinned_bytes_per_worker
 from appliance.recipe.recipe_model import AcsState, GraphMode, Platform, Recipe
 from appliance.runtimes import registry as runtime_registry
@@ -112,16 +113,20 @@ def pressure_reserve_gib(swappiness: int | None) -> float:
 
 
 def admit(recipe: Recipe, facts: HostFacts, gpus: Sequence[CardHealth] = (),
-          gpu_fatal: Mapping[int, Sequence[GpuEvent]] | None = None) -> Admission:
+          gpu_fatal: Mapping[int, Sequence[GpuEvent]] | None = None,
+          gpu_memory: GpuMemoryView | None = None) -> Admission:
     """`gpus`: the cards' health where it was read (the GPU health watch, or `appliance plan` on this
-    host); `gpu_fatal`: fatal kernel events per card since the controller started."""
+    host); `gpu_fatal`: fatal kernel events per card since the controller started; `gpu_memory`: the
+    cards' memory now, for a GPU recipe's KV request (appliance/recipe/gpu_kv_admission.py; None: not
+    checked)."""
     plugin = runtime_registry.for_recipe(recipe)
     if plugin.traits.placement is Placement.REMOTE:
         kept: tuple[Check, ...] = (*_node_memory_checks(recipe), _remote_check(recipe, plugin))
     else:
         memlock = _memlock_check(recipe, facts)
         kept = (*_memory_checks(recipe, facts), *([memlock] if memlock else []),
-                *_requirement_checks(recipe, facts), *gpu_health_checks(recipe, gpus, gpu_fatal or {}))
+                *_requirement_checks(recipe, facts), *gpu_health_checks(recipe, gpus, gpu_fatal or {}),
+                *gpu_kv_checks(recipe, gpu_memory))
     verdict = max((c.verdict for c in kept), key=_RANK.__getitem__, default="admit")
     return Admission(recipe=recipe.name, verdict=verdict, checks=kept)
 
@@ -384,6 +389,14 @@ def _requirement_checks(recipe: Recipe, facts: HostFacts) -> list[Check]:
               "DOMAIN §2: HIP_/CUDA_VISIBLE_DEVICES lists cards that must exist",
               found=len(gpus), needed=needed)
     return out
+
+
+def gpu_kv_checks(recipe: Recipe, view: GpuMemoryView | None) -> list[Check]:
+    """A GPU recipe's `gpu_memory_utilization` × each card against its free memory (vLLM refuses the
+    start otherwise); nothing when the cards' memory was not asked for."""
+    if view is None:
+        return []
+    return [Check(**c.model_dump()) for c in gpu_memory_checks(recipe, view)]
 
 
 _GPU_HEALTH_FACT = ("NVIDIA Xid catalogue (docs.nvidia.com/deploy/xid-errors) and NVML thresholds "

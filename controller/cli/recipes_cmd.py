@@ -35,6 +35,8 @@ from controller.cli.options import JsonOpt
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root
 from controller.supervisor import compile_cache
+from controller.supervisor.gpu_memory_link import GpuMemoryLink
+from controller.watch.gpu import GpuReader
 from controller.watch.gpu_health import HealthReader
 from host_setup.facts import HostFactsError, gather_facts
 
@@ -222,7 +224,9 @@ def plan_cmd(
     # root); fatal kernel events are the running controller's to know (its apply preflight checks them).
     reader = HealthReader(host_root)
     cards = reader.sample()
-    admission = admit(recipe, facts, cards)
+    # The cards' memory now; the running engine's share is the controller's to know (its apply
+    # preflight counts it), so here a card that fits only without it is a warning.
+    admission = admit(recipe, facts, cards, gpu_memory=GpuMemoryLink(GpuReader(host_root)).view())
     failed = has_errors(findings) or admission.verdict == "refuse"
     # A cache root that is not writable, gone since a launch used it, or shared with
     # another variant is named here, before anything starts (warnings: they do not fail the plan).

@@ -21,7 +21,8 @@ from typing import Protocol
 from appliance.host_facts import HostFacts
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.gpu_health import CardHealth
-from appliance.recipe.admission import Admission, admit, gpu_health_checks
+from appliance.recipe.admission import Admission, admit, gpu_health_checks, gpu_kv_checks
+from appliance.recipe.gpu_kv_admission import GpuMemoryView
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.lint import Finding, lint
 from appliance.recipe.recipe_loader import RecipeError
@@ -52,6 +53,12 @@ class GpuHealthSource(Protocol):
 
     def fatal_events(self, card: int) -> list[GpuEvent]: ...
 
+
+class GpuMemorySource(Protocol):
+    """The cards' memory now (controller/supervisor/gpu_memory_link.py). `replaces_running`: the
+    start stops the running engine first, so what it holds counts as free."""
+
+    def view(self, replaces_running: bool = True) -> GpuMemoryView: ...
 
 
 
@@ -189,6 +196,8 @@ class Preflight:
     gpu: GpuHealthSource | None = None
     # Where the apply's GPU warnings are said (the driver's event log); None: only in the plan report.
     note: Callable[[str, str, str | None], None] | None = None
+    # The cards' memory, for a GPU recipe's KV request (None: not checked, e.g. a CPU-only test).
+    gpu_memory: GpuMemorySource | None = None
 
     def _gpu_args(self) -> tuple[Sequence[CardHealth], dict[int, Sequence[GpuEvent]]]:
         if self.gpu is None:
@@ -213,6 +222,27 @@ class Preflight:
                        "N`), drain the node if it recurs, check cooling; `appliance gpu status` shows the "
                        "cards", retryable=False)
 
+    def gpu_memory_check(self, recipe: Recipe, *, say: bool = True,
+                         replaces_running: bool = True) -> Failure | None:
+        """`gpu_memory_utilization` × each of the recipe's cards against what is free there (vLLM
+        refuses the start otherwise, the same on every retry): a clear shortfall refuses before the
+        running engine is stopped; what cannot be told is a warning. A restart/apply stops the running
+        engine first (`replaces_running`), so its own share of the card counts as free."""
+        if self.gpu_memory is None:
+            return None
+        checks = gpu_kv_checks(recipe, self.gpu_memory.view(replaces_running))
+        if say and self.note is not None:
+            for c in checks:
+                if c.verdict == "warn":
+                    self.note("gpu-memory", f"{recipe.name}: {c.message}", None)
+        refused = [c for c in checks if c.verdict == "refuse"]
+        if not refused:
+            return None
+        return Failure("gpu_memory_short", "; ".join(c.message for c in refused),
+                       f"`appliance plan {recipe.name}` shows each card's numbers; lower "
+                       "engine.gpu_memory_utilization or stop what else holds the card (nvidia-smi lists "
+                       "its processes)", retryable=False)
+
     def recipe(self, name: str) -> Recipe:
         """The launchable recipe called `name` (raises UnknownRecipe or RecipeError)."""
         return self.catalogue.launchable(name)
@@ -236,7 +266,8 @@ class Preflight:
         recipe = self.recipe(name)
         facts = self.facts()
         findings = lint(recipe)
-        admission = admit(recipe, facts, *self._gpu_args())
+        memory = self.gpu_memory.view() if self.gpu_memory is not None else None
+        admission = admit(recipe, facts, *self._gpu_args(), gpu_memory=memory)
         spec: LaunchSpec | None = None
         render_error: str | None = None
         try:
@@ -246,6 +277,8 @@ class Preflight:
         refusals = [c for c in (check(recipe, facts) for check in self.checks) if c is not None]
         gpu_failure = self.gpu_check(recipe, say=False) if self.gpu is not None else None
         refusals += [gpu_failure] if gpu_failure is not None else []
+        memory_failure = self.gpu_memory_check(recipe, say=False)
+        refusals += [memory_failure] if memory_failure is not None else []
         return PlanReport(
             recipe=recipe, facts=facts, findings=findings, admission=admission, spec=spec,
             render_error=render_error, refusals=refusals,
@@ -275,6 +308,8 @@ class Preflight:
                 return PreflightFailed(token, refusal)
         if self.gpu is not None and (gpu_refusal := self.gpu_check(recipe)) is not None:
             return PreflightFailed(token, gpu_refusal)
+        if (memory_refusal := self.gpu_memory_check(recipe)) is not None:
+            return PreflightFailed(token, memory_refusal)
         try:
             spec = render(recipe, facts)
         except RenderError as exc:

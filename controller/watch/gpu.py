@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+from collections.abc import Collection
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -74,6 +75,30 @@ class GpuReader:
                                  used_bytes=int(mem.used), total_bytes=int(mem.total),
                                  busy_percent=float(util.gpu)))
         return out
+
+    def process_memory(self, pids: Collection[int]) -> dict[int, int] | None:
+        """Bytes per NVML card that the given processes hold (NVML's running compute and graphics
+        processes); None when NVML cannot say (no NVML, or a card's process list failed)."""
+        nvml = self._nvml_module()
+        if nvml is None:
+            return None
+        wanted = set(pids)
+        held: dict[int, int] = {}
+        try:
+            for i in range(int(nvml.nvmlDeviceGetCount())):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                procs: list[Any] = [*nvml.nvmlDeviceGetComputeRunningProcesses(handle),
+                                    *nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]
+                seen: set[int] = set()
+                for p in procs:
+                    used = getattr(p, "usedGpuMemory", None)
+                    if p.pid in wanted and p.pid not in seen and isinstance(used, int):
+                        seen.add(p.pid)  # a process in both lists is one allocation
+                        held[i] = held.get(i, 0) + used
+        except Exception as exc:  # noqa: BLE001 - NVMLError: the share is unknown, said by the caller
+            log.info("NVML process memory not read: %s", exc)
+            return None
+        return held
 
     # -- AMD / Hygon (amdgpu sysfs)
 

@@ -100,6 +100,7 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
     "kv_cache_too_large_cpu.log": (
         C.KV_CACHE_TOO_LARGE, {C.KV_CACHE_TOO_LARGE, C.WORKER_DIED, C.ENGINE_START_FAILED}, False,
     ),
+    "gpu_memory_short_h200.log": (C.GPU_MEMORY_SHORT, {C.GPU_MEMORY_SHORT, C.ENGINE_START_FAILED}, False),
     "skinny_gemm_wvsplitkq_missing.log": (
         C.SKINNY_GEMM_NOT_BUILT, {C.SKINNY_GEMM_NOT_BUILT, C.ENGINE_START_FAILED}, False,
     ),
@@ -245,7 +246,7 @@ def test_the_ranks_keep_the_order_co_occurring_failures_are_decided_in() -> None
         C.CUDA_REINIT_FORKED, C.PACKED_SILU_NAN, C.HYDCU_MODULE_MISSING, C.MFMA_ONLY_KERNEL,
         C.TRITON_UNSUPPORTED_TARGET, C.SKINNY_GEMM_NOT_BUILT, C.TRITON_API_MISMATCH,
         C.TORCHVISION_ABI_MISMATCH, C.EXTENSION_ABI_MISMATCH, C.MODULE_NOT_FOUND, C.ENGINE_CONFIG_INVALID,
-        C.KV_CACHE_TOO_LARGE, C.MODEL_PATH_INVALID, C.DEVICE_OOM,
+        C.KV_CACHE_TOO_LARGE, C.GPU_MEMORY_SHORT, C.MODEL_PATH_INVALID, C.DEVICE_OOM,
         C.BIND_LOCALHOST_IN_BRIDGE, C.WORKER_DIED, C.PORT_IN_USE,
     )
     assert _DEGRADED_ORDER == (C.AOT_CACHE_MISS, C.RCCL_NET_SOCKET)
@@ -518,6 +519,29 @@ def test_the_cpu_kv_refusal_quotes_vllms_numbers_and_is_not_retried() -> None:
     assert diagnosis.code is C.KV_CACHE_TOO_LARGE and not diagnosis.retryable
     assert "40.0 GiB" in diagnosis.summary and "19.12 of 21.46 GiB" in diagnosis.summary
     assert "without a Python error" not in diagnosis.summary
+
+
+def test_the_gpu_free_memory_refusal_quotes_vllms_numbers_and_is_not_retried() -> None:
+    # Before this row the tail read as "the engine core failed to start; no known signature", retried.
+    tail = tuple(read("gpu_memory_short_h200.log").split("\n"))
+    diagnosis = diagnose(FailureFacts(exit_code=1, log_tail=tail))
+    assert diagnosis.code is C.GPU_MEMORY_SHORT and not diagnosis.retryable
+    assert "39.29 of 139.8 GiB free" in diagnosis.summary and "0.9" in diagnosis.summary
+    assert "125.82 GiB" in diagnosis.summary
+    # Later vLLM names the device; the external-weights variant of the same refusal is the same row.
+    named = ("ValueError: Free memory on device cuda:0 (12.18/23.56 GiB) on startup is less than desired GPU "
+             "memory utilization (0.92, 21.67 GiB). Decrease GPU memory utilization or reduce GPU memory "
+             "used by other processes.")
+    d2 = diagnose(FailureFacts(exit_code=1, log_tail=(named,)))
+    assert d2.code is C.GPU_MEMORY_SHORT and "cuda:0" in d2.summary and "21.67 GiB" in d2.summary
+    external = ("ValueError: Free memory on device cuda:1 (5.00/79.15 GiB) on startup is less than the "
+                "engine's budget after excluding external process's weights (0.9, 60.00 GiB). Decrease GPU "
+                "memory utilization or reduce GPU memory used by other processes.")
+    assert diagnose(FailureFacts(exit_code=1, log_tail=(external,))).code is C.GPU_MEMORY_SHORT
+    # vLLM's start-up INFO line with the same opening is not a refusal.
+    info = ("(EngineCore pid=1) INFO 11-30 08:16:11 [gpu_worker.py:857] Free memory on device (139.29/139.8 "
+            "GiB) on startup. Desired GPU memory utilization is (0.3, 41.94 GiB).")
+    assert C.GPU_MEMORY_SHORT not in {f.code for f in scan_text(info)}
 
 
 def test_a_worker_death_after_a_traceback_never_says_without_a_python_error() -> None:
