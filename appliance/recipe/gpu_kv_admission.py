@@ -22,11 +22,12 @@ and the engine logs of docs/gpu-h200.md, tests/fixtures/engine_logs/gpu-h200/pie
   `EDGE_FRACTION` of the card's total is "at the edge" (warn), not a refusal.
 
 The cards: the recipe's `devices` (its CUDA_/HIP_VISIBLE_DEVICES), one per tensor-parallel rank, else
-the first `tensor_parallel_size` cards. These indices are the runtime's; NVML's are PCI bus order.
-They are the same card when CUDA_DEVICE_ORDER=PCI_BUS_ID (or on a host with one card, or cards whose
-CUDA order happens to be bus order); the appliance does not set that variable today, so the check
-maps a recipe's index to NVML's index of the same number — an assumption named in each message's
-numbers (`index_space`) and in docs/hardening-2.md.
+the first `tensor_parallel_size` cards. NVIDIA cards are always checked (no NVML is a warning);
+AMD/Hygon cards where amdgpu sysfs shows their VRAM (`mem_info_vram_total`/`_used`). These indices
+are the runtime's; NVML's are PCI bus order. They are the same card when CUDA_DEVICE_ORDER=PCI_BUS_ID
+(or on a host with one card, or cards whose CUDA order happens to be bus order); the appliance does
+not set that variable today, so the check maps a recipe's index to NVML's index of the same number —
+an assumption named in each check's numbers (`index_space`) and in docs/hardening-2.md.
 
 The engine being replaced: a restart or apply stops it before the new one starts, so the memory its
 processes hold on a card is free by then (`replaces_running=True`, the default). A side-by-side start
@@ -138,13 +139,18 @@ def gpu_memory_checks(recipe: Recipe, view: GpuMemoryView) -> list[MemCheck]:
         return []
     util = utilization(recipe)
     wanted = recipe_cards(recipe)
+    seen = {c.index: c for c in view.cards or () if c.vendor in vendors}
+    if recipe.platform is not Platform.CUDA and not any(
+            i in seen and seen[i].total_bytes is not None for i in wanted):
+        # AMD/Hygon: checked where amdgpu sysfs gives VRAM numbers; a DCU whose driver (hydcu) shows
+        # none is not a blind spot to warn about on every plan (the CUDA context figure is the H200's).
+        return []
     if view.cards is None:
         return [MemCheck(
             name="gpu-memory", verdict="warn",
             message=f"card memory unknown ({view.blind or 'not read'}): gpu_memory_utilization {util} "
                     f"on GPU(s) {list(wanted)} is not checked against what is free",
             numbers={"utilization": util})]
-    seen = {c.index: c for c in view.cards if c.vendor in vendors}
     return [_card_check(util, index, seen.get(index), view) for index in wanted]
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from appliance.diagnosis.diagnosis import DiagnosisCode
 from appliance.host_facts import HostFacts
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.gpu_health import CardHealth
@@ -238,7 +239,8 @@ class Preflight:
         refused = [c for c in checks if c.verdict == "refuse"]
         if not refused:
             return None
-        return Failure("gpu_memory_short", "; ".join(c.message for c in refused),
+        # The code of vLLM's own refusal (diagnosis): the same failure, caught before the start.
+        return Failure(DiagnosisCode.GPU_MEMORY_SHORT.value, "; ".join(c.message for c in refused),
                        f"`appliance plan {recipe.name}` shows each card's numbers; lower "
                        "engine.gpu_memory_utilization or stop what else holds the card (nvidia-smi lists "
                        "its processes)", retryable=False)

@@ -281,3 +281,15 @@ def test_process_memory_is_unknown_without_nvml_or_when_a_card_fails() -> None:
     reader = GpuReader(Path("/nonexistent"), nvml=True)
     reader._nvml = fake_nvml([[p(1, GIB)]], [[]], fail=True)  # type: ignore[assignment]
     assert reader.process_memory({1}) is None
+
+
+def test_a_dcu_is_checked_only_where_sysfs_shows_its_vram() -> None:
+    recipe = shipped()["gfx906-b-tp4-eager"]
+    # The reference host's DCUs show no mem_info_vram_* (hydcu): no check, no warning.
+    assert gpu_memory_checks(recipe, GpuMemoryView(cards=None)) == []
+    assert gpu_memory_checks(recipe, GpuMemoryView(cards=(h200(),), held={})) == []  # an NVIDIA card
+    # Where they are shown, each card is checked like an NVIDIA one.
+    dcu = CardMemory(index=0, vendor="hygon", total_bytes=34342961152, free_bytes=34342961152 - 31180000000)
+    checks = gpu_memory_checks(recipe, GpuMemoryView(cards=(dcu,), held={}))
+    assert [c.name for c in checks] == ["gpu-memory 0", "gpu-memory 1", "gpu-memory 2", "gpu-memory 3"]
+    assert checks[0].verdict == "refuse" and all(c.verdict == "warn" for c in checks[1:])
