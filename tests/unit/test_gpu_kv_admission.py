@@ -293,3 +293,21 @@ def test_a_dcu_is_checked_only_where_sysfs_shows_its_vram() -> None:
     checks = gpu_memory_checks(recipe, GpuMemoryView(cards=(dcu,), held={}))
     assert [c.name for c in checks] == ["gpu-memory 0", "gpu-memory 1", "gpu-memory 2", "gpu-memory 3"]
     assert checks[0].verdict == "refuse" and all(c.verdict == "warn" for c in checks[1:])
+
+
+def test_the_service_reads_the_running_engines_pids_from_the_host_watch() -> None:
+    from typing import cast
+
+    from controller.service import running_pids_of
+    from controller.supervisor.watch_link import HostWatchLink
+
+    launch: list[Any] = []
+    seen: dict[str, frozenset[int]] = {}
+    watch = SimpleNamespace(engine=SimpleNamespace(launch=lambda: launch[0] if launch else None),
+                            pids_of=lambda lid: seen.get(lid, frozenset()))
+    pids = running_pids_of(cast(HostWatchLink, watch))
+    assert pids() == frozenset()  # nothing runs: nothing to count back
+    launch.append(SimpleNamespace(launch_id="L1", handle=object()))
+    assert pids() is None  # it runs, none of its pids seen yet: its share is unknown
+    seen["L1"] = frozenset({41, 42})
+    assert pids() == frozenset({41, 42})
