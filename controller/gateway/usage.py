@@ -1,0 +1,193 @@
+"""Per-key usage: what the proxy reports when a request ends, summed per key per hour in memory,
+counted in Prometheus, charged to the token quotas, and written to ``usage_store`` off the request
+path.
+
+The request path does dictionary arithmetic only (``Accounting.record``). A writer task hands the
+pending sums to a worker thread every ``flush_s``; a batch that cannot be written (disk full, file
+removed, locked) is merged back and retried. The pending sums are bounded (``max_pending`` rows of
+key × hour): past that, a request's usage is dropped, and the drop is counted
+(``appliance_gateway_usage_dropped_total``, alert ``GatewayUsageLost``) and logged, never silent.
+A failing store never fails a request.
+
+Metrics (gateway registry; ``key_id`` is a key's public id, at most ``MAX_KEY_LABELS`` of them,
+the rest as "other"):
+
+- appliance_gateway_tokens_total (counter; key_id, kind=prompt|completion): tokens the engine
+  reported for the key's requests
+- appliance_gateway_key_requests_total (counter; key_id, outcome=ok|error): requests that reached
+  accounting (authenticated); error = status ≥ 400 or the client left (499)
+- appliance_gateway_quota_refused_total (counter; key_id): requests refused for a spent token quota
+- appliance_gateway_usage_dropped_total (counter): requests whose usage was lost (pending queue full)
+- appliance_gateway_usage_store_errors_total (counter): failed writes of the usage store
+- appliance_gateway_usage_pending_rows (gauge): key × hour sums waiting to be written
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from controller.gateway.keystore import KeyRecord
+from controller.gateway.limits import LimitExceeded
+from controller.gateway.quota import TokenQuotas
+from controller.gateway.usage_meter import Usage
+from controller.gateway.usage_store import HourUsage, UsageStore, UsageStoreError, hour_of
+
+log = logging.getLogger(__name__)
+
+PREFIX = "appliance_gateway_"
+MAX_KEY_LABELS = 1000
+OTHER = "other"
+
+
+class UsageMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.tokens = Counter(PREFIX + "tokens", "Tokens the engine reported, by key and kind.",
+                              ["key_id", "kind"], registry=r)
+        self.key_requests = Counter(PREFIX + "key_requests", "Accounted requests by key and outcome.",
+                                    ["key_id", "outcome"], registry=r)
+        self.quota_refused = Counter(PREFIX + "quota_refused", "Requests refused for a spent token quota.",
+                                     ["key_id"], registry=r)
+        self.dropped = Counter(PREFIX + "usage_dropped", "Requests whose usage was lost (queue full).",
+                               registry=r)
+        self.store_errors = Counter(PREFIX + "usage_store_errors", "Failed writes of the usage store.",
+                                    registry=r)
+        self.pending = Gauge(PREFIX + "usage_pending_rows", "Key x hour usage sums not yet written.",
+                             registry=r)
+        # .labels() costs microseconds; the request path looks children up here.
+        self._children: dict[str, tuple[Counter, Counter, Counter, Counter, Counter]] = {}
+
+    def children(self, key_id: str) -> tuple[Counter, Counter, Counter, Counter, Counter]:
+        """(prompt tokens, completion tokens, ok requests, error requests, quota refusals) of
+        ``key_id``."""
+        c = self._children.get(key_id)
+        if c is None:
+            label = key_id if len(self._children) < MAX_KEY_LABELS else OTHER
+            c = self._children.get(label)
+            if c is None:
+                c = (self.tokens.labels(label, "prompt"), self.tokens.labels(label, "completion"),
+                     self.key_requests.labels(label, "ok"), self.key_requests.labels(label, "error"),
+                     self.quota_refused.labels(label))
+                self._children[label] = c
+            self._children[key_id] = c
+        return c
+
+
+class Accounting:
+    """The proxy's hooks: ``admit`` before a request goes upstream, ``record`` when it ended."""
+
+    def __init__(
+        self,
+        store: UsageStore,
+        metrics: UsageMetrics,
+        quotas: TokenQuotas | None = None,
+        *,
+        flush_s: float = 2.0,
+        retention_days: float = 90.0,
+        max_pending: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.quotas = quotas if quotas is not None else TokenQuotas(clock)
+        self.flush_s = flush_s
+        self.retention_s = retention_days * 86400.0
+        self.max_pending = max_pending
+        self._clock = clock
+        self._pending: dict[tuple[str, int], HourUsage] = {}
+        self._failing = False
+        self.dropped = 0
+        self.metrics.pending.set_function(lambda: len(self._pending))
+
+    # -- request path ----------------------------------------------------------------------------
+
+    def admit(self, key: KeyRecord) -> LimitExceeded | None:
+        refused = self.quotas.check(key)
+        if refused is not None:
+            self.metrics.children(key.id)[4].inc()
+        return refused
+
+    def record(self, key: KeyRecord, status: int, usage: Usage, duration_s: float) -> None:
+        error = status >= 400
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        c_prompt, c_completion, c_ok, c_err, _ = self.metrics.children(key.id)
+        (c_err if error else c_ok).inc()
+        if prompt:
+            c_prompt.inc(prompt)
+        if completion:
+            c_completion.inc(completion)
+        self.quotas.charge(key, prompt + completion)
+        slot = (key.id, hour_of(self._clock()))
+        row = self._pending.get(slot)
+        if row is None:
+            if len(self._pending) >= self.max_pending:
+                self._drop(1)
+                return
+            row = self._pending[slot] = HourUsage()
+        row.requests += 1
+        row.errors += error
+        row.prompt_tokens += prompt
+        row.completion_tokens += completion
+        row.duration_s += duration_s
+
+    def _drop(self, requests: int) -> None:
+        if self.dropped == 0:
+            log.error("usage of %d request(s) lost: %d key x hour sums are waiting for the usage store "
+                      "%s (limit %d); see appliance_gateway_usage_dropped_total",
+                      requests, len(self._pending), self.store.path, self.max_pending)
+        self.dropped += requests
+        self.metrics.dropped.inc(requests)
+
+    # -- the writer ------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Blocking, at start-up: the quota levels the last run saved."""
+        try:
+            self.quotas.restore(self.store.quota_states())
+        except UsageStoreError as exc:
+            log.warning("token quota levels not restored (%s): every bucket starts full", exc)
+
+    async def flush(self) -> bool:
+        """Write what is pending (the write in a worker thread). True if written or nothing to do.
+        The pending sums are taken and merged back on the event loop, the only thread that
+        records: a request ending during the write lands in the next batch, never in a lost one."""
+        batch, self._pending = self._pending, {}
+        quotas = self.quotas.snapshot()
+        try:
+            await asyncio.to_thread(
+                self.store.write, batch, quotas, prune_before=self._clock() - self.retention_s
+            )
+        except UsageStoreError as exc:
+            self.metrics.store_errors.inc()
+            self._merge_back(batch)
+            if not self._failing:
+                self._failing = True
+                log.error("usage store write failed, keeping %d sums in memory (at most %d): %s",
+                          len(self._pending), self.max_pending, exc)
+            return False
+        if self._failing:
+            self._failing = False
+            log.warning("usage store %s writable again", self.store.path)
+        return True
+
+    def _merge_back(self, batch: dict[tuple[str, int], HourUsage]) -> None:
+        # Requests recorded while the write ran are in the new dict; the old sums join them.
+        for slot, usage in batch.items():
+            row = self._pending.get(slot)
+            if row is not None:
+                row.add(usage)
+            elif len(self._pending) < self.max_pending:
+                self._pending[slot] = usage
+            else:
+                self._drop(usage.requests)
+
+    async def run_writer(self) -> None:
+        """Flush every ``flush_s`` forever (cancel to stop; ``close`` writes the rest)."""
+        while True:
+            await asyncio.sleep(self.flush_s)
+            await self.flush()
