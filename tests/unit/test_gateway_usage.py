@@ -307,5 +307,5 @@ def test_key_label_set_is_bounded() -> None:
     metrics = UsageMetrics(CollectorRegistry())
     for i in range(MAX_KEY_LABELS + 50):
         metrics.children(f"{i:012x}")[0].inc()
-    labels = {s.labels["key_id"] for s in list(metrics.tokens.collect())[0].samples}
+    labels = {s.labels["key_id"] for s in next(iter(metrics.tokens.collect())).samples}
     assert len(labels) == MAX_KEY_LABELS + 1 and "other" in labels
