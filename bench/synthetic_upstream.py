@@ -232,7 +232,8 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 
 def _usage_event(rid: str, created: int, model: str, chat: bool, usage: dict[str, int]) -> bytes:
-    doc = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+    doc: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+           "created": created,
            "model": model, "choices": [], "usage": usage}
     return b"data: " + json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 

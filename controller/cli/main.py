@@ -52,10 +52,11 @@ def _register() -> None:
         keys_cmd,
         lifecycle_cmd,
         recipes_cmd,
+        usage_cmd,
     )
 
     for module in (recipes_cmd, doctor_cmd, engine_cmd, lifecycle_cmd, api_cmd, host_cmd, gateway_cmd,
-                   keys_cmd, evaluation_cmd):
+                   keys_cmd, usage_cmd, evaluation_cmd):
         module.register(app)
 
 
