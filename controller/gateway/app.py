@@ -31,7 +31,7 @@ from controller.gateway.limits import KeyLimiter
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.proxy import Proxy, Tee
 from controller.gateway.slot import Slot
-from controller.gateway.usage import Accounting, UsageMetrics
+from controller.gateway.usage import Accounting
 from controller.gateway.usage_store import UsageStore
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class GatewayApp:
         self.metrics.upstream_ready.set(1 if self.slot.current else 0)
         self.accounting = Accounting(
             UsageStore(config.usage_path),
-            UsageMetrics(self.metrics.registry),
+            self.metrics.usage,
             flush_s=config.usage_flush_s,
             retention_days=config.usage_retention_days,
             max_pending=config.usage_max_pending,

@@ -14,7 +14,7 @@ import pytest
 
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.quota import TokenQuotas
-from controller.gateway.usage import MAX_KEY_LABELS, Accounting, UsageMetrics
+from controller.gateway.usage import Accounting
 from controller.gateway.usage_meter import (
     BodyMeter,
     StreamMeter,
@@ -23,6 +23,7 @@ from controller.gateway.usage_meter import (
     ask_for_usage,
     parse_usage,
 )
+from controller.gateway.usage_metrics import MAX_KEY_LABELS, UsageMetrics
 from controller.gateway.usage_store import HourUsage, UsageStore
 
 FIX = Path(__file__).parent.parent / "fixtures" / "usage"
