@@ -36,11 +36,15 @@ _USAGE_OBJ = rb'"usage"\s*:\s*(?:null|\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})'
 _USAGE = re.compile(_USAGE_OBJ)
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-# The usage the gateway added to an event that has choices (the continuous stats the client did not
-# ask for). The final usage event (``"choices":[]``) is left alone by this one.
-_ADDED_USAGE = re.compile(rb'(?<!"choices":\[\]),\s*' + _USAGE_OBJ)
+_USAGE_AT = re.compile(_USAGE_OBJ)  # matched at a known position (anchored: no scan)
+# vLLM's own spelling (compact, this member order): read without a second search.
+_VLLM_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)[,}]')
+_MEMBER = b',"usage":'
+_FINAL_MARK = b'"choices":[]'
 # The final usage-only event, when the client did not ask for it.
 _FINAL_EVENT = re.compile(rb'data: \{[^\n]*"choices"\s*:\s*\[\]\s*,\s*"usage"[^\n]*\n\n')
+_ASK_BOTH = {"include_usage": True, "continuous_usage_stats": True}
+_ASK_BOTH_MEMBER = b'"stream_options":{"include_usage":true,"continuous_usage_stats":true}'
 
 # A stream whose events do not end within this many bytes is passed on as it comes (no stripping
 # can be done on a half event, and the gateway must not buffer without bound).
@@ -63,6 +67,14 @@ class Usage:
 
 def parse_usage(text: bytes, usage: Usage) -> bool:
     """Update ``usage`` from the last usage object in ``text``; True if there was one."""
+    at = text.rfind(b'"usage":{')
+    if at >= 0:
+        fast = _VLLM_USAGE.match(text, at)
+        if fast is not None:
+            usage.prompt_tokens = int(fast.group(1))
+            usage.completion_tokens = int(fast.group(2))
+            usage.seen = True
+            return True
     last = None
     for last in _USAGE.finditer(text):  # noqa: B007 — the last match is the latest total
         pass
@@ -109,7 +121,8 @@ def with_stream_options(body: bytes, doc: dict[str, Any], options: dict[str, Any
             return body
         return json.dumps({**doc, "stream_options": options}, ensure_ascii=False).encode()
     end = body.rstrip().rfind(b"}")
-    member = b'"stream_options":' + json.dumps(options, separators=(",", ":")).encode()
+    member = _ASK_BOTH_MEMBER if options == _ASK_BOTH else (
+        b'"stream_options":' + json.dumps(options, separators=(",", ":")).encode())
     head = body[:end].rstrip()
     sep = b"" if head.endswith(b"{") else b","
     return head + sep + member + body[end:]
@@ -159,8 +172,8 @@ class StreamMeter:
         parse_usage(chunk, self.usage)
         plan = self._plan
         if not plan.keep_continuous:
-            chunk = _ADDED_USAGE.sub(b"", chunk)
-            if not plan.keep_final:
+            chunk = _strip_added(chunk)
+            if not plan.keep_final and _FINAL_MARK in chunk:
                 chunk = _FINAL_EVENT.sub(b"", chunk)
         return chunk
 
@@ -168,6 +181,28 @@ class StreamMeter:
         """What is left of a stream that ended without a closing blank line."""
         rest, self._carry = self._carry, b""
         return rest
+
+
+def _strip_added(chunk: bytes) -> bytes:
+    """``chunk`` without the ``,"usage":{…}`` members of events that have choices (the running
+    totals the gateway asked for); the final usage event's member (after ``"choices":[]``) stays."""
+    at = chunk.find(_MEMBER)
+    if at < 0:
+        return chunk
+    parts: list[bytes] = []
+    last = 0
+    while at >= 0:
+        m = _USAGE_AT.match(chunk, at + 1)
+        if m is None:  # not an object we can read: leave the rest as it is
+            break
+        if chunk[at - len(_FINAL_MARK):at] != _FINAL_MARK:
+            parts.append(chunk[last:at])
+            last = m.end()
+        at = chunk.find(_MEMBER, m.end())
+    if not parts:
+        return chunk
+    parts.append(chunk[last:])
+    return b"".join(parts)
 
 
 class BodyMeter:
