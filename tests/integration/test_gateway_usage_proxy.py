@@ -4,6 +4,7 @@ every event when asked). The real engine's side is test_gateway_engine.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,3 +129,38 @@ async def test_unwritable_usage_store_does_not_fail_requests(
             text = await r.text()
     assert "appliance_gateway_usage_store_errors_total 0.0" not in text
     assert 'appliance_gateway_usage_pending_rows 1.0' in text
+
+
+async def test_a_client_leaving_mid_stream_is_counted_up_to_what_the_upstream_sent(tmp_path: Path) -> None:
+    """The client stops reading, then leaves: what the upstream had sent meanwhile (piled up in
+    buffers, its running totals included) is still read by the gateway before it closes, so the
+    count is the upstream's last total, not the last event the client took."""
+    up = SyntheticUpstream(Shape(ttft_s=0.01, chunks=2000, interval_s=0.0005, pad=2000), model="served")
+    await up.start()
+    try:
+        store = KeyStore(tmp_path / "keys.db")
+        rec, key = store.create("a")
+        async with serve_in_loop(_config(tmp_path, up)) as gw:
+            client = aiohttp.ClientSession()
+            r = await client.post(gw.url + "/v1/chat/completions", json={"model": "x", "stream": True},
+                                  headers=_h(key))
+            seen = 0
+            while seen < 5:
+                seen += (await r.content.readany()).count(b"data: ")
+            await asyncio.sleep(0.5)  # not reading: the socket buffers fill, the upstream pauses
+            r.close()
+            await client.close()
+            for _ in range(100):  # bounded: 5 s for the gateway to count the abandoned request
+                await gw.app.accounting.flush()
+                rows = UsageStore(tmp_path / "usage.sqlite3").query()
+                if rows:
+                    break
+                await asyncio.sleep(0.05)
+        [row] = rows
+        sent = bytes(up.requests[-1].sent)
+        last = [e for e in sent.split(b"\n\n") if b'"usage"' in e][-1]
+        upstream_total = json.loads(last[len(b"data: "):])["usage"]["completion_tokens"]
+        assert 5 <= upstream_total < 2000  # left mid-stream
+        assert (row.key_id, row.errors, row.completion_tokens) == (rec.id, 1, upstream_total)
+    finally:
+        await up.stop()
