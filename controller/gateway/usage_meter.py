@@ -39,8 +39,11 @@ _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _USAGE_AT = re.compile(_USAGE_OBJ)  # matched at a known position (anchored: no scan)
 # vLLM's own spelling (compact, this member order): read without a second search.
 _VLLM_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)[,}]')
-_MEMBER = b',"usage":'
+_NAME = b'"usage"'
+_WS_BYTES = frozenset(b" \t\r\n")
 _FINAL_MARK = b'"choices":[]'
+# What precedes the final usage event's member (an empty choices list).
+_FINAL_BEFORE = re.compile(rb'"choices"\s*:\s*\[\s*\]\s*$')
 # The final usage-only event, when the client did not ask for it.
 _FINAL_EVENT = re.compile(rb'data: \{[^\n]*"choices"\s*:\s*\[\]\s*,\s*"usage"[^\n]*\n\n')
 _ASK_BOTH = {"include_usage": True, "continuous_usage_stats": True}
@@ -186,19 +189,22 @@ class StreamMeter:
 def _strip_added(chunk: bytes) -> bytes:
     """``chunk`` without the ``,"usage":{…}`` members of events that have choices (the running
     totals the gateway asked for); the final usage event's member (after ``"choices":[]``) stays."""
-    at = chunk.find(_MEMBER)
+    at = chunk.find(_NAME)
     if at < 0:
         return chunk
     parts: list[bytes] = []
     last = 0
     while at >= 0:
-        m = _USAGE_AT.match(chunk, at + 1)
+        m = _USAGE_AT.match(chunk, at)
         if m is None:  # not an object we can read: leave the rest as it is
             break
-        if chunk[at - len(_FINAL_MARK):at] != _FINAL_MARK:
-            parts.append(chunk[last:at])
+        comma = at - 1
+        while comma > 0 and chunk[comma] in _WS_BYTES:
+            comma -= 1
+        if chunk[comma] == 0x2C and not _FINAL_BEFORE.search(chunk, max(0, comma - 40), comma):
+            parts.append(chunk[last:comma])
             last = m.end()
-        at = chunk.find(_MEMBER, m.end())
+        at = chunk.find(_NAME, m.end())
     if not parts:
         return chunk
     parts.append(chunk[last:])

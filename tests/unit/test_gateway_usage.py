@@ -310,3 +310,14 @@ def test_key_label_set_is_bounded() -> None:
         metrics.children(f"{i:012x}")[0].inc()
     labels = {s.labels["key_id"] for s in next(iter(metrics.tokens.collect())).samples}
     assert len(labels) == MAX_KEY_LABELS + 1 and "other" in labels
+
+
+def test_other_spellings_of_usage_are_read_and_stripped_too() -> None:
+    # Spaces, another member order, nested details: the general path, not vLLM's compact one.
+    event = (b'data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}}], "usage": '
+             b'{"completion_tokens": 7, "prompt_tokens": 3, '
+             b'"prompt_tokens_details": {"cached_tokens": 1}}}\n\n')
+    meter = StreamMeter(StreamPlan(False, False))
+    out = meter.feed(event)
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (3, 7)
+    assert json.loads(out[6:]) == {"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}}]}
