@@ -89,11 +89,8 @@ class GatewayApp:
                 await self._refresher
             self._refresher = None
         if self._usage_writer is not None:
-            self._usage_writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._usage_writer
+            await self.accounting.close(self._usage_writer)  # what the last requests used
             self._usage_writer = None
-            await self.accounting.flush()  # what the last requests used
         await self.proxy.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

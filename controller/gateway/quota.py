@@ -54,6 +54,7 @@ class TokenQuotas:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._buckets: dict[tuple[str, str], Bucket] = {}
+        self.dirty = False  # charged since the last snapshot (the writer saves only then)
 
     def _bucket(self, key_id: str, window: str, limit: int, now: float) -> Bucket:
         b = self._buckets.get((key_id, window))
@@ -95,12 +96,14 @@ class TokenQuotas:
         now = self._clock()
         for window, limit in _limits(key):
             self._bucket(key.id, window, limit, now).level -= tokens
+            self.dirty = True
 
     def level(self, key_id: str, window: str) -> float | None:
         b = self._buckets.get((key_id, window))
         return None if b is None else b.level
 
     def snapshot(self) -> list[BucketState]:
+        self.dirty = False
         return [BucketState(k, w, b.level, b.stamp) for (k, w), b in self._buckets.items()]
 
     def restore(self, states: Iterable[BucketState]) -> None:

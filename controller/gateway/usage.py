@@ -15,6 +15,7 @@ Metrics: ``usage_metrics``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ class Accounting:
         self._clock = clock
         self._pending: dict[tuple[str, int], HourUsage] = {}
         self._failing = False
+        self._stop = asyncio.Event()
         self.dropped = 0
         self.metrics.pending.set_function(lambda: len(self._pending))
 
@@ -106,6 +108,8 @@ class Accounting:
         """Write what is pending (the write in a worker thread). True if written or nothing to do.
         The pending sums are taken and merged back on the event loop, the only thread that
         records: a request ending during the write lands in the next batch, never in a lost one."""
+        if not self._pending and not self.quotas.dirty and not self._failing:
+            return True  # an idle gateway does not touch the disk
         batch, self._pending = self._pending, {}
         quotas = self.quotas.snapshot()
         try:
@@ -137,7 +141,16 @@ class Accounting:
                 self._drop(usage.requests)
 
     async def run_writer(self) -> None:
-        """Flush every ``flush_s`` forever (cancel to stop; ``close`` writes the rest)."""
-        while True:
-            await asyncio.sleep(self.flush_s)
+        """Flush every ``flush_s`` until ``close``. Never cancelled mid-write: a cancelled
+        ``to_thread`` may never run, and the batch it held would be lost."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.flush_s)
             await self.flush()
+
+    async def close(self, writer: asyncio.Task[None] | None) -> None:
+        """Stop the writer after its current flush, then write what is left."""
+        self._stop.set()
+        if writer is not None:
+            await writer
+        await self.flush()

@@ -114,6 +114,10 @@ class UsageStore:
             if write and not self._initialised:
                 self._init()
             conn = sqlite3.connect(self._uri("rw" if write else "ro"), timeout=5.0, uri=True)
+            if write:
+                # WAL + NORMAL: no fsync per commit; a power cut can lose the last seconds of usage,
+                # never corrupt the file. Usage is written every few seconds, off the request path.
+                conn.execute("PRAGMA synchronous=NORMAL")
         except (sqlite3.Error, OSError) as exc:
             raise UsageStoreError(f"usage store {self.path} cannot be opened: {exc}") from exc
         try:
