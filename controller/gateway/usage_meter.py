@@ -15,8 +15,9 @@ OpenAI-compatible answers), it never tokenizes:
 The engine's argv is not changed (vLLM's ``--enable-force-include-usage`` turns on continuous stats
 for every client, which would change what clients receive).
 
-Cost: a stream event is matched with one regular expression (C speed) for its usage; the strip is
-one ``sub`` per chunk. A non-streamed body is searched once at its end.
+Cost: the usage is found with ``bytes.rfind`` and read with one anchored match; the added member is
+cut out by slicing at the offsets found (3.5–4 µs per streamed event on the development host, about
+0.1 ms for a 32-token stream). A non-streamed body is searched once at its end (~6 µs).
 """
 
 from __future__ import annotations
