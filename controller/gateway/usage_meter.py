@@ -15,9 +15,9 @@ OpenAI-compatible answers), it never tokenizes:
 The engine's argv is not changed (vLLM's ``--enable-force-include-usage`` turns on continuous stats
 for every client, which would change what clients receive).
 
-Cost: the usage is found with ``bytes.rfind`` and read with one anchored match; the added member is
-cut out by slicing at the offsets found (3.5–4 µs per streamed event on the development host, about
-0.1 ms for a 32-token stream). A non-streamed body is searched once at its end (~6 µs).
+Cost: an event as vLLM writes it is read and cut with one ``find`` and one anchored match (1.2 µs
+per streamed event on the development host, ~40 µs for a 32-token stream); other spellings take a
+general path (~4 µs). A non-streamed body is searched once at its end (~6 µs).
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ _USAGE_AT = re.compile(_USAGE_OBJ)  # matched at a known position (anchored: no 
 # vLLM's own spelling (compact, this member order): read without a second search.
 _VLLM_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)[,}]')
 _NAME = b'"usage"'
+# The fast path: one vLLM event's running totals, as vLLM writes them (compact, this order, details
+# null or absent), read and cut out with one match.
+_VLLM_MEMBER_START = b',"usage":{"prompt_tokens":'
+_VLLM_MEMBER = re.compile(
+    rb',"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)(?:,"[a-z_]+":null)*\}'
+)
 _WS_BYTES = frozenset(b" \t\r\n")
 _FINAL_MARK = b'"choices":[]'
 # What precedes the final usage event's member (an empty choices list).
@@ -171,8 +177,21 @@ class StreamMeter:
                 return b""
             self._carry = chunk[cut:]
             chunk = chunk[:cut]
-        if b'"usage"' not in chunk:
-            return chunk
+        at = chunk.find(_VLLM_MEMBER_START)
+        if at < 0:
+            if _NAME not in chunk:
+                return chunk
+        elif chunk.find(_NAME, at + 10) < 0 and chunk[at - len(_FINAL_MARK):at] != _FINAL_MARK:
+            # One event's running totals (nearly every chunk of a stream): read and cut in one go.
+            m = _VLLM_MEMBER.match(chunk, at)
+            if m is not None:
+                usage = self.usage
+                usage.prompt_tokens = int(m.group(1))
+                usage.completion_tokens = int(m.group(2))
+                usage.seen = True
+                if self._plan.keep_continuous:
+                    return chunk
+                return chunk[:at] + chunk[m.end():]
         parse_usage(chunk, self.usage)
         plan = self._plan
         if not plan.keep_continuous:
