@@ -223,7 +223,9 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
                     check=True,
                 )
             store = KeyStore(work / f"keys-{name.replace('@', '-')}.db")
-            _, key = store.create("bench")
+            # Token quotas far above what a run spends: the quota check and charge run on every
+            # request (the usage path on, as in production), and never refuse.
+            _, key = store.create("bench", tpm_limit=10**9, tpd_limit=10**10)
             port = free_port()
             proc = Proc(
                 name,

@@ -175,9 +175,16 @@ class _Conn(asyncio.Protocol):
         chat = path.endswith("chat/completions")
         rng = random.Random(len(self.server.requests))
         words = [rng.choice(_WORDS) + " " + ("x" * shape.pad) for _ in range(shape.chunks)]
+        # Usage like vLLM's: prompt tokens ~ a quarter of the body's bytes, one token per chunk.
+        prompt_tokens = max(1, len(req.body) // 4)
+        options = doc.get("stream_options") if isinstance(doc.get("stream_options"), dict) else {}
+        final_usage = options.get("include_usage") is True
+        running_usage = final_usage and options.get("continuous_usage_stats") is True
         if not req.stream:
             await asyncio.sleep(shape.ttft_s + shape.interval_s * max(0, shape.chunks - 1))
-            self._send_full(req, 200, _full_body(self.server.model, chat, "".join(words)))
+            self._send_full(
+                req, 200, _full_body(self.server.model, chat, "".join(words), prompt_tokens, shape.chunks)
+            )
             return
         # Like vLLM (Starlette's StreamingResponse): the headers go out at once, the first token
         # after the prefill.
@@ -192,9 +199,14 @@ class _Conn(asyncio.Protocol):
         for i, word in enumerate(words):
             if i:
                 await asyncio.sleep(shape.interval_s)
-            event = _event(rid, created, self.server.model, chat, word, None)
+            usage = _usage(prompt_tokens, i + 1) if running_usage else None
+            event = _event(rid, created, self.server.model, chat, word, None, usage)
             await self._send_chunk(req, event)
-        await self._send_chunk(req, _event(rid, created, self.server.model, chat, "", "length"))
+        usage = _usage(prompt_tokens, shape.chunks) if running_usage else None
+        await self._send_chunk(req, _event(rid, created, self.server.model, chat, "", "length", usage))
+        if final_usage:
+            await self._send_chunk(req, _usage_event(rid, created, self.server.model, chat,
+                                                     _usage(prompt_tokens, shape.chunks)))
         await self._send_chunk(req, b"data: [DONE]\n\n")
         self._write(b"0\r\n\r\n", req)
 
@@ -215,7 +227,19 @@ class _Conn(asyncio.Protocol):
 _WORDS = ["the", "capital", "of", "France", "is", "Paris", "a", "token", "stream", "engine", "λ", "日本"]
 
 
-def _event(rid: str, created: int, model: str, chat: bool, text: str, finish: str | None) -> bytes:
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+
+
+def _usage_event(rid: str, created: int, model: str, chat: bool, usage: dict[str, int]) -> bytes:
+    doc: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+           "created": created,
+           "model": model, "choices": [], "usage": usage}
+    return b"data: " + json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _event(rid: str, created: int, model: str, chat: bool, text: str, finish: str | None,
+           usage: dict[str, int] | None = None) -> bytes:
     if chat:
         choice: dict[str, Any] = {
             "index": 0,
@@ -227,11 +251,15 @@ def _event(rid: str, created: int, model: str, chat: bool, text: str, finish: st
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    doc = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    doc: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    if usage is not None:
+        doc["usage"] = usage
     return b"data: " + json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _full_body(model: str, chat: bool, text: str) -> bytes:
+def _full_body(
+    model: str, chat: bool, text: str, prompt_tokens: int = 1, completion_tokens: int = 1
+) -> bytes:
     if chat:
         choice: dict[str, Any] = {
             "index": 0,
@@ -247,6 +275,7 @@ def _full_body(model: str, chat: bool, text: str) -> bytes:
             "created": int(time.time()),
             "model": model,
             "choices": [choice],
+            "usage": _usage(prompt_tokens, completion_tokens),
         }
     ).encode()
 

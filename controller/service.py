@@ -29,6 +29,7 @@ from controller.api.app import AdminGuard, create_app
 from controller.api.context import ApiContext
 from controller.api.gpu import gpu_router
 from controller.api.keys import keys_router
+from controller.api.usage import usage_router
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.gateway.control import ControlGateway
 from controller.metrics import ControllerMetrics
@@ -170,7 +171,8 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         driver.note("grant", blind)
     guard = AdminGuard(cfg.home)
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
-                                extra_routers=(keys_router(guard), gpu_router(guard, gpu_health)),
+                                extra_routers=(keys_router(guard), gpu_router(guard, gpu_health),
+                                               usage_router(guard)),
                                 listen_host=cfg.host))
     return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health)
 

@@ -12,11 +12,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.gateway.keystore import KeyNotFound, KeyRecord, KeyStore, KeyStoreError
+from controller.gateway.keystore import LIMIT_BOUNDS, KeyNotFound, KeyRecord, KeyStore, KeyStoreError
 from controller.settings import paths
 
-MAX_RPM_LIMIT = 1_000_000
-MAX_CONCURRENT = 10_000
+MAX_RPM_LIMIT = LIMIT_BOUNDS["rpm_limit"]
+MAX_CONCURRENT = LIMIT_BOUNDS["max_concurrent"]
+MAX_TPM_LIMIT = LIMIT_BOUNDS["tpm_limit"]
+MAX_TPD_LIMIT = LIMIT_BOUNDS["tpd_limit"]
 
 
 class KeyCreate(BaseModel):
@@ -28,6 +30,20 @@ class KeyCreate(BaseModel):
     # engine on one host serves; "no limit" is null.
     rpm_limit: int | None = Field(default=None, ge=1, le=MAX_RPM_LIMIT)
     max_concurrent: int | None = Field(default=None, ge=1, le=MAX_CONCURRENT)
+    # Token quotas (prompt + completion tokens, as the engine counts them): per minute, per day.
+    tpm_limit: int | None = Field(default=None, ge=1, le=MAX_TPM_LIMIT)
+    tpd_limit: int | None = Field(default=None, ge=1, le=MAX_TPD_LIMIT)
+
+
+class KeyUpdate(BaseModel):
+    """The limits to change; a limit left out keeps its value, null removes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm_limit: int | None = Field(default=None, ge=1, le=MAX_RPM_LIMIT)
+    max_concurrent: int | None = Field(default=None, ge=1, le=MAX_CONCURRENT)
+    tpm_limit: int | None = Field(default=None, ge=1, le=MAX_TPM_LIMIT)
+    tpd_limit: int | None = Field(default=None, ge=1, le=MAX_TPD_LIMIT)
 
 
 class KeyOut(BaseModel):
@@ -37,6 +53,8 @@ class KeyOut(BaseModel):
     revoked: float | None
     rpm_limit: int | None
     max_concurrent: int | None
+    tpm_limit: int | None = None
+    tpd_limit: int | None = None
 
     @classmethod
     def of(cls, record: KeyRecord) -> KeyOut:
@@ -48,7 +66,8 @@ class KeyCreated(KeyOut):
 
 
 def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None) -> APIRouter:
-    """``POST /keys``, ``GET /keys``, ``DELETE /keys/{id}``, all behind ``require_admin``.
+    """``POST /keys``, ``GET /keys``, ``PATCH /keys/{id}`` (limits), ``DELETE /keys/{id}``, all behind
+    ``require_admin``.
     ``store`` defaults to the appliance's key file (``paths().keys_db``), resolved per request so a
     test or an operator can change APPLIANCE_HOME without rebuilding the app."""
     router = APIRouter(prefix="/keys", tags=["keys"], dependencies=[Depends(require_admin)])
@@ -60,7 +79,9 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
     @router.post("", status_code=status.HTTP_201_CREATED, response_model=KeyCreated)
     def create_key(body: KeyCreate) -> KeyCreated:
         try:
-            record, key = _store().create(body.name, body.rpm_limit, body.max_concurrent)
+            record, key = _store().create(
+                body.name, body.rpm_limit, body.max_concurrent, body.tpm_limit, body.tpd_limit
+            )
         except KeyStoreError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
         return KeyCreated(**record.as_dict(), key=key)
@@ -68,6 +89,16 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
     @router.get("", response_model=list[KeyOut])
     def list_keys(include_revoked: bool = True) -> list[KeyOut]:
         return [KeyOut.of(r) for r in _store().list(include_revoked=include_revoked)]
+
+    @router.patch("/{key_id}", response_model=KeyOut)
+    def update_key(key_id: str, body: KeyUpdate) -> KeyOut:
+        limits = {name: getattr(body, name) for name in body.model_fields_set}
+        try:
+            return KeyOut.of(_store().update(key_id, limits))
+        except KeyNotFound as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+        except KeyStoreError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
 
     @router.delete("/{key_id}", response_model=KeyOut)
     def revoke_key(key_id: str) -> KeyOut:

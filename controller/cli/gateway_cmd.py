@@ -70,6 +70,9 @@ def gateway(
             f"token holders only (${METRICS_TOKEN_ENV} or the admin token), or everyone."
         ),
     ] = MetricsAccess.LOOPBACK,
+    usage_retention_days: Annotated[
+        float, typer.Option(min=1, max=3650, help="Days of hourly usage kept (usage.sqlite3, by the keys).")
+    ] = 90.0,
     log_level: Annotated[str, typer.Option(help="uvicorn/gateway log level.")] = "warning",
 ) -> None:
     """Run the gateway in the foreground. Admin calls need the token whose sha256 is in
@@ -99,6 +102,7 @@ def gateway(
         max_connections_per_client=max_connections_per_client,
         metrics_access=metrics_access,
         metrics_token_sha256=GatewayConfig.metrics_hash_from_env(),
+        usage_retention_days=usage_retention_days,
         log_level=log_level,
     )
     logsetup.configure(log_level)  # host-independent (controller/logsetup.py)

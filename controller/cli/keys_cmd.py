@@ -1,4 +1,4 @@
-"""`appliance keys create|list|revoke`: manage gateway API keys.
+"""`appliance keys create|list|update|revoke`: manage gateway API keys and their limits.
 
 Works on the key file directly, or through the controller's admin API with ``--api URL`` (admin
 token from $APPLIANCE_ADMIN_TOKEN). A key is printed once, at creation; only its hash is stored.
@@ -18,7 +18,7 @@ import typer
 from appliance import settings
 from controller.api.client import ApiError
 from controller.cli.options import JsonOpt
-from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
+from controller.gateway.keystore import LIMIT_BOUNDS, KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import paths
 
 ADMIN_TOKEN_CLIENT_ENV = "APPLIANCE_ADMIN_TOKEN"
@@ -79,6 +79,18 @@ def _shown(text: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+TpmOpt = Annotated[
+    int | None,
+    typer.Option("--tpm", min=1, max=LIMIT_BOUNDS["tpm_limit"],
+                 help="Tokens per minute, prompt + completion (unset: no limit)."),
+]
+TpdOpt = Annotated[
+    int | None,
+    typer.Option("--tpd", min=1, max=LIMIT_BOUNDS["tpd_limit"],
+                 help="Tokens per day, prompt + completion (unset: no limit)."),
+]
+
+
 def _when(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
@@ -92,16 +104,19 @@ def create(
     max_concurrent: Annotated[
         int | None, typer.Option("--max-concurrent", min=1, help="Concurrent requests (unset: no limit).")
     ] = None,
+    tpm: TpmOpt = None,
+    tpd: TpdOpt = None,
     keys: KeysOpt = None,
     api: ApiOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key and print it (the only time it is ever shown)."""
     if api:
-        out = _api(api, "POST", "/keys", {"name": name, "rpm_limit": rpm, "max_concurrent": max_concurrent})
+        out = _api(api, "POST", "/keys", {"name": name, "rpm_limit": rpm, "max_concurrent": max_concurrent,
+                                          "tpm_limit": tpm, "tpd_limit": tpd})
     else:
         try:
-            record, key = KeyStore(keys or paths().keys_db).create(name, rpm, max_concurrent)
+            record, key = KeyStore(keys or paths().keys_db).create(name, rpm, max_concurrent, tpm, tpd)
         except KeyStoreError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
@@ -129,12 +144,55 @@ def list_keys(
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'RPM':>6} {'CONC':>5}")
+    typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'RPM':>6} {'CONC':>5} "
+               f"{'TOK/MIN':>9} {'TOK/DAY':>11}")
     for r in rows:
         typer.echo(
             f"{r['id']:<13} {_shown(r['name'])[:24]:<24} {_when(r['created']):<19} {_when(r['revoked']):<19} "
-            f"{r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5}"
+            f"{r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5} "
+            f"{r.get('tpm_limit') or '-':>9} {r.get('tpd_limit') or '-':>11}"
         )
+
+
+_NONE_HELP = " 0 removes the limit."
+
+
+@keys_app.command("update")
+def update(
+    key_id: Annotated[str, typer.Argument(help="The key's id (from `appliance keys list`).")],
+    rpm: Annotated[int | None, typer.Option("--rpm", min=0, max=LIMIT_BOUNDS["rpm_limit"],
+                                            help="Requests per minute." + _NONE_HELP)] = None,
+    max_concurrent: Annotated[int | None, typer.Option(
+        "--max-concurrent", min=0, max=LIMIT_BOUNDS["max_concurrent"],
+        help="Concurrent requests." + _NONE_HELP)] = None,
+    tpm: Annotated[int | None, typer.Option("--tpm", min=0, max=LIMIT_BOUNDS["tpm_limit"],
+                                            help="Tokens per minute." + _NONE_HELP)] = None,
+    tpd: Annotated[int | None, typer.Option("--tpd", min=0, max=LIMIT_BOUNDS["tpd_limit"],
+                                            help="Tokens per day." + _NONE_HELP)] = None,
+    keys: KeysOpt = None,
+    api: ApiOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a key's limits; the gateway applies them within about a second."""
+    given = {"rpm_limit": rpm, "max_concurrent": max_concurrent, "tpm_limit": tpm, "tpd_limit": tpd}
+    # 0 on the command line means "no limit" (null): a limit of 0 would refuse every request.
+    limits: dict[str, int | None] = {k: (v or None) for k, v in given.items() if v is not None}
+    if not limits:
+        raise typer.BadParameter("name at least one of --rpm, --max-concurrent, --tpm, --tpd",
+                                 param_hint="limits")
+    if api:
+        out: dict[str, Any] = _api(api, "PATCH", f"/keys/{key_id}", limits)
+    else:
+        try:
+            out = KeyStore(keys or paths().keys_db).update(key_id, limits).as_dict()
+        except KeyStoreError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    shown = ", ".join(f"{k}={v if v is not None else 'none'}" for k, v in limits.items())
+    typer.echo(f"updated {key_id}: {shown}")
 
 
 @keys_app.command("revoke")

@@ -53,10 +53,11 @@ def _register() -> None:
         keys_cmd,
         lifecycle_cmd,
         recipes_cmd,
+        usage_cmd,
     )
 
     for module in (recipes_cmd, doctor_cmd, engine_cmd, lifecycle_cmd, api_cmd, host_cmd, gateway_cmd,
-                   keys_cmd, evaluation_cmd, gpu_cmd):
+                   keys_cmd, evaluation_cmd, gpu_cmd, usage_cmd):
         module.register(app)
 
 

@@ -44,8 +44,9 @@ from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
 from controller.console.gpu_views import gpu_health_view
+from controller.console.usage_views import UsageView, optional_quota, usage_view
 from controller.evaluation.store import EvalStore
-from controller.gateway.keystore import KeyNotFound, KeyStore, KeyStoreError
+from controller.gateway.keystore import KeyNotFound, KeyRecord, KeyStore, KeyStoreError
 from controller.settings import Paths
 from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import Apply, Restart, Stop
@@ -464,11 +465,19 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
 
     # -- Keys
 
+    def usage_of(rows: list[KeyRecord], request: Request) -> UsageView:
+        try:
+            days = int(request.query_params.get("days", "1"))
+        except ValueError:
+            days = 1
+        return usage_view(keystore().path.with_name("usage.sqlite3"), rows, days)
+
     @router.get("/keys")
     async def keys(request: Request) -> Response:
         session = current(request)
         rows = await asyncio.to_thread(keystore().list, True)
-        return page(request, "keys.html", session, keys=rows, created=None)
+        usage = await asyncio.to_thread(usage_of, rows, request)
+        return page(request, "keys.html", session, keys=rows, created=None, usage=usage)
 
     @router.post("/keys")
     async def create_key(request: Request) -> Response:
@@ -479,13 +488,19 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
             name = views.key_name(form.get("name", ""))
             rpm = views.optional_positive(form.get("rpm_limit", ""), "requests/min")
             conc = views.optional_positive(form.get("max_concurrent", ""), "max concurrent")
-            record, key = await asyncio.to_thread(keystore().create, name, rpm, conc)
+            tpm = optional_quota(form.get("tpm_limit", ""), "tpm_limit", "tokens/min")
+            tpd = optional_quota(form.get("tpd_limit", ""), "tpd_limit", "tokens/day")
+            record, key = await asyncio.to_thread(keystore().create, name, rpm, conc, tpm, tpd)
         except (KeyStoreError, ValueError) as exc:
             rows = await asyncio.to_thread(keystore().list, True)
-            return page(request, "keys.html", session, 422, keys=rows, created=None, error=str(exc))
+            usage = await asyncio.to_thread(usage_of, rows, request)
+            return page(request, "keys.html", session, 422, keys=rows, created=None, error=str(exc),
+                        usage=usage)
         rows = await asyncio.to_thread(keystore().list, True)
+        usage = await asyncio.to_thread(usage_of, rows, request)
         # The key itself, this once: it is not stored (only its hash) and no other page shows it.
-        return page(request, "keys.html", session, 201, keys=rows, created={"record": record, "key": key})
+        return page(request, "keys.html", session, 201, keys=rows, created={"record": record, "key": key},
+                    usage=usage)
 
     @router.post("/keys/{key_id}/revoke")
     async def revoke_key(request: Request, key_id: str) -> Response:

@@ -31,6 +31,8 @@ from controller.gateway.limits import KeyLimiter
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.proxy import Proxy, Tee
 from controller.gateway.slot import Slot
+from controller.gateway.usage import Accounting
+from controller.gateway.usage_store import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +52,19 @@ class GatewayApp:
         if config.upstream_url:
             self.slot.set(config.upstream_url, config.served_model)
         self.metrics.upstream_ready.set(1 if self.slot.current else 0)
-        self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee)
+        self.accounting = Accounting(
+            UsageStore(config.usage_path),
+            self.metrics.usage,
+            flush_s=config.usage_flush_s,
+            retention_days=config.usage_retention_days,
+            max_pending=config.usage_max_pending,
+        )
+        self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee, self.accounting)
         admin_auth = AdminAuth(config.admin_token_sha256)
         self.admin = Admin(admin_auth, self.slot, self.metrics)
         self._observer_auth = (admin_auth, AdminAuth(config.metrics_token_sha256))
         self._refresher: asyncio.Task[None] | None = None
+        self._usage_writer: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
         # Blocking read on purpose: the gateway must not accept requests before it knows the keys.
@@ -67,8 +77,10 @@ class GatewayApp:
                 self.config.keys_db,
             )
         self.metrics.keys_loaded.set_function(lambda: self.keys.size)
+        self.accounting.restore()  # the day's quota is not reset by a restart
         await self.proxy.start()
         self._refresher = asyncio.create_task(self.keys.run_refresher())
+        self._usage_writer = asyncio.create_task(self.accounting.run_writer())
 
     async def shutdown(self) -> None:
         if self._refresher is not None:
@@ -76,6 +88,9 @@ class GatewayApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
             self._refresher = None
+        if self._usage_writer is not None:
+            await self.accounting.close(self._usage_writer)  # what the last requests used
+            self._usage_writer = None
         await self.proxy.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

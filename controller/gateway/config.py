@@ -70,8 +70,18 @@ class GatewayConfig:
     # --- observability surface ---
     metrics_access: MetricsAccess = MetricsAccess.LOOPBACK
     metrics_token_sha256: str | None = None
+    # --- usage and token quotas (``usage.py``) ---
+    # Usage per key per hour; default: usage.sqlite3 beside the key store.
+    usage_db: Path | None = None
+    usage_flush_s: float = 2.0  # how often pending sums are written (and quota levels saved)
+    usage_retention_days: float = 90.0  # hourly rows older than this are deleted
+    usage_max_pending: int = 10_000  # key x hour sums held while the store cannot be written
     graceful_shutdown_s: float = 30.0
     log_level: str = "warning"
+
+    @property
+    def usage_path(self) -> Path:
+        return self.usage_db if self.usage_db is not None else self.keys_db.with_name("usage.sqlite3")
 
     @staticmethod
     def admin_hash_from_env() -> str | None:

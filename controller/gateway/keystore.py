@@ -42,7 +42,9 @@ CREATE TABLE IF NOT EXISTS keys (
     created REAL NOT NULL,
     revoked REAL,
     rpm_limit INTEGER,
-    max_concurrent INTEGER
+    max_concurrent INTEGER,
+    tpm_limit INTEGER,
+    tpd_limit INTEGER
 );
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta (k, v) VALUES ('version', 0);
@@ -53,6 +55,36 @@ CREATE TRIGGER IF NOT EXISTS keys_version_upd AFTER UPDATE ON keys
 CREATE TRIGGER IF NOT EXISTS keys_version_del AFTER DELETE ON keys
     BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
 """
+
+
+# Columns added after the first release: a store created before them gets them on first open.
+_ADDED_COLUMNS = (("tpm_limit", "INTEGER"), ("tpd_limit", "INTEGER"))
+
+# The limits a key may carry, with the largest value each accepts: "absurd" is refused (an SQLite
+# overflow was a 500), "no limit" is None. A million requests a minute and 10 000 in flight are far
+# past one engine on one host; a billion tokens a minute / ten billion a day are too (the reference
+# host decodes at tens of tokens per second per stream, docs/domain.md §2).
+LIMIT_BOUNDS: dict[str, int] = {
+    "rpm_limit": 1_000_000,
+    "max_concurrent": 10_000,
+    "tpm_limit": 1_000_000_000,
+    "tpd_limit": 10_000_000_000,
+}
+
+
+def check_limits(limits: dict[str, int | None]) -> None:
+    """``KeyStoreError`` naming the first limit that is not None and outside 1..its bound."""
+    for label, value in limits.items():
+        if label not in LIMIT_BOUNDS:
+            raise KeyStoreError(f"unknown limit {label!r}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise KeyStoreError(f"{label} must be a whole number, got {value!r}")
+        if value < 1:
+            raise KeyStoreError(f"{label} must be at least 1 (or unset for no limit), got {value}")
+        if value > LIMIT_BOUNDS[label]:
+            raise KeyStoreError(f"{label} must be at most {LIMIT_BOUNDS[label]}, got {value}")
 
 
 class KeyStoreError(Exception):
@@ -79,6 +111,8 @@ class KeyRecord:
     revoked: float | None
     rpm_limit: int | None
     max_concurrent: int | None
+    tpm_limit: int | None = None  # prompt + completion tokens per minute
+    tpd_limit: int | None = None  # prompt + completion tokens per day
 
     @property
     def active(self) -> bool:
@@ -92,6 +126,8 @@ class KeyRecord:
             "revoked": self.revoked,
             "rpm_limit": self.rpm_limit,
             "max_concurrent": self.max_concurrent,
+            "tpm_limit": self.tpm_limit,
+            "tpd_limit": self.tpd_limit,
         }
 
 
@@ -132,6 +168,8 @@ def _row_to_record(row: sqlite3.Row) -> KeyRecord:
         revoked=row["revoked"],
         rpm_limit=row["rpm_limit"],
         max_concurrent=row["max_concurrent"],
+        tpm_limit=row["tpm_limit"],
+        tpd_limit=row["tpd_limit"],
     )
 
 
@@ -187,6 +225,10 @@ class KeyStore:
             # WAL: the gateway's once-a-second read never waits for a CLI write, nor blocks it.
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+            have = {r[1] for r in conn.execute("PRAGMA table_info(keys)")}
+            for column, kind in _ADDED_COLUMNS:
+                if column not in have:
+                    conn.execute(f"ALTER TABLE keys ADD COLUMN {column} {kind}")
             conn.commit()
         finally:
             conn.close()
@@ -201,7 +243,12 @@ class KeyStore:
         return FileIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def create(
-        self, name: str, rpm_limit: int | None = None, max_concurrent: int | None = None
+        self,
+        name: str,
+        rpm_limit: int | None = None,
+        max_concurrent: int | None = None,
+        tpm_limit: int | None = None,
+        tpd_limit: int | None = None,
     ) -> tuple[KeyRecord, str]:
         """Make a new key. Returns the record and the key itself, which is not stored anywhere."""
         if not name.strip():
@@ -210,9 +257,8 @@ class KeyStore:
             # A name with control characters (an escape sequence) was printed
             # raw by `appliance keys list`: terminal injection.
             raise KeyStoreError("a key name must be printable text (no control characters or line breaks)")
-        for label, value in (("rpm_limit", rpm_limit), ("max_concurrent", max_concurrent)):
-            if value is not None and value < 1:
-                raise KeyStoreError(f"{label} must be at least 1 (or unset for no limit), got {value}")
+        check_limits({"rpm_limit": rpm_limit, "max_concurrent": max_concurrent,
+                      "tpm_limit": tpm_limit, "tpd_limit": tpd_limit})
         key_id = secrets.token_hex(ID_HEX_LEN // 2)
         key = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"
         record = KeyRecord(
@@ -222,14 +268,34 @@ class KeyStore:
             revoked=None,
             rpm_limit=rpm_limit,
             max_concurrent=max_concurrent,
+            tpm_limit=tpm_limit,
+            tpd_limit=tpd_limit,
         )
         with self._connect() as conn:
             conn.execute(
-                "INSERT INTO keys (id, name, key_sha256, created, revoked, rpm_limit, max_concurrent)"
-                " VALUES (?, ?, ?, ?, NULL, ?, ?)",
-                (key_id, name, hash_key(key), record.created, rpm_limit, max_concurrent),
+                "INSERT INTO keys (id, name, key_sha256, created, revoked, rpm_limit, max_concurrent,"
+                " tpm_limit, tpd_limit) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                (key_id, name, hash_key(key), record.created, rpm_limit, max_concurrent,
+                 tpm_limit, tpd_limit),
             )
         return record, key
+
+    def update(self, key_id: str, limits: dict[str, int | None]) -> KeyRecord:
+        """Set the given limits (None: no limit) of a key; limits not named keep their value. The
+        gateway applies them within about a second (the version row moves)."""
+        check_limits(limits)
+        if not _ID_RE.match(key_id) or not self.path.exists():
+            raise KeyNotFound(key_id)
+        if limits:
+            # Column names come from LIMIT_BOUNDS (checked above), never from the caller's text.
+            assignments = ", ".join(f"{label} = ?" for label in limits)
+            with self._connect(create=False) as conn:
+                cur = conn.execute(
+                    f"UPDATE keys SET {assignments} WHERE id = ?", (*limits.values(), key_id)
+                )
+                if cur.rowcount == 0:
+                    raise KeyNotFound(key_id)
+        return self.get(key_id)
 
     def list(self, include_revoked: bool = True) -> list[KeyRecord]:
         """Every key; none when there is no store. A read never creates the store (a deleted store

@@ -22,6 +22,7 @@ Metric (type; labels): meaning
 - appliance_gateway_upstream_switches_total (counter): upstream changes through the admin surface
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
 - appliance_gateway_keys_loaded (gauge): keys in the gateway's cache (revoked ones included)
+- usage per key, token quotas and the usage store: ``usage_metrics``
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from itertools import accumulate
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from controller.gateway.usage_metrics import UsageMetrics
 
 PREFIX = "appliance_gateway_"
 
@@ -140,6 +143,7 @@ class GatewayMetrics:
             PREFIX + "drain_aborted", "Requests cut off at a drain deadline.", registry=r
         )
         self.keys_loaded = Gauge(PREFIX + "keys_loaded", "Keys in the gateway's cache.", registry=r)
+        self.usage = UsageMetrics(r)
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(kind)  # export zeros so rate() works from the first scrape
         # .labels() costs a few microseconds; the hot path looks children up in these dicts.

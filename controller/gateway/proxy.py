@@ -48,6 +48,15 @@ from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.protocol import DISCONNECT_HOOK, DisconnectHook
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
+from controller.gateway.usage import Accounting
+from controller.gateway.usage_meter import (
+    STREAM_USAGE_ROUTES,
+    BodyMeter,
+    StreamMeter,
+    StreamPlan,
+    Usage,
+    ask_for_usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +173,10 @@ class Proxy:
         slot: Slot,
         metrics: GatewayMetrics,
         tee: Tee | None = None,
+        accounting: Accounting | None = None,
     ) -> None:
         self.config = config
+        self.accounting = accounting
         self.keys = keys
         self.limiter = limiter
         self.slot = slot
@@ -214,6 +225,14 @@ class Proxy:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._body_pool, alias_model, body, served_model, depth)
 
+    async def _ask_usage(self, body: bytes) -> tuple[bytes, StreamPlan | None]:
+        """A stream request's body asking the engine for usage (``usage_meter``), and what the
+        client itself asked for."""
+        if len(body) <= self.config.inline_json_bytes or self._body_pool is None:
+            return ask_for_usage(body)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._body_pool, ask_for_usage, body)
+
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = perf_counter()
         route = route_label(scope["path"])
@@ -253,9 +272,12 @@ class Proxy:
             )
             self.metrics.count_request(route, 401, "none")
             return
+        usage = Usage()
         status = await self._admitted(
-            scope, receive, send, key, route, request_id, content_type, content_length, t0
+            scope, receive, send, key, route, request_id, content_type, content_length, t0, usage
         )
+        if self.accounting is not None:
+            self.accounting.record(key, status, usage, perf_counter() - t0)
         self.metrics.count_request(route, status, key.id)
         self.metrics.route_histograms(route)[0].observe(perf_counter() - t0)
 
@@ -270,8 +292,21 @@ class Proxy:
         content_type: bytes,
         content_length: bytes | None,
         t0: float,
+        usage: Usage,
     ) -> int:
         rid = (b"x-request-id", request_id)
+        if self.accounting is not None:
+            # Before the body is read: a key whose token quota is spent costs nothing more.
+            refused = self.accounting.admit(key)
+            if refused is not None:
+                await send_error(
+                    send,
+                    429,
+                    refused.reason,
+                    "rate_limit_error",
+                    [rid, (b"retry-after", str(refused.retry_after_s).encode())],
+                )
+                return 429
         limit = self.config.max_body_bytes
         too_large = f"request body larger than {limit} bytes"
         if content_length is not None and content_length.isdigit() and int(content_length) > limit:
@@ -298,6 +333,10 @@ class Proxy:
             except BodyError as exc:
                 await send_error(send, 400, str(exc), "invalid_request_error", [rid])
                 return 400
+        plan: StreamPlan | None = None
+        if json_body and self.accounting is not None and route in STREAM_USAGE_ROUTES \
+                and b'"stream"' in body:
+            body, plan = await self._ask_usage(body)
 
         lease = self.limiter.try_acquire(key)
         if isinstance(lease, LimitExceeded):
@@ -311,7 +350,7 @@ class Proxy:
             return 429
         try:
             return await self._forward(
-                scope, receive, send, route, request_id, body, json_body, served, t0
+                scope, receive, send, route, request_id, body, json_body, served, t0, plan, usage
             )
         finally:
             lease.release()
@@ -327,6 +366,8 @@ class Proxy:
         json_body: bool,
         served: str | None,
         t0: float,
+        plan: StreamPlan | None = None,
+        usage: Usage | None = None,
     ) -> int:
         task = asyncio.current_task()
         assert task is not None
@@ -365,7 +406,9 @@ class Proxy:
                 body = await self._prepare_body(body, upstream.served_model)
             entry = self.slot.track(upstream, state.abort)
             self.metrics.in_flight.inc()
-            return await self._exchange(scope, send, route, request_id, body, upstream, state, t0)
+            return await self._exchange(
+                scope, send, route, request_id, body, upstream, state, t0, plan, usage
+            )
         except asyncio.CancelledError:
             if state.reason is None:
                 raise  # not ours (server shutdown): let it propagate
@@ -392,6 +435,25 @@ class Proxy:
             if entry is not None:
                 self.slot.untrack(entry)
                 self.metrics.in_flight.dec()
+
+    async def _last_usage(self, resp: aiohttp.ClientResponse, meter: StreamMeter) -> None:
+        """The client left mid-stream: tell the engine (half-close: vLLM takes the end of its input
+        for a disconnect and aborts) and read, briefly, what it had already sent, so that the last
+        running total the engine reported is the one counted. Never longer than a second."""
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()
+        connection = resp.connection
+        transport = connection.transport if connection is not None else None
+        if transport is None or not transport.can_write_eof():
+            return
+        try:
+            transport.write_eof()
+            async with asyncio.timeout(1.0):
+                while chunk := await resp.content.readany():
+                    meter.feed(chunk)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass
 
     @staticmethod
     async def _watch(receive: Receive, state: _RequestState) -> None:
@@ -421,6 +483,8 @@ class Proxy:
         upstream: Upstream,
         state: _RequestState,
         t0: float,
+        plan: StreamPlan | None = None,
+        usage: Usage | None = None,
     ) -> int:
         assert self.session is not None, "gateway not started (lifespan did not run)"
         rid = (b"x-request-id", request_id)
@@ -527,24 +591,40 @@ class Proxy:
             if is_stream:
                 self.metrics.in_flight_streams.inc()
                 _, ttft, itl = self.metrics.route_histograms(route)
+                meter = StreamMeter(plan, usage) if plan is not None else None
                 chunk = await content.readany()
                 last = perf_counter()
                 if chunk:
                     ttft.observe(last - t0)
-                while chunk:
-                    if tee is not None:
-                        tee(request_id, chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    chunk = await content.readany()
-                    now = perf_counter()
-                    if chunk:
-                        itl.observe(now - last)
-                    last = now
+                try:
+                    while chunk:
+                        if tee is not None:
+                            tee(request_id, chunk)
+                        if meter is not None:
+                            chunk = meter.feed(chunk)
+                        if chunk:
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        chunk = await content.readany()
+                        now = perf_counter()
+                        if chunk:
+                            itl.observe(now - last)
+                        last = now
+                    if meter is not None and (rest := meter.flush()):
+                        await send({"type": "http.response.body", "body": rest, "more_body": True})
+                except asyncio.CancelledError:
+                    if meter is not None and state.reason == "client":
+                        await self._last_usage(resp, meter)
+                    raise
             else:
+                body_meter = BodyMeter(usage) if usage is not None else None
                 while chunk := await content.readany():
                     if tee is not None:
                         tee(request_id, chunk)
+                    if body_meter is not None:
+                        body_meter.feed(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if body_meter is not None:
+                    body_meter.finish()
             complete = True
             state.finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})

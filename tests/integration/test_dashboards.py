@@ -195,7 +195,13 @@ class Traffic:
             i += 1
             route = "/v1/chat/completions"
             self.gw.count_request(route, 200, "k1")
+            prompt, completion, ok, failed, quota_refused = self.gw.usage.children("k1")
+            prompt.inc(30)
+            completion.inc(12)
+            ok.inc()
             if i % 10 == 0:
+                failed.inc()
+                quota_refused.inc()
                 self.gw.count_request(route, 503, "none")
                 self.gw.upstream_errors.labels("connect").inc()
             duration, ttft, itl = self.gw.route_histograms(route)
@@ -250,6 +256,7 @@ def exporters() -> Iterator[dict[str, str]]:
     gw.in_flight_streams.set(1)
     gw.upstream_ready.set(1)
     gw.keys_loaded.set(3)
+    gw.usage.pending.set(1)
     gw.switches.inc()
     _set_controller_values()
     c_server, c_thread, c_addr = _serve(metrics.registry)

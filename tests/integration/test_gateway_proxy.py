@@ -90,7 +90,10 @@ async def test_streams_are_byte_identical(
             ("completions", 3000, 5),
             ("chat/completions", 70000, 3),
         ]:
-            body = {"model": "anything", "stream": True, "max_tokens": chunks, "synthetic": {"pad": pad}}
+            # The client asks for the usage the gateway asks for anyway, so nothing is removed
+            # (test_gateway_usage_proxy.py covers a client that asks for less).
+            body = {"model": "anything", "stream": True, "max_tokens": chunks, "synthetic": {"pad": pad},
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             async with s.post(f"{gateway.url}/v1/{route}", json=body, headers=h(key)) as r:
                 assert r.status == 200
                 assert r.headers["Content-Type"].startswith("text/event-stream")
@@ -99,7 +102,7 @@ async def test_streams_are_byte_identical(
             sent = bytes(upstream.requests[-1].sent)
             assert got == sent, f"{route} pad={pad}: client bytes differ from upstream bytes"
             assert bytes(tee.received[rid]) == sent
-            assert got.endswith(b"data: [DONE]\n\n") and got.count(b"data: ") == chunks + 2
+            assert got.endswith(b"data: [DONE]\n\n") and got.count(b"data: ") == chunks + 3  # + usage event
 
 
 async def test_non_streaming_is_identical_and_keeps_content_length(

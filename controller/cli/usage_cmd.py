@@ -1,0 +1,102 @@
+"""`appliance usage`: tokens, requests, errors and time per gateway key per hour.
+
+Reads the gateway's usage file (``usage.sqlite3`` beside the key store) directly, or the
+controller's ``GET /usage`` with ``--api URL`` (admin token from $APPLIANCE_ADMIN_TOKEN).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from controller.api.usage import usage_path
+from controller.cli.keys_cmd import ApiOpt, KeysOpt, _api
+from controller.cli.options import JsonOpt
+from controller.gateway.keystore import KeyStore
+from controller.gateway.usage_report import RangeError, parse_range, report, resolve_keys
+from controller.gateway.usage_store import UsageStore, UsageStoreError
+from controller.settings import paths
+
+_COLUMNS = ("hour_utc", "key_id", "key_name", "requests", "errors", "prompt_tokens", "completion_tokens",
+            "total_tokens", "duration_s")
+
+KeyFilterOpt = Annotated[
+    list[str] | None, typer.Option("--key", help="A key's name or id (repeat for more).")
+]
+
+
+def usage(
+    key: KeyFilterOpt = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Start: 24h, 7d, 30m (ago), 2026-12-01, 2026-12-01T10:00 (UTC) or Unix seconds. "
+                        "Default: 24h.")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="End (same spellings). Default: now.")] = None,
+    as_csv: Annotated[bool, typer.Option("--csv", help="One CSV row per key per hour.", metavar="")] = False,
+    keys: KeysOpt = None,
+    api: ApiOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Usage per key per hour, with totals (the engine's own token counts)."""
+    if as_csv and as_json:
+        raise typer.BadParameter("choose one of --json and --csv", param_hint="--csv")
+    if api:
+        query = [("since", since or ""), ("until", until or "")] + [("key", k) for k in key or []]
+        out: dict[str, Any] = _api(api, "GET", "/usage?" + urllib.parse.urlencode(query))
+    else:
+        out = _local(keys or paths().keys_db, key or [], since, until)
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    if as_csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(out["rows"])
+        return
+    _table(out)
+
+
+def _local(keys_db: Path, wanted: list[str], since: str | None, until: str | None) -> dict[str, Any]:
+    store = KeyStore(keys_db)
+    try:
+        start, end = parse_range(since, until)
+        records = store.list(include_revoked=True)
+        ids = resolve_keys(wanted, records) if wanted else None
+        rows = UsageStore(usage_path(keys_db)).query(ids, start, end)
+    except RangeError as exc:
+        typer.echo(f"error: --{exc}", err=True)
+        raise typer.Exit(2) from exc
+    except UsageStoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    return report(rows, records, start, end)
+
+
+def _table(out: dict[str, Any]) -> None:
+    span = (f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(out['since']))} – "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(out['until']))} UTC")
+    if not out["rows"]:
+        typer.echo(f"no usage recorded {span}")
+        return
+    typer.echo(f"{'HOUR (UTC)':<18} {'KEY':<24} {'REQ':>7} {'ERR':>5} {'PROMPT':>10} {'COMPLETION':>11} "
+               f"{'TOTAL':>11}")
+    for r in out["rows"]:
+        name = r.get("key_name") or r["key_id"]
+        typer.echo(f"{r['hour_utc'][:16]:<18} {name[:24]:<24} {r['requests']:>7} {r['errors']:>5} "
+                   f"{r['prompt_tokens']:>10} {r['completion_tokens']:>11} {r['total_tokens']:>11}")
+    typer.echo(f"totals {span}:")
+    for t in out["totals"]:
+        name = t.get("key_name") or t["key_id"]
+        typer.echo(f"{'':<18} {name[:24]:<24} {t['requests']:>7} {t['errors']:>5} {t['prompt_tokens']:>10} "
+                   f"{t['completion_tokens']:>11} {t['total_tokens']:>11}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's command to the `appliance` app."""
+    app.command("usage")(usage)
