@@ -83,7 +83,7 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
                 body.name, body.rpm_limit, body.max_concurrent, body.tpm_limit, body.tpd_limit
             )
         except KeyStoreError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+            raise HTTPException(422, str(exc)) from exc
         return KeyCreated(**record.as_dict(), key=key)
 
     @router.get("", response_model=list[KeyOut])
@@ -98,7 +98,7 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
         except KeyNotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
         except KeyStoreError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from exc
+            raise HTTPException(422, str(exc)) from exc
 
     @router.delete("/{key_id}", response_model=KeyOut)
     def revoke_key(key_id: str) -> KeyOut:

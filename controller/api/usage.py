@@ -42,7 +42,7 @@ def usage_router(require_admin: Callable[..., Any], keys: KeyStore | None = None
             ids = resolve_keys(key, records) if key else None
             rows = UsageStore(usage_path(store.path)).query(ids, start, end)
         except RangeError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY,
+            raise HTTPException(422,
                                 [{"loc": ["query", exc.field], "msg": str(exc)}]) from exc
         except UsageStoreError as exc:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from exc
