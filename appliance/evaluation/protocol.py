@@ -442,7 +442,8 @@ def gate(
     b_acc = next((r.accuracy for r in base if r.accuracy), None)
     c_acc = next((r.accuracy for r in cand if r.accuracy), None)
     why = accuracy_why_not
-    if why is None and not throughput_passed(steps):
+    if not throughput_passed(steps):
         why = "not run: the throughput steps did not pass (accuracy runs only after them)"
+        c_acc = None  # the order is the rule, even for a record that carries a candidate's accuracy
     steps.append(accuracy_step(b_acc, c_acc, th, why))
     return verdict(steps, single, allowed_diffs=allowed_diffs)
