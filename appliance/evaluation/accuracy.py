@@ -31,9 +31,10 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 from enum import StrEnum
+from functools import cache
+from typing import Any
 
 from pydantic import BaseModel, Field
-from rouge_score import rouge_scorer
 
 ACCURACY_SET_VERSION = "acc-v1"
 ITEMS_PER_KIND = 5  # DOMAIN §7 / seed 004 §5.5: the local accuracy gate used the first five items
@@ -291,7 +292,15 @@ def set_digest(items: Sequence[Item]) -> str:
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
-_ROUGE = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
+@cache
+def _rouge() -> Any:
+    """Google's `rouge-score` (a dependency), imported when a summary is first scored: a host without
+    it can still run everything else (`compare --no-accuracy`)."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
 
 def normalize(text: str) -> str:
@@ -317,7 +326,7 @@ def score_item(item: Item, output: str) -> float:
     if item.kind is Kind.MULTIHOP_QA:
         return 1.0 if _contains(output, item.answers[0]) else token_f1(output, item.answers[0])
     if item.kind is Kind.SUMMARIZATION:
-        return float(_ROUGE.score(item.answers[0], output)["rougeL"].fmeasure)
+        return float(_rouge().score(item.answers[0], output)["rougeL"].fmeasure)
     found = sum(1 for a in item.answers if _contains(output, a))
     return found / len(item.answers)
 
