@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from appliance.evaluation.accuracy import MAX_DROP_POINTS, AccuracyResult, compare_accuracy
+from appliance.evaluation.arm_settings import card_mismatch
 from appliance.evaluation.bench_result import BenchResult, SmokeResult, goodput_summary
 from appliance.evaluation.gate import (
     LONG_TIER,
@@ -118,11 +119,15 @@ def proof_step(base: Sequence[BenchResult], cand: Sequence[BenchResult]) -> Gate
                 if problem not in seen:
                     seen.add(problem)
                     reasons.append(f"{label} proof: {problem}")
+    cards = card_mismatch(base[0].cards, cand[0].cards) if base[0].cards and cand[0].cards else None
+    if cards:  # DOMAIN §7: cards 0/1 vs 2/3 differ by ~16 %; such results are never gated together
+        reasons.append(f"the arms ran on different cards ({cards}): not gated against each other")
     c = cand[0].proof
     declared = len(c.markers) + len(c.checksums)
     evidence = {
         "candidate": cand[0].proof.model_dump(mode="json"),
         "baseline": base[0].proof.model_dump(mode="json"),
+        "cards": {"baseline": base[0].cards, "candidate": cand[0].cards},
     }
     if reasons:
         return GateStep(name=PROOF, status=StepStatus.FAIL, reasons=reasons, evidence=evidence)

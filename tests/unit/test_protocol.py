@@ -120,6 +120,15 @@ def test_a_missing_selected_marker_or_md5_mismatch_fails_the_proof_step() -> Non
     assert len(_step(g, "proof").reasons) == 2
 
 
+def test_results_from_different_cards_are_not_gated_against_each_other() -> None:
+    base, cand = _arms()
+    base[0] = base[0].model_copy(update={"cards": {"platform": "gfx906", "devices": [0, 1]}})
+    cand[0] = cand[0].model_copy(update={"cards": {"platform": "gfx906", "devices": [2, 3]}})
+    g = gate(base, cand)
+    assert _step(g, "proof").status is StepStatus.FAIL and g.verdict is Verdict.REJECT
+    assert "not gated against each other" in _step(g, "proof").reasons[0]
+
+
 def test_declaring_nothing_passes_the_proof_step_but_says_nothing_proves_the_path() -> None:
     g = gate(*_arms())
     assert "nothing proves its path ran" in _step(g, "proof").reasons[0]
