@@ -217,12 +217,14 @@ class BenchResult(BaseModel):
         }
 
 
-def goodput_summary(r: BenchResult, slo: dict[str, dict[str, float]] | None = None) -> dict[str, object]:
+def goodput_summary(
+    r: BenchResult, slo: dict[str, dict[str, float]] | None = None
+) -> dict[str, dict[str, object] | None]:
     """Goodput as `vllm bench serve` defines it: the requests meeting every SLO target (TTFT, TPOT),
     per second of the tier's wall time, and their share. Targets are per tier; without any for a
     tier its goodput is not computed (None)."""
     targets = slo if slo is not None else r.slo
-    out: dict[str, object] = {}
+    out: dict[str, dict[str, object] | None] = {}
     for t in r.tiers:
         target = targets.get(t.tier.name)
         if not target:

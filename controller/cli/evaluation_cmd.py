@@ -21,7 +21,7 @@ from urllib.parse import quote
 import typer
 from pydantic import ValidationError
 
-from appliance.evaluation.bench_result import BenchResult
+from appliance.evaluation.bench_result import BenchResult, goodput_summary
 from appliance.evaluation.bench_tiers import NoTierFits
 from appliance.evaluation.protocol import Thresholds
 from controller.api.client import ApiError, Client, api_url
@@ -170,6 +170,12 @@ def print_bench(r: BenchResult) -> None:
             f"single stream: decode median {_fmt(ss.decode_ms_median, '.2f')} ms/token "
             f"(n={len(ss.decode_ms_samples)}); TTFT {ttft}; conc=8 {_fmt(ss.conc8_tokens_per_s, '.2f')} tok/s"
         )
+    if r.warmup:
+        typer.echo(f"warm-up: {len(r.warmup)} request(s) sent first and discarded")
+    good = {t: g for t, g in goodput_summary(r).items() if g}
+    if good:
+        typer.echo("goodput (requests meeting the recipe's SLO targets): " + "; ".join(
+            f"{t} {g['good']}/{g['requests']} ({g['goodput_rps']} req/s)" for t, g in good.items()))
     for p in r.proof.problems:
         typer.echo(f"warning: {p}")
 

@@ -311,3 +311,16 @@ def test_goodput_counts_the_requests_meeting_every_slo_target_per_tier() -> None
                            "targets": {"ttft_ms": 150, "tpot_ms": 60}}
     assert out["8-16K"]["good"] == 0  # type: ignore[index]
     assert out["16-32K"] is None  # no target: not computed
+
+
+def test_the_bench_table_says_the_warmup_was_discarded_and_shows_goodput(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from controller.cli.evaluation_cmd import print_bench
+
+    warm = RequestRecord(tier="warmup:4-8K", index=0, input_tokens=4096, ok=True)
+    r = _run("a").model_copy(update={"warmup": [warm], "slo": {"4-8K": {"ttft_ms": 150.0}}})
+    print_bench(r)
+    out = capsys.readouterr().out
+    assert "warm-up: 1 request(s) sent first and discarded" in out
+    assert "goodput (requests meeting the recipe's SLO targets): 4-8K 5/5 (0.5 req/s)" in out
