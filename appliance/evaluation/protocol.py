@@ -355,6 +355,14 @@ def accuracy_step(
         for kind, drop in d.drops.items()
         if drop > th.accuracy_drop
     ]
+    # A request that failed scores 0 and would pass for a wrong answer: the comparison is void.
+    for label, acc in (("baseline", base), ("candidate", cand)):
+        failed = [f"{r.kind.value} #{r.index}" for r in acc.items if not r.ok]
+        if failed:
+            fails.append(
+                f"{label} accuracy request(s) failed ({', '.join(failed)}): "
+                + ("no valid reference" if label == "baseline" else "not scored")
+            )
     flipped = f"{len(d.flipped)} item(s) scored differently"
     if fails:
         return GateStep(name=ACCURACY, status=StepStatus.FAIL, reasons=[*fails, flipped], evidence=evidence)

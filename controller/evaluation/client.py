@@ -182,13 +182,22 @@ class EngineClient:
             "max_tokens": max_tokens,
             "temperature": 0.0,
         }
-        try:
-            async with self.session.post(f"{self.base_url}/v1/chat/completions", json=body) as r:
-                if r.status != 200:
-                    raise ClientError(f"chat completion answered HTTP {r.status}: {(await r.text())[:300]}")
-                data = await r.json()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
+        for attempt in (1, 2):
+            try:
+                async with self.session.post(f"{self.base_url}/v1/chat/completions", json=body) as r:
+                    if r.status != 200:
+                        raise ClientError(
+                            f"chat completion answered HTTP {r.status}: {(await r.text())[:300]}"
+                        )
+                    data = await r.json()
+                break
+            except aiohttp.ServerDisconnectedError as exc:
+                # A pooled keep-alive connection the server had already closed (seen on the CPU pair):
+                # the request never reached the engine, so sending it once more is safe at temperature 0.
+                if attempt == 2:
+                    raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
         return str((data["choices"][0].get("message") or {}).get("content") or "")
 
     async def tokens(self, prompt: str, max_tokens: int) -> Completion:

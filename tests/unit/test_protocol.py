@@ -324,3 +324,14 @@ def test_the_bench_table_says_the_warmup_was_discarded_and_shows_goodput(
     out = capsys.readouterr().out
     assert "warm-up: 1 request(s) sent first and discarded" in out
     assert "goodput (requests meeting the recipe's SLO targets): 4-8K 5/5 (0.5 req/s)" in out
+
+
+def test_a_failed_accuracy_request_voids_the_accuracy_step_instead_of_scoring_zero() -> None:
+    acc = _acc(GOOD_ACC)
+    broken = acc.model_copy(update={"items": [
+        i.model_copy(update={"ok": False, "error": "ServerDisconnectedError", "score": 0.0})
+        if (i.kind, i.index) == (Kind.SUMMARIZATION, 2) else i for i in acc.items]})
+    g = gate(*_arms(base_kw={"accuracy": broken}))
+    step = _step(g, "accuracy")
+    assert step.status is StepStatus.FAIL and g.verdict is Verdict.REJECT
+    assert "baseline accuracy request(s) failed (summarization #2): no valid reference" in step.reasons
