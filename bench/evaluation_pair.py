@@ -5,9 +5,11 @@
 
 For each recipe, in order: apply on an empty compile-cache root (`fresh_cache`: a cold start) →
 ready seconds cold; fingerprint; restart on the same root → ready seconds warm; fingerprint again
-(across-restart evidence, cold vs warm vintage). Then `compare` (bench of both arms warm, same
-client and prompts, the DOMAIN §7 gate). Everything is stored like the CLI stores it; the table at
-the end is what the README and the report quote: decode ms/token, ready cold/warm, reproducibility.
+(across-restart evidence, cold vs warm vintage). Then `compare` (both arms warm, same client and
+prompts, the DOMAIN §7 gate in the seed's order: proof → smoke → first five → re-runs → median
+score → accuracy; natural output lengths unless --ignore-eos). Everything is stored like the CLI
+stores it; the table at the end is what the README and the report quote: decode ms/token, ready
+cold/warm, reproducibility, then every gate step.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import json
 import sys
 from typing import Any
 
+from appliance.evaluation.protocol import Thresholds
 from controller.api.client import Client, api_url
 from controller.evaluation.bench import BenchParams
-from controller.evaluation.compare import compare
+from controller.evaluation.compare import CompareOptions, compare
 from controller.evaluation.controls import http_control
 from controller.evaluation.fingerprint import FingerprintRun, measure
 from controller.evaluation.store import EvalStore
@@ -61,7 +64,15 @@ async def main(args: argparse.Namespace) -> int:
     store = EvalStore(paths().db)
     arms = [await arm(client, r, args.ready_timeout, store) for r in (args.baseline, args.candidate)]
     params = BenchParams(
-        output_tokens=args.output_tokens, requests_per_tier=args.requests, concurrency=args.concurrency
+        output_tokens=args.output_tokens,
+        requests_per_tier=args.requests,
+        concurrency=args.concurrency,
+        ignore_eos=args.ignore_eos,
+    )
+    options = CompareOptions(
+        thresholds=Thresholds(max_rounds=args.max_rounds),
+        accuracy=args.accuracy_items > 0,
+        accuracy_items=max(args.accuracy_items, 1),
     )
     outcome = await compare(
         http_control(client),
@@ -72,6 +83,7 @@ async def main(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         ready_timeout_s=args.ready_timeout,
         progress=say,
+        options=options,
     )
     benches = {r.recipe: r for r in [*outcome.baselines, *outcome.candidates]}
     print(
@@ -95,6 +107,11 @@ async def main(args: argparse.Namespace) -> int:
             f"{b.score:>8.2f}  {fp.measured.value} (restarts {restarts}; batch {batch})"
         )
     g = outcome.gate
+    for step in g.steps:
+        print(f"  step {step.name:10} {step.status.value:7} {'; '.join(step.reasons)}")
+    for r in [*outcome.baselines, *outcome.candidates]:
+        if r.accuracy:
+            print(f"  accuracy {r.recipe}: {r.accuracy.overall:.1f} points {r.accuracy.by_kind()}")
     print(f"compare {args.candidate} vs {args.baseline}: {g.verdict.value}; " + "; ".join(g.reasons))
     store.close()
     return 0
@@ -109,5 +126,8 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=5)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--max-rounds", type=int, default=3)
+    p.add_argument("--ignore-eos", action="store_true", help="fixed output lengths (default: natural stops)")
+    p.add_argument("--accuracy-items", type=int, default=5, help="items per accuracy kind; 0: no accuracy")
     p.add_argument("--ready-timeout", type=float, default=3600)
     sys.exit(asyncio.run(main(p.parse_args())))

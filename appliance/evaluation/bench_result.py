@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
+from appliance.evaluation.accuracy import AccuracyResult
 from appliance.evaluation.bench_tiers import Tier, weighted_score
 
 
@@ -101,12 +102,25 @@ class ProofResult(BaseModel):
 
     markers: dict[str, bool] = Field(default_factory=dict)
     checksums: dict[str, bool] = Field(default_factory=dict)
+    forbidden: dict[str, bool] = Field(default_factory=dict)  # must-not-appear marker → seen
 
     @property
     def problems(self) -> list[str]:
         out = [f"log marker not seen: {m!r}" for m, seen in self.markers.items() if not seen]
         out += [f"checksum mismatch: {p}" for p, ok in self.checksums.items() if not ok]
+        out += [f"must-not-appear marker seen: {m!r}" for m, seen in self.forbidden.items() if seen]
         return out
+
+
+class SmokeResult(BaseModel):
+    """DOMAIN §7 (seed 004 §5.3): the first 8–16K request alone, before any measurement — it must
+    succeed, the engine must still answer after it, and the engine log must show no new error line
+    since the arm became ready. Only for crashes, never for performance."""
+
+    request: RequestRecord
+    alive_after: bool
+    new_error_lines: list[str] = Field(default_factory=list)
+    log_checked: bool = True  # False: the engine log could not be read (then it proves nothing)
 
 
 class BenchResult(BaseModel):
@@ -126,6 +140,16 @@ class BenchResult(BaseModel):
     proof: ProofResult = Field(default_factory=ProofResult)
     started_at: float
     finished_at: float
+    # DOMAIN §7: between arms nothing else may change (max_num_seqs, max_num_batched_tokens, sampling,
+    # output limits) and cards must not be mixed: both are recorded with every result.
+    settings: dict[str, object] = Field(default_factory=dict)
+    cards: dict[str, object] = Field(default_factory=dict)
+    # DOMAIN §7 (seed 004 §11): warm-up requests sent before measuring, recorded and discarded.
+    warmup: list[RequestRecord] = Field(default_factory=list)
+    smoke: SmokeResult | None = None
+    accuracy: AccuracyResult | None = None
+    # Absolute per-tier SLO targets declared by the recipe (tier → ttft_ms / tpot_ms), for goodput.
+    slo: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     @property
     def failed(self) -> int:
@@ -179,7 +203,50 @@ class BenchResult(BaseModel):
             "ttft_ms_by_input": ss.ttft_ms_by_input if ss else None,
             "conc8_tokens_per_s": _round(ss.conc8_tokens_per_s) if ss else None,
             "proof_problems": self.proof.problems,
+            "settings": self.settings,
+            "cards": self.cards,
+            "warmup_discarded": len(self.warmup),
+            "smoke": None if self.smoke is None else {
+                "ok": self.smoke.request.ok,
+                "output_tokens": self.smoke.request.output_tokens,
+                "alive_after": self.smoke.alive_after,
+                "new_error_lines": self.smoke.new_error_lines,
+            },
+            "accuracy": None if self.accuracy is None else self.accuracy.summary(),
+            "goodput": goodput_summary(self),
         }
+
+
+def goodput_summary(
+    r: BenchResult, slo: dict[str, dict[str, float]] | None = None
+) -> dict[str, dict[str, object] | None]:
+    """Goodput as `vllm bench serve` defines it: the requests meeting every SLO target (TTFT, TPOT),
+    per second of the tier's wall time, and their share. Targets are per tier; without any for a
+    tier its goodput is not computed (None)."""
+    targets = slo if slo is not None else r.slo
+    out: dict[str, dict[str, object] | None] = {}
+    for t in r.tiers:
+        target = targets.get(t.tier.name)
+        if not target:
+            out[t.tier.name] = None
+            continue
+        good = [q for q in t.requests if q.ok and _meets(q, target)]
+        out[t.tier.name] = {
+            "good": len(good),
+            "requests": len(t.requests),
+            "share": round(len(good) / len(t.requests), 4) if t.requests else None,
+            "goodput_rps": round(len(good) / t.duration_s, 4) if t.duration_s > 0 else None,
+            "targets": target,
+        }
+    return out
+
+
+def _meets(q: RequestRecord, target: dict[str, float]) -> bool:
+    ttft, tpot = target.get("ttft_ms"), target.get("tpot_ms")
+    if ttft is not None and (q.ttft_ms is None or q.ttft_ms > ttft):
+        return False
+    # One-token outputs have no TPOT: vLLM counts them as meeting the TPOT target.
+    return not (tpot is not None and q.tpot_ms is not None and q.tpot_ms > tpot)
 
 
 def _round(v: float | None) -> float | None:

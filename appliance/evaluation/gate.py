@@ -11,18 +11,22 @@ still run so the report shows everything:
 3. SLA — per tier, P99 TTFT **and** P99 TPOT must be ≤ 1.5 × the baseline's; either alone breaches.
 4. Long tier — a 16–32K throughput regression beyond the noise band rejects ("长桶明显回退").
 5. Score — `0.20·thr(4–8K) + 0.50·thr(8–16K) + 0.30·thr(16–32K)`: |Δ| < 1 % is noise, a drop
-   ≥ 1 % rejects, a gain ≥ 1 % accepts — unless the outputs got shorter.
+   ≥ 1 % rejects, a gain ≥ 1 % accepts — unless the outputs got shorter or longer.
+
+This is the comparison of one run of each arm; appliance/evaluation/protocol.py puts it inside the
+seed's full sequence of steps (proof → smoke → first five → re-runs → score → accuracy).
 
 The shorter-outputs trap (seed 004 §6): a candidate 6.26 % better on P99 TPOT lost 0.43 % throughput
 because it stopped earlier (775 vs 887 output tokens, 3 of 5 texts identical). Whenever the total
-output length moves by more than the noise band the result is flagged; a score gain that comes with
-shorter outputs is not accepted (verdict noise: unproven), because tokens/s and TPOT are then not
-like for like.
+output length moves by more than the tolerance (default: the noise band) the result is flagged; a
+score gain that comes with shorter *or longer* outputs is not accepted (verdict noise: unproven),
+because tokens/s and TPOT are then not like for like.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +48,25 @@ class Flag(StrEnum):
     LONGER_OUTPUTS = "longer-outputs"
     TEXTS_DIFFER = "texts-differ"
     TPOT_GAIN_WITHOUT_THROUGHPUT = "tpot-gain-without-throughput"
+    ACCURACY_NOT_RUN = "accuracy-not-run"
+    ACCURACY_ITEMS_FLIPPED = "accuracy-items-flipped"
+    SETTINGS_DIFFER = "settings-differ"
+
+
+class StepStatus(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"  # rejects the candidate
+    HOLD = "hold"  # not accepted, not rejected (noise, unstable, unlike-for-like)
+    SKIPPED = "skipped"
+
+
+class GateStep(BaseModel):
+    """One step of the seed's sequence, with what it decided on (appliance/evaluation/protocol.py)."""
+
+    name: str
+    status: StepStatus
+    reasons: list[str] = Field(default_factory=list)
+    evidence: dict[str, Any] = Field(default_factory=dict)
 
 
 class GateResult(BaseModel):
@@ -58,6 +81,9 @@ class GateResult(BaseModel):
     texts_identical: int
     texts_compared: int
     sla: dict[str, dict[str, float | None]] = Field(default_factory=dict)  # tier → ratios
+    # The full protocol (empty for a bare one-run decide): every step in order, with its evidence.
+    steps: list[GateStep] = Field(default_factory=list)
+    allowed_diffs: dict[str, list[Any]] = Field(default_factory=dict)  # field → [baseline, candidate]
 
 
 def _rel(new: float, old: float) -> float | None:
@@ -74,7 +100,11 @@ def decide(
     *,
     noise: float = NOISE_BAND,
     sla_factor: float = SLA_FACTOR,
+    length_tolerance: float | None = None,
 ) -> GateResult:
+    """`length_tolerance`: how far the total output length may move before a gain is held back
+    (default: the noise band)."""
+    tolerance = noise if length_tolerance is None else length_tolerance
     rejects: list[str] = []
     notes: list[str] = []
     flags: list[Flag] = []
@@ -121,9 +151,9 @@ def decide(
     # The shorter-outputs trap: compare lengths and texts request by request.
     out_b, out_c = baseline.total_output_tokens, candidate.total_output_tokens
     length_delta = _rel(out_c, out_b)
-    if length_delta is not None and length_delta <= -noise:
+    if length_delta is not None and length_delta < -tolerance:
         flags.append(Flag.SHORTER_OUTPUTS)
-    elif length_delta is not None and length_delta >= noise:
+    elif length_delta is not None and length_delta > tolerance:
         flags.append(Flag.LONGER_OUTPUTS)
     base_texts = {(r.tier, r.index): r.text for t in baseline.tiers for r in t.requests if r.ok}
     pairs = [
@@ -167,10 +197,12 @@ def decide(
         )
     elif delta < 0:
         verdict, reasons = Verdict.REJECT, [f"score regressed {_pct(delta)} ({s_c:.3f} vs {s_b:.3f})", *notes]
-    elif Flag.SHORTER_OUTPUTS in flags:
+    elif Flag.SHORTER_OUTPUTS in flags or Flag.LONGER_OUTPUTS in flags:
+        # Longer outputs inflate tokens/s as surely as shorter ones deflate it: neither is like for like.
+        which = "shorter" if Flag.SHORTER_OUTPUTS in flags else "longer"
         verdict, reasons = (
             Verdict.NOISE,
-            [f"score gain {_pct(delta)} comes with shorter outputs: not accepted (seed 004 §6)", *notes],
+            [f"score gain {_pct(delta)} comes with {which} outputs: not accepted (seed 004 §6)", *notes],
         )
     else:
         verdict, reasons = (

@@ -41,6 +41,20 @@ _VERSIONS = (
 )
 
 
+# Must-not-appear markers every launch is checked for (DOMAIN §7: "no Traceback, no graph-capture
+# failure, no service process exit"); a recipe adds its own in `expect.forbidden_markers`.
+DEFAULT_FORBIDDEN_MARKERS: tuple[str, ...] = (
+    "Traceback (most recent call last)",
+    "EngineDeadError",
+    "Engine core proc",  # vLLM: "Engine core proc EngineCore_DP0 died unexpectedly"
+)
+
+
+def digest_algorithm(digest: str) -> str:
+    """md5 for 32 hex characters (the seed's deployment checks), sha256 for 64."""
+    return "md5" if len(digest) == 32 else "sha256"
+
+
 class RankCounts(BaseModel):
     loads: int = 0
     compiles: int = 0
@@ -49,6 +63,7 @@ class RankCounts(BaseModel):
 class LaunchProof(BaseModel):
     markers: dict[str, bool] = Field(default_factory=dict)  # declared marker → seen in the log
     checksums: dict[str, bool] = Field(default_factory=dict)  # declared path → digest matched
+    forbidden: dict[str, bool] = Field(default_factory=dict)  # must-not-appear marker → seen
     actual_checksums: dict[str, str | None] = Field(default_factory=dict)  # None: unreadable
     versions: dict[str, str] = Field(default_factory=dict)
     ranks: dict[str, RankCounts] = Field(default_factory=dict)
@@ -62,6 +77,7 @@ class LaunchProof(BaseModel):
             if not ok:
                 actual = self.actual_checksums.get(path)
                 out.append(f"checksum mismatch: {path} ({'unreadable' if actual is None else actual[:16]})")
+        out += [f"must-not-appear marker seen: {m!r}" for m, seen in self.forbidden.items() if seen]
         return out
 
 
@@ -98,12 +114,18 @@ def versions(text: str) -> dict[str, str]:
 
 
 def evaluate(
-    log_text: str, markers: Sequence[str], expected: Mapping[str, str], actual: Mapping[str, str | None]
+    log_text: str,
+    markers: Sequence[str],
+    expected: Mapping[str, str],
+    actual: Mapping[str, str | None],
+    forbidden: Sequence[str] = DEFAULT_FORBIDDEN_MARKERS,
 ) -> LaunchProof:
-    """Which declared markers appear (substring match, as an operator greps) and which declared
-    sha256 digests match what was read (a file that could not be read is a mismatch)."""
+    """Which declared markers appear (substring match, as an operator greps), which must-not-appear
+    markers do, and which declared digests (md5 or sha256, `actual` computed with the same
+    algorithm) match what was read (a file that could not be read is a mismatch)."""
     return LaunchProof(
         markers={m: m in log_text for m in markers},
+        forbidden={m: m in log_text for m in dict.fromkeys(forbidden)},
         checksums={p: actual.get(p) is not None and actual.get(p) == d.lower() for p, d in expected.items()},
         actual_checksums={p: actual.get(p) for p in expected},
         versions=versions(log_text),

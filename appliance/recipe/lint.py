@@ -328,6 +328,29 @@ def _cgroup_limit(r: Recipe) -> list[Finding]:
                          "hit a 32 GiB limit (memory.events oom_kill 2)")]
 
 
+def _proof(r: Recipe) -> list[Finding]:
+    """A production (GPU) recipe should say what proves its path ran, and a gfx906 one should pin
+    `_C_stable_libtorch`, whose rollback brings back the packed-SiLU NaN bug."""
+    if r.abstract or r.platform not in GPU_PLATFORMS:
+        return []
+    out = []
+    if not r.expect.markers and not r.expect.checksums:
+        out.append(Finding(rule="proof-undeclared", severity="warning", field="expect.markers",
+                           message="no markers or checksums: `appliance compare` cannot prove this "
+                                   "recipe's path ran (declare a log line, e.g. a '… selected.' line, or a "
+                                   "file digest)",
+                           fact="DOMAIN §7 (seed 004 §5.2): a log line proves the path was taken; the "
+                                "deployment is checked file by file"))
+    if r.platform is Platform.GFX906 and not any("_C_stable_libtorch" in p for p in r.expect.checksums):
+        out.append(Finding(rule="proof-libtorch-unpinned-gfx906", severity="warning",
+                           field="expect.checksums",
+                           message="`_C_stable_libtorch` is not pinned by a checksum (md5 or sha256): a "
+                                   "rollback to the packed-SiLU build would pass unnoticed",
+                           fact="DOMAIN §5 (S7b/S7c): NaN logits / `lock lock lock` come from the old "
+                                "_C_stable_libtorch; never roll that library back"))
+    return out
+
+
 def _flag_values(r: Recipe, flag: str) -> list[str]:
     args = list(r.engine.extra_args)
     values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
@@ -338,6 +361,7 @@ _RULES: tuple[Rule, ...] = (
     _dtype_auto, _bf16_gfx906, _debug_logging, _devices, _cache_root, _forbidden_env, _attention_backend,
     _custom_all_reduce, _runtime_rules, _default_full_graph, _graph_budget, _pinned_memlock,
     _torch_first, _gfx906_env, _int8_sdot4_off, _mem_available_bar, _reproducibility, _cgroup_limit,
+    _proof,
 )
 RULE_IDS = (
     "dtype-auto", "dtype-bf16-gfx906", "debug-logging", "gpu-devices-unpinned", "devices-fewer-than-tp",
@@ -346,6 +370,6 @@ RULE_IDS = (
     "custom-all-reduce-gfx906", "default-full-graph-gfx906",
     "ready-budget-default-graph", "pinned-memory-memlock", "no-torch-first-wrapper", "gfx906-env",
     "graph-claims-bitwise", "eval-batch-not-fixed", "cgroup-memory-limit-allowed", "int8-sdot4-off",
-    "mem-available-bar",
+    "mem-available-bar", "proof-undeclared", "proof-libtorch-unpinned-gfx906",
     *runtime_registry.lint_rule_ids(),
 )

@@ -181,6 +181,17 @@ class Reproducibility(StrEnum):
     VARIES = "varies-across-restarts"
 
 
+SLO_TIERS = ("4-8K", "8-16K", "16-32K")  # the seed's benchmark tiers (DOMAIN §7)
+
+
+class TierSlo(Strict):
+    """Absolute targets for one tier, e.g. MLPerf's published TTFT/TPOT pairs for its server
+    scenario (Llama 2 70B: TTFT 2000 ms, TPOT 200 ms). Goodput counts the requests meeting both."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+
+
 class Expectations(Strict):
     ready_budget_s: int = Field(ge=10, description="How long a start may take before it is a failure.")
     stall_window_s: int = Field(
@@ -201,16 +212,36 @@ class Expectations(Strict):
     )
     checksums: dict[str, str] = Field(
         default_factory=dict,
-        description="Engine-side file path → its sha256 (e.g. _C_stable_libtorch, never to be rolled back).",
+        description="Engine-side file path → its md5 (32 hex) or sha256 (64 hex) digest (e.g. "
+        "_C_stable_libtorch, never to be rolled back; the seed records md5).",
+    )
+    forbidden_markers: tuple[str, ...] = Field(
+        default=(),
+        description="Log text that must not appear (beyond the defaults every launch is checked for: "
+        "a Python traceback, a dead engine core).",
+    )
+    slo: dict[str, TierSlo] = Field(
+        default_factory=dict,
+        description="Optional absolute SLO targets per benchmark tier (4-8K, 8-16K, 16-32K), for goodput.",
     )
 
     @field_validator("checksums")
     @classmethod
-    def _sha256(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = sorted(p for p, d in value.items() if not re.fullmatch(r"[0-9a-fA-F]{64}", d))
+    def _digests(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = sorted(p for p, d in value.items() if not re.fullmatch(r"[0-9a-fA-F]{32}|[0-9a-fA-F]{64}", d))
         if bad:
-            raise ValueError(f"checksums must be sha256 hex digests (64 hex characters): {bad}")
+            raise ValueError(
+                f"checksums must be md5 (32 hex characters) or sha256 (64 hex characters) digests: {bad}"
+            )
         return {p: d.lower() for p, d in value.items()}
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_tiers(cls, value: dict[str, TierSlo]) -> dict[str, TierSlo]:
+        unknown = sorted(set(value) - set(SLO_TIERS))
+        if unknown:
+            raise ValueError(f"slo names unknown tier(s) {unknown}; the tiers are {list(SLO_TIERS)}")
+        return value
 
 
 class CachePolicy(Strict):

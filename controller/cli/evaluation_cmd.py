@@ -19,14 +19,16 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import typer
+from pydantic import ValidationError
 
-from appliance.evaluation.bench_result import BenchResult
+from appliance.evaluation.bench_result import BenchResult, goodput_summary
 from appliance.evaluation.bench_tiers import NoTierFits
+from appliance.evaluation.protocol import Thresholds
 from controller.api.client import ApiError, Client, api_url
 from controller.cli.options import JsonOpt
 from controller.evaluation.bench import BenchParams, LaunchInfo, run_bench
 from controller.evaluation.client import ClientError, EngineNotReady
-from controller.evaluation.compare import CompareError, compare
+from controller.evaluation.compare import CompareError, CompareOptions, CompareOutcome, compare
 from controller.evaluation.controls import describe_http, http_control
 from controller.evaluation.fingerprint import FingerprintRun, measure
 from controller.evaluation.store import EvalStore
@@ -48,8 +50,8 @@ EosOpt = Annotated[
     bool,
     typer.Option(
         "--ignore-eos/--natural-stop",
-        help="Fixed output lengths (default) or stop at EOS (seed behaviour: "
-        "lengths then vary and the gate checks them).",
+        help="Stop at EOS (default, the seed's runs: lengths vary and the gate checks them against "
+        "the control's) or fixed output lengths.",
     ),
 ]
 SingleOpt = Annotated[
@@ -168,6 +170,12 @@ def print_bench(r: BenchResult) -> None:
             f"single stream: decode median {_fmt(ss.decode_ms_median, '.2f')} ms/token "
             f"(n={len(ss.decode_ms_samples)}); TTFT {ttft}; conc=8 {_fmt(ss.conc8_tokens_per_s, '.2f')} tok/s"
         )
+    if r.warmup:
+        typer.echo(f"warm-up: {len(r.warmup)} request(s) sent first and discarded")
+    good = {t: g for t, g in goodput_summary(r).items() if g}
+    if good:
+        typer.echo("goodput (requests meeting the recipe's SLO targets): " + "; ".join(
+            f"{t} {g['good']}/{g['requests']} ({g['goodput_rps']} req/s)" for t, g in good.items()))
     for p in r.proof.problems:
         typer.echo(f"warning: {p}")
 
@@ -182,8 +190,9 @@ def bench(
     requests: RequestsOpt = 5,
     concurrency: ConcOpt = 5,
     output_tokens: OutTokOpt = 64,
-    ignore_eos: EosOpt = True,
+    ignore_eos: EosOpt = False,
     single_stream: SingleOpt = True,
+    warmup: Annotated[int, typer.Option(help="Discarded warm-up requests per tier.")] = 1,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Record the result.")] = True,
     db: DbOpt = None,
     out: OutOpt = None,
@@ -198,6 +207,7 @@ def bench(
             concurrency=concurrency,
             ignore_eos=ignore_eos,
             single_stream=single_stream,
+            warmup=warmup,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from exc
@@ -222,8 +232,12 @@ def compare_cmd(
     candidate: Annotated[str, typer.Argument(help="The recipe under test.")],
     api: ApiOpt = None,
     rounds: Annotated[
-        int, typer.Option(help="Interleaved rounds (A B A B ...); the median run is gated.")
+        int,
+        typer.Option(help="Interleaved rounds at least (A B A B ...); the gate takes the median score."),
     ] = 1,
+    max_rounds: Annotated[
+        int, typer.Option(help="Round cap while a small gain is re-run until its spread is < 5%.")
+    ] = 3,
     warm: Annotated[
         bool,
         typer.Option(
@@ -233,22 +247,62 @@ def compare_cmd(
     requests: RequestsOpt = 5,
     concurrency: ConcOpt = 5,
     output_tokens: OutTokOpt = 64,
-    ignore_eos: EosOpt = True,
+    ignore_eos: EosOpt = False,
     single_stream: SingleOpt = True,
+    warmup: Annotated[int, typer.Option(help="Discarded warm-up requests per tier, on both arms.")] = 1,
+    smoke: Annotated[
+        bool, typer.Option("--smoke/--no-smoke", help="The first 8-16K request alone first, on both arms.")
+    ] = True,
+    accuracy: Annotated[
+        bool,
+        typer.Option("--accuracy/--no-accuracy", help="Score the offline accuracy sets (the final veto)."),
+    ] = True,
+    accuracy_items: Annotated[int, typer.Option(help="Items per accuracy kind (four kinds).")] = 5,
+    accuracy_drop: Annotated[
+        float, typer.Option(help="Reject at an accuracy drop of more than this many points in a kind.")
+    ] = 3.0,
+    length_tolerance: Annotated[
+        float, typer.Option(help="Output length change (fraction) beyond which a gain is held back.")
+    ] = 0.02,
+    allow_diff: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-diff",
+            help="A forbidden difference that is the point of the comparison: max_num_seqs, "
+            "max_num_batched_tokens, sampling or output_limits (repeatable).",
+        ),
+    ] = None,
     ready_timeout: Annotated[float, typer.Option(help="Seconds an arm may take to become ready.")] = 3600,
     db: DbOpt = None,
     out: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A/B two recipes on this host: switch through the controller, bench each arm warm, then the gate
-    (failed requests → kernel-path proof → SLA P99 TTFT and TPOT ≤ 1.5× → score; <1% is noise)."""
-    params = BenchParams(
-        output_tokens=output_tokens,
-        requests_per_tier=requests,
-        concurrency=concurrency,
-        ignore_eos=ignore_eos,
-        single_stream=single_stream,
-    )
+    """A/B two recipes on this host: switch through the controller, bench each arm warm, then the
+    seed's gate in order: proof → smoke → first five per tier (failures, SLA P99 TTFT and TPOT ≤ 1.5×,
+    long tier) → re-runs of a small gain → median score (<1% is noise; outputs shorter or longer
+    than the control's hold a gain back) → accuracy, with the last word."""
+    try:
+        params = BenchParams(
+            output_tokens=output_tokens,
+            requests_per_tier=requests,
+            concurrency=concurrency,
+            ignore_eos=ignore_eos,
+            single_stream=single_stream,
+            warmup=warmup,
+        )
+        options = CompareOptions(
+            thresholds=Thresholds(
+                max_rounds=max_rounds, accuracy_drop=accuracy_drop, length_tolerance=length_tolerance
+            ),
+            smoke=smoke,
+            accuracy=accuracy,
+            accuracy_items=accuracy_items,
+            allow_diff=frozenset(allow_diff or ()),
+        )
+    except (ValueError, ValidationError) as exc:
+        raise _fail(str(exc)) from exc
+    if accuracy_items < 1:
+        raise _fail("--accuracy-items must be at least 1")
     client = Client(api_url(api))
     if not client.token:
         raise _fail("compare switches recipes: it needs the admin token in $APPLIANCE_ADMIN_TOKEN")
@@ -265,19 +319,13 @@ def compare_cmd(
                 warm=warm,
                 ready_timeout_s=ready_timeout,
                 progress=_progress,
+                options=options,
             )
         )
     finally:
         store.close()
     g = outcome.gate
-    report = {
-        "id": outcome.id,
-        "baseline": baseline,
-        "candidate": candidate,
-        "gate": g.model_dump(mode="json"),
-        "baselines": [r.summary() for r in outcome.baselines],
-        "candidates": [r.summary() for r in outcome.candidates],
-    }
+    report = compare_report(outcome, baseline, candidate)
     path = _write_json(report, out, outcome.id)
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
@@ -291,10 +339,29 @@ def compare_cmd(
         f"{g.score_baseline:.3f} ({delta}); output tokens {g.output_tokens_candidate} vs "
         f"{g.output_tokens_baseline}; texts identical {g.texts_identical}/{g.texts_compared}"
     )
+    for step in g.steps:
+        typer.echo(f"  step {step.name:10} {step.status.value.upper():7} {'; '.join(step.reasons)}")
     typer.echo(f"VERDICT: {g.verdict.value.upper()}" + (f"  flags: {', '.join(g.flags)}" if g.flags else ""))
     for reason in g.reasons:
         typer.echo(f"  - {reason}")
     typer.echo(f"json: {path}")
+
+
+def compare_report(outcome: CompareOutcome, baseline: str, candidate: str) -> dict[str, Any]:
+    """Everything a compare recorded: the verdict with every step and its evidence, each arm's
+    summaries, and every run whole (each request's text, the smoke, warm-up and accuracy items)."""
+    return {
+        "id": outcome.id,
+        "baseline": baseline,
+        "candidate": candidate,
+        "gate": outcome.gate.model_dump(mode="json"),
+        "baselines": [r.summary() for r in outcome.baselines],
+        "candidates": [r.summary() for r in outcome.candidates],
+        "runs": {
+            "baseline": [r.model_dump(mode="json") for r in outcome.baselines],
+            "candidate": [r.model_dump(mode="json") for r in outcome.candidates],
+        },
+    }
 
 
 def earlier_launches(get: Callable[[str], Any], launch: LaunchInfo) -> list[str] | None:

@@ -146,6 +146,47 @@ class BenchData:
         return [{**row, "score": rate(row["score"])}
                 for row in self.evals.benchmarks(PER_LAUNCH, launch_id=launch_id)]
 
+    # -- one comparison
+
+    def comparison_view(self, comparison_id: str) -> dict[str, Any] | None:
+        """Both arms side by side per tier and per gate step, the texts that differ and the accuracy
+        items that flipped (DOMAIN §7). None for an unknown id; ValidationError for an unreadable row."""
+        found = self.evals.comparison(comparison_id)
+        if found is None:
+            return None
+        info, gate = found
+        rows = list(reversed(self.evals.benchmarks(PER_COMPARISON, comparison_id=comparison_id)))
+        runs = [r for r in (self._readable(row["id"]) for row in rows) if r is not None]
+        base = [r for r in runs if r.recipe == info["baseline"]]
+        cand = [r for r in runs if r.recipe == info["candidate"]]
+        score = next((s for s in gate.steps if s.name == "score"), None)
+        rep = (score.evidence.get("representative_runs") or {}) if score else {}
+        b = next((r for r in base if r.id == rep.get("baseline")), base[0] if base else None)
+        c = next((r for r in cand if r.id == rep.get("candidate")), cand[0] if cand else None)
+        tiers = []
+        for name in TIER_NAMES:
+            bt, ct = (b.tier(name) if b else None), (c.tier(name) if c else None)
+            tiers.append({"name": name, "baseline": _tier_row(bt) if bt else None,
+                          "candidate": _tier_row(ct) if ct else None})
+        differing = []
+        if b and c:
+            texts = {(q.tier, q.index): q for t in b.tiers for q in t.requests}
+            for t in c.tiers:
+                for q in t.requests:
+                    other = texts.get((q.tier, q.index))
+                    if other is not None and other.text != q.text:
+                        differing.append({"tier": q.tier, "index": q.index, "baseline": other.text,
+                                          "candidate": q.text,
+                                          "lens": (other.output_tokens, q.output_tokens)})
+        acc = next((s for s in gate.steps if s.name == "accuracy"), None)
+        return {
+            "info": info, "gate": gate, "tiers": tiers, "differing": differing,
+            "baseline_run": b, "candidate_run": c,
+            "baseline_runs": [r.id for r in base], "candidate_runs": [r.id for r in cand],
+            "flipped": (acc.evidence.get("flipped") or []) if acc else [],
+            "accuracy": acc.evidence if acc and acc.evidence else None,
+        }
+
     # -- one bench
 
     def bench_view(self, bench_id: str) -> dict[str, Any] | None:
@@ -174,6 +215,7 @@ class BenchData:
             "scaled": scaled(result), "scale_rule": SCALE_RULE,
             "single": single, "proof": proof,
             "comparison_id": row["comparison_id"] if row else None,
+            "settings": result.settings, "cards": result.cards,
             "failures": [(t.tier.name, r.index, r.error or "no error text")
                          for t in result.tiers for r in t.requests if not r.ok],
             "ttft_chart": _request_chart(result, "TTFT", "ttft_ms"),

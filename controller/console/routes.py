@@ -11,6 +11,7 @@
     GET  /console/launches/{id}/log.txt?offset=   log text from a byte offset (the follow mode polls it)
     GET  /console/engine/{stop|restart} a confirm page; POST submits it (CSRF), 409 page when refused
     GET  /console/benchmarks[/{id}]     stored comparisons (verdicts) and benches; one bench's tiers
+    GET  /console/comparisons/{id}      one comparison: both arms per tier and per gate step
     GET  /console/memory                host memory over time (controller/watch/history.py)
     GET  /console/keys, POST /console/keys, POST /console/keys/{id}/revoke
     GET  /console/events                server-sent status snapshots for the live progress bar
@@ -438,6 +439,20 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         session = current(request)
         view = await asyncio.to_thread(bench.index_view)
         return page(request, "benchmarks.html", session, view=view)
+
+    @router.get("/comparisons/{comparison_id}")
+    async def comparison(request: Request, comparison_id: str) -> Response:
+        session = current(request)
+        try:
+            view = await asyncio.to_thread(bench.comparison_view, comparison_id)
+        except ValueError as exc:  # pydantic's ValidationError: a row this version cannot read
+            return problem(request, session, 500, "Comparison unreadable",
+                           f"Comparison {comparison_id!r} is stored but does not load: {exc}",
+                           "/console/benchmarks")
+        if view is None:
+            return problem(request, session, 404, "Unknown comparison", f"No comparison {comparison_id!r}.",
+                           "/console/benchmarks")
+        return page(request, "comparison.html", session, cmp=view)
 
     @router.get("/benchmarks/{bench_id}")
     async def benchmark(request: Request, bench_id: str) -> Response:

@@ -1,7 +1,10 @@
 """`appliance bench`: the tiered benchmark and the single-stream protocol against one engine.
 
-DOMAIN §7: per tier the fixed first five requests (more with `requests_per_tier`) at a fixed
-concurrency → output tokens/s, P99 TTFT/TPOT, failures, output lengths and texts; then the
+DOMAIN §7: per tier, after discarding the warm-up (`warmup` requests of a prompt that is not one of
+the measured ones, so the measured prompts meet no prefix cache they would not meet anyway; seed
+004 §11 "discard the compile warm-up"), the fixed first five requests (more with
+`requests_per_tier`) at a fixed concurrency → output tokens/s, P99 TTFT/TPOT, failures, output
+lengths and texts; then the
 single-stream protocol used in S9–S14 — decode median ms/token (n ≥ 5), TTFT at two prompt lengths
 (the seed's ~3800 and 8K, scaled by the same rule as the tiers), and conc=8 tokens/s.
 Progress goes to a callback after every request (long runs take many minutes on real hosts).
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.evaluation.arm_settings import cards_of, settings_of
 from appliance.evaluation.bench_result import (
     BenchResult,
     ProofResult,
@@ -48,6 +52,9 @@ class LaunchInfo:
     reproducibility: str | None = None  # the recipe's declared expect.reproducibility
     max_num_seqs: int | None = None
     proof: ProofResult = field(default_factory=ProofResult)
+    # The recipe as the controller shows it (settings, cards and SLOs are recorded from it).
+    recipe_doc: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    cards: dict[str, Any] = field(default_factory=dict)  # what the host read about the cards
     # The launch's per-launch engine API key (the engine's /v1 answers 401 without it). Kept
     # out of repr and never written to a result; None for an engine given directly (then --key).
     engine_key: str | None = field(default=None, repr=False)
@@ -58,7 +65,8 @@ class BenchParams:
     output_tokens: int = 64
     requests_per_tier: int = FIRST_N
     concurrency: int = 5
-    ignore_eos: bool = True
+    ignore_eos: bool = False  # natural stops, as the seed ran (DOMAIN §7: output lengths are checked)
+    warmup: int = 1  # discarded requests per tier before measuring (seed 004 §11)
     single_stream: bool = True
     decode_samples: int = 5  # n ≥ 5 (DOMAIN §7)
     conc: int = 8
@@ -68,6 +76,8 @@ class BenchParams:
             raise ValueError(f"at least the first {FIRST_N} requests of each tier (DOMAIN §7)")
         if self.decode_samples < 5:
             raise ValueError("decode median needs n >= 5 (DOMAIN §7)")
+        if self.warmup < 0:
+            raise ValueError("warmup must be 0 or more requests per tier")
 
 
 class PromptCache:
@@ -133,6 +143,23 @@ async def run_tier(
     )
 
 
+async def run_warmup(
+    client: EngineClient, prompts: PromptCache, plan: TierPlan, params: BenchParams, progress: Progress
+) -> list[RequestRecord]:
+    """`params.warmup` requests per tier at the tier's lower bound, under their own prompt name
+    ("warmup:TIER"), recorded and never counted."""
+    out: list[RequestRecord] = []
+    for tier in plan.tiers:
+        for k in range(params.warmup):
+            ids = await prompts.ids(f"warmup:{tier.name}", k, tier.lo)
+            rec = await client.timed(f"warmup:{tier.name}", k, ids, params.output_tokens, params.ignore_eos)
+            out.append(rec)
+            progress(
+                {"phase": "warmup", "tier": tier.name, "done": k + 1, "total": params.warmup, "ok": rec.ok}
+            )
+    return out
+
+
 async def run_single_stream(
     client: EngineClient, prompts: PromptCache, plan: TierPlan, params: BenchParams, progress: Progress
 ) -> SingleStream:
@@ -187,24 +214,39 @@ async def run_bench(
     """Bench the engine at `launch.engine_url`. Raises EngineNotReady / NoTierFits before sending
     a single measured request, so a refusal leaves nothing behind.
 
+    `client`: an open client of the caller's (left open); otherwise one is opened and closed here.
     `plan` fixes the tiers (a compare plans once, from the baseline's context, so both arms get the
     same prompts: a candidate with a smaller context then fails the requests it cannot hold)."""
-    async with client or EngineClient(launch.engine_url, api_key or launch.engine_key) as c:
-        _, max_model_len = await c.discover()
-        plan = plan or plan_tiers(max_model_len, params.output_tokens)
-        progress(
-            {
-                "phase": "plan",
-                "recipe": launch.recipe,
-                "tier_rule": plan.describe(),
-                "max_model_len": max_model_len,
-            }
-        )
-        prompts = prompts or PromptCache()
-        prompts.client = c  # only for prompts not tokenized yet: a shared cache keeps the first arm's ids
-        started = time.time()
-        tiers = [await run_tier(c, prompts, t, params, progress) for t in plan.tiers]
-        single = await run_single_stream(c, prompts, plan, params, progress) if params.single_stream else None
+    if client is not None:
+        return await _bench(client, launch, params, progress, plan, prompts)
+    async with EngineClient(launch.engine_url, api_key or launch.engine_key) as c:
+        return await _bench(c, launch, params, progress, plan, prompts)
+
+
+async def _bench(
+    c: EngineClient,
+    launch: LaunchInfo,
+    params: BenchParams,
+    progress: Progress,
+    plan: TierPlan | None,
+    prompts: PromptCache | None,
+) -> BenchResult:
+    _, max_model_len = await c.discover()
+    plan = plan or plan_tiers(max_model_len, params.output_tokens)
+    progress(
+        {
+            "phase": "plan",
+            "recipe": launch.recipe,
+            "tier_rule": plan.describe(),
+            "max_model_len": max_model_len,
+        }
+    )
+    prompts = prompts or PromptCache()
+    prompts.client = c  # only for prompts not tokenized yet: a shared cache keeps the first arm's ids
+    warm = await run_warmup(c, prompts, plan, params, progress)
+    started = time.time()
+    tiers = [await run_tier(c, prompts, t, params, progress) for t in plan.tiers]
+    single = await run_single_stream(c, prompts, plan, params, progress) if params.single_stream else None
     return BenchResult(
         id=f"bench-{uuid.uuid4().hex[:12]}",
         launch_id=launch.launch_id,
@@ -222,4 +264,19 @@ async def run_bench(
         proof=launch.proof,
         started_at=started,
         finished_at=time.time(),
+        settings=settings_of(
+            launch.recipe_doc, output_tokens=params.output_tokens, ignore_eos=params.ignore_eos
+        ),
+        cards=cards_of(launch.recipe_doc, launch.cards),
+        warmup=warm,
+        slo=recipe_slo(launch.recipe_doc),
     )
+
+
+def recipe_slo(recipe: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """The recipe's optional absolute per-tier SLO targets (`expect.slo`), None values dropped."""
+    slo = ((recipe or {}).get("expect") or {}).get("slo") or {}
+    return {
+        tier: {k: float(v) for k, v in (targets or {}).items() if v is not None}
+        for tier, targets in slo.items()
+    }

@@ -2,8 +2,9 @@
 OpenAI-compatible API, directly or through the gateway with a key.
 
 Every request is a `/v1/completions` call with token-id prompts at temperature 0, so the input
-length is exact and the same on every arm; `ignore_eos` with a fixed `max_tokens` keeps output
-lengths stable (the small CPU model often stops at once otherwise). Streaming gives TTFT (first
+length is exact and the same on every arm. Outputs stop naturally by default (the seed's runs did:
+lengths then differ between arms and the gate checks them); `ignore_eos` with a fixed `max_tokens`
+is the option for fixed lengths. Streaming gives TTFT (first
 token chunk) and TPOT ((latency − TTFT) / (output tokens − 1)), the way `vllm bench serve` measures.
 """
 
@@ -162,6 +163,42 @@ class EngineClient:
             text="".join(text),
             ok=True,
         )
+
+    async def alive(self) -> bool:
+        """The engine still answers (vLLM `/health` 200): the smoke's "API still alive"."""
+        try:
+            async with self.session.get(
+                f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=30)
+            ) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def chat(self, prompt: str, max_tokens: int) -> str:
+        """A greedy chat completion that stops naturally (the accuracy sets' answers)."""
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
+        for attempt in (1, 2):
+            try:
+                async with self.session.post(f"{self.base_url}/v1/chat/completions", json=body) as r:
+                    if r.status != 200:
+                        raise ClientError(
+                            f"chat completion answered HTTP {r.status}: {(await r.text())[:300]}"
+                        )
+                    data = await r.json()
+                break
+            except aiohttp.ServerDisconnectedError as exc:
+                # A pooled keep-alive connection the server had already closed (seen on the CPU pair):
+                # the request never reached the engine, so sending it once more is safe at temperature 0.
+                if attempt == 2:
+                    raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
+        return str((data["choices"][0].get("message") or {}).get("content") or "")
 
     async def tokens(self, prompt: str, max_tokens: int) -> Completion:
         """A greedy chat completion and its output token ids (vLLM `return_token_ids`, which vLLM

@@ -1,8 +1,10 @@
 """`appliance compare BASELINE CANDIDATE`: switch the engine through the controller, bench each
 arm warm with the same client and prompts, and apply the gate (appliance/evaluation/gate.py).
 
-Arms alternate (A B A B … with `rounds` > 1: interleaving spreads host drift over both arms, which
-is sound here because every switch is a full engine restart on a fixed cache root). An arm whose
+The gate is the seed's whole protocol (appliance/evaluation/protocol.py: proof → smoke → first five
+→ re-runs → score → accuracy). Arms alternate (A B A B … when more rounds run: interleaving spreads
+host drift over both arms, which is sound here because every switch is a full engine restart on a
+fixed cache root). An arm whose
 ready launch was a compile-cache miss is restarted once on the same root before it is measured, so
 both arms are warm (DOMAIN §7: same cache vintage). The benches and the verdict are stored in one
 transaction at the end: a compare that cannot finish (an arm never ready, a context that fits no
@@ -18,14 +20,21 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.evaluation.accuracy import ITEMS_PER_KIND
+from appliance.evaluation.arm_settings import ArmsDiffer, card_mismatch, cards_of, check, settings_of
 from appliance.evaluation.bench_result import BenchResult, ProofResult
 from appliance.evaluation.bench_tiers import TierPlan, plan_tiers
-from appliance.evaluation.gate import GateResult, Verdict, decide
+from appliance.evaluation.gate import GateResult
+from appliance.evaluation.protocol import Thresholds, needs_more_rounds, throughput_passed, throughput_steps
+from appliance.evaluation.protocol import gate as protocol_gate
+from controller.evaluation.accuracy_run import run_accuracy
 from controller.evaluation.bench import BenchParams, LaunchInfo, Progress, PromptCache, _quiet, run_bench
+from controller.evaluation.cards import read_cards
 from controller.evaluation.client import EngineClient
+from controller.evaluation.smoke import LogReader, run_smoke
 from controller.evaluation.store import EvalStore
 
 
@@ -59,6 +68,8 @@ def launch_info(
         reproducibility=expect.get("reproducibility"),
         max_num_seqs=engine.get("max_num_seqs"),
         proof=proof or ProofResult(),
+        recipe_doc=recipe,
+        cards=read_cards((recipe or {}).get("platform"), (recipe or {}).get("devices")),
     )
 
 
@@ -69,6 +80,9 @@ class Control:
     status: Callable[[], Awaitable[dict[str, Any]]]
     describe: Callable[[dict[str, Any]], Awaitable[LaunchInfo]]
     poll_s: float = 1.0
+    # The recipe as the controller shows it (None: unknown); the engine log of a launch by offset.
+    recipe: Callable[[str], Awaitable[dict[str, Any] | None]] | None = None
+    log: LogReader | None = None
 
     async def wait_ready(self, recipe: str, timeout_s: float, after: str | None) -> dict[str, Any]:
         """Until `recipe` is ready on a launch other than `after`; failed/idle end it with the reason."""
@@ -123,6 +137,17 @@ class CompareOutcome:
     gate: GateResult
 
 
+@dataclass(frozen=True)
+class CompareOptions:
+    """The protocol's knobs (appliance/evaluation/protocol.py); defaults are the seed's."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    smoke: bool = True
+    accuracy: bool = True
+    accuracy_items: int = ITEMS_PER_KIND
+    allow_diff: frozenset[str] = frozenset()
+
+
 def _tagged(progress: Progress, recipe: str) -> Progress:
     def tagged(event: dict[str, Any]) -> None:
         progress({**event, "recipe": recipe})
@@ -130,8 +155,29 @@ def _tagged(progress: Progress, recipe: str) -> Progress:
     return tagged
 
 
-def _median_arm(results: list[BenchResult]) -> BenchResult:
-    return sorted(results, key=lambda r: r.score)[len(results) // 2]
+async def _arm_settings(
+    control: Control, baseline: str, candidate: str, params: BenchParams, options: CompareOptions
+) -> dict[str, list[Any]]:
+    """Refuse arms that differ in a forbidden field (unless allowed) or run on other cards, before
+    anything is switched (DOMAIN §7)."""
+    if control.recipe is None:
+        return {}
+    docs = [await control.recipe(baseline), await control.recipe(candidate)]
+    settings = [
+        settings_of(d, output_tokens=params.output_tokens, ignore_eos=params.ignore_eos) for d in docs
+    ]
+    try:
+        allowed = check(settings[0], settings[1], options.allow_diff)
+    except ArmsDiffer as exc:
+        raise CompareError(str(exc)) from exc
+    cards = [cards_of(d) for d in docs]
+    mismatch = card_mismatch(cards[0], cards[1])
+    if mismatch:
+        raise CompareError(
+            f"the arms run on different cards ({mismatch}): results from different cards are not "
+            "gated against each other (DOMAIN §7: cards 0/1 vs 2/3 differ by ~16%)"
+        )
+    return allowed
 
 
 async def compare(
@@ -146,49 +192,74 @@ async def compare(
     ready_timeout_s: float = 3600,
     api_key: str | None = None,
     progress: Progress = _quiet,
+    options: CompareOptions | None = None,
 ) -> CompareOutcome:
+    """The seed's protocol (appliance/evaluation/protocol.py). Round 1: per arm, the smoke request,
+    the discarded warm-up and the first five of each tier (the baseline also scores its accuracy
+    then: it is the reference either way). More interleaved rounds follow while a small gain is not
+    yet stable (or up to `rounds`, the operator's minimum). The candidate's accuracy is scored only
+    when the throughput steps passed; then the gate decides over everything recorded."""
+    options = options or CompareOptions()
+    th = options.thresholds
     if baseline == candidate:
         raise CompareError("baseline and candidate are the same recipe")
     if rounds < 1:
         raise CompareError("rounds must be at least 1")
+    allowed = await _arm_settings(control, baseline, candidate, params, options)
     arms: dict[str, list[BenchResult]] = {baseline: [], candidate: []}
     plan: TierPlan | None = None
     prompts = PromptCache()  # tokenized by the baseline, sent unchanged to the candidate
-    for r in range(rounds):
+    cap = max(rounds, th.max_rounds)
+    r = 0
+    while r == 0 or r < rounds or (
+        r < cap and needs_more_rounds(arms[baseline], arms[candidate], th)
+    ):
         for recipe in (baseline, candidate):
             info = await control.switch(recipe, warm=warm, timeout_s=ready_timeout_s, progress=progress)
-            if plan is None:  # the baseline's context decides the tiers for every arm (same prompts)
-                async with EngineClient(info.engine_url, api_key or info.engine_key) as c:
-                    _, max_model_len = await c.discover()
-                plan = plan_tiers(max_model_len, params.output_tokens)
-            progress({"phase": "bench", "recipe": recipe, "round": r + 1, "rounds": rounds})
-            arms[recipe].append(
-                await run_bench(
-                    info,
-                    params,
-                    api_key=api_key,
-                    progress=_tagged(progress, recipe),
-                    plan=plan,
-                    prompts=prompts,
+            async with EngineClient(info.engine_url, api_key or info.engine_key) as c:
+                _, max_model_len = await c.discover()
+                if plan is None:  # the baseline's context decides the tiers for every arm (same prompts)
+                    plan = plan_tiers(max_model_len, params.output_tokens)
+                prompts.client = c
+                smoke = None
+                if r == 0 and options.smoke:
+                    progress({"phase": "smoke", "recipe": recipe})
+                    smoke = await run_smoke(
+                        c, prompts, plan, params.output_tokens, params.ignore_eos,
+                        launch_id=info.launch_id, read_log=control.log,
+                    )
+                    progress({"phase": "smoke-done", "recipe": recipe, "ok": smoke.request.ok,
+                              "output_tokens": smoke.request.output_tokens, "alive_after": smoke.alive_after,
+                              "new_error_lines": len(smoke.new_error_lines)})
+                progress({"phase": "bench", "recipe": recipe, "round": r + 1})
+                result = await run_bench(
+                    info, params, api_key=api_key, progress=_tagged(progress, recipe),
+                    client=c, plan=plan, prompts=prompts,
                 )
-            )
-    # The gate compares the median-score run of each arm (one run each with rounds=1); a failure in
-    # any run of the candidate still rejects: failures are summed into the arm that is gated.
-    base, cand = _median_arm(arms[baseline]), _median_arm(arms[candidate])
-    gate = decide(base, cand)
-    extra_fail = [r for r in arms[candidate] if r is not cand and r.failed]
-    if extra_fail:
-        gate = gate.model_copy(
-            update={
-                "verdict": Verdict.REJECT,
-                "reasons": [
-                    f"candidate failed {sum(r.failed for r in extra_fail)} request(s) in other rounds",
-                    *gate.reasons,
-                ],
-            }
-        )
+                acc = None
+                if r == 0 and recipe == baseline and options.accuracy:
+                    acc = await run_accuracy(c, plan, options.accuracy_items, _tagged(progress, recipe))
+            arms[recipe].append(result.model_copy(update={"smoke": smoke, "accuracy": acc}))
+        r += 1
+    base_runs, cand_runs = arms[baseline], arms[candidate]
+    steps, _ = throughput_steps(base_runs, cand_runs, th)
+    why_not: str | None = None
+    if not options.accuracy:
+        why_not = "not run: accuracy switched off for this compare (--no-accuracy)"
+    elif not throughput_passed(steps):
+        why_not = "not run: the throughput steps did not pass (accuracy runs only after them)"
+    else:
+        # The candidate ran last: it is the engine up now.
+        info = await control.switch(candidate, warm=warm, timeout_s=ready_timeout_s, progress=progress)
+        progress({"phase": "accuracy", "recipe": candidate})
+        async with EngineClient(info.engine_url, api_key or info.engine_key) as c:
+            await c.discover()
+            assert plan is not None
+            acc = await run_accuracy(c, plan, options.accuracy_items, _tagged(progress, candidate))
+        cand_runs[0] = cand_runs[0].model_copy(update={"accuracy": acc})
+    gate = protocol_gate(base_runs, cand_runs, th, allowed_diffs=allowed, accuracy_why_not=why_not)
     outcome = CompareOutcome(
-        id=f"cmp-{uuid.uuid4().hex[:12]}", baselines=arms[baseline], candidates=arms[candidate], gate=gate
+        id=f"cmp-{uuid.uuid4().hex[:12]}", baselines=base_runs, candidates=cand_runs, gate=gate
     )
     if store is not None:
         store.add_comparison(outcome.id, outcome.baselines, outcome.candidates, gate)

@@ -13,12 +13,14 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from appliance.recipe.engine_secret import redact as redact_keys
 from appliance.recipe.recipe_loader import RecipeError
 from controller.api.client import ApiError, Client
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.compare import CompareError, Control, launch_info
 from controller.evaluation.engine_key import read_engine_key
 from controller.evaluation.proof import proof_from_events
+from controller.runtime.base import EngineHandle
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.preflight import Preflight, UnknownRecipe
@@ -50,7 +52,21 @@ def http_control(client: Client) -> Control:
     async def describe(s: dict[str, Any]) -> LaunchInfo:
         return await describe_http(client, s)
 
-    return Control(apply=apply, restart=restart, status=status, describe=describe)
+    async def recipe(name: str) -> dict[str, Any] | None:
+        try:
+            shown = await asyncio.to_thread(client.get, f"/recipes/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                raise CompareError(f"no recipe {name!r}") from exc
+            raise CompareError(str(exc)) from exc
+        doc: dict[str, Any] | None = shown.get("recipe")
+        return doc
+
+    async def log(launch_id: str, offset: int) -> tuple[str, int]:
+        text, headers = await asyncio.to_thread(client.text, f"/launches/{launch_id}/log?offset={offset}")
+        return text, int(headers.get("X-Next-Offset") or headers.get("x-next-offset") or offset)
+
+    return Control(apply=apply, restart=restart, status=status, describe=describe, recipe=recipe, log=log)
 
 
 async def describe_http(client: Client, s: dict[str, Any]) -> LaunchInfo:
@@ -109,4 +125,26 @@ def driver_control(driver: Driver, store: Store, preflight: Preflight) -> Contro
         )
         return dataclasses.replace(info, engine_key=driver.engine_key(launch["id"]))
 
-    return Control(apply=apply, restart=restart, status=status, describe=describe)
+    async def recipe(name: str) -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = (await asyncio.to_thread(preflight.recipe, name)).model_dump(mode="json")
+        except (UnknownRecipe, RecipeError) as exc:
+            raise CompareError(f"recipe {name!r}: {exc}") from exc
+        return doc
+
+    async def log(launch_id: str, offset: int) -> tuple[str, int]:
+        def read() -> tuple[str, int]:
+            record = store.get_launch(launch_id)
+            if record is None or record.handle is None:
+                return "", offset
+            handle = EngineHandle.model_validate(record.handle)
+            runtime = driver.runtimes.get(handle.runtime)
+            if runtime is None:
+                return "", offset
+            text, nxt = runtime.read_logs(handle, offset)
+            key = driver.engine_key(launch_id)  # error lines are stored with the result: never the key
+            return redact_keys(text, [key] if key else []), nxt
+
+        return await asyncio.to_thread(read)
+
+    return Control(apply=apply, restart=restart, status=status, describe=describe, recipe=recipe, log=log)

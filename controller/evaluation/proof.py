@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.evaluation.bench_result import ProofResult
-from appliance.observe.launch_proof import LaunchProof, evaluate
+from appliance.observe.launch_proof import DEFAULT_FORBIDDEN_MARKERS, LaunchProof, digest_algorithm, evaluate
 from appliance.recipe.engine_secret import redact as redact_keys
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
@@ -47,12 +47,14 @@ def proof_from_events(events: Iterable[dict[str, Any]]) -> ProofResult:
     if latest is None:
         return ProofResult()
     return ProofResult(
-        markers=dict(latest.get("markers") or {}), checksums=dict(latest.get("checksums") or {})
+        markers=dict(latest.get("markers") or {}),
+        checksums=dict(latest.get("checksums") or {}),
+        forbidden=dict(latest.get("forbidden") or {}),
     )
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def _sha256_file(path: Path, algorithm: str = "sha256") -> str:
+    h = hashlib.new(algorithm)
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
@@ -73,9 +75,15 @@ def read_whole_log(runtime: Runtime, handle: EngineHandle) -> str:
 
 
 def engine_file_digests(
-    runtime: Runtime, handle: EngineHandle, paths: Iterable[str], *, engine_on_this_host: bool = True
+    runtime: Runtime,
+    handle: EngineHandle,
+    paths: Iterable[str],
+    *,
+    engine_on_this_host: bool = True,
+    algorithms: dict[str, str] | None = None,
 ) -> dict[str, str | None]:
-    """sha256 of each file as the engine sees it; None when it cannot be read (a mismatch).
+    """The digest of each file as the engine sees it (sha256, or the algorithm `algorithms` names for
+    the path: md5 where the recipe declared an md5); None when it cannot be read (a mismatch).
 
     A runtime whose engine sees another filesystem (a container) reads the file there
     (`EngineFiles`). One whose engine runs on another machine and cannot read its files
@@ -90,10 +98,11 @@ def engine_file_digests(
             out[path] = None
             continue
         try:
+            algorithm = (algorithms or {}).get(path, "sha256")
             if files is None:
-                out[path] = _sha256_file(Path(path))
+                out[path] = _sha256_file(Path(path), algorithm)
                 continue
-            out[path] = hashlib.sha256(files.engine_file(handle, path)).hexdigest()
+            out[path] = hashlib.new(algorithm, files.engine_file(handle, path)).hexdigest()
         except Exception as exc:  # noqa: BLE001 — any failure to read is recorded as "unreadable"
             log.info("cannot digest %s: %s", path, exc)
             out[path] = None
@@ -145,6 +154,7 @@ def collect(
     spec: LaunchSpec,
     markers: tuple[str, ...],
     checksums: dict[str, str],
+    forbidden: tuple[str, ...] = (),
 ) -> LaunchProof:
     """Blocking (file reads, hashing): run it in a thread.
 
@@ -154,8 +164,9 @@ def collect(
     """
     text = read_whole_log(runtime, handle)
     here = for_spec(spec).traits.placement is not Placement.REMOTE
-    digests = engine_file_digests(runtime, handle, checksums, engine_on_this_host=here)
-    proof = evaluate(text, markers, checksums, digests)
+    algorithms = {p: digest_algorithm(d) for p, d in checksums.items()}
+    digests = engine_file_digests(runtime, handle, checksums, engine_on_this_host=here, algorithms=algorithms)
+    proof = evaluate(text, markers, checksums, digests, (*DEFAULT_FORBIDDEN_MARKERS, *forbidden))
     cache: dict[str, object] = (
         {"root": spec.cache_root, "files": None, "on_this_host": False}
         if caches_elsewhere(spec)
@@ -174,26 +185,33 @@ def _cache_summary(cache: dict[str, object]) -> str:
 
 
 Note = Callable[[str, str, str | None, dict[str, Any] | None], None]
+# (markers, checksums) or (markers, checksums, forbidden markers) of a recipe.
+Declared = tuple[tuple[str, ...], dict[str, str]] | tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]
 ReadyHook = Callable[[str, LaunchSpec, EngineHandle], Coroutine[Any, Any, None]]
 
 
 def ready_hook(
     runtimes: dict[str, Runtime],
-    expectations: Callable[[str], tuple[tuple[str, ...], dict[str, str]]],
+    expectations: Callable[[str], Declared],
     note: Note,
 ) -> ReadyHook:
-    """The supervisor's on-ready hook. `expectations(recipe)` → (markers, checksums) of the recipe."""
+    """The supervisor's on-ready hook. `expectations(recipe)` → (markers, checksums[, forbidden
+    markers]) of the recipe; the default must-not-appear markers are always checked."""
 
     async def on_ready(launch_id: str, spec: LaunchSpec, handle: EngineHandle) -> None:
         runtime = runtimes.get(handle.runtime)
         if runtime is None:
             return
+        forbidden: tuple[str, ...] = ()
         try:
-            markers, checksums = await asyncio.to_thread(expectations, spec.recipe)
+            declared = await asyncio.to_thread(expectations, spec.recipe)
+            markers, checksums = declared[0], declared[1]
+            if len(declared) == 3:
+                forbidden = declared[2]
         except (RecipeError, UnknownRecipe, KeyError, OSError, ValueError):
             markers, checksums = (), {}  # a recipe gone from the directory: record what can be seen
         try:
-            proof = await asyncio.to_thread(collect, runtime, handle, spec, markers, checksums)
+            proof = await asyncio.to_thread(collect, runtime, handle, spec, markers, checksums, forbidden)
         except (EngineRuntimeError, OSError) as exc:
             note(WARNING_EVENT, f"kernel-path proof could not be gathered: {exc}", launch_id, None)
             return
@@ -213,11 +231,11 @@ def ready_hook(
 
 def recipe_expectations(
     recipe_of: Callable[[str], Any],
-) -> Callable[[str], tuple[tuple[str, ...], dict[str, str]]]:
-    """(markers, checksums) of a recipe, from a `Preflight.recipe`-like lookup."""
+) -> Callable[[str], Declared]:
+    """(markers, checksums, forbidden markers) of a recipe, from a `Preflight.recipe`-like lookup."""
 
-    def lookup(name: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    def lookup(name: str) -> Declared:
         expect = recipe_of(name).expect
-        return tuple(expect.markers), dict(expect.checksums)
+        return tuple(expect.markers), dict(expect.checksums), tuple(expect.forbidden_markers)
 
     return lookup

@@ -20,17 +20,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from appliance.evaluation.accuracy import ITEMS_PER_KIND, MAX_DROP_POINTS
 from appliance.evaluation.bench_result import BenchResult
 from appliance.evaluation.bench_tiers import FIRST_N, NoTierFits
+from appliance.evaluation.protocol import Thresholds
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.client import ClientError, EngineNotReady
-from controller.evaluation.compare import CompareError, compare
+from controller.evaluation.compare import CompareError, CompareOptions, compare
 from controller.evaluation.controls import driver_control
 from controller.evaluation.store import EvalStore
 from controller.store import Store
@@ -49,8 +51,18 @@ class CompareBody(BaseModel):
     requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
     concurrency: int = Field(default=5, ge=1, le=256)
     output_tokens: int = Field(default=64, ge=1, le=32768)
-    ignore_eos: bool = True
+    ignore_eos: bool = False  # natural stops by default (DOMAIN §7: the gate checks the lengths)
     single_stream: bool = True
+    warmup: int = Field(default=1, ge=0, le=100)
+    smoke: bool = True
+    accuracy: bool = True
+    accuracy_items: int = Field(default=ITEMS_PER_KIND, ge=1, le=200)
+    accuracy_drop: float = Field(default=MAX_DROP_POINTS, ge=0, le=100)
+    length_tolerance: float = Field(default=0.02, ge=0, le=1)
+    allow_diff: list[Literal["max_num_seqs", "max_num_batched_tokens", "sampling", "output_limits"]] = Field(
+        default_factory=list
+    )
+    max_rounds: int = Field(default=3, ge=1, le=10)
     rounds: int = Field(default=1, ge=1, le=10)
     warm: bool = True
     ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
@@ -129,6 +141,16 @@ def evaluation_router(
             concurrency=b.concurrency,
             ignore_eos=b.ignore_eos,
             single_stream=b.single_stream,
+            warmup=b.warmup,
+        )
+        options = CompareOptions(
+            thresholds=Thresholds(
+                max_rounds=b.max_rounds, accuracy_drop=b.accuracy_drop, length_tolerance=b.length_tolerance
+            ),
+            smoke=b.smoke,
+            accuracy=b.accuracy,
+            accuracy_items=b.accuracy_items,
+            allow_diff=frozenset(b.allow_diff),
         )
         try:
             outcome = await compare(
@@ -141,6 +163,7 @@ def evaluation_router(
                 warm=b.warm,
                 ready_timeout_s=b.ready_timeout_s,
                 progress=job.publish,
+                options=options,
             )
         except (CompareError, EngineNotReady, NoTierFits, ClientError) as exc:
             job.error, job.state = f"{type(exc).__name__}: {exc} (nothing stored)", "failed"

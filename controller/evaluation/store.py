@@ -225,6 +225,19 @@ class EvalStore(SqliteDb):
             for r in rows
         ]
 
+    def comparison(self, comparison_id: str) -> tuple[dict[str, Any], GateResult] | None:
+        """One stored comparison: its row and its whole verdict (every step with its evidence)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, baseline, candidate, verdict, created_at, gate_json FROM eval_comparisons "
+                "WHERE id = ?",
+                (comparison_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        info = {k: row[k] for k in ("id", "baseline", "candidate", "verdict", "created_at")}
+        return info, GateResult.model_validate_json(row["gate_json"])
+
     def fingerprints(self, limit: int = 50, recipe: str | None = None) -> list[dict[str, Any]]:
         where, args = ("WHERE recipe = ?", (recipe,)) if recipe else ("", ())
         with self._lock:

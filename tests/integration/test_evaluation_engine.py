@@ -5,8 +5,10 @@ scenarios run in order: a bench of the running eager recipe; a fingerprint, a re
 fingerprint (across-restart evidence); a compare against a candidate whose context is half the
 baseline's (so its long-tier requests fail mid-run → reject, everything stored together); a bench
 whose output length leaves no tier (refused, nothing stored); and a bench with the engine stopped
-(refused, nothing stored). Request counts and output lengths are small; nothing asserts on the
-model's words or on timings.
+(refused, nothing stored). The compare runs the whole protocol (appliance/evaluation/protocol.py) at
+its smallest: the smoke request on both arms, one discarded warm-up request per tier, the baseline's
+accuracy on one item of each kind, and no candidate accuracy (its throughput steps fail). Request
+counts and output lengths are small; nothing asserts on the model's words or on timings.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tests.integration.controller_harness import (
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 BASE, SHORT = "itest-eval-eager", "itest-eval-short"
-SMALL = ["--requests", "5", "--concurrency", "5", "--output-tokens", "8"]
+SMALL = ["--requests", "5", "--concurrency", "5", "--output-tokens", "8", "--ignore-eos"]
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +156,27 @@ def test_compare_with_a_candidate_failing_requests_mid_run_rejects_and_stores_it
 ) -> None:
     controller.wait_ready(START_LIVENESS_S)
     before = len(_rows(controller, "eval_benchmarks"))
-    r = _cli(controller, "compare", BASE, SHORT, *SMALL, "--no-single-stream", "--ready-timeout", "1500")
+    out = controller.home / "cmp.json"
+    r = _cli(controller, "compare", BASE, SHORT, *SMALL, "--no-single-stream", "--ready-timeout", "1500",
+             "--accuracy-items", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr + r.stdout
     assert "VERDICT: REJECT" in r.stdout
     assert f"candidate {SHORT} failed 5 request(s)" in r.stdout  # the whole 16-32K tier, nothing earlier
+    report = json.loads(out.read_text())
+    steps = {s["name"]: s for s in report["gate"]["steps"]}
+    assert list(steps) == ["proof", "smoke", "first-five", "re-runs", "score", "accuracy"]
+    assert steps["proof"]["status"] == "pass"  # declared markers: enforce_eager=True, the CPU KV cache
+    assert steps["smoke"]["status"] == "pass", steps["smoke"]  # the 8-16K request fits the short context
+    assert steps["first-five"]["status"] == "fail"
+    assert steps["accuracy"]["status"] == "skipped" and "throughput" in steps["accuracy"]["reasons"][0]
+    base_run, cand_run = report["runs"]["baseline"][0], report["runs"]["candidate"][0]
+    for run in (base_run, cand_run):
+        assert run["smoke"]["log_checked"] and run["smoke"]["alive_after"] and run["smoke"]["request"]["ok"]
+        assert [w["tier"] for w in run["warmup"]] == ["warmup:4-8K", "warmup:8-16K", "warmup:16-32K"]
+        assert run["settings"]["output_limits"] == {"max_tokens": 8, "ignore_eos": True}
+    assert sorted(i["kind"] for i in base_run["accuracy"]["items"]) == [
+        "keyword_aggregation", "multihop_qa", "retrieval_multi_point", "summarization"]
+    assert cand_run["accuracy"] is None
     assert f"[{SHORT}] switch" in r.stderr and f"[{BASE}] switch" not in r.stderr  # the baseline ran already
     comparisons = _rows(controller, "eval_comparisons")
     assert len(comparisons) == 1 and comparisons[0]["verdict"] == "reject"

@@ -208,7 +208,7 @@ async def test_a_bench_with_a_failed_request_shows_it_and_an_unknown_id_is_404(
     ttft = re.search(r'<div id="ttft-chart">(.*?)</div>', html, re.S)
     assert ttft and ttft.group(1).count('class="dot"') == 14
     assert ttft.group(1).count('class="dot-failed"') == 1
-    assert 'href="/console/benchmarks#cmp-1"' in html
+    assert 'href="/console/comparisons/cmp-1"' in html
     assert 'id="single-stream">Not measured' in html and "nothing to prove" in html
     r = await client.get("/console/benchmarks/nope")
     assert r.status_code == 404
@@ -289,3 +289,40 @@ def test_create_app_opens_one_evaluation_store_for_the_api_and_the_console(
     monkeypatch.setattr(EvalStore, "__init__", counting_init)
     rig = Rig(home)
     assert opened == [rig.store.path]
+
+
+async def test_a_comparison_page_shows_both_arms_per_tier_and_per_gate_step_with_differing_texts_and_flips(
+    rig: Rig, client: httpx.AsyncClient
+) -> None:
+    from appliance.evaluation.accuracy import AccuracyResult, ItemResult, Kind
+    from appliance.evaluation.protocol import gate as protocol_gate
+
+    def acc(score: float) -> AccuracyResult:
+        return AccuracyResult(context_tokens=700, items=[
+            ItemResult(kind=Kind.RETRIEVAL, index=0, score=score, output=f"codes <b>{score}</b>")])
+
+    base = _bench("b-pb", "cpu-smollm2", T0 + 10, durations=(8, 16, 32)).model_copy(
+        update={"accuracy": acc(1.0)})
+    cand = _bench("b-pc", "cpu-smollm2-eager", T0 + 20, durations=(4, 8, 16)).model_copy(
+        update={"accuracy": acc(0.0)})
+    cand.tiers[0].requests[0].text = "a different <text>"
+    g = protocol_gate([base], [cand])
+    assert g.verdict == Verdict.REJECT  # faster, but the accuracy veto
+    evals = EvalStore(rig.store.path)
+    evals.add_comparison("cmp-p", [base], [cand], g)
+    evals.close()
+    await login(client)
+    listing = (await client.get("/console/benchmarks")).text
+    assert 'href="/console/comparisons/cmp-p"' in listing
+    r = await client.get("/console/comparisons/cmp-p")
+    assert r.status_code == 200
+    html = r.text
+    assert '<span class="verdict verdict-reject" id="comparison-verdict">reject</span>' in html
+    assert re.findall(r'<tr class="step-row" id="step-([^"]+)">', html) == [
+        "proof", "smoke", "first-five", "re-runs", "score", "accuracy"]
+    assert "accuracy drop in retrieval_multi_point" in _row(html, "step-accuracy")
+    assert _cells(_row(html, "tier-4-8K-baseline"), "tier-thr") == ["40.00"]
+    assert _cells(_row(html, "tier-4-8K-candidate"), "tier-thr") == ["80.00"]
+    assert "a different &lt;text&gt;" in html  # the differing text, escaped
+    assert "codes &lt;b&gt;1.0&lt;/b&gt;" in html  # the flipped accuracy item, both outputs
+    assert (await client.get("/console/comparisons/cmp-nope")).status_code == 404

@@ -155,17 +155,15 @@ def _made_up(i: int) -> str:
 
 
 async def test_a_key_created_after_the_last_refresh_works_at_once(tmp_path: Path) -> None:
-    import time
-
     store = KeyStore(tmp_path / "k.db")
     cache = KeyCache(store, refresh_s=1.0)
     cache.load(create=True)
     _, key = store.create("new")  # what POST /keys does; the periodic refresher has not run
     assert cache.authenticate(bearer(key)) is AuthFailure.INVALID  # the plain cache has not seen it
-    t0 = time.monotonic()
     found = await cache.authenticate_fresh(bearer(key))
+    # found by one store check, not by waiting for the periodic refresh (no wall-clock bound: CI is loaded)
     assert isinstance(found, KeyRecord) and found.name == "new"
-    assert time.monotonic() - t0 < 0.5 and cache.reloads_for_unknown == 1
+    assert cache.reloads_for_unknown == 1
     # a known key needs no store check; a known id with a wrong secret, a malformed key neither
     assert isinstance(await cache.authenticate_fresh(bearer(key)), KeyRecord)
     assert await cache.authenticate_fresh(bearer(key[:-1] + ("b" if key[-1] != "b" else "c"))) \

@@ -11,7 +11,13 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from appliance.observe.launch_proof import evaluate, per_rank_counts, rank_of, versions
+from appliance.observe.launch_proof import (
+    DEFAULT_FORBIDDEN_MARKERS,
+    evaluate,
+    per_rank_counts,
+    rank_of,
+    versions,
+)
 from appliance.recipe.recipe_model import Expectations
 from controller.evaluation.proof import (
     PROOF_EVENT,
@@ -74,11 +80,41 @@ def test_loads_and_compiles_are_counted_per_rank() -> None:
     assert versions(LOG) == {"vllm": "0.32.0"}
 
 
-def test_recipe_checksums_must_be_sha256() -> None:
-    ok = Expectations(ready_budget_s=60, markers=("x selected.",), checksums={"/f": "A" * 64})
-    assert ok.checksums == {"/f": "a" * 64}
-    with pytest.raises(ValidationError, match="sha256"):
+def test_recipe_checksums_are_md5_or_sha256() -> None:
+    digests = {"/f": "A" * 64, "/g": "B" * 32}
+    ok = Expectations(ready_budget_s=60, markers=("x selected.",), checksums=digests)
+    assert ok.checksums == {"/f": "a" * 64, "/g": "b" * 32}
+    with pytest.raises(ValidationError, match=r"md5 \(32 hex characters\) or sha256"):
         Expectations(ready_budget_s=60, checksums={"/f": "md5:1234"})
+
+
+def test_an_md5_declared_file_is_digested_with_md5_and_matches(tmp_path: Path) -> None:
+    lib = tmp_path / "_C_stable_libtorch.so"
+    lib.write_bytes(b"packed silu fixed")
+    md5 = hashlib.md5(b"packed silu fixed").hexdigest()
+    from controller.evaluation.proof import collect
+    from controller.runtime.base import EngineHandle
+    from tests.unit.spec_helpers import launch_spec
+
+    spec = launch_spec("process", cache_root=str(tmp_path / "cache"))
+    handle = EngineHandle(
+        launch_id="L1", runtime="process", ref="1", recipe="r", spec_hash="h", started_at=0.0
+    )
+    proof = collect(_LogOnly(), handle, spec, (), {str(lib): md5})  # type: ignore[arg-type]
+    assert proof.checksums == {str(lib): True} and proof.actual_checksums[str(lib)] == md5
+
+
+def test_must_not_appear_markers_are_checked_by_default_and_per_recipe() -> None:
+    crashed = LOG + "Traceback (most recent call last):\n  File x\nRuntimeError: capture failed\n"
+    proof = evaluate(crashed, [], {}, {}, (*DEFAULT_FORBIDDEN_MARKERS, "capture failed"))
+    assert proof.forbidden["Traceback (most recent call last)"] and proof.forbidden["capture failed"]
+    assert not proof.forbidden["EngineDeadError"]
+    assert "must-not-appear marker seen: 'capture failed'" in proof.problems
+    assert evaluate(LOG, [], {}, {}).problems == []  # a clean log passes the defaults
+    with pytest.raises(ValidationError, match="slo names unknown tier"):
+        Expectations(ready_budget_s=60, slo={"2-4K": {"ttft_ms": 100}})
+    slo = Expectations(ready_budget_s=60, slo={"8-16K": {"ttft_ms": 2000, "tpot_ms": 200}}).slo
+    assert slo["8-16K"].tpot_ms == 200
 
 
 def test_compile_cache_digest_changes_with_an_artifact(tmp_path: Path) -> None:

@@ -1,0 +1,101 @@
+#!/bin/bash
+# compare.sh — the acceptance gate's whole protocol on the lent H200 for the eager/graph pair:
+#   appliance compare cuda-smollm2-eager cuda-smollm2-graph --json
+# (proof → smoke → first five per tier → re-runs of a small gain → median score → accuracy with the
+# last word; natural output lengths, one discarded warm-up request per tier on both arms).
+# docs/gpu-h200.md says how it is sent: the kit set up by an earlier call (gpu-kit's setup.sh: vLLM
+# 0.26.0 in /root/site, the model in /root/gpu/smollm2), the appliance's code in .gpuwt/; run from
+# the repo root copy as
+#   bash .gpuwt/scripts/gpu_h200/compare.sh
+# The accuracy step scores summaries with `rouge-score` (and its nltk, absl-py, joblib), which the
+# device image lacks: carry their wheels in .whl/ (`pip wheel --no-deps -w .whl rouge-score nltk
+# absl-py joblib` on this machine) and they are unpacked into /root/site; without them the compare
+# runs with --no-accuracy and says so.
+# Budget: ~4 minutes (eager ready ≈ 45 s, graph cold + warm ≈ 130 s, each arm's smoke, warm-up,
+# 15 measured requests, single stream and 20 accuracy items take seconds on the GPU).
+# What comes back: $OUT/compare.json (the whole report: every step with its evidence, every run with
+# its texts), $OUT/compare-summary.txt, $OUT/compare.tgz (progress, launches, engine logs, redacted).
+set -uo pipefail
+W="$PWD/.gpuwt"; cd "$W" || exit 2  # python -m puts the cwd first on sys.path: the checkout's own code must not win
+export APPLIANCE_HOME=/root/app APPLIANCE_RECIPES="$W/recipes" PYTHONPATH="/root/site:$W" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-/tmp/compare-out}"; mkdir -p "$OUT"
+APP=(python3 -m controller.cli.main)
+R=/root/results/compare
+T0=$(date +%s)
+say() { echo "[compare $(( $(date +%s) - T0 ))s] $*"; }
+redact() {  # the admin token, gateway keys (sk-app-…), engine keys (eng_ + 43 url-safe base64 chars)
+  sed -i -E -e "s/(APPLIANCE_ADMIN_TOKEN=)[^ ]+/\1<redacted>/g; s/(shown once\): )[^ ]+/\1<redacted>/g" \
+    -e 's/adm_[A-Za-z0-9_-]{43}/adm_<redacted>/g; s/sk-app-[A-Za-z0-9_-]+/sk-app-<redacted>/g' \
+    -e 's/eng_[A-Za-z0-9_-]{43}/eng_<redacted>/g' "$@" 2>/dev/null
+}
+pack() { tar -C /root/results -czf "$OUT/compare.tgz" compare 2>/dev/null; }
+layout() {
+  mkdir -p /root/app/engine/cuda/bin /root/app/models
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /root/app/engine/cuda/bin/python
+  chmod +x /root/app/engine/cuda/bin/python
+  ln -sfn /root/site /root/app/engine/cuda/site
+  ln -sfn /root/gpu/smollm2 /root/app/models/smollm2-135m-instruct
+}
+
+[ -d /root/site/vllm ] || { echo "no vLLM in /root/site: run gpu-kit's setup.sh first (docs/gpu-h200.md)"; exit 2; }
+ACC=(--accuracy)
+if ! python3 -c 'import rouge_score' 2>/dev/null; then
+  for whl in "$W"/../.whl/*.whl "$W"/.whl/*.whl; do
+    [ -f "$whl" ] && python3 -m zipfile -e "$whl" /root/site
+  done
+  python3 -c 'import rouge_score' 2>/dev/null \
+    || { ACC=(--no-accuracy); say "rouge-score not importable (no wheels in .whl/): the compare runs with --no-accuracy"; }
+fi
+if [ -e /root/app ]; then
+  timeout 60 "${APP[@]}" down > /dev/null 2>&1
+  mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
+fi
+rm -rf "$R"; mkdir -p "$R"
+layout
+TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
+export APPLIANCE_ADMIN_TOKEN="$TOKEN"
+nvidia-smi --query-gpu=name,memory.used,memory.total,power.limit,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1
+
+say "up with the baseline (eager)"
+timeout 240 "${APP[@]}" up --recipe cuda-smollm2-eager > "$R/up.txt" 2>&1; echo "up rc=$?" >> "$R/up.txt"
+redact "$R/up.txt"; tail -3 "$R/up.txt"; pack
+
+say "compare (the whole protocol)"
+timeout 480 "${APP[@]}" compare cuda-smollm2-eager cuda-smollm2-graph --json "${ACC[@]}" \
+  --ready-timeout 400 --out "$R/compare.json" > "$R/compare-stdout.json" 2> "$R/compare-progress.txt"
+RC=$?; echo "compare rc=$RC" >> "$R/compare-progress.txt"
+redact "$R/compare-progress.txt" "$R/compare.json"; tail -5 "$R/compare-progress.txt"; pack
+
+say "collect"
+"${APP[@]}" launches --json > "$R/launches.json" 2>&1
+for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null); do
+  mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null
+done
+timeout 30 "${APP[@]}" down > "$R/down.txt" 2>&1
+find "$R" -type f -size +4M -exec truncate -s 4M {} +
+redact "$R"/*.txt "$R"/*.json "$R"/runs/*/engine.log
+cp "$R/compare.json" "$OUT/compare.json" 2>/dev/null
+python3 - "$R/compare.json" > "$OUT/compare-summary.txt" 2>&1 <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as exc:
+    print(f"no compare result: {exc}"); sys.exit(0)
+g = r["gate"]
+print(f"compare {r['id']}: {r['candidate']} vs {r['baseline']}: VERDICT {g['verdict'].upper()}  flags: {', '.join(g['flags'])}")
+for s in g["steps"]:
+    print(f"  {s['name']:10} {s['status'].upper():7} {'; '.join(s['reasons'])[:300]}")
+print(f"score {g['score_candidate']:.1f} vs {g['score_baseline']:.1f} output tok/s; output tokens "
+      f"{g['output_tokens_candidate']} vs {g['output_tokens_baseline']}; texts identical {g['texts_identical']}/{g['texts_compared']}")
+for arm in ("baselines", "candidates"):
+    for b in r[arm]:
+        tiers = "; ".join(f"{t['tier']} {t['output_throughput']:.1f} tok/s p99 TTFT {t['p99_ttft_ms']} TPOT {t['p99_tpot_ms']}" for t in b["tiers"])
+        print(f"  {arm[:-1]} {b['recipe']} {b['id']}: score {b['score']}, decode {b['decode_ms_median']} ms/token; {tiers}")
+        if b.get("accuracy"):
+            print(f"    accuracy {b['accuracy']['overall']} points {b['accuracy']['by_kind']}")
+PY
+{ echo; echo "wall time $(( $(date +%s) - T0 )) s; compare rc=$RC"; cat "$R/gpu.txt"; } >> "$OUT/compare-summary.txt"
+cp "$OUT/compare-summary.txt" "$R/"; pack
+cat "$OUT/compare-summary.txt"; ls -l "$OUT"
+exit $RC
