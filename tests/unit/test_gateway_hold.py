@@ -152,7 +152,7 @@ def test_stream_requests_are_recognised() -> None:
 async def test_after_a_held_stream_started_an_error_answer_becomes_one_data_event() -> None:
     sent: list[dict[str, object]] = []
 
-    async def send(message: dict[str, object]) -> None:  # type: ignore[type-arg]
+    async def send(message: dict[str, object]) -> None:
         sent.append(message)
 
     wrapped = SseAfterHold(send)  # type: ignore[arg-type]
