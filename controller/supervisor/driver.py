@@ -27,7 +27,7 @@ import contextlib
 import logging
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,10 @@ from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import launch_key
 from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
-from controller.supervisor.gateway_link import GatewayLink
+from controller.supervisor.gateway_link import GatewayLink, HoldPlan
 from controller.supervisor.gateway_sync import GatewaySync
+from controller.supervisor.hold_plan import HoldPolicy, expected_ready_s
+from controller.supervisor.hold_plan import plan as hold_plan
 from controller.supervisor.launch_run import LaunchRun, LaunchRuns
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
 from controller.supervisor.probes import Prober
@@ -118,6 +120,8 @@ class DriverConfig:
     # not at the next poll; it re-checks that its launch is still current this often.
     watch_exits: bool = True
     exit_watch_s: float = 30.0
+    # How long the gateway holds new requests during a planned switch (hold_plan.py).
+    hold: HoldPolicy = field(default_factory=HoldPolicy)
 
 
 def failure_of(d: Diagnosis) -> Failure:
@@ -161,6 +165,8 @@ class Driver:
         self._probing = False
         self._next_probe = 0.0
         self._health_failures = 0
+        self._next_hold_renewal = 0.0
+        self._hold_floor_s = 0.0  # the bound the current hold promised (renewals never shorten it)
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
@@ -279,6 +285,7 @@ class Driver:
             self._watch_readiness(launch)
             self._watch_gateway(launch)
             self._flag_stall(launch)
+        self._renew_hold()
         self.submit(Tick())
 
     def _flag_stall(self, launch: Launch) -> None:
@@ -679,7 +686,9 @@ class Driver:
                                                    action.served_model_name)
                 self._spawn(point, "gateway point")
             case ClearUpstream():
-                self._spawn(self.gateway_sync.clear(action.retry_after_s, action.reason), "gateway clear")
+                hold = self._hold(action.hold) if action.hold is not None else None
+                clear = self.gateway_sync.clear(action.retry_after_s, action.reason, hold, action.detail)
+                self._spawn(clear, "gateway clear")
             case MarkReady():
                 self._mark_ready(action)
             case MarkEnded():
@@ -784,8 +793,67 @@ class Driver:
         self._forget_unless_current(action.launch_id)
 
     async def _drain(self, action: DrainGateway) -> None:
-        await self.gateway_sync.drain(action.launch_id, action.deadline_s, self.machine.policy.retry_after_s)
+        hold = self._hold(action.hold) if action.hold is not None else None
+        path = "hold" if hold is not None else "stop"
+        if hold is not None:
+            self.note("switch-path", f"{hold.reason}: drain, stop, start; the gateway holds new requests "
+                      f"meanwhile (each up to {hold.wait_s:g} s)", action.launch_id,
+                      {"path": path, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s})
+        result = await self.gateway_sync.drain(action.launch_id, action.deadline_s,
+                                                self.machine.policy.retry_after_s, hold)
+        cut = result.aborted if result is not None else 0
+        self.metrics.record_switch(path, cut)
+        if result is not None:
+            said = (f"{cut} in-flight request(s) cut at the drain deadline of {action.deadline_s:g} s"
+                    if cut else f"in-flight requests finished in {result.waited_s:.1f} s")
+            self.note("drained", f"drained before the stop: {said}", action.launch_id,
+                      {"cut": cut, "waited_s": round(result.waited_s, 3), "path": path})
         self.submit(Drained(action.launch_id))
+
+    # ------------------------------------------------------------------------------------------
+    # The gateway's hold during a planned switch (hold_plan.py, controller/gateway/hold.py)
+
+    def _hold(self, reason: str) -> HoldPlan:
+        """The hold to begin now: its bound from the target's history."""
+        self._hold_floor_s = 0.0
+        self._next_hold_renewal = self.clock.now() + self.config.hold.renew_s
+        plan = hold_plan(reason, self._expected_ready_s(), self.config.hold)
+        self._hold_floor_s = plan.wait_s
+        return plan
+
+    def _expected_ready_s(self) -> float | None:
+        """Seconds until the engine being switched to is expected ready (None: no history)."""
+        m, now = self.machine, self.clock.now()
+        launch = m.launch
+        if m.state is State.STARTING and launch is not None:
+            expected = status_view.eta(launch, self.runs.get(launch.launch_id), now)
+            if expected is not None and expected.remaining_s is not None:
+                return max(0.0, expected.remaining_s)
+        spec = m.pending.spec if m.pending is not None else (launch.spec if launch is not None else None)
+        recipe = spec.recipe if spec is not None else m.recipe
+        if recipe is None:
+            return None
+        history = self.store.ready_history(recipe, spec.spec_hash if spec is not None else "")
+        ready = expected_ready_s(history, spec.spec_hash if spec is not None else None)
+        if ready is None:
+            return None
+        if m.state is State.BACKOFF and m.backoff_until is not None:
+            ready += max(0.0, m.backoff_until - now)
+        return ready
+
+    def _renew_hold(self) -> None:
+        """While a switch goes on, send the gateway a later estimate and a fresh lease (a hold the
+        controller stops renewing lapses: a dead controller leaves nobody waiting long)."""
+        reason = self.gateway_sync.holding
+        now = self.clock.now()
+        if reason is None or self.machine.state in (State.READY, State.IDLE, State.FAILED):
+            return
+        if now < self._next_hold_renewal:
+            return
+        self._next_hold_renewal = now + self.config.hold.renew_s
+        plan = hold_plan(reason, self._expected_ready_s(), self.config.hold, floor_s=self._hold_floor_s)
+        self._hold_floor_s = plan.wait_s
+        self._spawn(self.gateway_sync.renew_hold(plan), "gateway hold renewal")
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()

@@ -86,6 +86,10 @@ class State(StrEnum):
     EXITED = "exited"
 
 
+# What held requests are told when the engine is stopped on purpose (no start follows).
+STOPPED_DETAIL = "no engine is ready: it was stopped"
+EXITED_HOLD = "the engine exited; relaunching it"
+
 # A start is "in progress" in these states: a second apply/restart is a conflict (API 409).
 BUSY = frozenset({State.PREFLIGHT, State.STARTING, State.DRAINING, State.STOPPING, State.EXITED})
 
@@ -270,7 +274,8 @@ def _stop(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         return m, []
     # preflight (nothing running)/backoff/failed + stop → idle.
     m2 = replace(m, state=State.IDLE, token=m.token + 1, backoff_until=None, pending=None)
-    return m2, [Notify("stop", "stop requested"), ClearUpstream("stopped", m.policy.retry_after_s)]
+    return m2, [Notify("stop", "stop requested"),
+                ClearUpstream("stopped", m.policy.retry_after_s, detail=STOPPED_DETAIL)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,7 +436,8 @@ def _health_lost(m: Machine, obs: HealthLost) -> tuple[Machine, list[Action]]:
                       "see the log tail; the engine is restarted", retryable=True)
     m2 = replace(m, state=State.STOPPING, stop_failure=failure, after_stop=AfterStop.IDLE)
     return m2, [
-        ClearUpstream("engine not answering", m.policy.retry_after_s),
+        ClearUpstream("engine not answering", m.policy.retry_after_s,
+                      hold="the engine stopped answering; restarting it"),
         Notify("health-lost", failure.summary, launch.launch_id),
         *_stop_engine(m2, launch),
     ]
@@ -444,7 +450,9 @@ def _exit_seen(m: Machine, obs: ExitSeen) -> tuple[Machine, list[Action]]:
     how = (f"exit code {obs.exit.exit_code}" if obs.exit.exit_code is not None else "exit status unknown")
     note = Notify("exit-seen", f"the engine ended ({how}); out of the gateway, classifying the exit",
                   launch.launch_id, {"exit_code": obs.exit.exit_code, "signal": obs.exit.signal})
-    clear = ClearUpstream("engine exited", m.policy.retry_after_s)
+    # Held while the exit is classified: a relaunch is the likely next step; a failure for good
+    # answers the held requests with its reason (`_fail`).
+    clear = ClearUpstream("engine exited", m.policy.retry_after_s, hold=EXITED_HOLD)
     if m.state in (State.READY, State.STARTING):
         # ready/starting + death seen → exited: the gateway answers 503 + Retry-After at once,
         # not 502 "cannot connect" while the exit is classified (it was ~12 s of 502).
@@ -464,7 +472,7 @@ def _exited(m: Machine, obs: Exited, now: float) -> tuple[Machine, list[Action]]
     m2 = replace(m, launch=None)
     ended = MarkEnded(launch.launch_id, "exited", obs.failure)
     note = Notify("exited", obs.failure.summary, launch.launch_id, _failure_data(obs.failure))
-    clear = ClearUpstream("engine exited", m.policy.retry_after_s)
+    clear = ClearUpstream("engine exited", m.policy.retry_after_s, hold=EXITED_HOLD)
     if m.state is State.DRAINING:
         # draining + exited → whatever follows the stop (it stopped by itself).
         m3, actions = _after_stopped(m2, now)
@@ -587,8 +595,18 @@ def _begin_drain(m: Machine, launch: Launch, now: float) -> tuple[Machine, list[
     m2 = replace(m, state=State.DRAINING, drain_until=now + deadline)
     return m2, [
         Notify("draining", f"draining {launch.spec.recipe}", launch.launch_id),
-        DrainGateway(launch.launch_id, deadline),
+        DrainGateway(launch.launch_id, deadline, hold=_switch_reason(m, launch)),
     ]
+
+
+def _switch_reason(m: Machine, launch: Launch) -> str | None:
+    """Why the gateway holds new requests across this drain; None when nothing follows (a stop)."""
+    if m.after_stop is AfterStop.LAUNCH and m.pending is not None:
+        recipe = m.pending.spec.recipe
+        return "restart" if recipe == launch.spec.recipe else f"switching to {recipe}"
+    if m.after_stop is AfterStop.PREFLIGHT:
+        return "restart"
+    return None
 
 
 def _stop_engine(m: Machine, launch: Launch) -> list[Action]:
@@ -611,7 +629,8 @@ def _after_stopped(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         m2 = replace(m, state=State.PREFLIGHT, token=token, after_stop=AfterStop.IDLE)
         return m2, [RunPreflight(token, m.recipe)]
     m2 = replace(m, state=State.IDLE, after_stop=AfterStop.IDLE, pending=None)
-    return m2, [Notify("idle", "engine stopped"), ClearUpstream("stopped", m.policy.retry_after_s)]
+    return m2, [Notify("idle", "engine stopped"),
+                ClearUpstream("stopped", m.policy.retry_after_s, detail=STOPPED_DETAIL)]
 
 
 def _fail(m: Machine, failure: Failure, now: float) -> tuple[Machine, list[Action]]:
@@ -622,12 +641,13 @@ def _fail(m: Machine, failure: Failure, now: float) -> tuple[Machine, list[Actio
         m2 = replace(m, state=State.FAILED, failures=failures, last_failure=failure, backoff_until=None,
                      next_kind=None)
         return m2, [Notify("failed", f"failed ({why}): {failure.summary}", data=_failure_data(failure)),
-                    ClearUpstream("failed", p.retry_after_s)]
+                    ClearUpstream("failed", p.retry_after_s,
+                                  detail=f"the engine failed ({why}): {failure.summary}")]
     delay = backoff_delay(failures, p)
     m2 = replace(m, state=State.BACKOFF, failures=failures, last_failure=failure, backoff_until=now + delay)
     return m2, [Notify("backoff", f"failure {failures}: retry in {delay:g} s ({failure.code})",
                        data={"delay_s": delay, "failures": failures, **_failure_data(failure)}),
-                ClearUpstream("backoff", delay)]
+                ClearUpstream("backoff", delay, hold=f"relaunch after a failure, next try in {delay:g} s")]
 
 
 def _failure_data(failure: Failure) -> dict[str, object]:

@@ -220,6 +220,9 @@ class DrainGateway:
 
     launch_id: str
     deadline_s: float
+    # Why new requests are held meanwhile (a restart, another recipe): the gateway queues them until
+    # the next engine is ready instead of refusing them. None: a stop; new requests get 503 at once.
+    hold: str | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,10 @@ class ClearUpstream:
 
     reason: str
     retry_after_s: float
+    # Why new requests are held (a relaunch is scheduled); None: 503 at once, and requests still
+    # held are answered with `detail` (the failure's one line, or "stopped").
+    hold: str | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
