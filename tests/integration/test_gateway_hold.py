@@ -22,7 +22,7 @@ from controller.gateway.auth import hash_admin_token
 from controller.gateway.config import GatewayConfig
 from controller.gateway.control import ControlGateway, set_upstream
 from controller.gateway.embedded import serve_in_loop
-from controller.gateway.hold import HoldPlan
+from controller.gateway.hold import HoldPlan, Outcome
 from controller.gateway.keystore import KeyStore
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
@@ -124,7 +124,7 @@ async def test_a_restart_is_held_across_and_no_request_fails(
         assert "data: [DONE]" in text
     kinds = [e.kind for e in sw.store.events()]
     assert "switch-path" in kinds and "drained" in kinds
-    assert gw.app.hold.outcomes["released"] == 4
+    assert gw.app.hold.outcomes[Outcome.RELEASED] == 4
     await sw.driver.shutdown()
 
 
