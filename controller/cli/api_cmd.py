@@ -18,6 +18,7 @@ from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.options import JsonOpt
 from controller.cli.service_client import StartView, eta_phase_line, follow_start
+from controller.gateway.hold_text import status_line
 from controller.settings import (
     CONTROLLER_PORT,
 )
@@ -245,6 +246,8 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
             pct = f"{s['progress'] * 100:.0f}%" if s.get("progress") is not None else "?"
             typer.echo(f"starting:   {launch['elapsed_s']} s of {launch['ready_budget_s']} s ({pct}); "
                        f"{launch['describe']}")
+        if s.get("hold"):
+            typer.echo(f"gateway:    {status_line(s['hold'])}")
         eta = s.get("eta")
         if eta:
             # The expected ready time from earlier launches of this variant (appliance/observe/ready_eta.py).

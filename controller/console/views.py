@@ -24,6 +24,7 @@ from controller import admin_token
 from controller.api.context import ApiContext
 from controller.console import charts
 from controller.gateway import control
+from controller.gateway.hold_text import status_line
 from controller.store import LaunchRecord, redact_spec
 from controller.supervisor.driver import Driver
 from controller.supervisor.gateway_link import NoGateway
@@ -228,6 +229,8 @@ def live_view(status: dict[str, Any], memory: dict[str, Any] | None = None) -> d
         # elapsed against the usual ready time (the second bar; None without history)
         "eta_pct": _pct(eta.get("elapsed_s"), eta.get("median_s")),
         "diagnosis": diagnosis.get("summary"),
+        # the gateway holding new requests across a planned switch ("" when not)
+        "hold_text": status_line(status.get("hold")),
         # the failed launch's last log lines while backing off or failed (status_view.FAILED_TAIL_LINES)
         "log_tail": "\n".join(status.get("failed_log_tail") or []),
         "hint": diagnosis.get("hint"),

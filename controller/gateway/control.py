@@ -193,8 +193,10 @@ class ControlGateway:
             hold=hold, detail=detail,
         )
 
-    async def renew_hold(self, hold: HoldPlan) -> None:
-        await renew_hold(self.url, self._token, hold)
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
+        data = await renew_hold(self.url, self._token, hold)
+        view = data.get("hold")
+        return view if isinstance(view, dict) else None
 
     async def current(self) -> GatewayUpstream | None:
         data = await get_upstream(self.url, self._token)

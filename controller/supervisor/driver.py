@@ -687,7 +687,8 @@ class Driver:
                 self._spawn(point, "gateway point")
             case ClearUpstream():
                 hold = self._hold(action.hold) if action.hold is not None else None
-                clear = self.gateway_sync.clear(action.retry_after_s, action.reason, hold, action.detail)
+                clear = self.gateway_sync.clear(action.retry_after_s, action.reason, hold, action.detail,
+                                                self.clock.now())
                 self._spawn(clear, "gateway clear")
             case MarkReady():
                 self._mark_ready(action)
@@ -800,7 +801,7 @@ class Driver:
                       f"meanwhile (each up to {hold.wait_s:g} s)", action.launch_id,
                       {"path": path, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s})
         result = await self.gateway_sync.drain(action.launch_id, action.deadline_s,
-                                                self.machine.policy.retry_after_s, hold)
+                                                self.machine.policy.retry_after_s, hold, self.clock.now())
         cut = result.aborted if result is not None else 0
         self.metrics.record_switch(path, cut)
         if result is not None:
@@ -853,7 +854,20 @@ class Driver:
         self._next_hold_renewal = now + self.config.hold.renew_s
         plan = hold_plan(reason, self._expected_ready_s(), self.config.hold, floor_s=self._hold_floor_s)
         self._hold_floor_s = plan.wait_s
-        self._spawn(self.gateway_sync.renew_hold(plan), "gateway hold renewal")
+        self._spawn(self.gateway_sync.renew_hold(plan, now), "gateway hold renewal")
+
+    def hold_status(self) -> dict[str, Any] | None:
+        """The gateway's hold during a switch, for the status: reason, bound, requests held (None
+        until the gateway said), seconds to the expected ready time."""
+        view = self.gateway_sync.hold_view
+        if view is None or self.gateway_sync.holding is None or self.machine.state is State.READY:
+            return None
+        ready_in = view.get("ready_in_s")
+        at = view.get("at")
+        if isinstance(ready_in, int | float) and isinstance(at, int | float):
+            ready_in = max(0.0, ready_in - (self.clock.now() - at))
+        return {"reason": view["reason"], "wait_s": view["wait_s"], "waiting": view["waiting"],
+                "ready_in_s": None if ready_in is None else round(float(ready_in), 1)}
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()
@@ -950,7 +964,7 @@ class Driver:
         launch = self.machine.launch
         run = self.runs.get(launch.launch_id) if launch is not None else None
         return {**status_view.status(self.machine, run, self.clock.now(), self.last_diagnosis),
-                "store_problem": self.store_problem}
+                "store_problem": self.store_problem, "hold": self.hold_status()}
 
 
 # The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's

@@ -14,7 +14,7 @@ the driver see that while its engine is ready and re-send the upstream.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller.gateway.control import DrainResult as DrainResult
 from controller.gateway.control import GatewayControlError
@@ -50,8 +50,9 @@ class GatewayLink(Protocol):
         requests still held answered with `detail`."""
         ...
 
-    async def renew_hold(self, hold: HoldPlan) -> None:
-        """A later ready estimate, and a fresh lease for the hold (it lapses without one)."""
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
+        """A later ready estimate, and a fresh lease for the hold (it lapses without one); answers
+        the gateway's view of it (`waiting`: how many requests it holds), None if not known."""
         ...
 
     async def current(self) -> GatewayUpstream | None:
@@ -79,8 +80,8 @@ class NoGateway:
     ) -> None:
         self._upstream = None
 
-    async def renew_hold(self, hold: HoldPlan) -> None:
-        pass
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
+        return None
 
     async def current(self) -> GatewayUpstream | None:
         return self._upstream

@@ -180,6 +180,7 @@ class RecordingGateway:
         self.details: list[str | None] = []  # the reason each clear gave held requests
         self.renewals: list[HoldPlan] = []
         self.cut = 0  # what a drain reports as cut at its deadline
+        self.held = 0  # how many requests a hold renewal reports held
 
     def _reach(self) -> None:
         if self.down:
@@ -212,9 +213,11 @@ class RecordingGateway:
         self._reach()
         self.upstream = None
 
-    async def renew_hold(self, hold: HoldPlan) -> None:
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, object] | None:
         self.renewals.append(hold)
         self._reach()
+        return {"holding": True, "reason": hold.reason, "waiting": self.held,
+                "ready_in_s": hold.expected_ready_s}
 
     async def current(self) -> GatewayUpstream | None:
         self.checks += 1

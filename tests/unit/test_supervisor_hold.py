@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.observe.ready_eta import PastLaunch, StartState
+from controller.gateway.hold_text import status_line
 from controller.runtime.base import ExitInfo
 from controller.supervisor.hold_plan import HoldPolicy, expected_ready_s, plan
 from controller.supervisor.machine import STOPPED_DETAIL, Machine, State, transition
@@ -117,12 +118,17 @@ async def test_a_restart_tells_the_gateway_to_hold_and_counts_what_the_drain_cut
     assert drained and "2 in-flight request(s) cut at the drain deadline" in drained[-1].message
     assert rig.driver.metrics.value("appliance_drain_cut_requests_total") == 2
     assert rig.driver.metrics.value("appliance_engine_switches_total", {"path": "hold"}) == 1
+    rig.gateway.held = 3
     for _ in range(3):  # the start goes on: the hold is renewed
         await rig.step(10)
     assert rig.gateway.renewals and rig.gateway.renewals[-1].reason == "restart"
+    held = rig.driver.status()["hold"]
+    assert held is not None and held["waiting"] == 3
+    assert status_line(held).startswith("holding 3 requests (restart), each up to ")
     rig.runtime.current().healthy = True
     await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
     renewed = len(rig.gateway.renewals)
     await rig.step(10)
     assert len(rig.gateway.renewals) == renewed  # ready: nothing to hold for
+    assert rig.driver.status()["hold"] is None
     await rig.driver.shutdown()
