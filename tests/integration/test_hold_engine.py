@@ -1,0 +1,93 @@
+"""Restarts that clients do not notice, on the REAL CPU engine: a gateway process and a controller
+(`appliance serve --gateway-url`), four clients (two streaming) looping through the gateway, across
+a warm restart and an engine SIGKILL. One engine start for both (plus the restart's and the
+relaunch's), on the persistent test compile cache.
+
+The assertion is the count of failed requests: none across the restart (the start fits the hold's
+bound, taken from this variant's first start), and after a SIGKILL no more than were in flight at the
+kill. No timing thresholds: the added latency is printed, not judged (bench/hold_bench.py measures it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.hold_bench import GatewayProcess, Load, across, engine_pid, gateway_process, summarise
+from tests.integration.controller_harness import (
+    START_LIVENESS_S,
+    Controller,
+    engine_recipe,
+    free_port,
+    recipe_dirs,
+    require_engine,
+    serving,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2400)]
+RECIPE = "itest-hold-smollm2"
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
+    require_engine()
+    home, recipes = recipe_dirs(tmp_path, "cpu-smollm2")
+    engine_port = free_port()
+    (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", engine_port))
+    with gateway_process(home, free_port()) as gw:
+        c = Controller(home, recipes, free_port(), engine_port, recipe=RECIPE,
+                       extra_args=("--gateway-url", gw.url))
+        with serving(c):
+            yield c, gw, home
+
+
+def _ready_again(c: Controller, after: str) -> None:
+    def changed() -> bool:
+        s = c.status()
+        assert s["state"] != "failed", f"the switch failed: {s['last_diagnosis']}"
+        return bool(s["state"] == "ready" and (s.get("launch") or {}).get("id") != after)
+
+    c.wait(changed, START_LIVENESS_S, "the engine to be ready again")
+
+
+def test_a_warm_restart_and_an_engine_kill_through_the_gateway(
+    stack: tuple[Controller, GatewayProcess, Path],
+) -> None:
+    c, gw, home = stack
+    first = c.wait_ready()["launch"]["id"]
+
+    async def restart() -> float | None:
+        before = c.status()["launch"]["id"]
+        await asyncio.to_thread(c.post, "/restart")
+        await asyncio.to_thread(_ready_again, c, before)
+        return None
+
+    load = Load(gw.url, gw.key, clients=4)
+    t0, t1, _ = asyncio.run(across(load, restart, settle_s=3.0))
+    row = summarise("restart", load.requests, t0, t1)
+    print(row)
+    assert row["overlapping_switch"] > 0 and row["requests"] > row["overlapping_switch"]
+    assert row["failed"] == 0, row["failed_examples"]
+    assert gw.hold_view()["outcomes"]["released"] > 0  # requests were held, not refused
+    kinds = [e["kind"] for e in c.get(f"/launches/{first}")["events"]]
+    assert "switch-path" in kinds and "drained" in kinds  # the path taken and what the drain cut
+
+    async def sigkill() -> float | None:
+        launch = c.status()["launch"]["id"]
+        os.killpg(engine_pid(home, launch), signal.SIGKILL)
+        kill_t = time.monotonic()
+        await asyncio.to_thread(_ready_again, c, launch)
+        return kill_t
+
+    load = Load(gw.url, gw.key, clients=4)
+    t0, t1, kill_t = asyncio.run(across(load, sigkill, settle_s=3.0))
+    row = summarise("sigkill", load.requests, t0, t1, kill_t)
+    print(row)
+    assert row["failed"] <= row["in_flight_at_kill"], row["failed_examples"]
+
