@@ -169,6 +169,8 @@ def apply(
         _echo_json(answer)
     else:
         typer.echo(f"accepted: {recipe} (state {answer['state']})")
+        if answer.get("switch"):
+            typer.echo(f"path:     {answer['switch']['path']}: {answer['switch']['why']}")
     verdict = _await_preflight(client, answer.get("apply_id"))
     if verdict is not None:
         s, outcome = verdict

@@ -254,6 +254,7 @@ def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
         "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
         "would_replace": current.spec.recipe if current else None,
         "state": driver.machine.state.value,
+        "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
     }
 
 

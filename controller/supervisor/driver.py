@@ -49,7 +49,7 @@ from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
 from controller.supervisor.gateway_link import GatewayLink, HoldPlan
 from controller.supervisor.gateway_sync import GatewaySync
-from controller.supervisor.hold_plan import HoldPolicy, expected_ready_s
+from controller.supervisor.hold_plan import HoldPolicy, expected_ready_s, switch_view
 from controller.supervisor.hold_plan import plan as hold_plan
 from controller.supervisor.launch_run import LaunchRun, LaunchRuns
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
@@ -855,6 +855,16 @@ class Driver:
         plan = hold_plan(reason, self._expected_ready_s(), self.config.hold, floor_s=self._hold_floor_s)
         self._hold_floor_s = plan.wait_s
         self._spawn(self.gateway_sync.renew_hold(plan, now), "gateway hold renewal")
+
+    def switch_plan(self, recipe: str, spec_hash: str | None = None) -> dict[str, object]:
+        """Which path a switch to `recipe` takes now and why, with the numbers (hold_plan.switch_view)."""
+        history = self.store.ready_history(recipe, spec_hash or "")
+        expected = expected_ready_s(history, spec_hash)
+        launch = self.machine.launch
+        serving = launch.spec.recipe if self.machine.state is State.READY and launch is not None else None
+        plan = hold_plan("restart" if serving == recipe else f"switching to {recipe}", expected,
+                         self.config.hold)
+        return switch_view(serving, recipe, plan, len(history))
 
     def hold_status(self) -> dict[str, Any] | None:
         """The gateway's hold during a switch, for the status: reason, bound, requests held (None

@@ -51,3 +51,21 @@ def plan(reason: str, expected_s: float | None, policy: HoldPolicy, floor_s: flo
         wait = min(policy.cap_s, max(0.0, expected_s) + policy.margin_s)
     wait = max(wait, floor_s, 1.0)
     return HoldPlan(reason, round(wait, 1), None if expected_s is None else round(max(0.0, expected_s), 1))
+
+
+def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int) -> dict[str, object]:
+    """Which path a switch to ``target`` takes and why, with the numbers (apply/restart answers, the
+    console's confirm page). One engine at a time: the old one is drained and stopped before the new
+    one starts, and the gateway holds new requests across the gap."""
+    basis = (f"expected ready in ~{hold.expected_ready_s:g} s from {launches} earlier launch"
+             f"{'' if launches == 1 else 'es'} of {target}" if hold.expected_ready_s is not None
+             else f"no earlier launch of {target} reached ready: the bound is the cap")
+    if serving is None:
+        path, steps = "start", f"start {target}"
+    else:
+        path, steps = "hold", f"drain {serving} (in-flight requests finish), stop it, start {target}"
+    why = (f"{steps}; the gateway holds new requests meanwhile, each up to {hold.wait_s:g} s ({basis}), "
+           "then 503 + Retry-After. Blue/green (the new engine started beside the old one) is not done: "
+           "the controller runs one engine at a time")
+    return {"path": path, "why": why, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s,
+            "launches": launches}

@@ -132,3 +132,19 @@ async def test_a_restart_tells_the_gateway_to_hold_and_counts_what_the_drain_cut
     assert len(rig.gateway.renewals) == renewed  # ready: nothing to hold for
     assert rig.driver.status()["hold"] is None
     await rig.driver.shutdown()
+
+
+async def test_apply_and_restart_say_which_path_and_why_with_the_numbers(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    nothing = rig.driver.switch_plan("test-recipe")
+    assert nothing["path"] == "start" and "no earlier launch of test-recipe reached ready" in str(nothing["why"])
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
+    switch = rig.driver.switch_plan("test-recipe", "0123456789abcdef")
+    assert switch["path"] == "hold" and switch["launches"] == 1
+    why = str(switch["why"])
+    assert why.startswith("drain test-recipe (in-flight requests finish), stop it, start test-recipe")
+    assert f"each up to {switch['wait_s']:g} s (expected ready in ~" in why
+    assert "Blue/green" in why  # says it is not done, rather than leaving it to be guessed
+    await rig.driver.shutdown()
