@@ -22,6 +22,14 @@ Metric (type; labels): meaning
 - appliance_gateway_upstream_switches_total (counter): upstream changes through the admin surface
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
 - appliance_gateway_keys_loaded (gauge): keys in the gateway's cache (revoked ones included)
+
+The hold's series (``hold.bind_metrics``: requests held while the controller switches engines):
+
+- appliance_gateway_hold_active (gauge): 1 while a hold is on
+- appliance_gateway_hold_waiting (gauge): requests held now
+- appliance_gateway_hold_requests_total (counter; outcome): released, timed_out, dropped (the client
+  went away), full (refused at once), failed (the switch failed: 503 with its reason)
+- appliance_gateway_hold_wait_seconds (histogram): how long held requests waited, whatever the outcome
 """
 
 from __future__ import annotations
