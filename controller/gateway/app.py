@@ -29,7 +29,7 @@ from controller.gateway.config import GatewayConfig, MetricsAccess
 from controller.gateway.hold import Hold, bind_metrics
 from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
-from controller.gateway.metrics import PREFIX, GatewayMetrics
+from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.proxy import Proxy, Tee
 from controller.gateway.slot import Slot
 
@@ -53,7 +53,7 @@ class GatewayApp:
         self.metrics.upstream_ready.set(1 if self.slot.current else 0)
         self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee)
         self.hold = Hold(config.hold_max, config.hold_per_key_max, config.hold_tick_s)
-        bind_metrics(self.hold, self.metrics.registry, PREFIX)
+        bind_metrics(self.hold, self.metrics)
         self.proxy.hold = self.hold
         self.slot.on_set = self._upstream_set
         admin_auth = AdminAuth(config.admin_token_sha256)

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from controller.gateway.metrics import GatewayMetrics
 
 # Waiting for longer than this is never reasonable for a client: bounded even if a caller asks more.
 MAX_WAIT_S = 3600.0
@@ -240,28 +240,15 @@ class Hold:
             self.on_outcome(outcome, waited_s)
 
 
-def bind_metrics(hold: Hold, registry: CollectorRegistry, prefix: str) -> None:
-    """The hold's series in the gateway's registry (names in ``metrics.py``'s list)."""
-    waiting = Gauge(prefix + "hold_waiting", "Requests held while the engine is being switched.",
-                    registry=registry)
-    waiting.set_function(lambda: hold.waiting)
-    holding = Gauge(prefix + "hold_active", "1 while a hold is on (the controller is switching engines).",
-                    registry=registry)
-    holding.set_function(lambda: 1 if hold.holding() else 0)
-    outcomes = Counter(prefix + "hold_requests", "Held requests by outcome: released, timed_out, dropped, "
-                       "full (refused at once), failed (the switch failed).", ["outcome"], registry=registry)
-    waits = Histogram(prefix + "hold_wait_seconds", "How long held requests waited, whatever the outcome.",
-                      buckets=HOLD_BUCKETS, registry=registry)
-    for outcome in Outcome:
-        outcomes.labels(outcome.value)  # zeros from the first scrape, so that rate() works
+
+def bind_metrics(hold: Hold, metrics: GatewayMetrics) -> None:
+    """Feed the gateway's hold series (``metrics.py``) from this hold."""
+    metrics.hold_waiting.set_function(lambda: hold.waiting)
+    metrics.hold_active.set_function(lambda: 1 if hold.holding() else 0)
 
     def observe(outcome: Outcome, waited_s: float) -> None:
-        outcomes.labels(outcome.value).inc()
+        metrics.hold_requests.labels(outcome.value).inc()
         if outcome is not Outcome.FULL:
-            waits.observe(waited_s)
+            metrics.hold_wait.observe(waited_s)
 
     hold.on_outcome = observe
-
-
-# From a blink (released as it arrived) to the longest sensible hold (a cold start's few minutes).
-HOLD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from controller.gateway.hold import Hold, HoldPlan, Outcome, Refused, Released, bind_metrics
 from controller.gateway.hold_sse import SseAfterHold, wants_stream
+from controller.gateway.metrics import GatewayMetrics
 
 PLAN = HoldPlan("warm restart", wait_s=30.0, expected_ready_s=35.0)
 
@@ -129,9 +129,10 @@ async def test_no_hold_means_refused_at_once() -> None:
 
 
 def test_metrics_count_each_outcome() -> None:
-    registry = CollectorRegistry()
+    metrics = GatewayMetrics()
+    registry = metrics.registry
     hold = Hold()
-    bind_metrics(hold, registry, "appliance_gateway_")
+    bind_metrics(hold, metrics)
     assert hold.on_outcome is not None
     hold.on_outcome(Outcome.RELEASED, 3.0)
     hold.on_outcome(Outcome.FULL, 0.0)
