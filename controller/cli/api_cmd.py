@@ -215,6 +215,8 @@ def restart(follow: FollowOpt = False, as_json: JsonOpt = False, api: ApiOpt = N
         _echo_json(answer)
     else:
         typer.echo(f"restarting {answer['recipe']} (state {answer['state']})")
+        if answer.get("switch"):
+            typer.echo(f"path:     {answer['switch']['path']}: {answer['switch']['why']}")
     if follow:
         if as_json:
             end_of_follow(client, follow_outcome(client, err=True), err=True)

@@ -59,13 +59,16 @@ def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int)
     one starts, and the gateway holds new requests across the gap."""
     basis = (f"expected ready in ~{hold.expected_ready_s:g} s from {launches} earlier launch"
              f"{'' if launches == 1 else 'es'} of {target}" if hold.expected_ready_s is not None
-             else f"no earlier launch of {target} reached ready: the bound is the cap")
+             else f"no earlier launch of {target} reached ready")
     if serving is None:
-        path, steps = "start", f"start {target}"
-    else:
-        path, steps = "hold", f"drain {serving} (in-flight requests finish), stop it, start {target}"
-    why = (f"{steps}; the gateway holds new requests meanwhile, each up to {hold.wait_s:g} s ({basis}), "
-           "then 503 + Retry-After. Blue/green (the new engine started beside the old one) is not done: "
-           "the controller runs one engine at a time")
-    return {"path": path, "why": why, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s,
+        why = (f"start {target}: no engine serves now, so there is nothing to drain or to switch from "
+               f"({basis})")
+        return {"path": "start", "why": why, "wait_s": None, "expected_ready_s": hold.expected_ready_s,
+                "launches": launches}
+    why = (f"drain {serving} (in-flight requests finish), stop it, start {target}; the gateway holds new "
+           f"requests meanwhile, each up to {hold.wait_s:g} s ({basis}"
+           f"{'' if hold.expected_ready_s is not None else ': the bound is the cap'}), then 503 + Retry-After. "
+           "Blue/green (the new engine started beside the old one) is not done: the controller runs one "
+           "engine at a time")
+    return {"path": "hold", "why": why, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s,
             "launches": launches}
