@@ -65,9 +65,9 @@ def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int)
                f"({basis})")
         return {"path": "start", "why": why, "wait_s": None, "expected_ready_s": hold.expected_ready_s,
                 "launches": launches}
+    capped = "" if hold.expected_ready_s is not None else ": the bound is the cap"
     why = (f"drain {serving} (in-flight requests finish), stop it, start {target}; the gateway holds new "
-           f"requests meanwhile, each up to {hold.wait_s:g} s ({basis}"
-           f"{'' if hold.expected_ready_s is not None else ': the bound is the cap'}), then 503 + Retry-After. "
+           f"requests meanwhile, each up to {hold.wait_s:g} s ({basis}{capped}), then 503 + Retry-After. "
            "Blue/green (the new engine started beside the old one) is not done: the controller runs one "
            "engine at a time")
     return {"path": "hold", "why": why, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s,
