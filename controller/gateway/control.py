@@ -176,6 +176,15 @@ class ControlGateway:
             self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key
         )
 
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult:
+        """Blue/green: the new upstream at once; the previous one's requests drain (PUT /admin/upstream)."""
+        result = await set_upstream(
+            self.url, self._token, url, served_model, drain_deadline_s=deadline_s, upstream_key=api_key
+        )
+        return DrainResult(result.drained, result.aborted, result.remaining, result.waited_s)
+
     async def drain(
         self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
     ) -> DrainResult:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,14 @@ from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.observe.phase_record import event_label
 from appliance.recipe.engine_key import recipe_key
 from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance, Runtime
 from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Store
 from controller.supervisor import compile_cache, status_view
+from controller.supervisor.blue_green import Fit, moved
 from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import launch_key
 from controller.supervisor.exit_watch import watch_exit
@@ -82,6 +84,7 @@ from controller.supervisor.signals import (
     StartKind,
     StopEngine,
     Stopped,
+    SwitchUpstream,
     Tick,
 )
 
@@ -101,6 +104,9 @@ OomSource = Callable[[str], Sequence[OomEvent]]
 # recipe name → its MemAvailable floor in bytes (controller/watch/recipe_target.py; blocking: loads
 # the recipe), for `MemAvailableBelowRecipeTarget`.
 MemTarget = Callable[[str], int | None]
+# Blue/green (blue_green.py; blocking): does a launch of this recipe (its start cold? None: as its cache
+# is now) fit beside the serving engine (its spec and handle)? The verdict, its numbers and the port.
+BesideFn = Callable[[str, bool | None, LaunchSpec, EngineHandle], Fit]
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ class Driver:
         oom_events: OomSource | None = None,
         metrics: ControllerMetrics | None = None,
         mem_target: MemTarget | None = None,
+        beside: BesideFn | None = None,
     ) -> None:
         self.runtimes = dict(runtimes)
         # Kinds this host does not offer, and why (service.build fills it from the registry).
@@ -159,6 +166,7 @@ class Driver:
         self.oom_events = oom_events
         self.metrics = metrics if metrics is not None else ControllerMetrics()
         self.mem_target = mem_target
+        self.beside = beside  # None: every switch drains, stops and starts with the hold
         self.machine = Machine(policy=policy or Policy())
         self.last_diagnosis: dict[str, Any] | None = None
         self.runs = LaunchRuns()  # per-launch state: one LaunchRun from start/adoption to MarkEnded
@@ -285,6 +293,12 @@ class Driver:
             self._watch_readiness(launch)
             self._watch_gateway(launch)
             self._flag_stall(launch)
+        old = self.machine.old
+        if old is not None and old.handle is not None and not self.machine.switched:
+            try:
+                await self._watch_exit(old)  # it serves while the new one starts beside it
+            except (EngineRuntimeError, OSError) as exc:
+                self._runtime_unanswered(old, exc)
         self._renew_hold()
         self.submit(Tick())
 
@@ -462,10 +476,14 @@ class Driver:
 
     def _exit_noticed(self, launch_id: str, info: ExitInfo) -> None:
         """The engine ended: out of the gateway now (ExitSeen), classified after the OOM settle."""
-        launch = self.machine.launch
+        m = self.machine
+        launch = m.launch
         run = self.runs.get(launch_id)
-        if (launch is None or launch.launch_id != launch_id or self.machine.state is State.STOPPING
-                or run is None or run.exiting):
+        if m.old is not None and m.old.launch_id == launch_id and not m.switched:
+            launch = m.old  # the engine serving while a new one starts beside it (blue/green)
+        elif launch is None or launch.launch_id != launch_id or m.state is State.STOPPING:
+            return
+        if run is None or run.exiting:
             return
         run.exiting = True
         run.exit_seen = info
@@ -480,8 +498,8 @@ class Driver:
         run.watched = True
 
         def current() -> bool:
-            launch = self.machine.launch
-            return launch is not None and launch.launch_id == handle.launch_id
+            m = self.machine
+            return any(la is not None and la.launch_id == handle.launch_id for la in (m.launch, m.old))
 
         def done() -> None:
             run.watched = False
@@ -681,6 +699,8 @@ class Driver:
                 self._spawn(self._stop(action), f"stop {action.launch_id}")
             case DrainGateway():
                 self._spawn(self._drain(action), f"drain {action.launch_id}")
+            case SwitchUpstream():
+                self._spawn(self._switch(action), f"switch to {action.launch_id}")
             case SetUpstream():
                 point = self.gateway_sync.point_to(action.launch_id, action.base_url,
                                                    action.served_model_name)
@@ -701,7 +721,35 @@ class Driver:
 
     async def _preflight(self, action: RunPreflight) -> None:
         answer = await self.preflight(action.token, action.recipe, action.fresh_cache)
+        if isinstance(answer, PreflightOk):
+            answer = await self._blue_green(answer)
         self.submit(answer)
+
+    async def _blue_green(self, ok: PreflightOk) -> PreflightOk:
+        """The launch moved to a free port and marked `beside` when it fits beside the serving engine
+        (blue_green.py); unchanged otherwise (the switch then holds)."""
+        m = self.machine
+        serving = m.launch
+        if (self.beside is None or m.state is not State.PREFLIGHT or ok.token != m.token or serving is None
+                or serving.handle is None or m.old is not None):
+            return ok
+        if (not m.force and serving.spec.recipe == ok.spec.recipe
+                and on_port(ok.spec, serving.spec.port).spec_hash == serving.spec.spec_hash):
+            return ok  # the very launch that serves: the machine answers "unchanged"
+        cold = ok.empty_cache_first is not None or ok.cache_empty
+        try:
+            fit = await asyncio.to_thread(self.beside, ok.spec.recipe, cold, serving.spec, serving.handle)
+        except Exception as exc:  # the check is an optimisation: a failed look means the hold path
+            log.exception("blue/green check failed")
+            self.note("switch-path", f"hold: the blue/green check failed ({exc})", ok.launch_id,
+                      {"path": "hold"})
+            return ok
+        data: dict[str, object] = {"path": "blue_green" if fit.fits else "hold", **fit.numbers}
+        if not fit.fits:
+            self.note("switch-path", f"hold, not blue/green: {fit.why}", ok.launch_id, data)
+            return ok
+        self.note("switch-path", f"blue/green: {fit.why}", ok.launch_id, data)
+        return replace(ok, spec=moved(ok.spec, fit), beside=True)
 
     async def _start(self, action: StartEngine) -> None:
         now = self.clock.now()
@@ -792,6 +840,23 @@ class Driver:
         self.submit(Stopped(action.launch_id, info))
         # An engine nobody wanted any more (launched after its launch was replaced) has no MarkEnded.
         self._forget_unless_current(action.launch_id)
+
+    async def _switch(self, action: SwitchUpstream) -> None:
+        """Blue/green: point the gateway at the new engine, let the old one's requests finish, then
+        have the old one stopped (Drained)."""
+        result = await self.gateway_sync.switch(action.launch_id, action.base_url, action.served_model_name,
+                                                action.deadline_s)
+        cut = result.aborted if result is not None else 0
+        self.metrics.record_switch("blue_green", cut)
+        said = ("" if result is None else
+                f"; {cut} in-flight request(s) on the old engine cut at the drain deadline of "
+                f"{action.deadline_s:g} s" if cut else f"; the old engine's requests finished in "
+                f"{result.waited_s:.1f} s")
+        self.note("switched", f"blue/green: the gateway routes to {action.base_url}{said}; stopping the "
+                  "old engine", action.launch_id,
+                  {"path": "blue_green", "cut": cut, "old_launch_id": action.old_id,
+                   "waited_s": None if result is None else round(result.waited_s, 3)})
+        self.submit(Drained(action.old_id))
 
     async def _drain(self, action: DrainGateway) -> None:
         hold = self._hold(action.hold) if action.hold is not None else None
@@ -909,8 +974,14 @@ class Driver:
         follower = run.follower if run is not None else None
         failure = action.failure
         spec = self.store.get_spec(action.launch_id)
-        if spec is not None:
-            self.metrics.end_launch(spec.recipe)  # exited, stopped or never started: not ready any more
+        if spec is not None and not action.replaced:
+            # exited, stopped or never started: not ready any more (the old engine of a blue/green
+            # switch: its series were the new launch's from its start on).
+            self.metrics.end_launch(spec.recipe)
+        current = self.machine.launch
+        if self.machine.state is State.READY and current is not None:
+            # A blue/green start that failed beside the same recipe: the old one still serves.
+            self.metrics.set_engine_ready(current.spec.recipe)
         machine_diagnosed = failure is not None and failure.code in _MACHINE_DIAGNOSED
         if failure is not None and machine_diagnosed and diagnosis is None and spec is not None:
             # The machine decided (stall, budget): classify with the same rules over the same evidence

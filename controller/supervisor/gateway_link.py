@@ -36,6 +36,13 @@ class GatewayLink(Protocol):
         per-launch key, engine_key.py) instead of the client's own header."""
         ...
 
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult | None:
+        """Blue/green: new requests go to this engine at once; return once the requests running on the
+        previous one ended (or were cut at the deadline), saying how many were cut (None: not known)."""
+        ...
+
     async def drain(
         self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
     ) -> DrainResult | None:
@@ -68,6 +75,12 @@ class NoGateway:
 
     async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
         self._upstream = GatewayUpstream(url, served_model)
+
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult | None:
+        self._upstream = GatewayUpstream(url, served_model)
+        return None
 
     async def drain(
         self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None

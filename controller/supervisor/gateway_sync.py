@@ -88,6 +88,21 @@ class GatewaySync:
             except GatewayError as exc:
                 self._note("gateway-error", f"{what}: {exc}", launch_id, None)
 
+    async def switch(self, launch_id: str, url: str, served_model: str,
+                     deadline_s: float) -> DrainResult | None:
+        """Blue/green: new requests go to this ready engine at once; returns once the requests still
+        running on the previous one ended (or were cut at the deadline)."""
+        async with self._lock:
+            launch = self._ready_launch()
+            if launch is None or launch.launch_id != launch_id:
+                return None  # it stopped being ready before we got here
+            self._held(None)
+            try:
+                return await self.gateway.switch(url, served_model, self._engine_key(launch_id), deadline_s)
+            except GatewayError as exc:
+                self._note("gateway-error", f"switch: {exc}", launch_id, None)
+                return None
+
     async def clear(self, retry_after_s: float, reason: str, hold: HoldPlan | None = None,
                     detail: str | None = None, now: float | None = None) -> None:
         async with self._lock:

@@ -69,6 +69,9 @@ class PreflightOk:
     # fresh_cache: this (validated) variant root is emptied right before the engine starts — not
     # during preflight, while the old engine may still run on it.
     empty_cache_first: str | None = None
+    # Blue/green: the driver found that this launch (already moved to a free port) fits beside the
+    # serving engine (controller/supervisor/blue_green.py); it starts while the old one serves.
+    beside: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ class ApplyOutcome:
 
     token: int
     recipe: str
-    outcome: str  # "pending" | "started" | "refused" | "unchanged"
+    # "pending" | "started" | "refused" | "unchanged" | "failed" (blue/green: the old one serves on)
+    outcome: str
     failure: Failure | None = None
 
 
@@ -233,6 +237,18 @@ class StopEngine:
 
 
 @dataclass(frozen=True)
+class SwitchUpstream:
+    """Blue/green: the gateway's upstream is now the new ready slot; requests still running on the old
+    one finish (up to ``deadline_s``), then the old engine is stopped (Drained with ``old_id``)."""
+
+    launch_id: str
+    base_url: str
+    served_model_name: str
+    old_id: str
+    deadline_s: float
+
+
+@dataclass(frozen=True)
 class SetUpstream:
     """The gateway's upstream is now this ready slot."""
 
@@ -264,6 +280,8 @@ class MarkEnded:
     launch_id: str
     status: str  # "stopped" | "failed" | "exited"
     failure: Failure | None = None
+    # The old engine of a blue/green switch: its per-launch metrics are already the new launch's.
+    replaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,6 +295,6 @@ class Notify:
 
 
 Action = (
-    Reject | RunPreflight | StartEngine | DrainGateway | StopEngine | SetUpstream | ClearUpstream | MarkReady
-    | MarkEnded | Notify
+    Reject | RunPreflight | StartEngine | DrainGateway | StopEngine | SetUpstream | SwitchUpstream
+    | ClearUpstream | MarkReady | MarkEnded | Notify
 )

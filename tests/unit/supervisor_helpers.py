@@ -195,6 +195,15 @@ class RecordingGateway:
         self._reach()
         self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
 
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult | None:
+        self.calls.append(("switch", url))
+        self.keys.append(api_key)
+        self._reach()
+        self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
+        return DrainResult(drained=self.cut == 0, aborted=self.cut, remaining=0, waited_s=0.0)
+
     async def drain(
         self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
     ) -> DrainResult | None:
