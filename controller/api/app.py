@@ -224,7 +224,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
               response_model=Accepted, responses={409: {}})
     async def restart() -> Accepted:
         recipe = driver.machine.recipe
-        switch = driver.switch_plan(recipe) if recipe is not None else None
+        switch = driver.switch_plan(recipe, restart=True) if recipe is not None else None
         rejected = driver.submit(Restart())
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)

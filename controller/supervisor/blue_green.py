@@ -32,11 +32,16 @@ from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
 from appliance.recipe.recipe_model import Recipe
+from appliance.recipe.render import RenderError
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_recipe
 from controller.runtime.base import EngineHandle, EngineRuntimeError, Runtime
 from controller.runtime.ports import port_is_free
 from controller.supervisor.preflight import UnknownRecipe, cache_is_empty
+from host_setup.facts import HostFactsError
+
+# What a look at the recipes and the host can raise; the switch then takes the hold path.
+CHECK_ERRORS = (UnknownRecipe, RecipeError, RenderError, HostFactsError, EngineRuntimeError, OSError, ValueError)
 
 # How far past the recipe's port a free one is looked for.
 PORT_SCAN = 50

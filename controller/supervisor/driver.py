@@ -44,7 +44,7 @@ from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, 
 from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Store
 from controller.supervisor import compile_cache, status_view
-from controller.supervisor.blue_green import Fit, moved
+from controller.supervisor.blue_green import CHECK_ERRORS, Fit, moved
 from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import launch_key
 from controller.supervisor.exit_watch import watch_exit
@@ -739,8 +739,7 @@ class Driver:
         cold = ok.empty_cache_first is not None or ok.cache_empty
         try:
             fit = await asyncio.to_thread(self.beside, ok.spec.recipe, cold, serving.spec, serving.handle)
-        except Exception as exc:  # the check is an optimisation: a failed look means the hold path
-            log.exception("blue/green check failed")
+        except CHECK_ERRORS as exc:  # the check is an optimisation: a failed look means the hold path
             self.note("switch-path", f"hold: the blue/green check failed ({exc})", ok.launch_id,
                       {"path": "hold"})
             return ok
@@ -921,15 +920,24 @@ class Driver:
         self._hold_floor_s = plan.wait_s
         self._spawn(self.gateway_sync.renew_hold(plan, now), "gateway hold renewal")
 
-    def switch_plan(self, recipe: str, spec_hash: str | None = None) -> dict[str, object]:
-        """Which path a switch to `recipe` takes now and why, with the numbers (hold_plan.switch_view)."""
+    def switch_plan(self, recipe: str, spec_hash: str | None = None, *,
+                    restart: bool = False) -> dict[str, object]:
+        """Which path a switch to `recipe` takes now and why, with the numbers (hold_plan.switch_view);
+        `restart`: the restart's path (it always drains first)."""
         history = self.store.ready_history(recipe, spec_hash or "")
         expected = expected_ready_s(history, spec_hash)
         launch = self.machine.launch
-        serving = launch.spec.recipe if self.machine.state is State.READY and launch is not None else None
+        ready = self.machine.state is State.READY and launch is not None and self.machine.old is None
+        serving = launch.spec.recipe if ready and launch is not None else None
         plan = hold_plan("restart" if serving == recipe else f"switching to {recipe}", expected,
                          self.config.hold)
-        return switch_view(serving, recipe, plan, len(history))
+        fit: Fit | None = None
+        if ready and not restart and self.beside is not None and launch is not None and launch.handle:
+            try:
+                fit = self.beside(recipe, None, launch.spec, launch.handle)
+            except CHECK_ERRORS as exc:  # a preview: the switch itself decides again
+                fit = Fit(False, f"the blue/green check failed ({exc})")
+        return switch_view(serving, recipe, plan, len(history), fit)
 
     def hold_status(self) -> dict[str, Any] | None:
         """The gateway's hold during a switch, for the status: reason, bound, requests held (None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from appliance.observe.ready_eta import PastLaunch, StartState
+from controller.supervisor.blue_green import Fit
 from controller.supervisor.gateway_link import HoldPlan
 
 
@@ -53,10 +54,11 @@ def plan(reason: str, expected_s: float | None, policy: HoldPolicy, floor_s: flo
     return HoldPlan(reason, round(wait, 1), None if expected_s is None else round(max(0.0, expected_s), 1))
 
 
-def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int) -> dict[str, object]:
+def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int,
+                fit: Fit | None = None) -> dict[str, object]:
     """Which path a switch to ``target`` takes and why, with the numbers (apply/restart answers, the
-    console's confirm page). One engine at a time: the old one is drained and stopped before the new
-    one starts, and the gateway holds new requests across the gap."""
+    console's confirm page): blue/green when the new launch fits beside the serving one (``fit``,
+    blue_green.py), else drain, stop and start while the gateway holds new requests across the gap."""
     basis = (f"expected ready in ~{hold.expected_ready_s:g} s from {launches} earlier launch"
              f"{'' if launches == 1 else 'es'} of {target}" if hold.expected_ready_s is not None
              else f"no earlier launch of {target} reached ready")
@@ -65,10 +67,20 @@ def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int)
                f"({basis})")
         return {"path": "start", "why": why, "wait_s": None, "expected_ready_s": hold.expected_ready_s,
                 "launches": launches}
+    numbers = dict(fit.numbers) if fit is not None else None
+    if fit is not None and fit.fits:
+        why = (f"blue/green: start {target} beside {serving} on port {fit.port} ({basis}); the gateway "
+               f"keeps routing to {serving} until {target} is ready, then switches to it with no hold, "
+               f"and {serving} is drained and stopped. If {target} fails, {serving} keeps serving. "
+               f"It fits: {fit.why}")
+        return {"path": "blue_green", "why": why, "wait_s": None, "expected_ready_s": hold.expected_ready_s,
+                "launches": launches, "fit": numbers}
     capped = "" if hold.expected_ready_s is not None else ": the bound is the cap"
+    not_beside = (f"Not blue/green: {fit.why}" if fit is not None else
+                  "Not blue/green: a restart drains first (`apply --force` of the same recipe starts the "
+                  "new engine beside the old one when it fits)")
     why = (f"drain {serving} (in-flight requests finish), stop it, start {target}; the gateway holds new "
            f"requests meanwhile, each up to {hold.wait_s:g} s ({basis}{capped}), then 503 + Retry-After. "
-           "Blue/green (the new engine started beside the old one) is not done: the controller runs one "
-           "engine at a time")
+           f"{not_beside}")
     return {"path": "hold", "why": why, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s,
-            "launches": launches}
+            "launches": launches, "fit": numbers}

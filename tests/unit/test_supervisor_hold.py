@@ -147,5 +147,5 @@ async def test_apply_and_restart_say_which_path_and_why_with_the_numbers(tmp_pat
     why = str(switch["why"])
     assert why.startswith("drain test-recipe (in-flight requests finish), stop it, start test-recipe")
     assert f"each up to {switch['wait_s']:g} s (expected ready in ~" in why
-    assert "Blue/green" in why  # says it is not done, rather than leaving it to be guessed
+    assert "Not blue/green" in why  # says why not, rather than leaving it to be guessed
     await rig.driver.shutdown()
