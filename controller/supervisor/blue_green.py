@@ -41,7 +41,8 @@ from controller.supervisor.preflight import UnknownRecipe, cache_is_empty
 from host_setup.facts import HostFactsError
 
 # What a look at the recipes and the host can raise; the switch then takes the hold path.
-CHECK_ERRORS = (UnknownRecipe, RecipeError, RenderError, HostFactsError, EngineRuntimeError, OSError, ValueError)
+CHECK_ERRORS = (UnknownRecipe, RecipeError, RenderError, HostFactsError, EngineRuntimeError, OSError,
+                ValueError)
 
 # How far past the recipe's port a free one is looked for.
 PORT_SCAN = 50
