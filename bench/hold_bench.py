@@ -11,16 +11,19 @@ streaming, half not; each a loop of small chat completions with a short pause) t
 and per case:
 
 - restart: `POST /restart` (a warm restart of cpu-smollm2);
-- apply: `POST /apply cpu-smollm2-eager`, ready, then `POST /apply cpu-smollm2` again, ready;
+- apply: `POST /apply cpu-smollm2-eager`, ready, then `POST /apply cpu-smollm2` again, ready, both
+  with `blue_green: false` (drain, stop, start while the gateway holds);
+- bluegreen: the same two applies with blue/green: two small CPU engines fit in RAM here, so each new
+  engine starts beside the serving one (on another port), the gateway switches when it is ready and
+  the old one is drained and stopped (the path each apply took is printed);
 - sigkill: SIGKILL to the engine's process group: the controller sees the death, backs off and
   relaunches it.
-
-(Blue/green between the two CPU recipes is not a case: the controller switches through the hold only.)
 
 Per case it prints requests, failed requests (and, for sigkill, how many were in flight at the kill),
 the added latency p50/p99 of the requests that overlapped the switch (their latency minus the median
 latency before it) and the longest of them. The goal (README "Restarts that clients do not notice"):
-0 failed in restart and apply when the start fits the hold's bound; after a SIGKILL only the requests
+0 failed in restart and apply when the start fits the hold's bound, 0 in bluegreen (nothing is held:
+the added latency is the switch's own); after a SIGKILL only the requests
 in flight at the kill. `run_load` and `summarise` are what tests/integration/test_hold_engine.py uses.
 """
 
@@ -229,7 +232,7 @@ async def across(load: Load, switch: Callable[[], Awaitable[float | None]], sett
 
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--cases", default="restart,apply,sigkill")
+    parser.add_argument("--cases", default="restart,apply,bluegreen,sigkill")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -269,11 +272,25 @@ def _main() -> None:
                 await ready_again(before)
                 return None
 
-            async def apply_and_back() -> float | None:
+            paths: list[str] = []
+
+            async def switch_and_back(blue_green: bool) -> None:
                 for recipe in ("bench-smollm2-eager", "bench-smollm2"):
                     before = c.status()["launch"]["id"]
-                    await asyncio.to_thread(c.post, "/apply", {"recipe": recipe})
+                    answer = await asyncio.to_thread(c.post, "/apply",
+                                                     {"recipe": recipe, "blue_green": blue_green})
+                    paths.append(f"{recipe}: {(answer.get('switch') or {}).get('path')}")
                     await ready_again(before)
+                    if blue_green:  # the old engine drained and stopped: one engine again
+                        await asyncio.to_thread(c.wait, lambda: c.status().get("blue_green") is None, 300,
+                                                "the old engine to be stopped")
+
+            async def apply_and_back() -> float | None:
+                await switch_and_back(False)
+                return None
+
+            async def blue_green() -> float | None:
+                await switch_and_back(True)
                 return None
 
             async def sigkill() -> float | None:
@@ -284,12 +301,14 @@ def _main() -> None:
                 return kill_t
 
             cases: dict[str, Callable[[], Awaitable[float | None]]] = {
-                "restart": restart, "apply": apply_and_back, "sigkill": sigkill}
+                "restart": restart, "apply": apply_and_back, "bluegreen": blue_green, "sigkill": sigkill}
             for name in args.cases.split(","):
+                paths.clear()
                 load = Load(gw.url, gw.key, clients=args.clients)
                 t0, t1, kill_t = asyncio.run(across(load, cases[name]))
                 row = summarise(name, load.requests, t0, t1, kill_t)
                 row["gateway_hold"] = gw.hold_view()
+                row["paths"] = list(paths)
                 results.append(row)
                 print(json.dumps(row), flush=True)
     print(f"\n{'case':<9} {'requests':>8} {'failed':>6} {'in flight at kill':>17} {'added p50':>9} "

@@ -74,6 +74,12 @@ class ApplyBody(BaseModel):
         default=False,
         description="Restart even when exactly this launch spec is already ready (otherwise a no-op).",
     )
+    blue_green: bool = Field(
+        default=True,
+        description="Start the new engine beside the serving one when it fits (host RAM against the "
+        "recipe's MemAvailable target, GPU cards, a free port), then switch with no hold; false: always "
+        "drain, stop and start with the gateway holding new requests.",
+    )
 
 
 class Accepted(BaseModel):
@@ -212,8 +218,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
               response_model=Accepted, responses={404: {}, 409: {}, 422: {}})
     async def apply(body: ApplyBody) -> Accepted:
         await known_recipe(body.recipe)
-        switch = driver.switch_plan(body.recipe)  # before the apply: what serves now
-        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force))
+        # Before the apply: what serves now.
+        switch = driver.switch_plan(body.recipe, restart=not body.blue_green)
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=body.blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
         apply_id = driver.machine.apply.token if driver.machine.apply is not None else None

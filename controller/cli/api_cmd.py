@@ -60,7 +60,8 @@ def follow_outcome(client: Client, timeout_s: float | None = None, *, err: bool 
 def _refusal(s: dict[str, Any], recipe: str, apply_id: int | None = None) -> dict[str, Any] | None:
     """The failure of this apply's preflight (admission, lint...), from `status.last_apply`."""
     last = s.get("last_apply") or {}
-    if last.get("recipe") != recipe or last.get("outcome") != "refused":
+    # "failed": a blue/green start that failed beside the serving engine, which serves on.
+    if last.get("recipe") != recipe or last.get("outcome") not in ("refused", "failed"):
         return None
     if apply_id is not None and last.get("token") != apply_id:
         return None
@@ -68,8 +69,8 @@ def _refusal(s: dict[str, Any], recipe: str, apply_id: int | None = None) -> dic
     return failure
 
 
-def _refused(recipe: str, failure: dict[str, Any], serving: str | None) -> typer.Exit:
-    typer.echo(f"REFUSED: {recipe}: {failure.get('summary')}", err=True)
+def _refused(recipe: str, failure: dict[str, Any], serving: str | None, word: str = "REFUSED") -> typer.Exit:
+    typer.echo(f"{word}: {recipe}: {failure.get('summary')}", err=True)
     if failure.get("hint"):
         typer.echo(f"  hint: {failure['hint']}", err=True)
     if serving:
@@ -87,7 +88,8 @@ def end_of_follow(client: Client, outcome: str | None, recipe: str | None = None
         if recipe is not None and s.get("recipe") != recipe:
             failure = _refusal(s, recipe)
             if failure is not None:
-                raise _refused(recipe, failure, s.get("recipe"))
+                failed = (s.get("last_apply") or {}).get("outcome") == "failed"
+                raise _refused(recipe, failure, s.get("recipe"), "FAILED" if failed else "REFUSED")
             typer.echo(f"NOT APPLIED: {recipe}; the engine serves {s.get('recipe')} "
                        "(another apply came in?)", err=True)
             raise typer.Exit(1)
@@ -150,17 +152,24 @@ def apply(
         help="Empty the recipe's compile cache first (cold start).")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Restart even when exactly this recipe's launch is already ready.")] = False,
+    blue_green: Annotated[bool, typer.Option(
+        "--blue-green/--no-blue-green",
+        help="Start the new engine beside the serving one when it fits, then switch with no hold "
+        "(default); --no-blue-green: drain, stop and start with the gateway holding requests.")] = True,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
-    """Apply RECIPE: preflight, drain and stop the current engine, start the new one.
+    """Apply RECIPE: preflight, then blue/green when the new engine fits beside the serving one (start
+    it, switch the gateway when it is ready, drain and stop the old one), else drain and stop the
+    current engine and start the new one while the gateway holds new requests.
 
     Says what the preflight decided: REFUSED (exit 1, the old engine keeps serving), unchanged (the
     same launch is already ready: nothing restarted unless --force), or started. With --json stdout
     is the API's answer (state, recipe, apply_id) as JSON; the rest goes to stderr, exit codes alike."""
     client = _client(api)
     try:
-        answer = client.post("/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force})
+        answer = client.post("/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force,
+                                        "blue_green": blue_green})
     except ApiError as exc:
         if exc.status == 404:
             raise _unknown_recipe(client, recipe, exc) from exc

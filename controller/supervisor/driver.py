@@ -730,8 +730,8 @@ class Driver:
         (blue_green.py); unchanged otherwise (the switch then holds)."""
         m = self.machine
         serving = m.launch
-        if (self.beside is None or m.state is not State.PREFLIGHT or ok.token != m.token or serving is None
-                or serving.handle is None or m.old is not None):
+        if (self.beside is None or not m.blue_green or m.state is not State.PREFLIGHT or ok.token != m.token
+                or serving is None or serving.handle is None or m.old is not None):
             return ok
         if (not m.force and serving.spec.recipe == ok.spec.recipe
                 and on_port(ok.spec, serving.spec.port).spec_hash == serving.spec.spec_hash):
@@ -923,7 +923,7 @@ class Driver:
     def switch_plan(self, recipe: str, spec_hash: str | None = None, *,
                     restart: bool = False) -> dict[str, object]:
         """Which path a switch to `recipe` takes now and why, with the numbers (hold_plan.switch_view);
-        `restart`: the restart's path (it always drains first)."""
+        `restart`: the restart's path, or an apply without blue/green (they always drain first)."""
         history = self.store.ready_history(recipe, spec_hash or "")
         expected = expected_ready_s(history, spec_hash)
         launch = self.machine.launch
@@ -1053,7 +1053,17 @@ class Driver:
         launch = self.machine.launch
         run = self.runs.get(launch.launch_id) if launch is not None else None
         return {**status_view.status(self.machine, run, self.clock.now(), self.last_diagnosis),
-                "store_problem": self.store_problem, "hold": self.hold_status()}
+                "store_problem": self.store_problem, "hold": self.hold_status(),
+                "blue_green": self._blue_green_status()}
+
+    def _blue_green_status(self) -> dict[str, Any] | None:
+        """The other engine of a blue/green switch: still serving (the new one starts beside it) or
+        being drained and stopped (the gateway routes to the new one). None: one engine."""
+        m = self.machine
+        if m.old is None:
+            return None
+        return {"old_launch_id": m.old.launch_id, "old_recipe": m.old.spec.recipe,
+                "old_url": m.old.spec.base_url, "old": "stopping" if m.switched else "serving"}
 
 
 # The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's

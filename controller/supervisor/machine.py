@@ -161,6 +161,7 @@ class Machine:
     # drained and stopped. None: one engine, as always.
     old: Launch | None = None
     switched: bool = False  # the gateway routes to `launch`; `old` is being drained and stopped
+    blue_green: bool = True  # the pending apply may start beside the serving engine (Apply.blue_green)
 
 
 def _old_serves(m: Machine) -> bool:
@@ -240,7 +241,7 @@ def _apply(m: Machine, obs: Apply) -> tuple[Machine, list[Action]]:
     m2 = replace(
         m, state=State.PREFLIGHT, recipe=obs.recipe, token=token, failures=0, backoff_until=None,
         next_kind=None, pending=None, apply=ApplyOutcome(token, obs.recipe, "pending"),
-        force=obs.force or obs.fresh_cache,
+        force=obs.force or obs.fresh_cache, blue_green=obs.blue_green,
     )
     return m2, [
         Notify("apply", f"apply {obs.recipe}", data={"recipe": obs.recipe, "fresh_cache": obs.fresh_cache}),

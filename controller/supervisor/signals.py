@@ -47,6 +47,8 @@ class Apply:
     fresh_cache: bool = False  # empty the recipe's cache root first (forces the warm-up flow)
     # Restart even when the very same launch spec is already ready (otherwise: a no-op, said so).
     force: bool = False
+    # Start beside the serving engine when it fits (blue_green.py); False: always the hold path.
+    blue_green: bool = True
 
 
 @dataclass(frozen=True)

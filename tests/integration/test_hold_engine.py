@@ -1,11 +1,13 @@
 """Restarts that clients do not notice, on the REAL CPU engine: a gateway process and a controller
 (`appliance serve --gateway-url`), four clients (two streaming) looping through the gateway, across
-a warm restart and an engine SIGKILL. One engine start for both (plus the restart's and the
-relaunch's), on the persistent test compile cache.
+a warm restart, an engine SIGKILL and a blue/green apply of the eager recipe (two small CPU engines
+fit in RAM here: the eager one starts beside the serving one, on another port, and the gateway switches
+to it without holding anyone). One engine start for all three (plus the restart's, the relaunch's and
+the eager one's), on the persistent test compile cache.
 
 The assertion is the count of failed requests: none across the restart (the start fits the hold's
 bound, taken from this variant's first start), and after a SIGKILL no more than were in flight at the
-kill. No timing thresholds: the added latency is printed, not judged (bench/hold_bench.py measures it).
+kill, and none across the blue/green switch. No timing thresholds: the added latency is printed, not judged (bench/hold_bench.py measures it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -32,14 +35,16 @@ from tests.integration.controller_harness import (
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2400)]
 RECIPE = "itest-hold-smollm2"
+EAGER = "itest-hold-smollm2-eager"
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
     require_engine()
-    home, recipes = recipe_dirs(tmp_path, "cpu-smollm2")
+    home, recipes = recipe_dirs(tmp_path, "cpu-smollm2", "cpu-smollm2-eager")
     engine_port = free_port()
     (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", engine_port))
+    (recipes / f"{EAGER}.yaml").write_text(engine_recipe(EAGER, "cpu-smollm2-eager", engine_port))
     with gateway_process(home, free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe=RECIPE,
                        extra_args=("--gateway-url", gw.url))
@@ -90,4 +95,29 @@ def test_a_warm_restart_and_an_engine_kill_through_the_gateway(
     row = summarise("sigkill", load.requests, t0, t1, kill_t)
     print(row)
     assert row["failed"] <= row["in_flight_at_kill"], row["failed_examples"]
+
+    answers: list[dict[str, Any]] = []
+
+    async def blue_green() -> float | None:
+        before = c.status()["launch"]["id"]
+        answers.append(await asyncio.to_thread(c.post, "/apply", {"recipe": EAGER}))
+        await asyncio.to_thread(_ready_again, c, before)
+        # The old engine drained and stopped: one engine again.
+        await asyncio.to_thread(c.wait, lambda: c.status().get("blue_green") is None, 300,
+                                "the old engine to be stopped")
+        return None
+
+    released = gw.hold_view()["outcomes"]["released"]
+    load = Load(gw.url, gw.key, clients=4)
+    t0, t1, _ = asyncio.run(across(load, blue_green, settle_s=3.0))
+    row = summarise("bluegreen", load.requests, t0, t1)
+    switch = answers[0]["switch"]
+    print(row, switch["path"], switch["why"])
+    assert row["failed"] == 0, row["failed_examples"]
+    launch = c.status()["launch"]
+    events = c.get(f"/launches/{launch['id']}")["events"]
+    if switch["path"] == "blue_green":  # the host had the memory (the answer says why not otherwise)
+        assert "switched" in [e["kind"] for e in events]
+        assert gw.hold_view()["outcomes"]["released"] == released  # nobody was held
+        assert not launch["engine_url"].endswith(f":{c.engine_port}")  # beside: another port
 
