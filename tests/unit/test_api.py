@@ -192,6 +192,7 @@ async def test_unknown_things_are_404(client: httpx.AsyncClient) -> None:
         ({"recipe": 12}, "recipe"),
         ({"recipe": "Not A Name!"}, "recipe"),
         ({"recipe": "cpu-smollm2", "fresh_cache": "maybe"}, "fresh_cache"),
+        ({"recipe": "cpu-smollm2", "blue_green": "sometimes"}, "blue_green"),
         ({"recipe": "cpu-smollm2", "forcefully": True}, "forcefully"),  # unknown fields (`force` is one now)
     ],
 )

@@ -299,3 +299,28 @@ async def test_the_driver_keeps_the_old_engine_serving_when_the_new_one_dies(tmp
     assert rig.driver.status()["last_diagnosis"]["launch_id"] == "L2"
     assert "blue-green-failed" in [e.kind for e in rig.store.events()]
     await rig.driver.shutdown()
+
+
+async def test_the_driver_sees_the_old_engine_die_mid_switch_and_holds_until_the_new_one_is_ready(
+    tmp_path: Path,
+) -> None:
+    rig = make_rig(tmp_path)
+    rig.driver.beside = _fits(18001)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
+    rig.runtime.on_start = None  # the new engine is not ready yet
+    rig.driver.submit(Apply("test-recipe", force=True))
+    await rig.run_until(lambda: "L2" in rig.runtime.engines, 60)
+    assert rig.driver.status()["blue_green"]["old"] == "serving"
+    rig.runtime.engines["L1"].die(signal=9)
+    await rig.run_until(lambda: rig.driver.machine.old is None, 60)
+    assert [h.reason for h in rig.gateway.holds if h is not None] == [
+        "the serving engine exited; test-recipe is starting"]
+    old = rig.store.get_launch("L1")
+    assert old is not None and old.status == "exited"
+    rig.runtime.engines["L2"].healthy = True
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
+    assert rig.gateway.calls[-1] == ("point_to", "http://127.0.0.1:18001")
+    assert rig.driver.status()["blue_green"] is None
+    await rig.driver.shutdown()
