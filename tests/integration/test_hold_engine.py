@@ -7,7 +7,8 @@ the eager one's), on the persistent test compile cache.
 
 The assertion is the count of failed requests: none across the restart (the start fits the hold's
 bound, taken from this variant's first start), and after a SIGKILL no more than were in flight at the
-kill, and none across the blue/green switch. No timing thresholds: the added latency is printed, not judged (bench/hold_bench.py measures it).
+kill, and none across the blue/green switch. No timing thresholds: the added latency is printed, not
+judged (bench/hold_bench.py measures it).
 """
 
 from __future__ import annotations
