@@ -40,7 +40,9 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
 - `record_switch(path, cut)` → `appliance_engine_switches_total{path}` (how a planned switch went:
   `hold` = drain, stop, start with the gateway holding new requests; `stop` = drain and stop, nothing
-  follows) and `appliance_drain_cut_requests_total` (in-flight requests cut at the drain deadline).
+  follows; `blue_green` = the new engine started beside the old one, the gateway switched with no
+  hold, then the old one drained and stopped) and `appliance_drain_cut_requests_total` (in-flight
+  requests cut at the drain deadline).
 - `record_oom_event(event)` → kills only (not reaper lines): `appliance_oom_kills_total{constraint}`,
   `appliance_oom_victim_kills_total{constraint,victim}`,
   `appliance_oom_last_kill_timestamp_seconds{constraint}`.
@@ -101,7 +103,7 @@ READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 120
 
 
 # How a planned switch of the engine went (`record_switch`).
-SWITCH_PATHS = ("hold", "stop")
+SWITCH_PATHS = ("hold", "stop", "blue_green")
 
 class _EngineProcessCollector(Collector):
     """Per-process memory of the engine from the latest sample. A snapshot collector, not gauges
@@ -282,7 +284,8 @@ class ControllerMetrics:
             self.console_login_failures_total.labels(reason)
         self.engine_switches_total = Counter(
             "appliance_engine_switches", "Planned switches of the engine by path: hold (drain, stop, start "
-            "with the gateway holding new requests), stop (drain and stop, nothing follows).", ["path"],
+            "with the gateway holding new requests), stop (drain and stop, nothing follows), blue_green "
+            "(the new engine started beside the old one, then the gateway switched with no hold).", ["path"],
             registry=r,
         )
         for path in SWITCH_PATHS:
