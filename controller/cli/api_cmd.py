@@ -168,8 +168,10 @@ def apply(
     is the API's answer (state, recipe, apply_id) as JSON; the rest goes to stderr, exit codes alike."""
     client = _client(api)
     try:
-        answer = client.post("/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force,
-                                        "blue_green": blue_green})
+        body: dict[str, object] = {"recipe": recipe, "fresh_cache": fresh_cache, "force": force}
+        if not blue_green:  # the default is left out: a controller before blue/green takes the body too
+            body["blue_green"] = False
+        answer = client.post("/apply", body)
     except ApiError as exc:
         if exc.status == 404:
             raise _unknown_recipe(client, recipe, exc) from exc

@@ -92,6 +92,24 @@ def test_a_follow_that_ends_ready_on_another_recipe_is_not_success(monkeypatch: 
     assert exc.value.exit_code == 1
 
 
+
+def test_a_blue_green_start_that_failed_beside_the_serving_engine_says_failed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    failure = {"summary": "the engine exited with code 1", "hint": "see the log tail"}
+    client = ScriptedClient([status("ready", "cpu-smollm2", "failed", failure)])
+    with pytest.raises(typer.Exit) as exc:
+        api_cmd.end_of_follow(client, "ready", "big")  # type: ignore[arg-type]
+    assert exc.value.exit_code == 1
+    err = capsys.readouterr().err
+    assert "FAILED: big: the engine exited with code 1" in err and "keeps serving cpu-smollm2" in err
+
+
+def test_no_blue_green_asks_for_the_hold_path(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = ScriptedClient([status("ready", "big", "unchanged")])
+    run(app, monkeypatch, client, "apply", "big", "--no-blue-green")
+    assert client.posted[-1] == {"recipe": "big", "fresh_cache": False, "force": False, "blue_green": False}
+
 def test_up_prints_the_answer_as_json_and_the_key_hint_that_works(
     app: typer.Typer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
