@@ -263,6 +263,11 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
                        f"{launch['describe']}")
         if s.get("hold"):
             typer.echo(f"gateway:    {status_line(s['hold'])}")
+        bg = s.get("blue_green")
+        if bg:  # two engines: the old one still serves (the new one starts beside it), or is stopping
+            doing = ("serves while this one starts beside it" if bg["old"] == "serving"
+                     else "is being drained and stopped: the gateway routes to this one")
+            typer.echo(f"blue/green: {bg['old_recipe']} ({bg['old_launch_id']}, {bg['old_url']}) {doing}")
         eta = s.get("eta")
         if eta:
             # The expected ready time from earlier launches of this variant (appliance/observe/ready_eta.py).

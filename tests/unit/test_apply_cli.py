@@ -160,6 +160,16 @@ def test_status_says_the_engine_exited_and_is_out_of_the_gateway(
     assert "exit code 137, signal 9; out of the gateway" in result.output
 
 
+
+def test_status_names_the_other_engine_of_a_blue_green_switch(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = {**_starting(None), "blue_green": {"old_launch_id": "L1", "old_recipe": "cpu-smollm2",
+                                           "old_url": "http://127.0.0.1:8000", "old": "serving"}}
+    result = run(app, monkeypatch, ScriptedClient([s]), "status")
+    assert result.exit_code == 0, result.output
+    assert "blue/green: cpu-smollm2 (L1, http://127.0.0.1:8000) serves while this one starts" in result.output
+
 ETA = {
     "start": "warm", "basis": "spec", "launches": 3, "median_s": 38.0, "min_s": 37.0, "max_s": 40.0,
     "elapsed_s": 105.0, "remaining_s": -67.0, "budget_s": 600,
