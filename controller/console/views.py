@@ -231,10 +231,20 @@ def live_view(status: dict[str, Any], memory: dict[str, Any] | None = None) -> d
         "diagnosis": diagnosis.get("summary"),
         # the gateway holding new requests across a planned switch ("" when not)
         "hold_text": status_line(status.get("hold")),
+        # the other engine of a blue/green switch ("" with one engine)
+        "blue_green_text": _blue_green_line(status.get("blue_green")),
         # the failed launch's last log lines while backing off or failed (status_view.FAILED_TAIL_LINES)
         "log_tail": "\n".join(status.get("failed_log_tail") or []),
         "hint": diagnosis.get("hint"),
     }
+
+
+def _blue_green_line(bg: dict[str, Any] | None) -> str:
+    if not bg:
+        return ""
+    if bg.get("old") == "serving":
+        return f"blue/green: {bg.get('old_recipe')} serves while the new engine starts beside it"
+    return f"blue/green: switched; {bg.get('old_recipe')} is being drained and stopped"
 
 
 def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:

@@ -556,3 +556,17 @@ def test_the_now_page_says_what_the_gateway_holds_during_a_switch() -> None:
     assert unknown["hold_text"] == "holding new requests (restart), each up to 75 s"
     now = (Path(views.__file__).parent / "templates" / "now.html").read_text()
     assert 'data-live="hold_text"' in now
+
+
+def test_the_now_page_names_the_other_engine_of_a_blue_green_switch() -> None:
+    from controller.console import views
+
+    bg = {"old_launch_id": "L1", "old_recipe": "cpu-smollm2", "old_url": "http://127.0.0.1:8000",
+          "old": "serving"}
+    live = views.live_view({"state": "starting", "blue_green": bg})
+    assert live["blue_green_text"] == "blue/green: cpu-smollm2 serves while the new engine starts beside it"
+    stopping = views.live_view({"state": "ready", "blue_green": {**bg, "old": "stopping"}})
+    assert stopping["blue_green_text"] == "blue/green: switched; cpu-smollm2 is being drained and stopped"
+    assert views.live_view({"state": "ready", "blue_green": None})["blue_green_text"] == ""
+    now = (Path(views.__file__).parent / "templates" / "now.html").read_text()
+    assert 'data-live="blue_green_text"' in now
