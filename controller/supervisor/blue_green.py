@@ -13,6 +13,12 @@ It fits when all of these hold (the numbers go into the answer, so `apply` can s
 - GPU memory per card: no per-card free-memory figure is known before the launch, so the new launch's
   cards must not be the serving engine's (vLLM takes its `gpu_memory_utilization` share of each card
   it is given). A card the two share: hold.
+- CPU cores (a CPU engine): vLLM's CPU worker binds its OpenMP threads to cores
+  (`VLLM_CPU_OMP_THREADS_BIND`, `auto`: every core but the reserved ones) and keeps them busy; a second
+  engine bound to the same cores is starved (measured on the 2-core test host: the new engine's worker,
+  bound to core 0 beside the serving one, got 0.2 % of a CPU for 12 minutes and never came up). So the
+  two launches' bound cores must be disjoint (e.g. one recipe binds core 1 explicitly); `nobind` or an
+  overlap: hold.
 - ports: a free port for the new engine (the recipe's own, else the next free one after it).
 - a runtime that places the engine on another node (a cluster) is not judged here: hold.
 - a cold warm-up start (empty compile cache with the warm-restart flow) is two starts: hold.
@@ -20,6 +26,7 @@ It fits when all of these hold (the numbers go into the answer, so `apply` can s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +104,45 @@ def gpu_fit(new: Recipe, serving: Recipe | None) -> tuple[bool, str, Numbers]:
     return True, why, numbers
 
 
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def bound_cores(env: Mapping[str, str], cpus: int) -> frozenset[int] | None:
+    """The cores a CPU engine's worker binds (None: not bound, it may run anywhere)."""
+    bind = env.get(BIND_ENV, "auto").strip()
+    if bind == "nobind":
+        return None
+    if bind == "auto":
+        try:
+            reserved = int(env.get(RESERVED_ENV, "1"))
+        except ValueError:
+            reserved = 1
+        return frozenset(range(max(1, cpus - max(0, reserved))))
+    cores: set[int] = set()
+    for part in bind.replace("|", ",").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            cores.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(cores) or None
+
+
+def cpu_fit(spec: LaunchSpec, serving: LaunchSpec, cpus: int) -> tuple[bool, str, Numbers]:
+    """Two CPU engines need disjoint bound cores (a busy worker starves another on its cores)."""
+    if spec.platform != "cpu" or serving.platform != "cpu":
+        return True, "", {}
+    mine, theirs = bound_cores(spec.env, cpus), bound_cores(serving.env, cpus)
+    show = {"cpu_cores": "any" if mine is None else ",".join(map(str, sorted(mine))),
+            "serving_cpu_cores": "any" if theirs is None else ",".join(map(str, sorted(theirs)))}
+    numbers: Numbers = {**show, "cpus": cpus}
+    if mine is None or theirs is None or mine & theirs:
+        return False, (f"the two CPU engines' workers would share cores ({show['cpu_cores']} and "
+                       f"{show['serving_cpu_cores']}, {BIND_ENV}): a worker beside a busy one on its cores "
+                       "is starved"), numbers
+    why = f"CPU cores {show['cpu_cores']} are not the serving engine's ({show['serving_cpu_cores']})"
+    return True, why, numbers
+
+
 def pick_port(host: str, wanted: int, taken: int, is_free: Callable[[str, int], bool] = port_is_free,
               scan: int = PORT_SCAN) -> int | None:
     """The recipe's port when it is free, else the next free one after it (never `taken`)."""
@@ -108,7 +154,7 @@ def pick_port(host: str, wanted: int, taken: int, is_free: Callable[[str, int], 
 
 def decide(new: Recipe, serving: Recipe | None, facts: HostFacts, spec: LaunchSpec, serving_spec: LaunchSpec,
            *, cold: bool, serving_gib: float | None = None,
-           is_free: Callable[[str, int], bool] = port_is_free) -> Fit:
+           is_free: Callable[[str, int], bool] = port_is_free, cpus: int | None = None) -> Fit:
     """Blue/green or hold for a switch from `serving_spec` to `spec` (rendered from `new`)."""
     base: Numbers = {"serving_footprint_gib": None if serving_gib is None else round(serving_gib, 2)}
     if for_recipe(new).traits.placement is Placement.REMOTE:
@@ -126,6 +172,11 @@ def decide(new: Recipe, serving: Recipe | None, facts: HostFacts, spec: LaunchSp
     numbers |= gpu_numbers
     if not gpu_ok:
         return Fit(False, f"{ram_why}; but {gpu_why}", numbers)
+    cpu_ok, cpu_why, cpu_numbers = cpu_fit(spec, serving_spec, cpus or os.cpu_count() or 1)
+    numbers |= cpu_numbers
+    if not cpu_ok:
+        return Fit(False, f"{ram_why}; but {cpu_why}", numbers)
+    gpu_why = "; ".join(w for w in (gpu_why, cpu_why) if w)
     port = pick_port(spec.host, spec.port, serving_spec.port, is_free)
     numbers["port"] = port
     if port is None:

@@ -11,7 +11,7 @@ from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.render import render
 from controller.runtime.base import EngineHandle, ExitInfo
-from controller.supervisor.blue_green import Fit, decide, pick_port
+from controller.supervisor.blue_green import BIND_ENV, Fit, bound_cores, decide, pick_port
 from controller.supervisor.driver import BesideFn
 from controller.supervisor.machine import Machine, State, transition
 from controller.supervisor.signals import (
@@ -199,27 +199,27 @@ def _facts(available_gib: float) -> HostFacts:
 def test_it_fits_when_memavailable_minus_the_need_stays_above_the_target_with_a_free_port() -> None:
     recipes = shipped()
     new, serving = recipes["cpu-smollm2-eager"], recipes["cpu-smollm2"]
-    spec, serving_spec = render(new, fixed_facts()), render(serving, fixed_facts())
+    spec, serving_spec = _bound(render(new, fixed_facts()), "1"), render(serving, fixed_facts())
     free = {8001}
     fit = decide(new, serving, _facts(12.0), spec, serving_spec, cold=False, serving_gib=2.4,
-                 is_free=lambda host, port: port in free)
+                 is_free=lambda host, port: port in free, cpus=2)
     assert fit.fits and fit.port == 8001
     need = fit.numbers["need_gib"]
     assert isinstance(need, float) and fit.numbers["mem_available_gib"] == 12.0
     assert fit.numbers["target_gib"] == 0.5 and fit.numbers["left_gib"] == round(12.0 - need, 2)
     assert "MemAvailable now 12.00 GiB" in fit.why and "port 8001 is free" in fit.why
     tight = decide(new, serving, _facts(need + 0.2), spec, serving_spec, cold=False,
-                   is_free=lambda host, port: True)
+                   is_free=lambda host, port: True, cpus=2)
     assert not tight.fits and "under the target 0.50 GiB" in tight.why
     no_port = decide(new, serving, _facts(12.0), spec, serving_spec, cold=False,
-                     is_free=lambda host, port: False)
+                     is_free=lambda host, port: False, cpus=2)
     assert not no_port.fits and "no free port" in no_port.why
 
 
 def test_a_cold_warm_up_start_and_a_shared_gpu_do_not_fit() -> None:
     recipes = shipped()
     new, serving = recipes["cpu-smollm2"], recipes["cpu-smollm2-eager"]
-    spec, serving_spec = render(new, fixed_facts()), render(serving, fixed_facts())
+    spec, serving_spec = _bound(render(new, fixed_facts()), "3"), render(serving, fixed_facts())
     if new.expect.warm_restart:
         cold = decide(new, serving, _facts(20.0), spec, serving_spec, cold=True, is_free=lambda h, p: True)
         assert not cold.fits and "cold" in cold.why
@@ -229,8 +229,25 @@ def test_a_cold_warm_up_start_and_a_shared_gpu_do_not_fit() -> None:
                     is_free=lambda h, p: True)
     assert not shared.fits and "GPU 1 would hold both engines" in shared.why
     apart = decide(gpu_new, with_changes(serving, devices=[2]), _facts(20.0), spec, serving_spec, cold=False,
-                   is_free=lambda h, p: True)
+                   is_free=lambda h, p: True, cpus=4)
     assert apart.fits
+
+
+def _bound(spec: LaunchSpec, cores: str) -> LaunchSpec:
+    return spec.model_copy(update={"env": {**spec.env, BIND_ENV: cores}})
+
+
+def test_two_cpu_engines_on_the_same_cores_do_not_fit() -> None:
+    recipes = shipped()
+    new, serving = recipes["cpu-smollm2-eager"], recipes["cpu-smollm2"]
+    spec, serving_spec = render(new, fixed_facts()), render(serving, fixed_facts())
+    # Both `auto` on a 2-core host: both workers on core 0 (the other one is reserved).
+    shared = decide(new, serving, _facts(12.0), spec, serving_spec, cold=False, is_free=lambda h, p: True,
+                    cpus=2)
+    assert not shared.fits and "share cores (0 and 0" in shared.why
+    assert bound_cores({}, 8) == frozenset(range(7))
+    assert bound_cores({BIND_ENV: "0-1|4"}, 8) == frozenset({0, 1, 4})
+    assert bound_cores({BIND_ENV: "nobind"}, 8) is None
 
 
 def test_the_port_is_the_recipes_own_when_free_else_the_next_free_one() -> None:
