@@ -226,6 +226,16 @@ async def across(load: Load, switch: Callable[[], Awaitable[float | None]], sett
     return t0, t1, kill_t
 
 
+def beside_cores() -> dict[str, Any]:
+    """The eager recipe's env for blue/green beside the compiled one: its worker bound to the last core,
+    the one `VLLM_CPU_OMP_THREADS_BIND=auto` leaves to the serving engine's API process (a worker bound
+    to the serving engine's busy core is starved, so the controller only switches blue/green when the
+    two engines' cores are disjoint: controller/supervisor/blue_green.py)."""
+    last = max(0, (os.cpu_count() or 1) - 1)
+    why = "blue/green beside the compiled engine, whose worker has the other cores"
+    return {"vars": {"VLLM_CPU_OMP_THREADS_BIND": {"value": str(last), "why": why}}}
+
+
 # ------------------------------------------------------------------------------------------------
 # The benchmark
 
@@ -251,8 +261,9 @@ def _main() -> None:
     base = Path(tempfile.mkdtemp(prefix="hold-bench-"))
     home, recipes = recipe_dirs(base, "cpu-smollm2", "cpu-smollm2-eager")
     engine_port = free_port()
-    for name, parent in (("bench-smollm2", "cpu-smollm2"), ("bench-smollm2-eager", "cpu-smollm2-eager")):
-        (recipes / f"{name}.yaml").write_text(engine_recipe(name, parent, engine_port))
+    (recipes / "bench-smollm2.yaml").write_text(engine_recipe("bench-smollm2", "cpu-smollm2", engine_port))
+    (recipes / "bench-smollm2-eager.yaml").write_text(
+        engine_recipe("bench-smollm2-eager", "cpu-smollm2-eager", engine_port, env=beside_cores()))
     results: list[dict[str, Any]] = []
     with gateway_process(home, free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe="bench-smollm2",

@@ -23,7 +23,15 @@ from typing import Any
 
 import pytest
 
-from bench.hold_bench import GatewayProcess, Load, across, engine_pid, gateway_process, summarise
+from bench.hold_bench import (
+    GatewayProcess,
+    Load,
+    across,
+    beside_cores,
+    engine_pid,
+    gateway_process,
+    summarise,
+)
 from tests.integration.controller_harness import (
     START_LIVENESS_S,
     Controller,
@@ -45,7 +53,8 @@ def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
     home, recipes = recipe_dirs(tmp_path, "cpu-smollm2", "cpu-smollm2-eager")
     engine_port = free_port()
     (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", engine_port))
-    (recipes / f"{EAGER}.yaml").write_text(engine_recipe(EAGER, "cpu-smollm2-eager", engine_port))
+    (recipes / f"{EAGER}.yaml").write_text(engine_recipe(EAGER, "cpu-smollm2-eager", engine_port,
+                                                         env=beside_cores()))
     with gateway_process(home, free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe=RECIPE,
                        extra_args=("--gateway-url", gw.url))
