@@ -15,6 +15,11 @@ States and arrows (every arrow in `transition` carries the same label in a comme
       │                                   │ delay over → preflight
       └── stopping ◀── draining ◀── stop / restart / apply of another recipe (from ready)
 
+    Blue/green (an apply whose launch fits beside the serving one, PreflightOk.beside): the serving
+    launch moves to `old`, the new one goes preflight ──ok──▶ starting ──ready──▶ ready with the
+    gateway switched to it (SwitchUpstream), then `old` is drained and stopped; a failure of the new
+    one goes back to ready on `old` (`_fail`).
+
 Rules that come from the domain:
 - Budgets are the recipe's: default graph needs ≥ 2700 s (DOMAIN §4: an orchestrator that waited
   1500 s killed the engine at 38/51 of capture round 2). A long start is not a failure while it
