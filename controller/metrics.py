@@ -38,6 +38,11 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
   cold_first, unknown), every reason present at 0 from start-up. Not labelled by recipe: the launch
   record names the launch and the factor; the alert needs only "a warm restart missed, and why".
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
+- `record_switch(path, cut)` → `appliance_engine_switches_total{path}` (how a planned switch went:
+  `hold` = drain, stop, start with the gateway holding new requests; `stop` = drain and stop, nothing
+  follows; `blue_green` = the new engine started beside the old one, the gateway switched with no
+  hold, then the old one drained and stopped) and `appliance_drain_cut_requests_total` (in-flight
+  requests cut at the drain deadline).
 - `record_oom_event(event)` → kills only (not reaper lines): `appliance_oom_kills_total{constraint}`,
   `appliance_oom_victim_kills_total{constraint,victim}`,
   `appliance_oom_last_kill_timestamp_seconds{constraint}`.
@@ -97,6 +102,9 @@ LOGIN_FAILURE_REASONS = ("refused", "throttled")  # console log-ins (controller/
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
 READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)
 
+
+# How a planned switch of the engine went (`record_switch`).
+SWITCH_PATHS = ("hold", "stop", "blue_green")
 
 class _EngineProcessCollector(Collector):
     """Per-process memory of the engine from the latest sample. A snapshot collector, not gauges
@@ -276,6 +284,18 @@ class ControllerMetrics:
         )
         for reason in LOGIN_FAILURE_REASONS:
             self.console_login_failures_total.labels(reason)
+        self.engine_switches_total = Counter(
+            "appliance_engine_switches", "Planned switches of the engine by path: hold (drain, stop, start "
+            "with the gateway holding new requests), stop (drain and stop, nothing follows), blue_green "
+            "(the new engine started beside the old one, then the gateway switched with no hold).", ["path"],
+            registry=r,
+        )
+        for path in SWITCH_PATHS:
+            self.engine_switches_total.labels(path)
+        self.drain_cut_requests_total = Counter(
+            "appliance_drain_cut_requests", "In-flight requests cut at the drain deadline before a stop.",
+            registry=r,
+        )
 
         # --- host memory
         self.host_mem_total = Gauge("appliance_host_memory_total_bytes", "MemTotal.", registry=r)
@@ -430,6 +450,11 @@ class ControllerMetrics:
 
     def record_restart(self, recipe: str, reason: str) -> None:
         self.engine_restarts_total.labels(recipe, reason).inc()
+
+    def record_switch(self, path: str, cut: int) -> None:
+        self.engine_switches_total.labels(path).inc()
+        if cut > 0:
+            self.drain_cut_requests_total.inc(cut)
 
     # --- the host watch ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from appliance import settings
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
-from appliance.recipe.render import RenderError
+from appliance.recipe.render import RenderError, render
 from controller import admin_token, logsetup
 from controller.api.app import AdminGuard, create_app
 from controller.api.context import ApiContext
@@ -37,6 +37,7 @@ from controller.runtime.base import Runtime
 from controller.runtime.registry import Unavailable, available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths, instance_id
 from controller.store import Store
+from controller.supervisor.blue_green import BesideCheck
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
 from controller.supervisor.gpu_health_link import GpuHealthLink, LaunchView
@@ -153,6 +154,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, gpu_events=gpu_health.gpu_events,
         metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
+        beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes),
     )
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)

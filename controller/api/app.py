@@ -74,6 +74,12 @@ class ApplyBody(BaseModel):
         default=False,
         description="Restart even when exactly this launch spec is already ready (otherwise a no-op).",
     )
+    blue_green: bool = Field(
+        default=True,
+        description="Start the new engine beside the serving one when it fits (host RAM against the "
+        "recipe's MemAvailable target, GPU cards, a free port), then switch with no hold; false: always "
+        "drain, stop and start with the gateway holding new requests.",
+    )
 
 
 class Accepted(BaseModel):
@@ -82,6 +88,8 @@ class Accepted(BaseModel):
     recipe: str | None
     # The apply's id: `GET /status` → `last_apply` says what became of it (refused / unchanged / started).
     apply_id: int | None = None
+    # Which path the switch takes and why, with the numbers (controller/supervisor/hold_plan.py).
+    switch: dict[str, Any] | None = None
 
 
 class RecipeSummary(BaseModel):
@@ -203,25 +211,31 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
             "would_replace": current.spec.recipe if current else None,
             "state": driver.machine.state.value,
+            "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
         }
 
     @app.post("/apply", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted, responses={404: {}, 409: {}, 422: {}})
     async def apply(body: ApplyBody) -> Accepted:
         await known_recipe(body.recipe)
-        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force))
+        # Before the apply: what serves now.
+        switch = driver.switch_plan(body.recipe, restart=not body.blue_green)
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=body.blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
         apply_id = driver.machine.apply.token if driver.machine.apply is not None else None
-        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, apply_id=apply_id)
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, apply_id=apply_id,
+                        switch=switch)
 
     @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted, responses={409: {}})
     async def restart() -> Accepted:
+        recipe = driver.machine.recipe
+        switch = driver.switch_plan(recipe, restart=True) if recipe is not None else None
         rejected = driver.submit(Restart())
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
-        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe)
+        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, switch=switch)
 
     @app.post("/stop", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted)

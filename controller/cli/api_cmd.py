@@ -18,6 +18,7 @@ from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.options import JsonOpt
 from controller.cli.service_client import StartView, eta_phase_line, follow_start
+from controller.gateway.hold_text import status_line
 from controller.settings import (
     CONTROLLER_PORT,
 )
@@ -59,7 +60,8 @@ def follow_outcome(client: Client, timeout_s: float | None = None, *, err: bool 
 def _refusal(s: dict[str, Any], recipe: str, apply_id: int | None = None) -> dict[str, Any] | None:
     """The failure of this apply's preflight (admission, lint...), from `status.last_apply`."""
     last = s.get("last_apply") or {}
-    if last.get("recipe") != recipe or last.get("outcome") != "refused":
+    # "failed": a blue/green start that failed beside the serving engine, which serves on.
+    if last.get("recipe") != recipe or last.get("outcome") not in ("refused", "failed"):
         return None
     if apply_id is not None and last.get("token") != apply_id:
         return None
@@ -67,8 +69,8 @@ def _refusal(s: dict[str, Any], recipe: str, apply_id: int | None = None) -> dic
     return failure
 
 
-def _refused(recipe: str, failure: dict[str, Any], serving: str | None) -> typer.Exit:
-    typer.echo(f"REFUSED: {recipe}: {failure.get('summary')}", err=True)
+def _refused(recipe: str, failure: dict[str, Any], serving: str | None, word: str = "REFUSED") -> typer.Exit:
+    typer.echo(f"{word}: {recipe}: {failure.get('summary')}", err=True)
     if failure.get("hint"):
         typer.echo(f"  hint: {failure['hint']}", err=True)
     if serving:
@@ -86,7 +88,8 @@ def end_of_follow(client: Client, outcome: str | None, recipe: str | None = None
         if recipe is not None and s.get("recipe") != recipe:
             failure = _refusal(s, recipe)
             if failure is not None:
-                raise _refused(recipe, failure, s.get("recipe"))
+                failed = (s.get("last_apply") or {}).get("outcome") == "failed"
+                raise _refused(recipe, failure, s.get("recipe"), "FAILED" if failed else "REFUSED")
             typer.echo(f"NOT APPLIED: {recipe}; the engine serves {s.get('recipe')} "
                        "(another apply came in?)", err=True)
             raise typer.Exit(1)
@@ -149,17 +152,26 @@ def apply(
         help="Empty the recipe's compile cache first (cold start).")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Restart even when exactly this recipe's launch is already ready.")] = False,
+    blue_green: Annotated[bool, typer.Option(
+        "--blue-green/--no-blue-green",
+        help="Start the new engine beside the serving one when it fits, then switch with no hold "
+        "(default); --no-blue-green: drain, stop and start with the gateway holding requests.")] = True,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
-    """Apply RECIPE: preflight, drain and stop the current engine, start the new one.
+    """Apply RECIPE: preflight, then blue/green when the new engine fits beside the serving one (start
+    it, switch the gateway when it is ready, drain and stop the old one), else drain and stop the
+    current engine and start the new one while the gateway holds new requests.
 
     Says what the preflight decided: REFUSED (exit 1, the old engine keeps serving), unchanged (the
     same launch is already ready: nothing restarted unless --force), or started. With --json stdout
     is the API's answer (state, recipe, apply_id) as JSON; the rest goes to stderr, exit codes alike."""
     client = _client(api)
     try:
-        answer = client.post("/apply", {"recipe": recipe, "fresh_cache": fresh_cache, "force": force})
+        body: dict[str, object] = {"recipe": recipe, "fresh_cache": fresh_cache, "force": force}
+        if not blue_green:  # the default is left out: a controller before blue/green takes the body too
+            body["blue_green"] = False
+        answer = client.post("/apply", body)
     except ApiError as exc:
         if exc.status == 404:
             raise _unknown_recipe(client, recipe, exc) from exc
@@ -168,6 +180,8 @@ def apply(
         _echo_json(answer)
     else:
         typer.echo(f"accepted: {recipe} (state {answer['state']})")
+        if answer.get("switch"):
+            typer.echo(f"path:     {answer['switch']['path']}: {answer['switch']['why']}")
     verdict = _await_preflight(client, answer.get("apply_id"))
     if verdict is not None:
         s, outcome = verdict
@@ -212,6 +226,8 @@ def restart(follow: FollowOpt = False, as_json: JsonOpt = False, api: ApiOpt = N
         _echo_json(answer)
     else:
         typer.echo(f"restarting {answer['recipe']} (state {answer['state']})")
+        if answer.get("switch"):
+            typer.echo(f"path:     {answer['switch']['path']}: {answer['switch']['why']}")
     if follow:
         if as_json:
             end_of_follow(client, follow_outcome(client, err=True), err=True)
@@ -245,6 +261,13 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
             pct = f"{s['progress'] * 100:.0f}%" if s.get("progress") is not None else "?"
             typer.echo(f"starting:   {launch['elapsed_s']} s of {launch['ready_budget_s']} s ({pct}); "
                        f"{launch['describe']}")
+        if s.get("hold"):
+            typer.echo(f"gateway:    {status_line(s['hold'])}")
+        bg = s.get("blue_green")
+        if bg:  # two engines: the old one still serves (the new one starts beside it), or is stopping
+            doing = ("serves while this one starts beside it" if bg["old"] == "serving"
+                     else "is being drained and stopped: the gateway routes to this one")
+            typer.echo(f"blue/green: {bg['old_recipe']} ({bg['old_launch_id']}, {bg['old_url']}) {doing}")
         eta = s.get("eta")
         if eta:
             # The expected ready time from earlier launches of this variant (appliance/observe/ready_eta.py).

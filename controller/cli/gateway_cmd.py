@@ -43,6 +43,10 @@ def gateway(
         float, typer.Option(help="Queue mode: longest wait for a slot, seconds.")
     ] = 30.0,
     retry_after: Annotated[int, typer.Option(help="Retry-After seconds sent with 503 while no slot.")] = 5,
+    hold_max: Annotated[int, typer.Option(
+        min=1, help="While the controller switches engines: most requests held at once (over: 503).")] = 256,
+    hold_per_key_max: Annotated[int, typer.Option(
+        min=1, help="While the controller switches engines: most requests held per key (over: 503).")] = 64,
     max_body: Annotated[int, typer.Option(help="Largest request body in bytes (larger: 413).")] = 16 << 20,
     connect_timeout: Annotated[float, typer.Option(help="Upstream connect timeout, seconds.")] = 5.0,
     idle_timeout: Annotated[
@@ -95,6 +99,8 @@ def gateway(
         queue_max=queue_max,
         queue_timeout_s=queue_timeout,
         retry_after_s=retry_after,
+        hold_max=hold_max,
+        hold_per_key_max=hold_per_key_max,
         max_header_bytes=max_header_bytes,
         header_timeout_s=header_timeout,
         keepalive_timeout_s=keepalive_timeout,

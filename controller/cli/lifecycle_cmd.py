@@ -60,13 +60,21 @@ def serve(
     docker: Annotated[bool, typer.Option(help="Also supervise docker engines (if a daemon answers).")] = True,
     kmsg: Annotated[bool, typer.Option(help="Follow /dev/kmsg for OOM kills (needs root).")] = True,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    hold_wait_s: Annotated[float | None, typer.Option(
+        min=1, max=3600, help="During a planned switch the gateway holds each new request at most this "
+        "long (default: the variant's expected ready time + 30 s, capped by --hold-cap-s).")] = None,
+    hold_cap_s: Annotated[float, typer.Option(
+        min=1, max=3600, help="The longest hold the ready history may give.")] = 300.0,
 ) -> None:
     """Run the controller in the foreground: admin API + supervisor + host watch."""
     from controller.service import ServiceConfig, run
+    from controller.supervisor.driver import DriverConfig
+    from controller.supervisor.hold_plan import HoldPolicy
 
     run(ServiceConfig(home=default_home(), recipes_dir=recipes_dir(), host=host, port=port,
                       gateway_url=gateway_url, apply_on_start=apply_recipe, docker=docker,
-                      watch_kmsg=kmsg, log_level=log_level))
+                      watch_kmsg=kmsg, log_level=log_level,
+                      driver=DriverConfig(hold=HoldPolicy(wait_s=hold_wait_s, cap_s=hold_cap_s))))
 
 
 def _ensure_engine(recipe: str) -> None:

@@ -24,6 +24,7 @@ from controller import admin_token
 from controller.api.context import ApiContext
 from controller.console import charts
 from controller.gateway import control
+from controller.gateway.hold_text import status_line
 from controller.store import LaunchRecord, redact_spec
 from controller.supervisor.driver import Driver
 from controller.supervisor.gateway_link import NoGateway
@@ -228,10 +229,22 @@ def live_view(status: dict[str, Any], memory: dict[str, Any] | None = None) -> d
         # elapsed against the usual ready time (the second bar; None without history)
         "eta_pct": _pct(eta.get("elapsed_s"), eta.get("median_s")),
         "diagnosis": diagnosis.get("summary"),
+        # the gateway holding new requests across a planned switch ("" when not)
+        "hold_text": status_line(status.get("hold")),
+        # the other engine of a blue/green switch ("" with one engine)
+        "blue_green_text": _blue_green_line(status.get("blue_green")),
         # the failed launch's last log lines while backing off or failed (status_view.FAILED_TAIL_LINES)
         "log_tail": "\n".join(status.get("failed_log_tail") or []),
         "hint": diagnosis.get("hint"),
     }
+
+
+def _blue_green_line(bg: dict[str, Any] | None) -> str:
+    if not bg:
+        return ""
+    if bg.get("old") == "serving":
+        return f"blue/green: {bg.get('old_recipe')} serves while the new engine starts beside it"
+    return f"blue/green: switched; {bg.get('old_recipe')} is being drained and stopped"
 
 
 def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
@@ -251,6 +264,7 @@ def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
         "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
         "would_replace": current.spec.recipe if current else None,
         "state": driver.machine.state.value,
+        "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
     }
 
 

@@ -5,6 +5,12 @@
                             "retry_after_s": int|null}
          new requests go to ``url`` at once (or get 503/queue when null); the call returns after
          requests on the previous upstream ended or were aborted at the deadline.
+         With ``"url": null`` and a ``"hold": {"reason", "wait_s", "expected_ready_s"}``, new
+         requests are held (``hold.py``) instead of refused, until the next upstream is set; with
+         ``"url": null`` and no hold, any held requests get 503 with ``"detail"`` (why: the
+         diagnosis' one line, "stopped") at once.
+    PUT  /admin/hold       {"reason", "wait_s", "expected_ready_s"}: renew the hold (a later
+         estimate, a fresh lease); 409 while an upstream is set.
     POST /admin/drain      {"deadline_s": float, "abort": bool}
          waits for every in-flight request, up to the deadline; aborts the rest if asked.
 
@@ -30,11 +36,23 @@ from controller.gateway.asgi import (
     send_json,
 )
 from controller.gateway.auth import AdminAuth
+from controller.gateway.hold import MAX_WAIT_S, Hold, HoldPlan
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.slot import Slot, Upstream
 
 _ADMIN_BODY_LIMIT = 64 * 1024
 M = TypeVar("M", bound=BaseModel)
+
+
+class HoldRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=200)
+    wait_s: float = Field(gt=0, le=MAX_WAIT_S)
+    expected_ready_s: float | None = Field(default=None, ge=0, le=86400)
+
+    def plan(self) -> HoldPlan:
+        return HoldPlan(self.reason, self.wait_s, self.expected_ready_s)
 
 
 class UpstreamRequest(BaseModel):
@@ -46,6 +64,10 @@ class UpstreamRequest(BaseModel):
     retry_after_s: int | None = Field(default=None, ge=1, le=3600)
     # The engine's own API key: sent upstream as the bearer token; never shown back.
     api_key: str | None = Field(default=None, min_length=1, max_length=512, repr=False)
+    # Only with url null: hold new requests while the controller switches engines on purpose.
+    hold: HoldRequest | None = None
+    # Only with url null and no hold: why there is no engine (held requests are answered with it).
+    detail: str | None = Field(default=None, max_length=1000)
 
     @field_validator("url")
     @classmethod
@@ -69,10 +91,13 @@ def upstream_view(up: Upstream | None) -> dict[str, Any] | None:
 
 
 class Admin:
-    def __init__(self, auth: AdminAuth, slot: Slot, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, auth: AdminAuth, slot: Slot, metrics: GatewayMetrics, hold: Hold | None = None
+    ) -> None:
         self.auth = auth
         self.slot = slot
         self.metrics = metrics
+        self.hold = hold or Hold()
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.auth.enabled:
@@ -95,11 +120,29 @@ class Admin:
                     "upstream": upstream_view(self.slot.current),
                     "in_flight": self.slot.in_flight,
                     "queue_waiting": self.slot.waiting,
+                    "hold": self.hold.view(),
                 },
             )
+        elif path == "/admin/hold" and method == "PUT":
+            renew = await self._parse(receive, send, HoldRequest)
+            if renew is None:
+                return
+            if self.slot.current is not None:
+                await send_error(send, 409, "an upstream is set: nothing to hold for", "conflict")
+                return
+            self.hold.begin(renew.plan())
+            await send_json(send, 200, {"hold": self.hold.view()})
         elif path == "/admin/upstream" and method == "PUT":
             put = await self._parse(receive, send, UpstreamRequest)
             if put is not None:
+                if put.url is not None and (put.hold is not None or put.detail is not None):
+                    await send_error(send, 422, "hold and detail go with url null only",
+                                     "invalid_request_error")
+                    return
+                if put.url is None and put.hold is not None:
+                    self.hold.begin(put.hold.plan())  # before the drain: new arrivals wait from now
+                elif put.url is None:
+                    self.hold.fail(put.detail or "no engine is ready: it was stopped")
                 up, result = await self.slot.switch(
                     put.url, put.served_model, put.drain_deadline_s, put.retry_after_s,
                     upstream_key=put.api_key,
@@ -107,7 +150,8 @@ class Admin:
                 self.metrics.switches.inc()
                 self.metrics.upstream_ready.set(1 if up is not None else 0)
                 self.metrics.drain_aborted.inc(result.aborted)
-                await send_json(send, 200, {"upstream": upstream_view(up), **result.as_dict()})
+                await send_json(send, 200, {"upstream": upstream_view(up), **result.as_dict(),
+                                            "hold": self.hold.view()})
         elif path == "/admin/drain" and method == "POST":
             drain = await self._parse(receive, send, DrainRequest)
             if drain is not None:

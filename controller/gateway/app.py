@@ -26,6 +26,7 @@ from controller.gateway.admin import Admin, upstream_view
 from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from controller.gateway.auth import AdminAuth, KeyCache
 from controller.gateway.config import GatewayConfig, MetricsAccess
+from controller.gateway.hold import Hold, bind_metrics
 from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
 from controller.gateway.metrics import GatewayMetrics
@@ -60,11 +61,19 @@ class GatewayApp:
             max_pending=config.usage_max_pending,
         )
         self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee, self.accounting)
+        self.hold = Hold(config.hold_max, config.hold_per_key_max, config.hold_tick_s)
+        bind_metrics(self.hold, self.metrics)
+        self.proxy.hold = self.hold
+        self.slot.on_set = self._upstream_set
         admin_auth = AdminAuth(config.admin_token_sha256)
-        self.admin = Admin(admin_auth, self.slot, self.metrics)
+        self.admin = Admin(admin_auth, self.slot, self.metrics, self.hold)
         self._observer_auth = (admin_auth, AdminAuth(config.metrics_token_sha256))
         self._refresher: asyncio.Task[None] | None = None
         self._usage_writer: asyncio.Task[None] | None = None
+
+    def _upstream_set(self, upstream: object) -> None:
+        if upstream is not None:
+            self.hold.release()  # the held requests go on to the new engine, in arrival order
 
     async def startup(self) -> None:
         # Blocking read on purpose: the gateway must not accept requests before it knows the keys.
@@ -113,6 +122,7 @@ class GatewayApp:
                         "upstream": upstream_view(self.slot.current),
                         "in_flight": self.slot.in_flight,
                         "queue_waiting": self.slot.waiting,
+                        "hold": self.hold.view(),
                         "keys": self.keys.size,
                         "keys_fresh": self.keys.fresh,
                     },

@@ -42,6 +42,12 @@ class GatewayConfig:
     queue_max: int = 64
     queue_timeout_s: float = 30.0
     retry_after_s: int = 5
+    # --- holding requests while the controller switches engines on purpose (``hold.py``) ---
+    # Most requests held at once, and per key (one client cannot take the whole queue); over: 503.
+    hold_max: int = 256
+    hold_per_key_max: int = 64
+    # A held streaming client gets a comment line this often (proxies and SDKs time out idle streams).
+    hold_tick_s: float = 5.0
     pool_limit: int = 1024
     # vLLM's server closes idle keep-alive connections after 5 s (uvicorn's default); reusing one
     # it is closing gives a spurious "server disconnected", so we drop ours first.

@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from controller.gateway.hold import HoldPlan
+
 # The admin calls wait for a drain, so their HTTP timeout is the drain deadline plus this margin.
 _MARGIN_S = 10.0
 
@@ -84,6 +86,8 @@ async def set_upstream(
     retry_after_s: int | None = None,
     *,
     upstream_key: str | None = None,
+    hold: HoldPlan | None = None,
+    detail: str | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> SwitchResult:
     """Point new requests at ``url`` (None: no engine; clients get 503 + Retry-After or queue) and
@@ -95,6 +99,10 @@ async def set_upstream(
         body["api_key"] = upstream_key
     if retry_after_s is not None:
         body["retry_after_s"] = retry_after_s
+    if hold is not None:
+        body["hold"] = _hold_body(hold)
+    if detail is not None:
+        body["detail"] = detail[:1000]
     data = await _call(gateway_url, admin_token, "PUT", "/admin/upstream", body, drain_deadline_s, session)
     return SwitchResult(
         upstream=data["upstream"],
@@ -131,6 +139,17 @@ async def drain(
     )
 
 
+def _hold_body(plan: HoldPlan) -> dict[str, Any]:
+    return {"reason": plan.reason[:200], "wait_s": plan.wait_s, "expected_ready_s": plan.expected_ready_s}
+
+
+async def renew_hold(
+    gateway_url: str, admin_token: str, plan: HoldPlan, *, session: aiohttp.ClientSession | None = None
+) -> dict[str, Any]:
+    """A later estimate and a fresh lease for the hold (409 while an upstream is set)."""
+    return await _call(gateway_url, admin_token, "PUT", "/admin/hold", _hold_body(plan), 0.0, session)
+
+
 async def get_upstream(
     gateway_url: str, admin_token: str, *, session: aiohttp.ClientSession | None = None
 ) -> dict[str, Any]:
@@ -157,15 +176,36 @@ class ControlGateway:
             self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key
         )
 
-    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult:
+        """Blue/green: the new upstream at once; the previous one's requests drain (PUT /admin/upstream)."""
+        result = await set_upstream(
+            self.url, self._token, url, served_model, drain_deadline_s=deadline_s, upstream_key=api_key
+        )
+        return DrainResult(result.drained, result.aborted, result.remaining, result.waited_s)
+
+    async def drain(
+        self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
+    ) -> DrainResult:
+        result = await set_upstream(
+            self.url, self._token, None, None, drain_deadline_s=deadline_s,
+            retry_after_s=_secs(retry_after_s), hold=hold,
+        )
+        return DrainResult(result.drained, result.aborted, result.remaining, result.waited_s)
+
+    async def clear(
+        self, retry_after_s: float, hold: HoldPlan | None = None, detail: str | None = None
+    ) -> None:
         await set_upstream(
-            self.url, self._token, None, None, drain_deadline_s=deadline_s, retry_after_s=_secs(retry_after_s)
+            self.url, self._token, None, None, drain_deadline_s=0.0, retry_after_s=_secs(retry_after_s),
+            hold=hold, detail=detail,
         )
 
-    async def clear(self, retry_after_s: float) -> None:
-        await set_upstream(
-            self.url, self._token, None, None, drain_deadline_s=0.0, retry_after_s=_secs(retry_after_s)
-        )
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
+        data = await renew_hold(self.url, self._token, hold)
+        view = data.get("hold")
+        return view if isinstance(view, dict) else None
 
     async def current(self) -> GatewayUpstream | None:
         data = await get_upstream(self.url, self._token)

@@ -23,6 +23,15 @@ Metric (type; labels): meaning
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
 - appliance_gateway_keys_loaded (gauge): keys in the gateway's cache (revoked ones included)
 - usage per key, token quotas and the usage store: ``usage_metrics``
+
+The hold's series (``hold.bind_metrics`` wires them to the hold: requests held while the controller
+switches engines):
+
+- appliance_gateway_hold_active (gauge): 1 while a hold is on
+- appliance_gateway_hold_waiting (gauge): requests held now
+- appliance_gateway_hold_requests_total (counter; outcome): released, timed_out, dropped (the client
+  went away), full (refused at once), failed (the switch failed: 503 with its reason)
+- appliance_gateway_hold_wait_seconds (histogram): how long held requests waited, whatever the outcome
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -45,6 +54,11 @@ TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 # Decode on the reference host is 47–134 ms per token (DOMAIN §2); the CPU engine is faster.
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 10)
 E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+# What became of a held request (``hold.Outcome``), and how long holds last: from a blink (released as
+# it arrived) to the longest sensible hold (a cold start's few minutes).
+HOLD_OUTCOMES = ("released", "timed_out", "dropped", "full", "failed")
+HOLD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 UPSTREAM_ERROR_KINDS = ("connect", "connect_timeout", "disconnect", "read_timeout", "broken_stream")
 
@@ -144,6 +158,25 @@ class GatewayMetrics:
         )
         self.keys_loaded = Gauge(PREFIX + "keys_loaded", "Keys in the gateway's cache.", registry=r)
         self.usage = UsageMetrics(r)
+        self.hold_active = Gauge(
+            PREFIX + "hold_active", "1 while a hold is on (the controller is switching engines).", registry=r
+        )
+        self.hold_waiting = Gauge(
+            PREFIX + "hold_waiting", "Requests held while the engine is being switched.", registry=r
+        )
+        self.hold_requests = Counter(
+            PREFIX + "hold_requests",
+            "Held requests by outcome: released, timed_out, dropped, full (refused at once), failed "
+            "(the switch failed).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in HOLD_OUTCOMES:
+            self.hold_requests.labels(outcome)  # zeros from the first scrape, so that rate() works
+        self.hold_wait = Histogram(
+            PREFIX + "hold_wait_seconds", "How long held requests waited, whatever the outcome.",
+            buckets=HOLD_BUCKETS, registry=r,
+        )
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(kind)  # export zeros so rate() works from the first scrape
         # .labels() costs a few microseconds; the hot path looks children up in these dicts.

@@ -42,6 +42,8 @@ from controller.gateway.asgi import (
 )
 from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.config import GatewayConfig
+from controller.gateway.hold import Hold
+from controller.gateway.hold_sse import wait_for_release
 from controller.gateway.jsonbody import BodyError, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
@@ -182,6 +184,8 @@ class Proxy:
         self.slot = slot
         self.metrics = metrics
         self.tee = tee
+        # While the controller switches engines on purpose, requests wait here instead of a 503.
+        self.hold: Hold | None = None
         self.session: aiohttp.ClientSession | None = None
         # Large JSON bodies are inspected here, off the event loop. Its own two threads: a burst of
         # large bodies must neither take every core nor starve the key store's refresh thread.
@@ -350,7 +354,7 @@ class Proxy:
             return 429
         try:
             return await self._forward(
-                scope, receive, send, route, request_id, body, json_body, served, t0, plan, usage
+                scope, receive, send, route, request_id, body, json_body, served, t0, plan, usage, key.id
             )
         finally:
             lease.release()
@@ -368,6 +372,7 @@ class Proxy:
         t0: float,
         plan: StreamPlan | None = None,
         usage: Usage | None = None,
+        key_id: str = "none",
     ) -> int:
         task = asyncio.current_task()
         assert task is not None
@@ -380,8 +385,17 @@ class Proxy:
             watcher = asyncio.create_task(self._watch(receive, state))
         rid = (b"x-request-id", request_id)
         entry = None
+        state_send = send
         try:
             upstream = self.slot.current
+            if upstream is None and self.hold is not None and self.hold.holding():
+                held, send, answered = await wait_for_release(
+                    self.hold, self.slot, send, scope, key_id, body, request_id)
+                if held is None:
+                    return answered
+                if send is not state_send:  # the event stream was started while it waited
+                    state.response_started, state.status = True, 200
+                upstream = held
             if upstream is None:
                 queued = self.slot.policy is NoSlotPolicy.QUEUE
                 if queued:

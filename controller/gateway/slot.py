@@ -85,6 +85,8 @@ class Slot:
         self._waiting = 0
         self._in_flight: set[InFlight] = set()
         self._changed = asyncio.Event()  # set whenever an in-flight request ends
+        # Told of every new upstream (or None) as it is set: the hold releases its waiters there.
+        self.on_set: Callable[[Upstream | None], None] | None = None
 
     @property
     def current(self) -> Upstream | None:
@@ -121,6 +123,8 @@ class Slot:
                 authorization=f"Bearer {upstream_key}" if upstream_key else None,
             )
             self._available.set()
+        if self.on_set is not None:
+            self.on_set(self._current)
         return self._current
 
     async def acquire(self) -> Upstream | NoSlot:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +38,22 @@ from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.observe.phase_record import event_label
 from appliance.recipe.engine_key import recipe_key
 from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance, Runtime
 from controller.runtime.ports import PortInUse
 from controller.store import REDACTED, Store
 from controller.supervisor import compile_cache, status_view
+from controller.supervisor.blue_green import CHECK_ERRORS, Fit, moved
 from controller.supervisor.clock import Clock, SystemClock
 from controller.supervisor.engine_key import launch_key
 from controller.supervisor.exit_watch import watch_exit
 from controller.supervisor.follow import LogFollower
-from controller.supervisor.gateway_link import GatewayLink
+from controller.supervisor.gateway_link import GatewayLink, HoldPlan
 from controller.supervisor.gateway_sync import GatewaySync
+from controller.supervisor.hold_plan import HoldPolicy, expected_ready_s, switch_view
+from controller.supervisor.hold_plan import plan as hold_plan
 from controller.supervisor.launch_run import LaunchRun, LaunchRuns
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
 from controller.supervisor.probes import Prober
@@ -81,6 +85,7 @@ from controller.supervisor.signals import (
     StartKind,
     StopEngine,
     Stopped,
+    SwitchUpstream,
     Tick,
 )
 
@@ -102,6 +107,9 @@ GpuEventSource = Callable[[str], Sequence[GpuEvent]]
 # recipe name → its MemAvailable floor in bytes (controller/watch/recipe_target.py; blocking: loads
 # the recipe), for `MemAvailableBelowRecipeTarget`.
 MemTarget = Callable[[str], int | None]
+# Blue/green (blue_green.py; blocking): does a launch of this recipe (its start cold? None: as its cache
+# is now) fit beside the serving engine (its spec and handle)? The verdict, its numbers and the port.
+BesideFn = Callable[[str, bool | None, LaunchSpec, EngineHandle], Fit]
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ class DriverConfig:
     # not at the next poll; it re-checks that its launch is still current this often.
     watch_exits: bool = True
     exit_watch_s: float = 30.0
+    # How long the gateway holds new requests during a planned switch (hold_plan.py).
+    hold: HoldPolicy = field(default_factory=HoldPolicy)
 
 
 def failure_of(d: Diagnosis) -> Failure:
@@ -145,6 +155,7 @@ class Driver:
         gpu_events: GpuEventSource | None = None,
         metrics: ControllerMetrics | None = None,
         mem_target: MemTarget | None = None,
+        beside: BesideFn | None = None,
     ) -> None:
         self.runtimes = dict(runtimes)
         # Kinds this host does not offer, and why (service.build fills it from the registry).
@@ -160,12 +171,15 @@ class Driver:
         self.gpu_events = gpu_events
         self.metrics = metrics if metrics is not None else ControllerMetrics()
         self.mem_target = mem_target
+        self.beside = beside  # None: every switch drains, stops and starts with the hold
         self.machine = Machine(policy=policy or Policy())
         self.last_diagnosis: dict[str, Any] | None = None
         self.runs = LaunchRuns()  # per-launch state: one LaunchRun from start/adoption to MarkEnded
         self._probing = False
         self._next_probe = 0.0
         self._health_failures = 0
+        self._next_hold_renewal = 0.0
+        self._hold_floor_s = 0.0  # the bound the current hold promised (renewals never shorten it)
         self._tasks: set[asyncio.Task[None]] = set()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
@@ -287,6 +301,13 @@ class Driver:
             self._watch_readiness(launch)
             self._watch_gateway(launch)
             self._flag_stall(launch)
+        old = self.machine.old
+        if old is not None and old.handle is not None and not self.machine.switched:
+            try:
+                await self._watch_exit(old)  # it serves while the new one starts beside it
+            except (EngineRuntimeError, OSError) as exc:
+                self._runtime_unanswered(old, exc)
+        self._renew_hold()
         self.submit(Tick())
 
     def _flag_stall(self, launch: Launch) -> None:
@@ -466,10 +487,14 @@ class Driver:
 
     def _exit_noticed(self, launch_id: str, info: ExitInfo) -> None:
         """The engine ended: out of the gateway now (ExitSeen), classified after the OOM settle."""
-        launch = self.machine.launch
+        m = self.machine
+        launch = m.launch
         run = self.runs.get(launch_id)
-        if (launch is None or launch.launch_id != launch_id or self.machine.state is State.STOPPING
-                or run is None or run.exiting):
+        if m.old is not None and m.old.launch_id == launch_id and not m.switched:
+            launch = m.old  # the engine serving while a new one starts beside it (blue/green)
+        elif launch is None or launch.launch_id != launch_id or m.state is State.STOPPING:
+            return
+        if run is None or run.exiting:
             return
         run.exiting = True
         run.exit_seen = info
@@ -484,8 +509,8 @@ class Driver:
         run.watched = True
 
         def current() -> bool:
-            launch = self.machine.launch
-            return launch is not None and launch.launch_id == handle.launch_id
+            m = self.machine
+            return any(la is not None and la.launch_id == handle.launch_id for la in (m.launch, m.old))
 
         def done() -> None:
             run.watched = False
@@ -686,12 +711,17 @@ class Driver:
                 self._spawn(self._stop(action), f"stop {action.launch_id}")
             case DrainGateway():
                 self._spawn(self._drain(action), f"drain {action.launch_id}")
+            case SwitchUpstream():
+                self._spawn(self._switch(action), f"switch to {action.launch_id}")
             case SetUpstream():
                 point = self.gateway_sync.point_to(action.launch_id, action.base_url,
                                                    action.served_model_name)
                 self._spawn(point, "gateway point")
             case ClearUpstream():
-                self._spawn(self.gateway_sync.clear(action.retry_after_s, action.reason), "gateway clear")
+                hold = self._hold(action.hold) if action.hold is not None else None
+                clear = self.gateway_sync.clear(action.retry_after_s, action.reason, hold, action.detail,
+                                                self.clock.now())
+                self._spawn(clear, "gateway clear")
             case MarkReady():
                 self._mark_ready(action)
             case MarkEnded():
@@ -703,7 +733,34 @@ class Driver:
 
     async def _preflight(self, action: RunPreflight) -> None:
         answer = await self.preflight(action.token, action.recipe, action.fresh_cache)
+        if isinstance(answer, PreflightOk):
+            answer = await self._blue_green(answer)
         self.submit(answer)
+
+    async def _blue_green(self, ok: PreflightOk) -> PreflightOk:
+        """The launch moved to a free port and marked `beside` when it fits beside the serving engine
+        (blue_green.py); unchanged otherwise (the switch then holds)."""
+        m = self.machine
+        serving = m.launch
+        if (self.beside is None or not m.blue_green or m.state is not State.PREFLIGHT or ok.token != m.token
+                or serving is None or serving.handle is None or m.old is not None):
+            return ok
+        if (not m.force and serving.spec.recipe == ok.spec.recipe
+                and on_port(ok.spec, serving.spec.port).spec_hash == serving.spec.spec_hash):
+            return ok  # the very launch that serves: the machine answers "unchanged"
+        cold = ok.empty_cache_first is not None or ok.cache_empty
+        try:
+            fit = await asyncio.to_thread(self.beside, ok.spec.recipe, cold, serving.spec, serving.handle)
+        except CHECK_ERRORS as exc:  # the check is an optimisation: a failed look means the hold path
+            self.note("switch-path", f"hold: the blue/green check failed ({exc})", ok.launch_id,
+                      {"path": "hold"})
+            return ok
+        data: dict[str, object] = {"path": "blue_green" if fit.fits else "hold", **fit.numbers}
+        if not fit.fits:
+            self.note("switch-path", f"hold, not blue/green: {fit.why}", ok.launch_id, data)
+            return ok
+        self.note("switch-path", f"blue/green: {fit.why}", ok.launch_id, data)
+        return replace(ok, spec=moved(ok.spec, fit), beside=True)
 
     async def _start(self, action: StartEngine) -> None:
         now = self.clock.now()
@@ -795,9 +852,117 @@ class Driver:
         # An engine nobody wanted any more (launched after its launch was replaced) has no MarkEnded.
         self._forget_unless_current(action.launch_id)
 
+    async def _switch(self, action: SwitchUpstream) -> None:
+        """Blue/green: point the gateway at the new engine, let the old one's requests finish, then
+        have the old one stopped (Drained)."""
+        result = await self.gateway_sync.switch(action.launch_id, action.base_url, action.served_model_name,
+                                                action.deadline_s)
+        cut = result.aborted if result is not None else 0
+        self.metrics.record_switch("blue_green", cut)
+        said = ("" if result is None else
+                f"; {cut} in-flight request(s) on the old engine cut at the drain deadline of "
+                f"{action.deadline_s:g} s" if cut else f"; the old engine's requests finished in "
+                f"{result.waited_s:.1f} s")
+        self.note("switched", f"blue/green: the gateway routes to {action.base_url}{said}; stopping the "
+                  "old engine", action.launch_id,
+                  {"path": "blue_green", "cut": cut, "old_launch_id": action.old_id,
+                   "waited_s": None if result is None else round(result.waited_s, 3)})
+        self.submit(Drained(action.old_id))
+
     async def _drain(self, action: DrainGateway) -> None:
-        await self.gateway_sync.drain(action.launch_id, action.deadline_s, self.machine.policy.retry_after_s)
+        hold = self._hold(action.hold) if action.hold is not None else None
+        path = "hold" if hold is not None else "stop"
+        if hold is not None:
+            self.note("switch-path", f"{hold.reason}: drain, stop, start; the gateway holds new requests "
+                      f"meanwhile (each up to {hold.wait_s:g} s)", action.launch_id,
+                      {"path": path, "wait_s": hold.wait_s, "expected_ready_s": hold.expected_ready_s})
+        result = await self.gateway_sync.drain(action.launch_id, action.deadline_s,
+                                                self.machine.policy.retry_after_s, hold, self.clock.now())
+        cut = result.aborted if result is not None else 0
+        self.metrics.record_switch(path, cut)
+        if result is not None:
+            said = (f"{cut} in-flight request(s) cut at the drain deadline of {action.deadline_s:g} s"
+                    if cut else f"in-flight requests finished in {result.waited_s:.1f} s")
+            self.note("drained", f"drained before the stop: {said}", action.launch_id,
+                      {"cut": cut, "waited_s": round(result.waited_s, 3), "path": path})
         self.submit(Drained(action.launch_id))
+
+    # ------------------------------------------------------------------------------------------
+    # The gateway's hold during a planned switch (hold_plan.py, controller/gateway/hold.py)
+
+    def _hold(self, reason: str) -> HoldPlan:
+        """The hold to begin now: its bound from the target's history."""
+        self._hold_floor_s = 0.0
+        self._next_hold_renewal = self.clock.now() + self.config.hold.renew_s
+        plan = hold_plan(reason, self._expected_ready_s(), self.config.hold)
+        self._hold_floor_s = plan.wait_s
+        return plan
+
+    def _expected_ready_s(self) -> float | None:
+        """Seconds until the engine being switched to is expected ready (None: no history)."""
+        m, now = self.machine, self.clock.now()
+        launch = m.launch
+        if m.state is State.STARTING and launch is not None:
+            expected = status_view.eta(launch, self.runs.get(launch.launch_id), now)
+            if expected is not None and expected.remaining_s is not None:
+                return max(0.0, expected.remaining_s)
+        spec = m.pending.spec if m.pending is not None else (launch.spec if launch is not None else None)
+        recipe = spec.recipe if spec is not None else m.recipe
+        if recipe is None:
+            return None
+        history = self.store.ready_history(recipe, spec.spec_hash if spec is not None else "")
+        ready = expected_ready_s(history, spec.spec_hash if spec is not None else None)
+        if ready is None:
+            return None
+        if m.state is State.BACKOFF and m.backoff_until is not None:
+            ready += max(0.0, m.backoff_until - now)
+        return ready
+
+    def _renew_hold(self) -> None:
+        """While a switch goes on, send the gateway a later estimate and a fresh lease (a hold the
+        controller stops renewing lapses: a dead controller leaves nobody waiting long)."""
+        reason = self.gateway_sync.holding
+        now = self.clock.now()
+        if reason is None or self.machine.state in (State.READY, State.IDLE, State.FAILED):
+            return
+        if now < self._next_hold_renewal:
+            return
+        self._next_hold_renewal = now + self.config.hold.renew_s
+        plan = hold_plan(reason, self._expected_ready_s(), self.config.hold, floor_s=self._hold_floor_s)
+        self._hold_floor_s = plan.wait_s
+        self._spawn(self.gateway_sync.renew_hold(plan, now), "gateway hold renewal")
+
+    def switch_plan(self, recipe: str, spec_hash: str | None = None, *,
+                    restart: bool = False) -> dict[str, object]:
+        """Which path a switch to `recipe` takes now and why, with the numbers (hold_plan.switch_view);
+        `restart`: the restart's path, or an apply without blue/green (they always drain first)."""
+        history = self.store.ready_history(recipe, spec_hash or "")
+        expected = expected_ready_s(history, spec_hash)
+        launch = self.machine.launch
+        ready = self.machine.state is State.READY and launch is not None and self.machine.old is None
+        serving = launch.spec.recipe if ready and launch is not None else None
+        plan = hold_plan("restart" if serving == recipe else f"switching to {recipe}", expected,
+                         self.config.hold)
+        fit: Fit | None = None
+        if ready and not restart and self.beside is not None and launch is not None and launch.handle:
+            try:
+                fit = self.beside(recipe, None, launch.spec, launch.handle)
+            except CHECK_ERRORS as exc:  # a preview: the switch itself decides again
+                fit = Fit(False, f"the blue/green check failed ({exc})")
+        return switch_view(serving, recipe, plan, len(history), fit)
+
+    def hold_status(self) -> dict[str, Any] | None:
+        """The gateway's hold during a switch, for the status: reason, bound, requests held (None
+        until the gateway said), seconds to the expected ready time."""
+        view = self.gateway_sync.hold_view
+        if view is None or self.gateway_sync.holding is None or self.machine.state is State.READY:
+            return None
+        ready_in = view.get("ready_in_s")
+        at = view.get("at")
+        if isinstance(ready_in, int | float) and isinstance(at, int | float):
+            ready_in = max(0.0, ready_in - (self.clock.now() - at))
+        return {"reason": view["reason"], "wait_s": view["wait_s"], "waiting": view["waiting"],
+                "ready_in_s": None if ready_in is None else round(float(ready_in), 1)}
 
     def _mark_ready(self, action: MarkReady) -> None:
         now = self.clock.now()
@@ -829,8 +994,14 @@ class Driver:
         follower = run.follower if run is not None else None
         failure = action.failure
         spec = self.store.get_spec(action.launch_id)
-        if spec is not None:
-            self.metrics.end_launch(spec.recipe)  # exited, stopped or never started: not ready any more
+        if spec is not None and not action.replaced:
+            # exited, stopped or never started: not ready any more (the old engine of a blue/green
+            # switch: its series were the new launch's from its start on).
+            self.metrics.end_launch(spec.recipe)
+        current = self.machine.launch
+        if self.machine.state is State.READY and current is not None:
+            # A blue/green start that failed beside the same recipe: the old one still serves.
+            self.metrics.set_engine_ready(current.spec.recipe)
         machine_diagnosed = failure is not None and failure.code in _MACHINE_DIAGNOSED
         if failure is not None and machine_diagnosed and diagnosis is None and spec is not None:
             # The machine decided (stall, budget): classify with the same rules over the same evidence
@@ -894,7 +1065,17 @@ class Driver:
         launch = self.machine.launch
         run = self.runs.get(launch.launch_id) if launch is not None else None
         return {**status_view.status(self.machine, run, self.clock.now(), self.last_diagnosis),
-                "store_problem": self.store_problem}
+                "store_problem": self.store_problem, "hold": self.hold_status(),
+                "blue_green": self._blue_green_status()}
+
+    def _blue_green_status(self) -> dict[str, Any] | None:
+        """The other engine of a blue/green switch: still serving (the new one starts beside it) or
+        being drained and stopped (the gateway routes to the new one). None: one engine."""
+        m = self.machine
+        if m.old is None:
+            return None
+        return {"old_launch_id": m.old.launch_id, "old_recipe": m.old.spec.recipe,
+                "old_url": m.old.spec.base_url, "old": "stopping" if m.switched else "serving"}
 
 
 # The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's

@@ -14,12 +14,14 @@ the driver see that while its engine is ready and re-send the upstream.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+from controller.gateway.control import DrainResult as DrainResult
 from controller.gateway.control import GatewayControlError
 
 # Re-exported: the GatewayLink protocol's own type (what `current()` answers).
 from controller.gateway.control import GatewayUpstream as GatewayUpstream
+from controller.gateway.hold import HoldPlan as HoldPlan
 
 
 def same_upstream(current: GatewayUpstream | None, url: str, served_model: str) -> bool:
@@ -34,12 +36,30 @@ class GatewayLink(Protocol):
         per-launch key, engine_key.py) instead of the client's own header."""
         ...
 
-    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
-        """No slot for new requests; return once in-flight ones ended (or were cut at the deadline)."""
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult | None:
+        """Blue/green: new requests go to this engine at once; return once the requests running on the
+        previous one ended (or were cut at the deadline), saying how many were cut (None: not known)."""
         ...
 
-    async def clear(self, retry_after_s: float) -> None:
-        """No slot: 503 + Retry-After for new requests, at once."""
+    async def drain(
+        self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
+    ) -> DrainResult | None:
+        """No slot for new requests (held, with `hold`); return once in-flight ones ended (or were cut
+        at the deadline), saying how many were cut (None: not known)."""
+        ...
+
+    async def clear(
+        self, retry_after_s: float, hold: HoldPlan | None = None, detail: str | None = None
+    ) -> None:
+        """No slot: new requests held (`hold`: a start follows), else 503 + Retry-After at once, and
+        requests still held answered with `detail`."""
+        ...
+
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
+        """A later ready estimate, and a fresh lease for the hold (it lapses without one); answers
+        the gateway's view of it (`waiting`: how many requests it holds), None if not known."""
         ...
 
     async def current(self) -> GatewayUpstream | None:
@@ -56,11 +76,25 @@ class NoGateway:
     async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
         self._upstream = GatewayUpstream(url, served_model)
 
-    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult | None:
+        self._upstream = GatewayUpstream(url, served_model)
+        return None
+
+    async def drain(
+        self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
+    ) -> DrainResult | None:
+        self._upstream = None
+        return None
+
+    async def clear(
+        self, retry_after_s: float, hold: HoldPlan | None = None, detail: str | None = None
+    ) -> None:
         self._upstream = None
 
-    async def clear(self, retry_after_s: float) -> None:
-        self._upstream = None
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
+        return None
 
     async def current(self) -> GatewayUpstream | None:
         return self._upstream

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from controller.supervisor.gateway_link import GatewayError, GatewayLink, same_upstream
+from controller.supervisor.gateway_link import DrainResult, GatewayError, GatewayLink, HoldPlan, same_upstream
 from controller.supervisor.machine import Launch
 
 NoteFn = Callable[[str, str, str | None, Mapping[str, object] | None], None]
@@ -38,28 +39,76 @@ class GatewaySync:
         self._checking = False
         self._next_check = 0.0
         self._unreachable = False
+        # The reason of the hold the gateway was last told to keep (None: none); renewed while a
+        # switch goes on, so that the gateway's lease does not lapse (controller/gateway/hold.py).
+        self.holding: str | None = None
+        # What the status shows of it: reason, bound, requests held (None until the gateway said),
+        # seconds to the expected ready time (as of `at`, the controller's clock).
+        self.hold_view: dict[str, Any] | None = None
 
-    async def drain(self, launch_id: str, deadline_s: float, retry_after_s: float) -> None:
+    def _held(self, hold: HoldPlan | None, now: float | None = None) -> None:
+        self.holding = hold.reason if hold is not None else None
+        self.hold_view = None if hold is None else {
+            "reason": hold.reason, "wait_s": hold.wait_s, "waiting": None,
+            "ready_in_s": hold.expected_ready_s, "at": now}
+
+    async def drain(self, launch_id: str, deadline_s: float, retry_after_s: float,
+                    hold: HoldPlan | None = None, now: float | None = None) -> DrainResult | None:
         async with self._lock:
+            self._held(hold, now)
             try:
-                await self.gateway.drain(deadline_s, retry_after_s)
+                return await self.gateway.drain(deadline_s, retry_after_s, hold)
             except GatewayError as exc:
                 self._note("gateway-error", f"drain: {exc}", launch_id, None)
+                return None
+
+    async def renew_hold(self, plan: HoldPlan, now: float | None = None) -> None:
+        """A later estimate and a fresh lease, while the hold is still ours to renew."""
+        async with self._lock:
+            if self.holding != plan.reason:
+                return  # cleared, pointed or given another reason meanwhile
+            try:
+                view = await self.gateway.renew_hold(plan)
+                waiting = view.get("waiting") if view is not None else None
+                self.hold_view = {"reason": plan.reason, "wait_s": plan.wait_s,
+                                  "waiting": waiting if isinstance(waiting, int) else None,
+                                  "ready_in_s": plan.expected_ready_s, "at": now}
+            except GatewayError as exc:
+                if exc.status != 409:  # 409: an upstream is set (it raced us); nothing to hold for
+                    self._note("gateway-error", f"hold renewal: {exc}", None, None)
 
     async def point_to(self, launch_id: str, url: str, served_model: str, what: str = "point_to") -> None:
         async with self._lock:
             launch = self._ready_launch()
             if launch is None or launch.launch_id != launch_id:
                 return  # it stopped being ready before we got here
+            self._held(None)
             try:
                 await self.gateway.point_to(url, served_model, self._engine_key(launch_id))
             except GatewayError as exc:
                 self._note("gateway-error", f"{what}: {exc}", launch_id, None)
 
-    async def clear(self, retry_after_s: float, reason: str) -> None:
+    async def switch(self, launch_id: str, url: str, served_model: str,
+                     deadline_s: float) -> DrainResult | None:
+        """Blue/green: new requests go to this ready engine at once; returns once the requests still
+        running on the previous one ended (or were cut at the deadline)."""
         async with self._lock:
+            launch = self._ready_launch()
+            if launch is None or launch.launch_id != launch_id:
+                return None  # it stopped being ready before we got here
+            self._held(None)
             try:
-                await self.gateway.clear(retry_after_s)
+                return await self.gateway.switch(url, served_model, self._engine_key(launch_id), deadline_s)
+            except GatewayError as exc:
+                self._note("gateway-error", f"switch: {exc}", launch_id, None)
+                return None
+
+    async def clear(self, retry_after_s: float, reason: str, hold: HoldPlan | None = None,
+                    detail: str | None = None, now: float | None = None) -> None:
+        async with self._lock:
+            self._held(hold, now)
+            try:
+                await self.gateway.clear(retry_after_s, hold, detail)
             except GatewayError as exc:
                 self._note("gateway-error", f"clear ({reason}): {exc}", None, None)
 

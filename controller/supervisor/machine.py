@@ -15,6 +15,11 @@ States and arrows (every arrow in `transition` carries the same label in a comme
       │                                   │ delay over → preflight
       └── stopping ◀── draining ◀── stop / restart / apply of another recipe (from ready)
 
+    Blue/green (an apply whose launch fits beside the serving one, PreflightOk.beside): the serving
+    launch moves to `old`, the new one goes preflight ──ok──▶ starting ──ready──▶ ready with the
+    gateway switched to it (SwitchUpstream), then `old` is drained and stopped; a failure of the new
+    one goes back to ready on `old` (`_fail`).
+
 Rules that come from the domain:
 - Budgets are the recipe's: default graph needs ≥ 2700 s (DOMAIN §4: an orchestrator that waited
   1500 s killed the engine at 38/51 of capture round 2). A long start is not a failure while it
@@ -34,6 +39,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from appliance.diagnosis.diagnosis import DiagnosisCode
+from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle
 from controller.supervisor.signals import (
@@ -68,6 +74,7 @@ from controller.supervisor.signals import (
     Stop,
     StopEngine,
     Stopped,
+    SwitchUpstream,
     Tick,
 )
 
@@ -85,6 +92,10 @@ class State(StrEnum):
     # kernel's OOM record can trail the death by up to the driver's oom_settle_s), then backoff.
     EXITED = "exited"
 
+
+# What held requests are told when the engine is stopped on purpose (no start follows).
+STOPPED_DETAIL = "no engine is ready: it was stopped"
+EXITED_HOLD = "the engine exited; relaunching it"
 
 # A start is "in progress" in these states: a second apply/restart is a conflict (API 409).
 BUSY = frozenset({State.PREFLIGHT, State.STARTING, State.DRAINING, State.STOPPING, State.EXITED})
@@ -150,6 +161,17 @@ class Machine:
     apply: ApplyOutcome | None = None  # what became of the latest apply request
     force: bool = False  # the pending apply restarts even an identical ready launch
     halt: bool = False  # stop requested while the exit of a dead engine was being classified
+    # Blue/green (blue_green.py): the engine that still serves while `launch` starts beside it on its
+    # own port; once the new one is ready and the gateway points at it (`switched`), the old one is
+    # drained and stopped. None: one engine, as always.
+    old: Launch | None = None
+    switched: bool = False  # the gateway routes to `launch`; `old` is being drained and stopped
+    blue_green: bool = True  # the pending apply may start beside the serving engine (Apply.blue_green)
+
+
+def _old_serves(m: Machine) -> bool:
+    """A blue/green switch is under way and the old engine still has the gateway."""
+    return m.old is not None and not m.switched
 
 
 def backoff_delay(failures: int, policy: Policy) -> float:
@@ -214,13 +236,17 @@ def _apply(m: Machine, obs: Apply) -> tuple[Machine, list[Action]]:
     if m.state in BUSY:
         # preflight/starting/draining/stopping + apply → rejected: one start at a time (API 409).
         return m, [Reject(f"an engine start is in progress (state {m.state}); wait for it or stop it first")]
+    if m.old is not None:
+        # ready (blue/green, the old engine still being drained and stopped) + apply → rejected.
+        return m, [Reject(f"the previous engine ({m.old.spec.recipe}) of a blue/green switch is still being "
+                          "drained and stopped; try again in a moment")]
     # idle/ready/backoff/failed + apply → preflight. A ready engine keeps serving until the new
     # recipe has passed its preflight; an operator request clears the failure count.
     token = m.token + 1
     m2 = replace(
         m, state=State.PREFLIGHT, recipe=obs.recipe, token=token, failures=0, backoff_until=None,
         next_kind=None, pending=None, apply=ApplyOutcome(token, obs.recipe, "pending"),
-        force=obs.force or obs.fresh_cache,
+        force=obs.force or obs.fresh_cache, blue_green=obs.blue_green,
     )
     return m2, [
         Notify("apply", f"apply {obs.recipe}", data={"recipe": obs.recipe, "fresh_cache": obs.fresh_cache}),
@@ -232,6 +258,9 @@ def _restart(m: Machine, now: float) -> tuple[Machine, list[Action]]:
     if m.state in BUSY:
         # preflight/starting/draining/stopping + restart → rejected (API 409).
         return m, [Reject(f"an engine start is in progress (state {m.state})")]
+    if m.old is not None:
+        return m, [Reject(f"the previous engine ({m.old.spec.recipe}) of a blue/green switch is still being "
+                          "drained and stopped; try again in a moment")]
     if m.recipe is None:
         # idle (never applied) + restart → rejected: nothing to restart.
         return m, [Reject("no recipe has been applied: nothing to restart")]
@@ -270,7 +299,8 @@ def _stop(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         return m, []
     # preflight (nothing running)/backoff/failed + stop → idle.
     m2 = replace(m, state=State.IDLE, token=m.token + 1, backoff_until=None, pending=None)
-    return m2, [Notify("stop", "stop requested"), ClearUpstream("stopped", m.policy.retry_after_s)]
+    return m2, [Notify("stop", "stop requested"),
+                ClearUpstream("stopped", m.policy.retry_after_s, detail=STOPPED_DETAIL)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,7 +313,8 @@ def _preflight_ok(m: Machine, obs: PreflightOk, now: float) -> tuple[Machine, li
     ours = m.apply is not None and m.apply.token == obs.token
     current = m.launch
     if (ours and not m.force and current is not None and current.handle is not None
-            and current.spec.recipe == obs.spec.recipe and current.spec.spec_hash == obs.spec.spec_hash):
+            and current.spec.recipe == obs.spec.recipe
+            and on_port(obs.spec, current.spec.port).spec_hash == current.spec.spec_hash):
         # preflight ok for exactly the launch that is ready → ready, nothing restarted (an apply of
         # the running recipe cost 95 s of 503 without a word; `--force` restarts it).
         message = (f"{obs.spec.recipe} is already running with this exact launch spec "
@@ -295,9 +326,19 @@ def _preflight_ok(m: Machine, obs: PreflightOk, now: float) -> tuple[Machine, li
     if ours:
         assert m.apply is not None
         m = replace(m, apply=replace(m.apply, outcome="started"), force=False)
-    if m.launch is not None:
+    old = m.launch
+    cold_warmup = m.next_kind is None and obs.warm_restart and obs.cache_empty
+    if obs.beside and old is not None and old.handle is not None and m.old is None and not cold_warmup:
+        # preflight ok, fits beside the serving engine → starting the new one on its own port; the
+        # gateway keeps routing to the old one until the new one is ready (blue/green, no hold).
+        note = Notify("blue-green", f"starting {obs.spec.recipe} beside {old.spec.recipe} (port "
+                      f"{obs.spec.port}); {old.spec.recipe} serves until it is ready", obs.launch_id,
+                      {"old_launch_id": old.launch_id, "port": obs.spec.port})
+        m2, actions = _start(replace(m, old=old, launch=None, switched=False), obs, now)
+        return m2, [note, *actions]
+    if old is not None:
         # preflight ok while the old engine serves → draining it; the new launch waits.
-        return _begin_drain(replace(m, pending=obs, after_stop=AfterStop.LAUNCH), m.launch, now)
+        return _begin_drain(replace(m, pending=obs, after_stop=AfterStop.LAUNCH), old, now)
     # preflight ok → starting.
     return _start(m, obs, now)
 
@@ -414,10 +455,18 @@ def _ready(m: Machine, obs: ReadyProbed, now: float) -> tuple[Machine, list[Acti
     # starting + ready → ready: the gateway gets the slot. An adopted engine that was ready before
     # the restart has its ready time recorded already; one adopted mid-start is recorded here.
     m2 = replace(m, state=State.READY, launch=replace(launch, ready_at=now), last_failure=None)
+    ready_note = Notify("ready", f"{launch.spec.recipe} ready in {ready_s} s", launch.launch_id,
+                        {"ready_s": ready_s, "kind": str(launch.kind)})
+    old = m.old
+    if old is not None and not m.switched:
+        # starting (blue/green) + ready → ready: the gateway switches to the new engine at once (no
+        # hold), the old one's in-flight requests finish, then it is stopped (Drained, Stopped).
+        switch = SwitchUpstream(launch.launch_id, launch.spec.base_url, launch.spec.served_model_name,
+                                old.launch_id, m.policy.drain_deadline_s)
+        return replace(m2, switched=True), [marked, ready_note, switch]
     return m2, [
         *([marked] if not launch.ready_recorded else []),
-        Notify("ready", f"{launch.spec.recipe} ready in {ready_s} s", launch.launch_id,
-               {"ready_s": ready_s, "kind": str(launch.kind)}),
+        ready_note,
         SetUpstream(launch.launch_id, launch.spec.base_url, launch.spec.served_model_name),
     ]
 
@@ -431,7 +480,8 @@ def _health_lost(m: Machine, obs: HealthLost) -> tuple[Machine, list[Action]]:
                       "see the log tail; the engine is restarted", retryable=True)
     m2 = replace(m, state=State.STOPPING, stop_failure=failure, after_stop=AfterStop.IDLE)
     return m2, [
-        ClearUpstream("engine not answering", m.policy.retry_after_s),
+        ClearUpstream("engine not answering", m.policy.retry_after_s,
+                      hold="the engine stopped answering; restarting it"),
         Notify("health-lost", failure.summary, launch.launch_id),
         *_stop_engine(m2, launch),
     ]
@@ -439,12 +489,28 @@ def _health_lost(m: Machine, obs: HealthLost) -> tuple[Machine, list[Action]]:
 
 def _exit_seen(m: Machine, obs: ExitSeen) -> tuple[Machine, list[Action]]:
     launch = m.launch
+    how = (f"exit code {obs.exit.exit_code}" if obs.exit.exit_code is not None else "exit status unknown")
+    old = m.old
+    if old is not None and old.launch_id == obs.launch_id:
+        if m.switched:
+            return m, []  # past the switch: our own stop (Stopped reports its end)
+        # starting (blue/green) + the serving old engine's death seen → starting: out of the
+        # gateway, which holds new requests until the new engine is ready.
+        target = launch.spec.recipe if launch is not None else m.recipe
+        note = Notify("exit-seen", f"the serving engine ended ({how}) while {target} starts beside it",
+                      old.launch_id, {"exit_code": obs.exit.exit_code, "signal": obs.exit.signal})
+        return m, [note, ClearUpstream("engine exited", m.policy.retry_after_s,
+                                       hold=f"the serving engine exited; {target} is starting")]
     if launch is None or launch.launch_id != obs.launch_id:
         return m, []
-    how = (f"exit code {obs.exit.exit_code}" if obs.exit.exit_code is not None else "exit status unknown")
     note = Notify("exit-seen", f"the engine ended ({how}); out of the gateway, classifying the exit",
                   launch.launch_id, {"exit_code": obs.exit.exit_code, "signal": obs.exit.signal})
-    clear = ClearUpstream("engine exited", m.policy.retry_after_s)
+    # Held while the exit is classified: a relaunch is the likely next step; a failure for good
+    # answers the held requests with its reason (`_fail`).
+    clear = ClearUpstream("engine exited", m.policy.retry_after_s, hold=EXITED_HOLD)
+    if m.state is State.STARTING and _old_serves(m):
+        # starting (blue/green) + the new engine's death seen → exited; the old one keeps the gateway.
+        return replace(m, state=State.EXITED, halt=False), [note]
     if m.state in (State.READY, State.STARTING):
         # ready/starting + death seen → exited: the gateway answers 503 + Retry-After at once,
         # not 502 "cannot connect" while the exit is classified (it was ~12 s of 502).
@@ -457,6 +523,14 @@ def _exit_seen(m: Machine, obs: ExitSeen) -> tuple[Machine, list[Action]]:
 
 def _exited(m: Machine, obs: Exited, now: float) -> tuple[Machine, list[Action]]:
     launch = m.launch
+    old = m.old
+    if old is not None and old.launch_id == obs.launch_id:
+        if m.switched:
+            return m, []  # past the switch: our own stop (Stopped reports its end)
+        # starting (blue/green) + the old engine's exit classified → starting, one engine again.
+        return replace(m, old=None), [MarkEnded(old.launch_id, "exited", obs.failure, replaced=True),
+                                      Notify("exited", obs.failure.summary, old.launch_id,
+                                             _failure_data(obs.failure))]
     if launch is None or launch.launch_id != obs.launch_id:
         return m, []
     if m.state is State.STOPPING:
@@ -464,7 +538,11 @@ def _exited(m: Machine, obs: Exited, now: float) -> tuple[Machine, list[Action]]
     m2 = replace(m, launch=None)
     ended = MarkEnded(launch.launch_id, "exited", obs.failure)
     note = Notify("exited", obs.failure.summary, launch.launch_id, _failure_data(obs.failure))
-    clear = ClearUpstream("engine exited", m.policy.retry_after_s)
+    if _old_serves(m):
+        # The new engine of a blue/green switch died: the old one serves on (`_fail`), no clear.
+        m3, actions = _fail(m2, obs.failure, now)
+        return m3, [ended, note, *actions]
+    clear = ClearUpstream("engine exited", m.policy.retry_after_s, hold=EXITED_HOLD)
     if m.state is State.DRAINING:
         # draining + exited → whatever follows the stop (it stopped by itself).
         m3, actions = _after_stopped(m2, now)
@@ -483,6 +561,10 @@ def _exited(m: Machine, obs: Exited, now: float) -> tuple[Machine, list[Action]]
 
 
 def _drained(m: Machine, obs: Drained) -> tuple[Machine, list[Action]]:
+    old = m.old
+    if old is not None and m.switched and old.launch_id == obs.launch_id:
+        # ready (blue/green, the old engine drained) → ready; the old engine is stopped.
+        return m, _stop_engine(m, old)
     launch = m.launch
     if m.state is not State.DRAINING or launch is None or launch.launch_id != obs.launch_id:
         return m, []
@@ -492,6 +574,14 @@ def _drained(m: Machine, obs: Drained) -> tuple[Machine, list[Action]]:
 
 
 def _stopped(m: Machine, obs: Stopped, now: float) -> tuple[Machine, list[Action]]:
+    old = m.old
+    if old is not None and m.switched and old.launch_id == obs.launch_id:
+        # ready (blue/green, the old engine stopping) + stopped → ready, one engine again.
+        served = m.launch.spec.recipe if m.launch is not None else m.recipe
+        note = Notify("blue-green-done", f"{old.spec.recipe} drained and stopped; {served} serves",
+                      old.launch_id)
+        ended = MarkEnded(old.launch_id, "stopped", replaced=True)
+        return replace(m, old=None, switched=False), [ended, note]
     launch = m.launch
     if launch is None or launch.launch_id != obs.launch_id:
         return m, []
@@ -587,8 +677,18 @@ def _begin_drain(m: Machine, launch: Launch, now: float) -> tuple[Machine, list[
     m2 = replace(m, state=State.DRAINING, drain_until=now + deadline)
     return m2, [
         Notify("draining", f"draining {launch.spec.recipe}", launch.launch_id),
-        DrainGateway(launch.launch_id, deadline),
+        DrainGateway(launch.launch_id, deadline, hold=_switch_reason(m, launch)),
     ]
+
+
+def _switch_reason(m: Machine, launch: Launch) -> str | None:
+    """Why the gateway holds new requests across this drain; None when nothing follows (a stop)."""
+    if m.after_stop is AfterStop.LAUNCH and m.pending is not None:
+        recipe = m.pending.spec.recipe
+        return "restart" if recipe == launch.spec.recipe else f"switching to {recipe}"
+    if m.after_stop is AfterStop.PREFLIGHT:
+        return "restart"
+    return None
 
 
 def _stop_engine(m: Machine, launch: Launch) -> list[Action]:
@@ -604,6 +704,11 @@ def _stop_failed(m: Machine, launch: Launch, failure: Failure) -> tuple[Machine,
 
 
 def _after_stopped(m: Machine, now: float) -> tuple[Machine, list[Action]]:
+    old = m.old
+    if old is not None and not m.switched:
+        # stop during a blue/green start: the new engine is gone → draining the old one, then idle.
+        m2 = replace(m, launch=old, old=None, after_stop=AfterStop.IDLE, pending=None)
+        return _begin_drain(m2, old, now)
     if m.after_stop is AfterStop.LAUNCH and m.pending is not None:
         return _start(replace(m, after_stop=AfterStop.IDLE), m.pending, now)
     if m.after_stop is AfterStop.PREFLIGHT and m.recipe is not None:
@@ -611,10 +716,22 @@ def _after_stopped(m: Machine, now: float) -> tuple[Machine, list[Action]]:
         m2 = replace(m, state=State.PREFLIGHT, token=token, after_stop=AfterStop.IDLE)
         return m2, [RunPreflight(token, m.recipe)]
     m2 = replace(m, state=State.IDLE, after_stop=AfterStop.IDLE, pending=None)
-    return m2, [Notify("idle", "engine stopped"), ClearUpstream("stopped", m.policy.retry_after_s)]
+    return m2, [Notify("idle", "engine stopped"),
+                ClearUpstream("stopped", m.policy.retry_after_s, detail=STOPPED_DETAIL)]
 
 
 def _fail(m: Machine, failure: Failure, now: float) -> tuple[Machine, list[Action]]:
+    old = m.old
+    if old is not None and not m.switched:
+        # the new engine of a blue/green switch failed → ready on the old one, which never left the
+        # gateway: nobody noticed. The failure is kept (status, the launch record's diagnosis).
+        apply = m.apply
+        if apply is not None and apply.outcome == "started":
+            apply = replace(apply, outcome="failed", failure=failure)
+        m2 = replace(m, state=State.READY, launch=old, old=None, recipe=old.spec.recipe,
+                     last_failure=failure, backoff_until=None, next_kind=None, stop_failure=None, apply=apply)
+        said = f"the new engine failed beside {old.spec.recipe}, which keeps serving: {failure.summary}"
+        return m2, [Notify("blue-green-failed", said, old.launch_id, _failure_data(failure))]
     failures = m.failures + 1
     p = m.policy
     if not failure.retryable or failures >= p.max_failures:
@@ -622,12 +739,13 @@ def _fail(m: Machine, failure: Failure, now: float) -> tuple[Machine, list[Actio
         m2 = replace(m, state=State.FAILED, failures=failures, last_failure=failure, backoff_until=None,
                      next_kind=None)
         return m2, [Notify("failed", f"failed ({why}): {failure.summary}", data=_failure_data(failure)),
-                    ClearUpstream("failed", p.retry_after_s)]
+                    ClearUpstream("failed", p.retry_after_s,
+                                  detail=f"the engine failed ({why}): {failure.summary}")]
     delay = backoff_delay(failures, p)
     m2 = replace(m, state=State.BACKOFF, failures=failures, last_failure=failure, backoff_until=now + delay)
     return m2, [Notify("backoff", f"failure {failures}: retry in {delay:g} s ({failure.code})",
                        data={"delay_s": delay, "failures": failures, **_failure_data(failure)}),
-                ClearUpstream("backoff", delay)]
+                ClearUpstream("backoff", delay, hold=f"relaunch after a failure, next try in {delay:g} s")]
 
 
 def _failure_data(failure: Failure) -> dict[str, object]:

@@ -47,6 +47,8 @@ class Apply:
     fresh_cache: bool = False  # empty the recipe's cache root first (forces the warm-up flow)
     # Restart even when the very same launch spec is already ready (otherwise: a no-op, said so).
     force: bool = False
+    # Start beside the serving engine when it fits (blue_green.py); False: always the hold path.
+    blue_green: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class PreflightOk:
     # fresh_cache: this (validated) variant root is emptied right before the engine starts — not
     # during preflight, while the old engine may still run on it.
     empty_cache_first: str | None = None
+    # Blue/green: the driver found that this launch (already moved to a free port) fits beside the
+    # serving engine (controller/supervisor/blue_green.py); it starts while the old one serves.
+    beside: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,8 @@ class ApplyOutcome:
 
     token: int
     recipe: str
-    outcome: str  # "pending" | "started" | "refused" | "unchanged"
+    # "pending" | "started" | "refused" | "unchanged" | "failed" (blue/green: the old one serves on)
+    outcome: str
     failure: Failure | None = None
 
 
@@ -220,6 +226,9 @@ class DrainGateway:
 
     launch_id: str
     deadline_s: float
+    # Why new requests are held meanwhile (a restart, another recipe): the gateway queues them until
+    # the next engine is ready instead of refusing them. None: a stop; new requests get 503 at once.
+    hold: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +236,18 @@ class StopEngine:
     launch_id: str
     handle: EngineHandle
     grace_s: float
+
+
+@dataclass(frozen=True)
+class SwitchUpstream:
+    """Blue/green: the gateway's upstream is now the new ready slot; requests still running on the old
+    one finish (up to ``deadline_s``), then the old engine is stopped (Drained with ``old_id``)."""
+
+    launch_id: str
+    base_url: str
+    served_model_name: str
+    old_id: str
+    deadline_s: float
 
 
 @dataclass(frozen=True)
@@ -244,6 +265,10 @@ class ClearUpstream:
 
     reason: str
     retry_after_s: float
+    # Why new requests are held (a relaunch is scheduled); None: 503 at once, and requests still
+    # held are answered with `detail` (the failure's one line, or "stopped").
+    hold: str | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +282,8 @@ class MarkEnded:
     launch_id: str
     status: str  # "stopped" | "failed" | "exited"
     failure: Failure | None = None
+    # The old engine of a blue/green switch: its per-launch metrics are already the new launch's.
+    replaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,6 +297,6 @@ class Notify:
 
 
 Action = (
-    Reject | RunPreflight | StartEngine | DrainGateway | StopEngine | SetUpstream | ClearUpstream | MarkReady
-    | MarkEnded | Notify
+    Reject | RunPreflight | StartEngine | DrainGateway | StopEngine | SetUpstream | SwitchUpstream
+    | ClearUpstream | MarkReady | MarkEnded | Notify
 )

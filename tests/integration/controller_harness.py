@@ -62,6 +62,7 @@ class Controller:
     engine_port: int
     recipe: str | None = RECIPE  # applied at controller start-up (None: nothing)
     proc: subprocess.Popen[bytes] | None = None
+    extra_args: tuple[str, ...] = ()  # more `appliance serve` options (e.g. --gateway-url URL)
 
     @property
     def url(self) -> str:
@@ -78,7 +79,7 @@ class Controller:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controller.cli.main", "serve", "--port", str(self.port),
              *(["--apply", self.recipe] if self.recipe else []),
-             "--no-docker", "--no-kmsg", "--log-level", "warning"],
+             "--no-docker", "--no-kmsg", "--log-level", "warning", *self.extra_args],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
         )
         self.wait(lambda: self.alive(), 60, "the controller to answer")

@@ -11,7 +11,7 @@ from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes.process import ProcessLaunch
 from controller.gateway.control import GatewayControlError
 from controller.runtime.base import EngineHandle, ExitInfo
-from controller.supervisor.gateway_link import GatewayUpstream
+from controller.supervisor.gateway_link import DrainResult, GatewayUpstream, HoldPlan
 from controller.supervisor.signals import Failure, PreflightFailed, PreflightOk
 
 
@@ -176,6 +176,11 @@ class RecordingGateway:
         self.down = False
         self.checks = 0
         self.keys: list[str | None] = []  # the engine key each point_to carried
+        self.holds: list[HoldPlan | None] = []  # the hold each drain/clear carried
+        self.details: list[str | None] = []  # the reason each clear gave held requests
+        self.renewals: list[HoldPlan] = []
+        self.cut = 0  # what a drain reports as cut at its deadline
+        self.held = 0  # how many requests a hold renewal reports held
 
     def _reach(self) -> None:
         if self.down:
@@ -190,15 +195,38 @@ class RecordingGateway:
         self._reach()
         self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
 
-    async def drain(self, deadline_s: float, retry_after_s: float) -> None:
+    async def switch(
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+    ) -> DrainResult | None:
+        self.calls.append(("switch", url))
+        self.keys.append(api_key)
+        self._reach()
+        self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
+        return DrainResult(drained=self.cut == 0, aborted=self.cut, remaining=0, waited_s=0.0)
+
+    async def drain(
+        self, deadline_s: float, retry_after_s: float, hold: HoldPlan | None = None
+    ) -> DrainResult | None:
         self.calls.append(("drain", deadline_s))
+        self.holds.append(hold)
+        self._reach()
+        self.upstream = None
+        return DrainResult(drained=self.cut == 0, aborted=self.cut, remaining=0, waited_s=0.0)
+
+    async def clear(
+        self, retry_after_s: float, hold: HoldPlan | None = None, detail: str | None = None
+    ) -> None:
+        self.calls.append(("clear", retry_after_s))
+        self.holds.append(hold)
+        self.details.append(detail)
         self._reach()
         self.upstream = None
 
-    async def clear(self, retry_after_s: float) -> None:
-        self.calls.append(("clear", retry_after_s))
+    async def renew_hold(self, hold: HoldPlan) -> dict[str, object] | None:
+        self.renewals.append(hold)
         self._reach()
-        self.upstream = None
+        return {"holding": True, "reason": hold.reason, "waiting": self.held,
+                "ready_in_s": hold.expected_ready_s}
 
     async def current(self) -> GatewayUpstream | None:
         self.checks += 1

@@ -192,6 +192,7 @@ async def test_unknown_things_are_404(client: httpx.AsyncClient) -> None:
         ({"recipe": 12}, "recipe"),
         ({"recipe": "Not A Name!"}, "recipe"),
         ({"recipe": "cpu-smollm2", "fresh_cache": "maybe"}, "fresh_cache"),
+        ({"recipe": "cpu-smollm2", "blue_green": "sometimes"}, "blue_green"),
         ({"recipe": "cpu-smollm2", "forcefully": True}, "forcefully"),  # unknown fields (`force` is one now)
     ],
 )
@@ -298,3 +299,12 @@ async def test_events_stream_state_changes_over_real_http(rig: Rig) -> None:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_apply_says_which_path_the_switch_takes(rig: Rig, client: httpx.AsyncClient) -> None:
+    r = await client.post("/apply", json={"recipe": "cpu-smollm2"}, headers=AUTH)
+    assert r.status_code == 202
+    switch = r.json()["switch"]
+    assert switch["path"] == "start"  # nothing serves yet
+    assert switch["why"].startswith("start cpu-smollm2: no engine serves now")
+    await rig.driver.settle()

@@ -92,6 +92,24 @@ def test_a_follow_that_ends_ready_on_another_recipe_is_not_success(monkeypatch: 
     assert exc.value.exit_code == 1
 
 
+
+def test_a_blue_green_start_that_failed_beside_the_serving_engine_says_failed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    failure = {"summary": "the engine exited with code 1", "hint": "see the log tail"}
+    client = ScriptedClient([status("ready", "cpu-smollm2", "failed", failure)])
+    with pytest.raises(typer.Exit) as exc:
+        api_cmd.end_of_follow(client, "ready", "big")  # type: ignore[arg-type]
+    assert exc.value.exit_code == 1
+    err = capsys.readouterr().err
+    assert "FAILED: big: the engine exited with code 1" in err and "keeps serving cpu-smollm2" in err
+
+
+def test_no_blue_green_asks_for_the_hold_path(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = ScriptedClient([status("ready", "big", "unchanged")])
+    run(app, monkeypatch, client, "apply", "big", "--no-blue-green")
+    assert client.posted[-1] == {"recipe": "big", "fresh_cache": False, "force": False, "blue_green": False}
+
 def test_up_prints_the_answer_as_json_and_the_key_hint_that_works(
     app: typer.Typer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -141,6 +159,16 @@ def test_status_says_the_engine_exited_and_is_out_of_the_gateway(
     assert "state:      exited" in result.output
     assert "exit code 137, signal 9; out of the gateway" in result.output
 
+
+
+def test_status_names_the_other_engine_of_a_blue_green_switch(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = {**_starting(None), "blue_green": {"old_launch_id": "L1", "old_recipe": "cpu-smollm2",
+                                           "old_url": "http://127.0.0.1:8000", "old": "serving"}}
+    result = run(app, monkeypatch, ScriptedClient([s]), "status")
+    assert result.exit_code == 0, result.output
+    assert "blue/green: cpu-smollm2 (L1, http://127.0.0.1:8000) serves while this one starts" in result.output
 
 ETA = {
     "start": "warm", "basis": "spec", "launches": 3, "median_s": 38.0, "min_s": 37.0, "max_s": 40.0,

@@ -543,3 +543,30 @@ def test_the_now_page_shows_a_failed_launch_s_log_tail() -> None:
     assert 'data-live="log_tail"' in now and 'id="log-tail"' in now
     js = (Path(views.__file__).parent / "static" / "console.js").read_text()
     assert "log_tail" in js and 'getElementById("log-tail")' in js
+
+
+def test_the_now_page_says_what_the_gateway_holds_during_a_switch() -> None:
+    from controller.console import views
+
+    hold = {"reason": "restart", "wait_s": 75.0, "waiting": 3, "ready_in_s": 34.6}
+    live = views.live_view({"state": "starting", "hold": hold})
+    assert live["hold_text"] == "holding 3 requests (restart), each up to 75 s; ready in ~35 s"
+    assert views.live_view({"state": "ready", "hold": None})["hold_text"] == ""
+    unknown = views.live_view({"state": "draining", "hold": {**hold, "waiting": None, "ready_in_s": None}})
+    assert unknown["hold_text"] == "holding new requests (restart), each up to 75 s"
+    now = (Path(views.__file__).parent / "templates" / "now.html").read_text()
+    assert 'data-live="hold_text"' in now
+
+
+def test_the_now_page_names_the_other_engine_of_a_blue_green_switch() -> None:
+    from controller.console import views
+
+    bg = {"old_launch_id": "L1", "old_recipe": "cpu-smollm2", "old_url": "http://127.0.0.1:8000",
+          "old": "serving"}
+    live = views.live_view({"state": "starting", "blue_green": bg})
+    assert live["blue_green_text"] == "blue/green: cpu-smollm2 serves while the new engine starts beside it"
+    stopping = views.live_view({"state": "ready", "blue_green": {**bg, "old": "stopping"}})
+    assert stopping["blue_green_text"] == "blue/green: switched; cpu-smollm2 is being drained and stopped"
+    assert views.live_view({"state": "ready", "blue_green": None})["blue_green_text"] == ""
+    now = (Path(views.__file__).parent / "templates" / "now.html").read_text()
+    assert 'data-live="blue_green_text"' in now

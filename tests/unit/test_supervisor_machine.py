@@ -178,7 +178,9 @@ def test_crash_loop_backs_off_10s_doubling_then_fails_with_the_diagnosis() -> No
     assert delays == [10, 20, 40, 80]
     assert r.m.state is State.FAILED
     assert r.m.last_failure == CRASH
-    assert ClearUpstream("failed", 10.0) in r.actions
+    failed = [a for a in r.actions if isinstance(a, ClearUpstream) and a.reason == "failed"]
+    assert failed and failed[-1].hold is None  # a failure for good: nothing is held any more
+    assert failed[-1].detail is not None and "killed by SIGKILL" in failed[-1].detail
 
 
 def test_backoff_is_capped_at_five_minutes() -> None:
@@ -258,7 +260,7 @@ def test_apply_over_a_ready_engine_drains_stops_then_starts_the_new_one() -> Non
     assert r.m.state is State.PREFLIGHT and r.m.launch is not None  # old one keeps serving
     new = r.preflight_ok(101)
     assert r.m.state is State.DRAINING
-    assert DrainGateway(old, 30.0) in r.actions
+    assert DrainGateway(old, 30.0, hold="restart") in r.actions  # same recipe, forced
     r.feed(Drained(old), 105)
     assert r.m.state is State.STOPPING and r.of(StopEngine)[-1].launch_id == old
     r.feed(Stopped(old, ExitInfo(running=False, exit_code=0)), 110)
@@ -492,7 +494,7 @@ def test_a_death_takes_the_engine_out_of_the_gateway_before_it_is_classified() -
     r.actions.clear()
     r.feed(ExitSeen(lid, ExitInfo(running=False, exit_code=137, signal=9)), 100)
     assert r.m.state is State.EXITED
-    assert r.actions[-1] == ClearUpstream("engine exited", 10.0)
+    assert r.actions[-1] == ClearUpstream("engine exited", 10.0, hold="the engine exited; relaunching it")
     assert isinstance(r.feed(Apply("test-recipe"), 100.1)[0], Reject)  # one thing at a time
     r.feed(Exited(lid, ExitInfo(running=False, exit_code=137, signal=9), CRASH), 101)
     assert r.m.state is State.BACKOFF and r.m.launch is None
