@@ -92,7 +92,7 @@ def test_the_summary_and_launches_agree_with_compare_json() -> None:
     base, cand, _ = _arms()
     launches = {entry["id"]: entry for entry in json.loads((CMP / "launches.json").read_text())}
     for run in (*base, *cand):
-        assert run.launch_id in launches and launches[run.launch_id]["recipe"] == run.recipe
+        assert run.launch_id is not None and launches[run.launch_id]["recipe"] == run.recipe
         assert (CMP / "runs" / run.launch_id / "engine.log").is_file()
 
 
