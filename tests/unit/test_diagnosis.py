@@ -101,6 +101,9 @@ SIGNATURE_FIXTURES: dict[str, tuple[DiagnosisCode, set[DiagnosisCode], bool]] = 
         C.KV_CACHE_TOO_LARGE, {C.KV_CACHE_TOO_LARGE, C.WORKER_DIED, C.ENGINE_START_FAILED}, False,
     ),
     "gpu_memory_short_h200.log": (C.GPU_MEMORY_SHORT, {C.GPU_MEMORY_SHORT, C.ENGINE_START_FAILED}, False),
+    "gpu_memory_short_h200_real.log": (
+        C.GPU_MEMORY_SHORT, {C.GPU_MEMORY_SHORT, C.ENGINE_START_FAILED}, False,
+    ),
     "skinny_gemm_wvsplitkq_missing.log": (
         C.SKINNY_GEMM_NOT_BUILT, {C.SKINNY_GEMM_NOT_BUILT, C.ENGINE_START_FAILED}, False,
     ),

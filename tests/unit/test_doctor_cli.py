@@ -45,6 +45,7 @@ FAILURES = {
     "model_path_invalid_repo_id.log": "model_path_invalid",
     "kv_cache_too_large_cpu.log": "kv_cache_too_large",
     "gpu_memory_short_h200.log": "gpu_memory_short",
+    "gpu_memory_short_h200_real.log": "gpu_memory_short",
     "skinny_gemm_wvsplitkq_missing.log": "skinny_gemm_not_built",
     "compile_constraint_violation_dummy_run.log": "compile_constraint_violation",
     "gpu_xid79_fallen_off_bus.dmesg": "gpu_fault",
