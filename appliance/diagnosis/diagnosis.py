@@ -640,7 +640,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "the card is healthy",
         "an engine/kernel bug: read the engine's CUDA/HIP error above its death; retried with backoff",
         "NVIDIA Xid catalogue: 13 graphics engine exception, 31 MMU fault, 43 GPU stopped processing — "
-        "user application faults, resolution RESTART_APP",
+        "user application faults, immediate action RESTART_APP (43: IGNORE, the GPU stays healthy)",
         retryable=True,
         rank=27, decides=Decides.FAILURE,
     ),

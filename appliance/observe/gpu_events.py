@@ -68,75 +68,122 @@ class XidInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     code: int
-    mnemonic: str
+    mnemonic: str  # the catalogue's "Mnemonic" column (the driver's nverror.h name)
     meaning: str
     side: FaultSide
     fatal: bool  # the card is unfit for the next launch until the action is taken
     action: GpuAction
     advice: str
+    # The catalogue's "Resolution Bucket (Immediate Action)" and "(Investigatory Action)" columns,
+    # verbatim (RESTART_APP, RESET_GPU, RESTART_BM, IGNORE, CONTACT_SUPPORT, WORKFLOW_XID_48, …).
+    # `action` is the appliance's reading of the immediate bucket (IGNORE → NONE, RESTART_BM →
+    # DRAIN_NODE, WORKFLOW_* → the step its trigger text names).
+    nvidia_action: str
+    nvidia_investigate: str
+    source: str  # the page this row was checked against
 
 
-# NVIDIA's Xid catalogue: https://docs.nvidia.com/deploy/xid-errors/index.html ("Xid Error Listing"
-# and "Xid Descriptions") and, for Ampere and newer, the catalogue with resolution buckets
-# https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (columns "Resolution Bucket
-# (Immediate Action)"). `side` is the catalogue's "possible causes" (driver / user app / hardware),
-# `action` its immediate resolution bucket.
+_CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+
+
+# NVIDIA's Xid catalogue for Ampere and newer (H100/H200 included):
+# https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (columns Code, Mnemonic,
+# Description, Applies to A100/H100/B100/GB200, Resolution Bucket (Immediate Action), Resolution Bucket
+# (Investigatory Action), Xid 154 linkage, Trigger Conditions). Every row below was checked against that
+# page's row for its code; `meaning` follows its Description and Trigger Conditions, `side` its trigger
+# text (user application / hardware / cleanup after another error), `action` its immediate bucket.
 XID_TABLE: dict[int, XidInfo] = {x.code: x for x in (
-    XidInfo(code=13, mnemonic="GR_EXCEPTION", meaning="graphics engine exception (e.g. an out-of-range "
-            "address or illegal instruction in a kernel)", side=FaultSide.APPLICATION, fatal=False,
+    XidInfo(code=13, mnemonic="ROBUST_CHANNEL_GR_EXCEPTION", meaning="graphics engine exception (a "
+            "user application fault: typically an out-of-bounds access, or an illegal instruction or "
+            "register)", side=FaultSide.APPLICATION, fatal=False, action=GpuAction.RESTART_APP,
+            advice="an engine/kernel bug; run the workload again, compute-sanitizer memcheck or cuda-gdb "
+                   "finds the kernel (catalogue: in rare cases hardware or driver bugs show as Xid 13)",
+            nvidia_action="RESTART_APP", nvidia_investigate="WORKFLOW_XID_13", source=_CATALOG),
+    XidInfo(code=31, mnemonic="ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", meaning="GPU memory page fault "
+            "(the MMU reported an illegal address access)", side=FaultSide.APPLICATION, fatal=False,
             action=GpuAction.RESTART_APP,
-            advice="an engine/kernel bug (catalogue: user application fault); run the workload again, "
-                   "compute-sanitizer finds the kernel"),
-    XidInfo(code=31, mnemonic="MMU_FAULT", meaning="GPU memory page fault (an illegal address was "
-            "accessed)", side=FaultSide.APPLICATION, fatal=False, action=GpuAction.RESTART_APP,
-            advice="an engine/kernel bug (catalogue: illegal memory access by the application); "
-                   "if it recurs on one card only, suspect the card"),
-    XidInfo(code=43, mnemonic="RESET_CHANNEL_VERIF_ERROR", meaning="GPU stopped processing (the "
-            "application's channel hit a fault and was torn down)", side=FaultSide.APPLICATION,
-            fatal=False, action=GpuAction.RESTART_APP,
-            advice="the application faulted; the card stays healthy (catalogue: user app error)"),
-    XidInfo(code=45, mnemonic="PREEMPTIVE_REMOVAL", meaning="preemptive cleanup after an earlier error "
-            "(or the process was killed)", side=FaultSide.CONSEQUENCE, fatal=False,
-            action=GpuAction.NONE, advice="look at the Xid just before this one: it is the cause"),
-    XidInfo(code=48, mnemonic="DBE", meaning="double-bit (uncorrectable) ECC error in GPU memory",
-            side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card (remaps/retires the row); repeated DBEs on one card → replace it"),
-    XidInfo(code=61, mnemonic="PMU_BREAKPOINT", meaning="internal micro-controller breakpoint/warning",
-            side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card; report with nvidia-bug-report.sh if it recurs"),
-    XidInfo(code=62, mnemonic="PMU_HALT", meaning="internal micro-controller halt",
-            side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card; check cooling (the catalogue lists thermal causes)"),
-    XidInfo(code=63, mnemonic="ROW_REMAP_PENDING", meaning="ECC page retirement or row remapping "
-            "recorded; takes effect at the next card reset", side=FaultSide.HARDWARE, fatal=False,
+            advice="typically an application bug (catalogue: can also be a driver or hardware bug); "
+                   "if it recurs on one card only, suspect the card",
+            nvidia_action="RESTART_APP", nvidia_investigate="WORKFLOW_XID_31", source=_CATALOG),
+    XidInfo(code=43, mnemonic="ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", meaning="GPU stopped processing "
+            "(the application hit a software-induced fault and had to terminate; the GPU stays "
+            "healthy)", side=FaultSide.APPLICATION, fatal=False, action=GpuAction.NONE,
+            advice="an application error, not the card (catalogue: immediate action IGNORE); the "
+                   "engine died and is relaunched as any crashed engine",
+            nvidia_action="IGNORE", nvidia_investigate="CONTACT_SUPPORT", source=_CATALOG),
+    XidInfo(code=45, mnemonic="ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", meaning="preemptive cleanup after an "
+            "earlier error, or the application was aborted (Ctrl-C, kill, a GPU reset)",
+            side=FaultSide.CONSEQUENCE, fatal=False, action=GpuAction.NONE,
+            advice="look at the Xid just before this one: it is the cause (catalogue: alone → restart "
+                   "Fabric Manager; with another Xid → follow that one)",
+            nvidia_action="WORKFLOW_XID_45", nvidia_investigate="Solo: RESTART_FM / Not Solo: IGNORE",
+            source=_CATALOG),
+    XidInfo(code=48, mnemonic="ROBUST_CHANNEL_GPU_ECC_DBE", meaning="double-bit (uncorrectable) ECC "
+            "error", side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
+            advice="reset the card or reboot the node to clear it (catalogue); an SRAM DBE over its "
+                   "threshold → RMA flow and field diag",
+            nvidia_action="WORKFLOW_XID_48", nvidia_investigate="WORKFLOW_XID_48", source=_CATALOG),
+    XidInfo(code=61, mnemonic="PMU_BREAKPOINT", meaning="internal micro-controller breakpoint/warning "
+            "(Volta and older; unused on Ampere and newer)", side=FaultSide.HARDWARE, fatal=True,
             action=GpuAction.RESET_GPU,
-            advice="reset the card when it is idle so the remap takes effect"),
-    XidInfo(code=64, mnemonic="ROW_REMAP_FAILURE", meaning="ECC page retirement or row remapping "
-            "could not be recorded", side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card; if the failure repeats the card has run out of spare rows: replace it"),
-    XidInfo(code=74, mnemonic="NVLINK_ERROR", meaning="NVLink error", side=FaultSide.HARDWARE,
-            fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card(s) on the link; check the link with nvidia-smi nvlink -s"),
-    XidInfo(code=79, mnemonic="GPU_FALLEN_OFF_BUS", meaning="GPU has fallen off the bus",
-            side=FaultSide.HARDWARE, fatal=True, action=GpuAction.DRAIN_NODE,
-            advice="drain the node and reboot it; check power, seating and cooling (catalogue: "
-                   "system/hardware error)"),
-    XidInfo(code=92, mnemonic="HIGH_SBE_RATE", meaning="high single-bit ECC error rate",
-            side=FaultSide.HARDWARE, fatal=False, action=GpuAction.RESET_GPU,
-            advice="corrected, but a rising rate predicts DBEs: reset the card when idle, watch it"),
-    XidInfo(code=94, mnemonic="CONTAINED_ECC", meaning="contained uncorrectable ECC error (only the "
-            "application using the memory was affected)", side=FaultSide.HARDWARE, fatal=False,
-            action=GpuAction.RESTART_APP,
-            advice="the engine had to die; relaunching works, but reset the card soon (row remap pending)"),
-    XidInfo(code=95, mnemonic="UNCONTAINED_ECC", meaning="uncontained uncorrectable ECC error (every "
-            "application on the card is affected)", side=FaultSide.HARDWARE, fatal=True,
-            action=GpuAction.RESET_GPU, advice="reset the card before any relaunch on it"),
-    XidInfo(code=119, mnemonic="GSP_RPC_TIMEOUT", meaning="GSP firmware RPC timeout",
+            advice="not expected on an H100/H200 (catalogue: Unused, bucket CONTACT_SUPPORT); the "
+                   "appliance resets the card before reuse and a recurrence goes to NVIDIA support with "
+                   "nvidia-bug-report.sh",
+            nvidia_action="CONTACT_SUPPORT", nvidia_investigate="N/A; Unused",
+            source=_CATALOG + " (row marked Unused, applies to no Ampere+ GPU; meaning from "
+                   "https://docs.nvidia.com/deploy/xid-errors/archive/index.html)"),
+    XidInfo(code=62, mnemonic="PMU_HALT_ERROR", meaning="internal micro-controller halt",
             side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card; if it recurs, update the driver/firmware or replace the card"),
-    XidInfo(code=120, mnemonic="GSP_ERROR", meaning="GSP firmware error", side=FaultSide.HARDWARE,
-            fatal=True, action=GpuAction.RESET_GPU,
-            advice="reset the card; if it recurs, update the driver/firmware or replace the card"),
+            advice="reset the card; if it recurs, NVIDIA support (catalogue's investigatory action)",
+            nvidia_action="RESET_GPU", nvidia_investigate="CONTACT_SUPPORT", source=_CATALOG),
+    XidInfo(code=63, mnemonic="INFOROM_DRAM_RETIREMENT_EVENT", meaning="GPU memory remapping event (the "
+            "row remapper handled an ECC error; the remap takes effect at the next card reset)",
+            side=FaultSide.HARDWARE, fatal=False, action=GpuAction.NONE,
+            advice="nothing now (catalogue: IGNORE); the driver's line asks for a reset to activate the "
+                   "remap: reset the card when it is idle",
+            nvidia_action="IGNORE", nvidia_investigate="IGNORE", source=_CATALOG),
+    XidInfo(code=64, mnemonic="INFOROM_DRAM_RETIREMENT_FAILURE", meaning="GPU memory remapping failure "
+            "(an ECC error's row could not be remapped)", side=FaultSide.HARDWARE, fatal=True,
+            action=GpuAction.RESET_GPU,
+            advice="reset the card; if the failure repeats the card has run out of spare rows: NVIDIA "
+                   "support / replace it",
+            nvidia_action="RESET_GPU", nvidia_investigate="CONTACT_SUPPORT", source=_CATALOG),
+    XidInfo(code=74, mnemonic="NVLINK_ERROR", meaning="NVLink error (the link to another GPU or NVSwitch; "
+            "the fault may be at the remote end)", side=FaultSide.HARDWARE, fatal=True,
+            action=GpuAction.RESET_GPU,
+            advice="a GPU reset or node reboot clears it (catalogue); check the link with nvidia-smi "
+                   "nvlink; the card at the other end may be the one that failed",
+            nvidia_action="WORKFLOW_NVLINK_ERR", nvidia_investigate="CONTACT_SUPPORT", source=_CATALOG),
+    XidInfo(code=79, mnemonic="ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", meaning="GPU has fallen off "
+            "the bus", side=FaultSide.HARDWARE, fatal=True, action=GpuAction.DRAIN_NODE,
+            advice="drain the node and restart it (catalogue: RESTART_BM); check the PCIe link, power, "
+                   "seating and cooling in the system and kernel PCI event logs",
+            nvidia_action="RESTART_BM", nvidia_investigate="CONTACT_SUPPORT", source=_CATALOG),
+    XidInfo(code=92, mnemonic="EXCESSIVE_SBE_INTERRUPTS", meaning="high single-bit ECC error rate",
+            side=FaultSide.HARDWARE, fatal=False, action=GpuAction.NONE,
+            advice="corrected errors, nothing to do now (catalogue: IGNORE); watch the rate, NVIDIA "
+                   "support if it persists",
+            nvidia_action="IGNORE", nvidia_investigate="CONTACT_SUPPORT", source=_CATALOG),
+    XidInfo(code=94, mnemonic="ROBUST_CHANNEL_CONTAINED_ERROR", meaning="contained memory error (only "
+            "the application that hit it is affected)", side=FaultSide.HARDWARE, fatal=False,
+            action=GpuAction.RESTART_APP,
+            advice="the engine had to die; relaunching works, reset the card when convenient "
+                   "(catalogue)",
+            nvidia_action="RESTART_APP", nvidia_investigate="IGNORE (sympathetic)", source=_CATALOG),
+    XidInfo(code=95, mnemonic="ROBUST_CHANNEL_UNCONTAINED_ERROR", meaning="uncontained memory error "
+            "(every application on the card is affected)", side=FaultSide.HARDWARE, fatal=True,
+            action=GpuAction.RESET_GPU, advice="reset the card before any relaunch on it (catalogue)",
+            nvidia_action="RESET_GPU", nvidia_investigate="IGNORE (sympathetic)", source=_CATALOG),
+    XidInfo(code=119, mnemonic="GSP_RPC_TIMEOUT", meaning="GSP RPC timeout (the GPU's GSP core did not "
+            "answer the driver)", side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
+            advice="reset the card (a node power cycle if it persists); if it recurs after a power "
+                   "cycle, follow NVIDIA's GPU debug guidelines, update driver/firmware",
+            nvidia_action="RESET_GPU", nvidia_investigate="INVESTIGATE_SW", source=_CATALOG),
+    XidInfo(code=120, mnemonic="GSP_ERROR", meaning="GSP error (code on the GPU's GSP core failed)",
+            side=FaultSide.HARDWARE, fatal=True, action=GpuAction.RESET_GPU,
+            advice="reset the card (a node power cycle if it persists); if it recurs after a power "
+                   "cycle, follow NVIDIA's GPU debug guidelines, update driver/firmware",
+            nvidia_action="RESET_GPU", nvidia_investigate="INVESTIGATE_SW", source=_CATALOG),
 )}
 
 

@@ -60,7 +60,7 @@ async def test_now_and_host_pages_show_each_card_its_findings_and_the_events(
         assert 'id="gpu-health"' in page and 'id="gpu-0"' in page, path
         assert "GPU 0 NVIDIA H200 (nvidia)" in page and "verdict-warn" in page
         assert "clocks held back by hw_thermal_slowdown" in page
-        assert "GPU 0: Xid 94: contained uncorrectable ECC error" in page
+        assert "GPU 0: Xid 94: contained memory error" in page
 
 
 async def test_a_launchs_gpu_events_are_on_its_page_and_chart(rig: Rig, client: httpx.AsyncClient) -> None:
