@@ -31,6 +31,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
+from appliance.observe.gpu_events import GpuEvent, parse_gpu_line, xid_label
+from appliance.observe.gpu_health import ReplayQueries, assess, card_from_queries
 from appliance.observe.kmsg import SeqGap, oom_events, parse_stream
 from bench.engine_cpu import launch_spec, prepare_cache_dirs
 from controller.gateway.metrics import GatewayMetrics
@@ -138,7 +140,8 @@ class Prometheus:
 
 def _exprs(dashboard: str) -> list[tuple[str, str]]:
     doc = json.loads((DASHBOARDS / dashboard).read_text())
-    out = [(f"{p['title']} [{t['refId']}]", t["expr"]) for p in doc["panels"] for t in p["targets"]]
+    # row panels have no targets
+    out = [(f"{p['title']} [{t['refId']}]", t["expr"]) for p in doc["panels"] for t in p.get("targets", [])]
     out += [(f"annotation {a['name']}", a["expr"]) for a in doc["annotations"]["list"] if "expr" in a]
     return out
 
@@ -225,6 +228,16 @@ def _set_controller_values() -> None:
     gpus = GpuReader(FIX / "hosts" / "gfx906-gpumem", nvml=False).sample()
     assert gpus, "the gfx906 fixture host should show its cards"
     metrics.observe_gpus(gpus)
+    # GPU health panels: the H200 recorded through the watch's own NVML seam, replayed (healthy, idle:
+    # throttle reason gpu_idle), assessed as the watch does.
+    rec = json.loads((FIX / "gpu_health" / "h200-2026-12-01-recorder" / "nvml-queries.json").read_text())
+    card = card_from_queries(0, ReplayQueries(rec, sample=len(rec["samples"]) - 1))
+    metrics.gpu_health.observe([card], assess(card))
+    # the event series exist at 0 before the events come (increase() needs a sample before them)
+    for gpu_event in _xid_events():
+        metrics.gpu_health.events.labels(str(gpu_event.card) if gpu_event.card is not None else "unknown",
+                                         gpu_event.kind.value, xid_label(gpu_event), gpu_event.side.value,
+                                         "true" if gpu_event.fatal else "false")
     now = time.time()
     metrics.begin_launch("recipe-c", "warm", ready_budget_s=600, min_mem_available_bytes=int(2.35 * 2**30),
                          started_at=now - 240)
@@ -247,6 +260,15 @@ def _record_ooms() -> None:
         for event in oom_events(parse_stream((FIX / "kmsg" / name).read_text())):
             metrics.record_oom_event(event)
     metrics.record_kmsg_gap(SeqGap(expected=10, got=13))
+    # kernel GPU events from the documented Xid lines (a fatal 79, an application-side 31, …): after
+    # the first scrapes, like the OOM kills, so that increase() sees them
+    for gpu_event in _xid_events():
+        metrics.gpu_health.record_event(gpu_event, time.time())
+
+
+def _xid_events() -> list[GpuEvent]:
+    lines = (FIX / "gpu_health" / "kmsg" / "nvidia_xid.txt").read_text().splitlines()
+    return [e for e in map(parse_gpu_line, lines) if e is not None]
 
 
 @pytest.fixture(scope="module")
