@@ -26,6 +26,7 @@ from controller.gateway.admin import Admin, upstream_view
 from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from controller.gateway.auth import AdminAuth, KeyCache
 from controller.gateway.config import GatewayConfig, MetricsAccess
+from controller.gateway.gc_pauses import settle_heap
 from controller.gateway.hold import Hold, bind_metrics
 from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
@@ -40,9 +41,15 @@ log = logging.getLogger(__name__)
 
 class GatewayApp:
     def __init__(
-        self, config: GatewayConfig, tee: Tee | None = None, metrics: GatewayMetrics | None = None
+        self,
+        config: GatewayConfig,
+        tee: Tee | None = None,
+        metrics: GatewayMetrics | None = None,
+        own_process: bool = False,
     ) -> None:
         self.config = config
+        # The gateway's own process (``server.run``) tunes the collector for it (``gc_pauses``).
+        self.own_process = own_process
         self.metrics = metrics or GatewayMetrics()
         self.keys = KeyCache(
             KeyStore(config.keys_db), refresh_s=config.key_refresh_s, max_stale_s=config.key_max_stale_s
@@ -90,6 +97,10 @@ class GatewayApp:
         await self.proxy.start()
         self._refresher = asyncio.create_task(self.keys.run_refresher())
         self._usage_writer = asyncio.create_task(self.accounting.run_writer())
+        if self.own_process:
+            frozen = settle_heap()
+            self.metrics.gc_pauses.install()
+            log.info("gateway started; %d long-lived objects kept out of garbage collection", frozen)
 
     async def shutdown(self) -> None:
         if self._refresher is not None:
@@ -101,6 +112,7 @@ class GatewayApp:
             await self.accounting.close(self._usage_writer)  # what the last requests used
             self._usage_writer = None
         await self.proxy.close()
+        self.metrics.gc_pauses.remove()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -22,6 +22,9 @@ Metric (type; labels): meaning
 - appliance_gateway_upstream_switches_total (counter): upstream changes through the admin surface
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
 - appliance_gateway_keys_loaded (gauge): keys in the gateway's cache (revoked ones included)
+- appliance_gateway_gc_pause_seconds (histogram; generation): the process's garbage collection
+  pauses (``gc_pauses``; observed in the gateway's own process only)
+- appliance_gateway_gc_frozen_objects (gauge): start-up objects kept out of collection (``gc_pauses``)
 - usage per key, token quotas and the usage store: ``usage_metrics``
 
 The hold's series (``hold.bind_metrics`` wires them to the hold: requests held while the controller
@@ -44,6 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controller.gateway.gc_pauses import PauseMeter
 from controller.gateway.usage_metrics import UsageMetrics
 
 PREFIX = "appliance_gateway_"
@@ -157,6 +161,7 @@ class GatewayMetrics:
             PREFIX + "drain_aborted", "Requests cut off at a drain deadline.", registry=r
         )
         self.keys_loaded = Gauge(PREFIX + "keys_loaded", "Keys in the gateway's cache.", registry=r)
+        self.gc_pauses = PauseMeter(r, PREFIX)
         self.usage = UsageMetrics(r)
         self.hold_active = Gauge(
             PREFIX + "hold_active", "1 while a hold is on (the controller is switching engines).", registry=r

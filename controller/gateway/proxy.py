@@ -2,12 +2,12 @@
 
 The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
 body, find a JSON body's top-level model (``jsonbody``: no full parse, no re-serialisation; large
-bodies in a worker thread), pick the upstream, one pooled aiohttp request. Per chunk: one
-``readany``, two clock reads, two histogram observations when streaming, one ASGI ``send`` with the
-bytes exactly as they arrived (no parsing, no re-framing, so the client receives byte for byte what
-the engine sent).
+bodies in a worker thread), pick the upstream, one request on a pooled connection
+(``upstream_client``). Per chunk: one ``read``, two clock reads, two histogram observations when
+streaming, one ASGI ``send`` with the bytes exactly as they arrived (no parsing, no re-framing, so the
+client receives byte for byte what the engine sent).
 
-When the client goes away, the request's task is cancelled: the aiohttp response is then closed at
+When the client goes away, the request's task is cancelled: the upstream connection is then closed at
 once, whether we were waiting for the first token or in the middle of a stream, and vLLM aborts the
 generation when its socket closes. The gateway's protocol reports the lost connection through a hook
 in the scope (``protocol.DISCONNECT_HOOK``); under another server a watcher task waits on ASGI
@@ -25,10 +25,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Any
-
-import aiohttp
-from multidict import CIMultiDict
-from yarl import URL
 
 from controller.gateway.asgi import (
     BodyTooLarge,
@@ -50,6 +46,16 @@ from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.protocol import DISCONNECT_HOOK, DisconnectHook
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
+from controller.gateway.upstream_client import (
+    BrokenResponse,
+    ConnectRefused,
+    ConnectTimeout,
+    ReadTimeout,
+    StaleConnection,
+    UpstreamConnection,
+    UpstreamFailure,
+    UpstreamPool,
+)
 from controller.gateway.usage import Accounting
 from controller.gateway.usage_meter import (
     STREAM_USAGE_ROUTES,
@@ -134,6 +140,7 @@ _DROP_RESPONSE = frozenset(
         b"x-request-id",
     }
 )
+_DROP_REQUEST_MODELS = _DROP_REQUEST | {b"accept-encoding"}
 _REQUEST_ID_RE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 _CLOSE = (b"connection", b"close")
 
@@ -186,37 +193,26 @@ class Proxy:
         self.tee = tee
         # While the controller switches engines on purpose, requests wait here instead of a 503.
         self.hold: Hold | None = None
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
         # Large JSON bodies are inspected here, off the event loop. Its own two threads: a burst of
         # large bodies must neither take every core nor starve the key store's refresh thread.
         self._body_pool: ThreadPoolExecutor | None = None
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=config.connect_timeout_s, sock_read=config.idle_timeout_s
-        )
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
+        # Bytes pass through as the engine encoded them (nothing is decompressed), and no header the
+        # client did not send is invented: the request upstream is the client's.
+        self.pool = UpstreamPool(
+            connect_timeout_s=self.config.connect_timeout_s,
+            idle_timeout_s=self.config.idle_timeout_s,
+            keepalive_s=self.config.upstream_keepalive_s,
             limit=self.config.pool_limit,
-            limit_per_host=0,
-            keepalive_timeout=self.config.upstream_keepalive_s,
-            ttl_dns_cache=10,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            # Bytes pass through as the engine encoded them; the client asked for its own encoding.
-            auto_decompress=False,
-            # Do not invent headers the client did not send: the request upstream is the client's.
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
         )
         self._body_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-body")
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
         if self._body_pool is not None:
             self._body_pool.shutdown(wait=False, cancel_futures=True)
             self._body_pool = None
@@ -450,23 +446,20 @@ class Proxy:
                 self.slot.untrack(entry)
                 self.metrics.in_flight.dec()
 
-    async def _last_usage(self, resp: aiohttp.ClientResponse, meter: StreamMeter) -> None:
+    async def _last_usage(self, resp: UpstreamConnection, meter: StreamMeter) -> None:
         """The client left mid-stream: tell the engine (half-close: vLLM takes the end of its input
         for a disconnect and aborts) and read, briefly, what it had already sent, so that the last
         running total the engine reported is the one counted. Never longer than a second."""
         task = asyncio.current_task()
         assert task is not None
         task.uncancel()
-        connection = resp.connection
-        transport = connection.transport if connection is not None else None
-        if transport is None or not transport.can_write_eof():
+        if not resp.write_eof():
             return
         try:
-            transport.write_eof()
             async with asyncio.timeout(1.0):
-                while chunk := await resp.content.readany():
+                while chunk := await resp.read():
                     meter.feed(chunk)
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, UpstreamFailure, OSError):
             pass
 
     @staticmethod
@@ -475,16 +468,18 @@ class Proxy:
             pass
         state.client_gone()
 
+    @staticmethod
     def _upstream_headers(
-        self, headers: Headers, request_id: bytes, authorization: str | None = None
-    ) -> CIMultiDict[str]:
-        out: CIMultiDict[str] = CIMultiDict()
-        for name, value in headers:
-            if name not in _DROP_REQUEST:
-                out.add(name.decode("latin-1"), value.decode("latin-1"))
-        out["X-Request-Id"] = request_id.decode("ascii")
+        headers: Headers,
+        request_id: bytes,
+        authorization: str | None = None,
+        drop: frozenset[bytes] = _DROP_REQUEST,
+    ) -> Headers:
+        # uvicorn hands header names lower-cased, values as sent (its parser refused CR/LF in them).
+        out = [(name, value) for name, value in headers if name not in drop]
+        out.append((b"x-request-id", request_id))
         if authorization is not None:  # the engine's own key (built once per upstream switch)
-            out["Authorization"] = authorization
+            out.append((b"authorization", authorization.encode("latin-1")))
         return out
 
     async def _exchange(
@@ -500,24 +495,23 @@ class Proxy:
         plan: StreamPlan | None = None,
         usage: Usage | None = None,
     ) -> int:
-        assert self.session is not None, "gateway not started (lifespan did not run)"
+        pool = self.pool
+        assert pool is not None, "gateway not started (lifespan did not run)"
         rid = (b"x-request-id", request_id)
-        target = upstream.url + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        target: bytes = scope.get("raw_path") or scope["path"].encode()
         if scope["query_string"]:
-            target += "?" + scope["query_string"].decode("latin-1")
-        url = URL(target, encoded=True)
-        headers = self._upstream_headers(scope["headers"], request_id, upstream.authorization)
-        if route == MODELS_ROUTE:
-            headers.popall("Accept-Encoding", None)  # the listing is rewritten: plain JSON only
+            target += b"?" + scope["query_string"]
+        # The listing is rewritten: plain JSON only, so the client's Accept-Encoding stays here.
+        drop = _DROP_REQUEST_MODELS if route == MODELS_ROUTE else _DROP_REQUEST
+        headers = self._upstream_headers(scope["headers"], request_id, upstream.authorization, drop)
+        method = scope["method"].encode("ascii")
         errors = self.metrics.upstream_errors
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamConnection | None = None
         for attempt in (1, 2):
             try:
-                resp = await self.session.request(
-                    scope["method"], url, data=body or None, headers=headers, allow_redirects=False
-                )
+                resp = await pool.request(pool.origin(upstream.url), method, target, headers, body)
                 break
-            except aiohttp.ServerDisconnectedError:
+            except StaleConnection:
                 # A pooled connection the upstream closed while idle: it never saw this request,
                 # so one retry on a fresh connection is safe.
                 if attempt == 2:
@@ -530,7 +524,7 @@ class Proxy:
                         [rid],
                     )
                     return 502
-            except aiohttp.ClientConnectorError as exc:
+            except ConnectRefused as exc:
                 # Nothing listens: the engine died, and the controller is taking it out of the slot
                 # The client should come back, as for "no engine": 503 + Retry-After.
                 errors.labels("connect").inc()
@@ -542,7 +536,7 @@ class Proxy:
                     [rid, (b"retry-after", str(self.slot.retry_after_s).encode())],
                 )
                 return 503
-            except aiohttp.ConnectionTimeoutError:
+            except ConnectTimeout:
                 errors.labels("connect_timeout").inc()
                 await send_error(
                     send,
@@ -553,7 +547,7 @@ class Proxy:
                     [rid],
                 )
                 return 502
-            except aiohttp.ServerTimeoutError:
+            except ReadTimeout:
                 errors.labels("read_timeout").inc()
                 await send_error(
                     send,
@@ -563,23 +557,23 @@ class Proxy:
                     [rid],
                 )
                 return 504
-            except aiohttp.ClientError as exc:
+            except BrokenResponse as exc:
                 errors.labels("disconnect").inc()
                 await send_error(
-                    send, 502, f"upstream {upstream.url} request failed: {exc!r}", "upstream_error", [rid]
+                    send, 502, f"upstream {upstream.url} request failed: {exc}", "upstream_error", [rid]
                 )
                 return 502
         assert resp is not None
         complete = False
         is_stream = False
         try:
-            out_headers: Headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
+            out_headers: Headers = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
             out_headers.append(rid)
-            is_stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+            is_stream = resp.content_type.startswith(b"text/event-stream")
             if route == MODELS_ROUTE and scope["method"] == "GET" and resp.status == 200 and not is_stream:
                 # vLLM's model card says where the weights lie on the engine's host (`root`): every
                 # key holder would read it. Buffered (a few hundred bytes) and rewritten.
-                listing = models_listing(await resp.content.read(), upstream.served_model)
+                listing = models_listing(await resp.read_all(), upstream.served_model)
                 if listing is None:
                     await send_error(send, 502, f"upstream {upstream.url} sent a model listing the gateway "
                                      "cannot read", "upstream_error", [rid])
@@ -600,13 +594,12 @@ class Proxy:
             await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
             state.response_started = True
             state.status = resp.status
-            content = resp.content
             tee = self.tee
             if is_stream:
                 self.metrics.in_flight_streams.inc()
                 _, ttft, itl = self.metrics.route_histograms(route)
                 meter = StreamMeter(plan, usage) if plan is not None else None
-                chunk = await content.readany()
+                chunk = await resp.read()
                 last = perf_counter()
                 if chunk:
                     ttft.observe(last - t0)
@@ -618,7 +611,7 @@ class Proxy:
                             chunk = meter.feed(chunk)
                         if chunk:
                             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        chunk = await content.readany()
+                        chunk = await resp.read()
                         now = perf_counter()
                         if chunk:
                             itl.observe(now - last)
@@ -631,7 +624,7 @@ class Proxy:
                     raise
             else:
                 body_meter = BodyMeter(usage) if usage is not None else None
-                while chunk := await content.readany():
+                while chunk := await resp.read():
                     if tee is not None:
                         tee(request_id, chunk)
                     if body_meter is not None:
@@ -643,7 +636,7 @@ class Proxy:
             state.finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return resp.status
-        except aiohttp.ServerTimeoutError:
+        except ReadTimeout:
             errors.labels("read_timeout").inc()
             log.warning(
                 "request %s: upstream idle for %g s mid-response, closing",
@@ -651,7 +644,7 @@ class Proxy:
                 self.config.idle_timeout_s,
             )
             return resp.status
-        except aiohttp.ClientError as exc:
+        except UpstreamFailure as exc:
             errors.labels("broken_stream").inc()
             log.warning("request %s: upstream response broke off: %r", request_id.decode(), exc)
             return resp.status

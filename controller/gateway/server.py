@@ -58,13 +58,16 @@ def uvicorn_config(app: GatewayApp, config: GatewayConfig) -> uvicorn.Config:
     )
 
 
-def build_server(config: GatewayConfig, tee: Tee | None = None) -> tuple[uvicorn.Server, GatewayApp]:
-    """A server not yet started (tests ``await server.serve()`` in their own loop)."""
-    app = GatewayApp(config, tee=tee)
+def build_server(
+    config: GatewayConfig, tee: Tee | None = None, own_process: bool = False
+) -> tuple[uvicorn.Server, GatewayApp]:
+    """A server not yet started (tests ``await server.serve()`` in their own loop); ``own_process``
+    when it is the process's only job (its collector is then tuned for it: ``gc_pauses``)."""
+    app = GatewayApp(config, tee=tee, own_process=own_process)
     return uvicorn.Server(uvicorn_config(app, config)), app
 
 
 def run(config: GatewayConfig) -> None:
     """Serve until SIGINT/SIGTERM (blocking)."""
-    server, _ = build_server(config)
+    server, _ = build_server(config, own_process=True)
     server.run()

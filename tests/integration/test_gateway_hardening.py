@@ -274,3 +274,21 @@ async def test_idle_sockets_under_a_low_file_limit_do_not_stop_a_revoke(
         assert "revoked" in answer
         for _, w in idle:
             w.close()
+
+
+async def test_the_gateway_process_keeps_its_start_up_heap_out_of_collection(low_fd_gateway: str) -> None:
+    """Its own process freezes the start-up heap (``gc_pauses``: no full-heap pauses under load); a
+    gateway inside a test process leaves that process's collector alone."""
+    url = low_fd_gateway + "/metrics"
+    async with aiohttp.ClientSession() as s:
+        text = ""
+        for _ in range(300):  # wait for the process to listen
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.get(url) as r:
+                    text = await r.text()
+                    break
+            await asyncio.sleep(0.05)
+    frozen = next(float(x.split()[-1]) for x in text.splitlines()
+                  if x.startswith("appliance_gateway_gc_frozen_objects "))
+    assert frozen > 10_000  # uvicorn, aiohttp, prometheus_client … (~90,000 measured)
+    assert 'appliance_gateway_gc_pause_seconds_count{generation="2"}' in text
