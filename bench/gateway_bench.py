@@ -603,7 +603,11 @@ async def main_async(args: argparse.Namespace) -> int:
                     else:
                         order.reverse()
                     for arm in order:
-                        per_arm[arm.name].append(await run_batch(arm, body, n, conc, warmup=min(conc, 8)))
+                        # Steady state by default: the warm-up opens every connection the batch uses
+                        # (client → arm, and the arm's own pooled upstream connections). With
+                        # --cold-connections most of them are opened inside the measured batch.
+                        warmup = min(conc, 8) if args.cold_connections else conc
+                        per_arm[arm.name].append(await run_batch(arm, body, n, conc, warmup=warmup))
                         await asyncio.sleep(args.settle_s)
                 row = [summarize(mode, conc, a.name, per_arm[a.name]) for a in arms]
                 direct = next((c for c in row if c.arm == "direct"), None)
@@ -685,6 +689,12 @@ def main() -> None:
     )
     p.add_argument("--min-requests", type=int, default=60)
     p.add_argument("--settle-s", type=float, default=0.5, help="pause after each batch")
+    p.add_argument(
+        "--cold-connections",
+        action="store_true",
+        help="warm up with 8 requests only: the batch's first wave opens the other connections "
+        "(client → arm and arm → upstream) while it is measured",
+    )
     p.add_argument("--soak", type=int, default=2000, help="streaming requests in the RSS soak")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--chunks", type=int, default=32)
