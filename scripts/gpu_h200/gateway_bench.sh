@@ -41,7 +41,9 @@ stop_engine() {
 trap 'stop_engine; pack' EXIT
 ready=0
 for _ in $(seq 300); do
-  if curl -sf -o /dev/null http://127.0.0.1:8000/health; then ready=1; break; fi
+  if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; then
+    ready=1; break
+  fi
   kill -0 "$EP" 2>/dev/null || break
   sleep 1
 done
