@@ -250,6 +250,11 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.resume_reading()
         return data
 
+    @property
+    def at_end(self) -> bool:
+        """The answer is complete and every byte of it was read: the next ``read`` returns b""."""
+        return self._complete and not self._chunks
+
     async def read_all(self) -> bytes:
         parts = []
         while chunk := await self.read():

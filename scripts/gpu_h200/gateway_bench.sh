@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,power.limit,driver_version 
 { nproc; uptime; command -v nginx || echo "no nginx"; } > "$R/host.txt" 2>&1
 
 say "engine: vLLM on :8000 (smollm2, CUDA graphs)"
-python3 -m vllm.entrypoints.openai.api_server --model /root/gpu/smollm2 --served-model-name smollm2 \
+VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m vllm.entrypoints.openai.api_server --model /root/gpu/smollm2 --served-model-name smollm2 \
   --host 127.0.0.1 --port 8000 --max-model-len 2048 --gpu-memory-utilization 0.5 --max-num-seqs 128 \
   > "$R/engine.log" 2>&1 &
 EP=$!

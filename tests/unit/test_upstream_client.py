@@ -151,8 +151,10 @@ async def test_chunked_and_close_delimited_bodies_come_back_whole() -> None:
         resp = await p.request(p.origin(srv.url), b"POST", b"/", [], b"{}")
         assert resp.content_type.startswith(b"text/event-stream")
         got = []
+        assert not resp.at_end
         while chunk := await resp.read():
             got.append(chunk)
+        assert resp.at_end
         assert b"".join(got) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
         assert len(got) >= 2  # handed over as they came, not buffered to the end
         resp.release()
