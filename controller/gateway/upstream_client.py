@@ -172,12 +172,6 @@ class UpstreamConnection(asyncio.Protocol):
             else:
                 self._fail(BrokenResponse(f"the upstream closed the connection mid-answer{reason}"))
 
-    def pause_writing(self) -> None:  # a request body larger than the socket buffer: asyncio buffers it
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # --- httptools callbacks -----------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()
