@@ -425,6 +425,7 @@ class Metering:
     reserved: int = 0  # tokens taken from the key's buckets at admission (``quota.reserve``)
     sent: bool = False  # the request went to the engine (which then may have done work for it)
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-ratelimit-* for answers
+    body: bytes = b""  # the JSON body sent, for ``settle``'s estimate when ``facts`` was not read
 
     def stream_plan(self, path: str) -> StreamPlan | None:
         """How to read an event stream the engine answered with; None when it cannot be metered.
@@ -441,6 +442,9 @@ class Metering:
         during the prefill or before a non-streamed body, the answer broke off before its usage):
         charge what is known of it, the prompt, estimated from its text (``usage_request``)."""
         usage = self.usage
-        if self.sent and not usage.seen and self.facts is not None:
-            usage.prompt_tokens = max(usage.prompt_tokens, self.facts.prompt_estimate)
+        if not self.sent or usage.seen:
+            return
+        facts = self.facts if self.facts is not None or not self.body else parse_body(self.body)[1]
+        if facts is not None:
+            usage.prompt_tokens = max(usage.prompt_tokens, facts.prompt_estimate)
             usage.estimated = True

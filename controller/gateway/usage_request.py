@@ -46,6 +46,12 @@ def is_json_media_type(content_type: bytes) -> bool:
     return kind == b"application" and (subtype == b"json" or subtype.endswith(b"+json"))
 
 
+def may_stream(body: bytes) -> bool:
+    """False only when no member of ``body`` can be named ``stream``: the name is not spelled out,
+    and no ``\\u`` escape could spell it (``"str\\u0065am"``). Saves parsing most bodies twice."""
+    return b"stream" in body or b"\\u" in body
+
+
 def lax_bool(value: Any) -> bool | None:
     """``value`` as pydantic's lax ``bool`` takes it (what the engine's request model does); None
     when pydantic refuses it (the engine answers 400 then). JSON null is the engine's default."""
