@@ -77,6 +77,11 @@ def gateway(
     usage_retention_days: Annotated[
         float, typer.Option(min=1, max=3650, help="Days of hourly usage kept (usage.sqlite3, by the keys).")
     ] = 90.0,
+    quota_reserve: Annotated[
+        bool, typer.Option(help="Token quotas: take each request's worst case (max_tokens x n) from its "
+                           "key's buckets when admitted, refunded when it ends, so concurrent requests "
+                           "cannot overshoot together. Off: charged when each ends.")
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn/gateway log level.")] = "warning",
 ) -> None:
     """Run the gateway in the foreground. Admin calls need the token whose sha256 is in
@@ -109,6 +114,7 @@ def gateway(
         metrics_access=metrics_access,
         metrics_token_sha256=GatewayConfig.metrics_hash_from_env(),
         usage_retention_days=usage_retention_days,
+        quota_reserve=quota_reserve,
         log_level=log_level,
     )
     logsetup.configure(log_level)  # host-independent (controller/logsetup.py)

@@ -66,6 +66,7 @@ class GatewayApp:
             flush_s=config.usage_flush_s,
             retention_days=config.usage_retention_days,
             max_pending=config.usage_max_pending,
+            reserve=config.quota_reserve,
         )
         self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee, self.accounting)
         self.hold = Hold(config.hold_max, config.hold_per_key_max, config.hold_tick_s)

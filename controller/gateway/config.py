@@ -82,6 +82,10 @@ class GatewayConfig:
     usage_flush_s: float = 2.0  # how often pending sums are written (and quota levels saved)
     usage_retention_days: float = 90.0  # hourly rows older than this are deleted
     usage_max_pending: int = 10_000  # key x hour sums held while the store cannot be written
+    # Token quotas: take each request's worst case (max_tokens x n) from its key's buckets when it
+    # is admitted, refunded to what the engine counted when it ends, so concurrent requests cannot
+    # overshoot the quota together (``quota.py``). Off: charged when each ends (may overshoot).
+    quota_reserve: bool = False
     graceful_shutdown_s: float = 30.0
     log_level: str = "warning"
 

@@ -51,6 +51,19 @@ class KeyLimiter:
         state = self._states.get(key_id)
         return state.in_flight if state else 0
 
+    def standing(self, key: KeyRecord) -> tuple[int, int, float] | None:
+        """Where the key stands on requests per minute, for ``x-ratelimit-*``: (limit, remaining,
+        seconds until the bucket is full again); None without an rpm limit."""
+        if key.rpm_limit is None:
+            return None
+        state = self._states.get(key.id)
+        limit = key.rpm_limit
+        rate = limit / 60.0
+        if state is None:
+            return limit, limit, 0.0
+        level = min(float(limit), state.tokens + max(0.0, self._clock() - state.stamp) * rate)
+        return limit, max(0, math.floor(level)), (limit - level) / rate
+
     def try_acquire(self, key: KeyRecord) -> Lease | LimitExceeded:
         now = self._clock()
         state = self._states.get(key.id)

@@ -45,6 +45,7 @@ from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.protocol import DISCONNECT_HOOK, DisconnectHook
+from controller.gateway.ratelimit_headers import ratelimit_headers
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
 from controller.gateway.upstream_client import (
     BrokenResponse,
@@ -58,13 +59,13 @@ from controller.gateway.upstream_client import (
 )
 from controller.gateway.usage import Accounting
 from controller.gateway.usage_meter import (
-    STREAM_USAGE_ROUTES,
     BodyMeter,
+    Metering,
+    RequestPlan,
     StreamMeter,
-    StreamPlan,
-    Usage,
-    ask_for_usage,
+    plan_request,
 )
+from controller.gateway.usage_request import is_json_media_type, may_stream
 
 log = logging.getLogger(__name__)
 
@@ -225,13 +226,18 @@ class Proxy:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._body_pool, alias_model, body, served_model, depth)
 
-    async def _ask_usage(self, body: bytes) -> tuple[bytes, StreamPlan | None]:
-        """A stream request's body asking the engine for usage (``usage_meter``), and what the
-        client itself asked for."""
+    async def _plan_request(self, body: bytes, path: str) -> RequestPlan:
+        """What the meter reads of a JSON body (``usage_meter.plan_request``: whether the engine
+        will stream it, read as the engine reads it) and the body asking the engine for usage."""
         if len(body) <= self.config.inline_json_bytes or self._body_pool is None:
-            return ask_for_usage(body)
+            return plan_request(body, path)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._body_pool, ask_for_usage, body)
+        return await loop.run_in_executor(self._body_pool, plan_request, body, path)
+
+    def _rate_headers(self, key: KeyRecord) -> Headers:
+        """``x-ratelimit-*``: where a key with limits stands now."""
+        tokens = self.accounting.quotas.standing(key) if self.accounting is not None else None
+        return ratelimit_headers(tokens, self.limiter.standing(key))
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = perf_counter()
@@ -272,12 +278,18 @@ class Proxy:
             )
             self.metrics.count_request(route, 401, "none")
             return
-        usage = Usage()
-        status = await self._admitted(
-            scope, receive, send, key, route, request_id, content_type, content_length, t0, usage
-        )
-        if self.accounting is not None:
-            self.accounting.record(key, status, usage, perf_counter() - t0)
+        metering = Metering(quota=key.tpm_limit is not None or key.tpd_limit is not None)
+        # Recorded whatever ends the request (an exception, a shutdown's cancellation): the engine
+        # may have worked for it, and a path that skips the record would be a path that is free.
+        status = 500
+        try:
+            status = await self._admitted(
+                scope, receive, send, key, route, request_id, content_type, content_length, t0, metering
+            )
+        finally:
+            if self.accounting is not None:
+                self.accounting.record(
+                    key, status, metering.usage, perf_counter() - t0, metering.reserved)
         self.metrics.count_request(route, status, key.id)
         self.metrics.route_histograms(route)[0].observe(perf_counter() - t0)
 
@@ -292,7 +304,7 @@ class Proxy:
         content_type: bytes,
         content_length: bytes | None,
         t0: float,
-        usage: Usage,
+        metering: Metering,
     ) -> int:
         rid = (b"x-request-id", request_id)
         if self.accounting is not None:
@@ -304,7 +316,8 @@ class Proxy:
                     429,
                     refused.reason,
                     "rate_limit_error",
-                    [rid, (b"retry-after", str(refused.retry_after_s).encode())],
+                    [rid, (b"retry-after", str(refused.retry_after_s).encode()),
+                     *self._rate_headers(key)],
                 )
                 return 429
         limit = self.config.max_body_bytes
@@ -324,19 +337,36 @@ class Proxy:
         # Aliased for the upstream that is current now; ``_forward`` redoes it in the rare case that
         # the slot changed while the request waited for one.
         served: str | None = None
-        json_body = bool(body) and b"json" in content_type
+        # As the engine reads it (``usage_request.is_json_media_type``): any case, parameters.
+        json_body = bool(body) and is_json_media_type(content_type)
         if json_body:
             current = self.slot.current
             served = current.served_model if current is not None else None
             try:
                 body = await self._prepare_body(body, served)
             except BodyError as exc:
-                await send_error(send, 400, str(exc), "invalid_request_error", [rid])
-                return 400
-        plan: StreamPlan | None = None
-        if json_body and self.accounting is not None and route in STREAM_USAGE_ROUTES \
-                and b'"stream"' in body:
-            body, plan = await self._ask_usage(body)
+                if content_type:
+                    await send_error(send, 400, str(exc), "invalid_request_error", [rid])
+                    return 400
+                json_body = False  # no Content-Type and not JSON: passed on as it came
+        if self.accounting is not None:
+            if json_body:
+                metering.body = body
+                if may_stream(body) or self.accounting.reserve_tokens:
+                    planned = await self._plan_request(body, scope["path"])
+                    body, metering.facts, metering.plan = planned.body, planned.facts, planned.stream
+                    metering.body = body
+            taken = self.accounting.reserve(key, metering.facts)
+            if isinstance(taken, LimitExceeded):
+                await send_error(
+                    send,
+                    429,
+                    taken.reason,
+                    "rate_limit_error",
+                    [rid, (b"retry-after", str(taken.retry_after_s).encode()), *self._rate_headers(key)],
+                )
+                return 429
+            metering.reserved = taken
 
         lease = self.limiter.try_acquire(key)
         if isinstance(lease, LimitExceeded):
@@ -349,8 +379,10 @@ class Proxy:
             )
             return 429
         try:
+            if key.rpm_limit is not None or metering.quota:
+                metering.headers = self._rate_headers(key)
             return await self._forward(
-                scope, receive, send, route, request_id, body, json_body, served, t0, plan, usage, key.id
+                scope, receive, send, route, request_id, body, json_body, served, t0, metering, key.id
             )
         finally:
             lease.release()
@@ -366,8 +398,7 @@ class Proxy:
         json_body: bool,
         served: str | None,
         t0: float,
-        plan: StreamPlan | None = None,
-        usage: Usage | None = None,
+        metering: Metering | None = None,
         key_id: str = "none",
     ) -> int:
         task = asyncio.current_task()
@@ -417,9 +448,11 @@ class Proxy:
             entry = self.slot.track(upstream, state.abort)
             self.metrics.in_flight.inc()
             return await self._exchange(
-                scope, send, route, request_id, body, upstream, state, t0, plan, usage
+                scope, send, route, request_id, body, upstream, state, t0, metering
             )
         except asyncio.CancelledError:
+            if metering is not None:
+                metering.settle()  # left before the engine's count reached us: its estimate
             if state.reason is None:
                 raise  # not ours (server shutdown): let it propagate
             task.uncancel()
@@ -445,6 +478,23 @@ class Proxy:
             if entry is not None:
                 self.slot.untrack(entry)
                 self.metrics.in_flight.dec()
+
+    @staticmethod
+    async def _rest_of_body(resp: UpstreamConnection, meter: BodyMeter) -> None:
+        """The client left while a non-streamed answer was arriving: the engine had finished it
+        (vLLM sends the body once generated), so its usage is at its end. Read it, briefly."""
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()
+        try:
+            async with asyncio.timeout(1.0):
+                while chunk := await resp.read():
+                    meter.feed(chunk)
+                    if resp.at_end:
+                        break
+        except (TimeoutError, UpstreamFailure, OSError):
+            pass
+        meter.finish()
 
     async def _last_usage(self, resp: UpstreamConnection, meter: StreamMeter) -> None:
         """The client left mid-stream: tell the engine (half-close: vLLM takes the end of its input
@@ -492,8 +542,7 @@ class Proxy:
         upstream: Upstream,
         state: _RequestState,
         t0: float,
-        plan: StreamPlan | None = None,
-        usage: Usage | None = None,
+        metering: Metering | None = None,
     ) -> int:
         pool = self.pool
         assert pool is not None, "gateway not started (lifespan did not run)"
@@ -507,6 +556,8 @@ class Proxy:
         method = scope["method"].encode("ascii")
         errors = self.metrics.upstream_errors
         resp: UpstreamConnection | None = None
+        if metering is not None:
+            metering.sent = True  # from here the engine may work for it: settle() charges then
         for attempt in (1, 2):
             try:
                 resp = await pool.request(pool.origin(upstream.url), method, target, headers, body)
@@ -569,7 +620,11 @@ class Proxy:
         try:
             out_headers: Headers = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
             out_headers.append(rid)
-            is_stream = resp.content_type.startswith(b"text/event-stream")
+            if metering is not None:
+                out_headers += metering.headers
+            # Media types are case-insensitive (RFC 9110 §8.3.1): the answer says what it is, what
+            # the gateway planned notwithstanding.
+            is_stream = resp.content_type.split(b";", 1)[0].strip().lower() == b"text/event-stream"
             if route == MODELS_ROUTE and scope["method"] == "GET" and resp.status == 200 and not is_stream:
                 # vLLM's model card says where the weights lie on the engine's host (`root`): every
                 # key holder would read it. Buffered (a few hundred bytes) and rewritten.
@@ -591,6 +646,19 @@ class Proxy:
                 state.finished = True
                 await send({"type": "http.response.body", "body": listing, "more_body": False})
                 return resp.status
+            meter: StreamMeter | None = None
+            if is_stream and metering is not None:
+                stream_plan = metering.stream_plan(scope["path"])
+                if stream_plan is None:
+                    # A stream the gateway did not plan for and cannot count, for a key whose
+                    # quota must hold: refused, never served unmetered. Closing it aborts it.
+                    is_stream = False
+                    metering.settle()
+                    await send_error(send, 502, "the engine answered with an event stream the gateway "
+                                     "cannot meter; refused for a key with a token quota",
+                                     "upstream_error", [rid])
+                    return 502
+                meter = StreamMeter(stream_plan, metering.usage)
             await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
             state.response_started = True
             state.status = resp.status
@@ -598,12 +666,12 @@ class Proxy:
             if is_stream:
                 self.metrics.in_flight_streams.inc()
                 _, ttft, itl = self.metrics.route_histograms(route)
-                meter = StreamMeter(plan, usage) if plan is not None else None
-                chunk = await resp.read()
-                last = perf_counter()
-                if chunk:
-                    ttft.observe(last - t0)
                 try:
+                    # The first read waits out the prefill: a client leaving then is metered too.
+                    chunk = await resp.read()
+                    last = perf_counter()
+                    if chunk:
+                        ttft.observe(last - t0)
                     while chunk:
                         if tee is not None:
                             tee(request_id, chunk)
@@ -631,19 +699,24 @@ class Proxy:
                         await self._last_usage(resp, meter)
                     raise
             else:
-                body_meter = BodyMeter(usage) if usage is not None else None
-                while chunk := await resp.read():
-                    if tee is not None:
-                        tee(request_id, chunk)
-                    if body_meter is not None:
-                        body_meter.feed(chunk)
-                    if resp.at_end:  # the usual case: the whole answer came at once
+                body_meter = BodyMeter(metering.usage) if metering is not None else None
+                try:
+                    while chunk := await resp.read():
+                        if tee is not None:
+                            tee(request_id, chunk)
                         if body_meter is not None:
-                            body_meter.finish()
-                        complete = state.finished = True
-                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
-                        return resp.status
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                            body_meter.feed(chunk)
+                        if resp.at_end:  # the usual case: the whole answer came at once
+                            if body_meter is not None:
+                                body_meter.finish()
+                            complete = state.finished = True
+                            await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                            return resp.status
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except asyncio.CancelledError:
+                    if body_meter is not None and state.reason == "client":
+                        await self._rest_of_body(resp, body_meter)
+                    raise
                 if body_meter is not None:
                     body_meter.finish()
             complete = True

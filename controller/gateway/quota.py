@@ -6,6 +6,15 @@ ends, the tokens the engine reports (prompt + completion, ``usage_meter``) are t
 take a bucket below zero: a stream is never cut for its quota, the next request waits instead.
 A refused request gets ``Retry-After``: the seconds until the emptiest bucket is back above zero.
 
+Post-charge semantics (the default): requests admitted at the same time all see the same level, so
+N concurrent requests on a nearly spent key all run, and the key goes as far below zero as they
+spend together (then waits that much longer). An operator who needs a hard ceiling turns on
+reservation (``GatewayConfig.quota_reserve``, ``--quota-reserve``): each request then takes its
+worst case out of the buckets when it is admitted (``reserve``: prompt estimate + ``max_tokens`` ×
+n × prompts; a request without ``max_tokens`` takes whatever is left), and the difference to what the
+engine counted is given back when it ends (``settle``). Concurrent requests then stop at the level.
+Answers to keys with limits carry where the key stands (``standing`` → ``ratelimit_headers``).
+
 Wall-clock time, not monotonic: the levels are saved with the usage (``usage_store``) and restored
 at start-up, refilled for the time the gateway was down, so a restart does not hand out a new day.
 Pure bookkeeping with an injected clock (tests drive time by hand); the event loop is its only
@@ -88,6 +97,48 @@ class TokenQuotas:
         return LimitExceeded(
             f"token quota spent for this key ({limit} tokens per {window}); retry in {retry} s", retry
         )
+
+    def reserve(self, key: KeyRecord, tokens: int | None) -> int | LimitExceeded:
+        """Take ``tokens`` (a request's worst case; None: all that is left) out of the key's
+        buckets before it goes upstream, if every bucket is above zero; the tokens taken (0 for a
+        key without a quota), or the refusal. Checked again here, not only before the body was
+        read: requests admitted meanwhile have reserved since."""
+        limits = _limits(key)
+        if not limits:
+            return 0
+        refused = self.check(key)
+        if refused is not None:
+            return refused
+        now = self._clock()
+        buckets = [self._bucket(key.id, window, limit, now) for window, limit in limits]
+        if tokens is None:
+            tokens = max(1, math.floor(min(b.level for b in buckets)))
+        for b in buckets:
+            b.level -= tokens
+        self.dirty = True
+        return tokens
+
+    def settle(self, key: KeyRecord, reserved: int, tokens: int) -> None:
+        """The request ended: ``tokens`` counted by the engine replace the ``reserved`` ones."""
+        if reserved <= 0:
+            self.charge(key, tokens)
+            return
+        now = self._clock()
+        for window, limit in _limits(key):
+            b = self._bucket(key.id, window, limit, now)
+            b.level = min(float(limit), b.level - (tokens - reserved))
+            self.dirty = True
+
+    def standing(self, key: KeyRecord) -> tuple[int, int, float] | None:
+        """Where the key stands on tokens, for ``x-ratelimit-*``: (limit, remaining, seconds until
+        the bucket is full again) of the minute bucket, or of the day bucket without one."""
+        limits = _limits(key)
+        if not limits:
+            return None
+        window, limit = limits[0]
+        b = self._bucket(key.id, window, limit, self._clock())
+        reset = (limit - b.level) / (limit / WINDOWS[window])
+        return limit, max(0, math.floor(b.level)), max(0.0, reset)
 
     def charge(self, key: KeyRecord, tokens: int) -> None:
         """Take ``tokens`` (what the engine counted) out of the key's buckets."""

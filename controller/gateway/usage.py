@@ -25,6 +25,7 @@ from controller.gateway.limits import LimitExceeded
 from controller.gateway.quota import TokenQuotas
 from controller.gateway.usage_meter import Usage
 from controller.gateway.usage_metrics import UsageMetrics
+from controller.gateway.usage_request import RequestFacts
 from controller.gateway.usage_store import HourUsage, UsageStore, UsageStoreError, hour_of
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,11 @@ class Accounting:
         retention_days: float = 90.0,
         max_pending: int = 10_000,
         clock: Callable[[], float] = time.time,
+        reserve: bool = False,
     ) -> None:
         self.store = store
+        # Take each request's worst case from its key's token buckets at admission (``quota``).
+        self.reserve_tokens = reserve
         self.metrics = metrics
         self.quotas = quotas if quotas is not None else TokenQuotas(clock)
         self.flush_s = flush_s
@@ -64,7 +68,20 @@ class Accounting:
             self.metrics.children(key.id)[4].inc()
         return refused
 
-    def record(self, key: KeyRecord, status: int, usage: Usage, duration_s: float) -> None:
+    def reserve(self, key: KeyRecord, facts: RequestFacts | None) -> int | LimitExceeded:
+        """With reservation on, the tokens taken from the key's buckets for this request (its
+        worst case; what is left when it has no bound), or the refusal; 0 otherwise."""
+        if not self.reserve_tokens:
+            return 0
+        tokens = facts.reservation() if facts is not None else None
+        taken = self.quotas.reserve(key, tokens)
+        if isinstance(taken, LimitExceeded):
+            self.metrics.children(key.id)[4].inc()
+        return taken
+
+    def record(
+        self, key: KeyRecord, status: int, usage: Usage, duration_s: float, reserved: int = 0
+    ) -> None:
         error = status >= 400
         prompt, completion = usage.prompt_tokens, usage.completion_tokens
         c_prompt, c_completion, c_ok, c_err, _ = self.metrics.children(key.id)
@@ -73,7 +90,7 @@ class Accounting:
             c_prompt.inc(prompt)
         if completion:
             c_completion.inc(completion)
-        self.quotas.charge(key, prompt + completion)
+        self.quotas.settle(key, reserved, prompt + completion)
         slot = (key.id, hour_of(self._clock()))
         row = self._pending.get(slot)
         if row is None:

@@ -62,7 +62,12 @@ def test_client_usage_options_are_kept_and_extended() -> None:
     assert ask_for_usage(both) == (both, StreamPlan(True, True))
 
 
-@pytest.mark.parametrize("body", [b'{"stream": false}', b'{"model": "m"}', b"[1]", b'{"stream": "yes"}'])
+# Not streams to the engine either: pydantic's lax bool refuses "maybe", 2 and 0.5 (a 400), and
+# reads "no", "OFF", 0 and null as false.
+@pytest.mark.parametrize("body", [b'{"stream": false}', b'{"model": "m"}', b"[1]", b'{"stream": "maybe"}',
+                                  b'{"stream": 2}', b'{"stream": 0.5}', b'{"stream": "no"}',
+                                  b'{"stream": "OFF"}', b'{"stream": 0}', b'{"stream": null}',
+                                  b'{"stream": true, "stream": false}'])
 def test_not_a_stream_is_left_alone(body: bytes) -> None:
     assert ask_for_usage(body) == (body, None)
 
