@@ -158,7 +158,10 @@ def alias_model(
         if not isinstance(doc, dict):
             raise BodyError("malformed JSON body: expected a JSON object")
         model = doc.get("model")
-        if served_model is None or not isinstance(model, str) or model == served_model:
+        if served_model is None or (
+            # json.loads keeps the last of repeated "model" members; the walk checks each of them.
+            body.count(_MODEL) < 2 and (not isinstance(model, str) or model == served_model)
+        ):
             return body
     return _splice(body, model_spans(body, max_depth), served_model, aliases)
 
