@@ -49,7 +49,7 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
 - `record_cgroup_oom_kills(n)` → `appliance_cgroup_oom_kills_total` (memory.events/oom_control witness).
 - `record_kmsg_gap(gap)` → `appliance_kmsg_lost_records_total`.
 - `record_console_login_failure(reason)` → `appliance_console_login_failures_total{reason}` (refused,
-  throttled; both present at 0 from start-up): failed console log-ins.
+  throttled = refused with the answer held back; both present at 0 from start-up): failed console log-ins.
 - `observe_host(sample)` → `appliance_host_memory_total_bytes`, `appliance_host_memory_available_bytes`,
   `appliance_host_swap_total_bytes`, `appliance_host_swap_used_bytes`, `appliance_host_swappiness`,
   `appliance_host_memory_pressure_ratio{kind,window}` (kind some/full, window 10s/60s/300s),
@@ -279,8 +279,9 @@ class ControllerMetrics:
         )
         self.console_login_failures_total = Counter(
             "appliance_console_login_failures",
-            "Console log-ins refused: refused (wrong or unconfigured token), throttled (too many failures "
-            "from the client's address; the token was not checked).", ["reason"], registry=r,
+            "Console log-ins refused: refused (wrong or unconfigured token, answered at once), throttled "
+            "(the same, answered after a delay: too many failures from the client's address).", ["reason"],
+            registry=r,
         )
         for reason in LOGIN_FAILURE_REASONS:
             self.console_login_failures_total.labels(reason)

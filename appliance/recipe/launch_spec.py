@@ -12,7 +12,15 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from appliance.recipe import engine_argv
 
@@ -83,6 +91,10 @@ class LaunchSpec(Frozen):
     host: str = Field(default="127.0.0.1", description="Where the controller reaches the engine.")
     port: int
     served_model_name: str
+    served_model_aliases: tuple[str, ...] = Field(
+        default=(), description="Other names the gateway accepts for the served model (the recipe's "
+        "model.aliases) and rewrites to it; not the engine's (argv and env do not change). Left out of "
+        "the dump, and so of the hash, when empty: a launch without aliases hashes as before.")
     # Derived facts (DERIVED_FIELDS): what the renders read instead of parsing argv.
     model: str | None = Field(
         default=None, description="The model as the engine is told (`serve MODEL` / `--model MODEL`): "
@@ -97,6 +109,14 @@ class LaunchSpec(Frozen):
     ready_budget_s: int
     stall_window_s: int
     probes: Probes = Field(default_factory=Probes)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_aliases(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # tests/unit/test_spec_hash_pins.py and the golden renders pin launches without aliases.
+        data: dict[str, Any] = handler(self)
+        if not self.served_model_aliases:
+            data.pop("served_model_aliases", None)
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -13,7 +13,15 @@ import re
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from appliance.runtimes import registry as runtime_registry
@@ -50,6 +58,37 @@ class ModelSpec(Strict):
     path: str = Field(description="Model path or id as the engine sees it (inside the container for docker).")
     served_name: str = Field(description="Stable served model name (DOMAIN §1: the same across slots).")
     host_path: str | None = Field(default=None, description="Host directory mounted at `path` (docker).")
+    aliases: tuple[str, ...] = Field(
+        default=(), description="Other names clients may request the model by; the gateway rewrites them "
+        "to `served_name` and lists them in GET /v1/models. Opt-in: without them any other name is a 404 "
+        "(a client asking for a model the appliance does not serve must not get this one's answer). Not "
+        "the engine's: its argv and environment are the same with or without them.")
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not name.strip() for name in v):
+            raise PydanticCustomError("alias_empty", "an alias must be a non-empty name")
+        dup = sorted({name for name in v if v.count(name) > 1})
+        if dup:
+            raise PydanticCustomError("alias_duplicate", "aliases listed twice: {names}",
+                                      {"names": ", ".join(dup)})
+        return v
+
+    @model_validator(mode="after")
+    def _alias_not_served_name(self) -> ModelSpec:
+        if self.served_name in self.aliases:
+            raise PydanticCustomError("alias_is_served_name", "alias {name!r} is the served name itself",
+                                      {"name": self.served_name})
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_no_aliases(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A recipe without aliases dumps (and so diffs and hashes) exactly as before the field existed.
+        data: dict[str, Any] = handler(self)
+        if not self.aliases:
+            data.pop("aliases", None)
+        return data
 
 
 class GraphMode(StrEnum):

@@ -83,6 +83,7 @@ def render(recipe: Recipe, facts: HostFacts, *, cache_root: str | None = None) -
         "host": plugin.reach(recipe),
         "port": recipe.engine.port,
         "served_model_name": recipe.model.served_name,
+        "served_model_aliases": recipe.model.aliases,
         # The derived facts (launch_spec.DERIVED_FIELDS): the same recipe fields engine_argv writes.
         "model": facts.expand(recipe.model.path),
         "tensor_parallel_size": recipe.engine.tensor_parallel_size,

@@ -15,12 +15,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +34,9 @@ COOKIE_PATH = "/console"
 DEFAULT_TTL_S = 8 * 3600  # one working shift
 LOGIN_FORM_TTL_S = 3600
 MAX_SESSIONS = 64  # a loop of log-ins cannot grow the table without bound: the oldest goes
-# Failed log-ins: a few are free, then each further failure from the same client
-# address doubles the wait before the next try (1 s, 2 s, 4 s … at most 5 minutes). A success clears it.
+# Failed log-ins: a few are free, then each further failure from the same client address doubles how
+# long its answer is held back (1 s, 2 s, 4 s … at most 5 minutes). A success clears it; a right token is
+# never held back nor refused (LoginThrottle).
 FREE_LOGIN_FAILURES = 3
 MAX_LOGIN_WAIT_S = 300.0
 MAX_THROTTLED_CLIENTS = 4096  # addresses remembered; the stalest go first
@@ -150,33 +152,40 @@ class Sessions:
 
 
 class LoginThrottle:
-    """Per-client-address backoff for failed console log-ins. Thread-safe; `clock` injectable."""
+    """Per-client-address backoff for failed console log-ins. Thread-safe; `clock` and `sleep`
+    injectable (tests advance a fake clock instead of waiting).
+
+    A wrong token's answer is held back; a right one is never refused nor delayed. Refusing every
+    try while a backoff lasted let any local user lock the operator out (four wrong tokens from
+    127.0.0.1, the operator's own address behind an SSH tunnel, and the right token got 429 for up
+    to 5 minutes). Holding back failures instead still slows guessing: a guesser learns "wrong"
+    only after the wait, and failures from one address in parallel queue behind each other (each
+    one's wait starts where the previous one's ends, at most `max_wait_s` ahead), so holding many
+    connections open buys a guesser little."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = FREE_LOGIN_FAILURES,
-                 max_wait_s: float = MAX_LOGIN_WAIT_S) -> None:
+                 max_wait_s: float = MAX_LOGIN_WAIT_S,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.clock = clock
         self.free = free
         self.max_wait_s = max_wait_s
-        self._failures: dict[str, tuple[int, float]] = {}  # client -> (failures in a row, not before)
+        self.sleep = sleep  # how the caller waits out a failure's delay
+        self._failures: dict[str, tuple[int, float]] = {}  # client -> (failures in a row, answered until)
         self._lock = threading.Lock()
 
-    def wait_s(self, client: str) -> float:
-        """Seconds before `client` may try again; 0 when it may now."""
-        with self._lock:
-            _, not_before = self._failures.get(client, (0, 0.0))
-        return max(0.0, not_before - self.clock())
-
     def failed(self, client: str) -> tuple[int, float]:
-        """Count a failure; (failures in a row, seconds the client must now wait)."""
+        """Count a failure; (failures in a row, seconds to hold this failure's answer back)."""
         now = self.clock()
         with self._lock:
-            count, _ = self._failures.pop(client, (0, 0.0))
+            count, busy_until = self._failures.pop(client, (0, 0.0))
             count += 1
-            wait = 0.0 if count <= self.free else min(self.max_wait_s, 2.0 ** (count - self.free - 1))
-            self._failures[client] = (count, now + wait)
+            backoff = 0.0 if count <= self.free else 2.0 ** (count - self.free - 1)
+            # Queued behind the failures from this address still being held back.
+            delay = min(self.max_wait_s, max(0.0, busy_until - now) + backoff)
+            self._failures[client] = (count, now + delay)
             while len(self._failures) > MAX_THROTTLED_CLIENTS:  # dicts keep order: least recent first
                 del self._failures[next(iter(self._failures))]
-        return count, wait
+        return count, delay
 
     def succeeded(self, client: str) -> None:
         with self._lock:

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -209,23 +208,18 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         if not sessions.login_form_token_ok(form.get("form_token", "")):
             return refused(status.HTTP_403_FORBIDDEN, "the log-in form expired — try again")
         client = request.client.host if request.client else "unknown"
-        wait = throttle.wait_s(client)
-        if wait > 0:  # the token is not even compared: guessing gains nothing while this lasts
-            metrics.record_console_login_failure("throttled")
-            log.warning("console log-in from %s refused unchecked: throttled for %.0f s more", client, wait)
-            seconds = math.ceil(wait)
-            response = refused(status.HTTP_429_TOO_MANY_REQUESTS,
-                               f"too many failed log-ins from your address — try again in {seconds} s")
-            response.headers["Retry-After"] = str(seconds)
-            return response
+        # The token is always compared: a right one logs in at once, whatever failed before from
+        # this address (a local user's wrong guesses must not lock the operator out).
         try:
             _, cookie = sessions.login(form.get("token", ""))
         except LoginError as exc:
             # Never the submitted token: only who, why, and how many in a row.
-            failures, wait = throttle.failed(client)
-            metrics.record_console_login_failure("refused")
+            failures, delay = throttle.failed(client)
+            metrics.record_console_login_failure("throttled" if delay > 0 else "refused")
             log.warning("console log-in from %s refused: %s (%d failure%s in a row%s)", client, exc, failures,
-                        "" if failures == 1 else "s", f"; next try in {wait:.0f} s" if wait else "")
+                        "" if failures == 1 else "s", f"; answered after {delay:.0f} s" if delay else "")
+            if delay > 0:
+                await throttle.sleep(delay)  # a guesser learns "wrong" only this late
             return refused(status.HTTP_401_UNAUTHORIZED, str(exc))
         throttle.succeeded(client)
         response = RedirectResponse(next, status.HTTP_303_SEE_OTHER)

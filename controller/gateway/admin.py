@@ -1,8 +1,8 @@
 """The gateway's admin surface, used by the controller's supervisor (see ``control.py``).
 
     GET  /admin/upstream   → the current upstream
-    PUT  /admin/upstream   {"url": str|null, "served_model": str|null, "drain_deadline_s": float,
-                            "retry_after_s": int|null}
+    PUT  /admin/upstream   {"url": str|null, "served_model": str|null, "aliases": [str],
+                            "drain_deadline_s": float, "retry_after_s": int|null}
          new requests go to ``url`` at once (or get 503/queue when null); the call returns after
          requests on the previous upstream ended or were aborted at the deadline.
          With ``"url": null`` and a ``"hold": {"reason", "wait_s", "expected_ready_s"}``, new
@@ -21,7 +21,7 @@ sha256 (``APPLIANCE_ADMIN_TOKEN_SHA256``) and compares in constant time.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -60,6 +60,9 @@ class UpstreamRequest(BaseModel):
 
     url: str | None
     served_model: str | None = None
+    # Other names for the served model that clients may use (the recipe's `model.aliases`).
+    aliases: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list,
+                                                                                max_length=64)
     drain_deadline_s: float = Field(default=30.0, ge=0, le=3600)
     retry_after_s: int | None = Field(default=None, ge=1, le=3600)
     # The engine's own API key: sent upstream as the bearer token; never shown back.
@@ -87,7 +90,8 @@ class DrainRequest(BaseModel):
 def upstream_view(up: Upstream | None) -> dict[str, Any] | None:
     if up is None:
         return None
-    return {"url": up.url, "served_model": up.served_model, "generation": up.generation}
+    return {"url": up.url, "served_model": up.served_model, "aliases": sorted(up.aliases),
+            "generation": up.generation}
 
 
 class Admin:
@@ -145,7 +149,7 @@ class Admin:
                     self.hold.fail(put.detail or "no engine is ready: it was stopped")
                 up, result = await self.slot.switch(
                     put.url, put.served_model, put.drain_deadline_s, put.retry_after_s,
-                    upstream_key=put.api_key,
+                    upstream_key=put.api_key, aliases=put.aliases,
                 )
                 self.metrics.switches.inc()
                 self.metrics.upstream_ready.set(1 if up is not None else 0)

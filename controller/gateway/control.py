@@ -11,6 +11,7 @@ GatewayLink: point_to, drain, clear, current), over the calls below (the CLI and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,7 @@ async def set_upstream(
     retry_after_s: int | None = None,
     *,
     upstream_key: str | None = None,
+    aliases: Sequence[str] = (),
     hold: HoldPlan | None = None,
     detail: str | None = None,
     session: aiohttp.ClientSession | None = None,
@@ -97,6 +99,8 @@ async def set_upstream(
     body: dict[str, Any] = {"url": url, "served_model": served_model, "drain_deadline_s": drain_deadline_s}
     if upstream_key is not None:
         body["api_key"] = upstream_key
+    if aliases:
+        body["aliases"] = list(aliases)
     if retry_after_s is not None:
         body["retry_after_s"] = retry_after_s
     if hold is not None:
@@ -162,6 +166,7 @@ class GatewayUpstream:
 
     url: str
     served_model: str | None
+    aliases: frozenset[str] = frozenset()
 
 
 class ControlGateway:
@@ -171,17 +176,22 @@ class ControlGateway:
         self.url = url
         self._token = token
 
-    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
+    async def point_to(
+        self, url: str, served_model: str, api_key: str | None = None, aliases: Sequence[str] = ()
+    ) -> None:
         await set_upstream(
-            self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key
+            self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key,
+            aliases=aliases,
         )
 
     async def switch(
-        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float,
+        aliases: Sequence[str] = (),
     ) -> DrainResult:
         """Blue/green: the new upstream at once; the previous one's requests drain (PUT /admin/upstream)."""
         result = await set_upstream(
-            self.url, self._token, url, served_model, drain_deadline_s=deadline_s, upstream_key=api_key
+            self.url, self._token, url, served_model, drain_deadline_s=deadline_s, upstream_key=api_key,
+            aliases=aliases,
         )
         return DrainResult(result.drained, result.aborted, result.remaining, result.waited_s)
 
@@ -213,7 +223,10 @@ class ControlGateway:
         if not isinstance(up, dict) or not isinstance(up.get("url"), str):
             return None
         served = up.get("served_model")
-        return GatewayUpstream(up["url"], served if isinstance(served, str) else None)
+        names = up.get("aliases")
+        aliases = (frozenset(a for a in names if isinstance(a, str)) if isinstance(names, list)
+                   else frozenset[str]())
+        return GatewayUpstream(up["url"], served if isinstance(served, str) else None, aliases)
 
 
 def _secs(value: float) -> int:

@@ -2,7 +2,8 @@
 
 ``json.loads`` + ``json.dumps`` of every body cost the event loop ~0.7 s for a 16 MiB body (every
 other client waited), and a deeply nested body raised ``RecursionError`` (a plain-text 500). The
-gateway needs one member, to alias the model name to the engine's served name, so it walks the
+gateway needs one member, to check the model name (the served name or one of the recipe's aliases;
+any other is a 404) and alias it to the engine's served name, so it walks the
 top-level object with C-speed regular expressions instead: member names and string values are
 matched whole, nested values are skipped bracket to bracket (strings inside them skipped whole,
 nothing built), nesting deeper than ``max_depth`` is refused. The model's value is spliced in place,
@@ -117,9 +118,34 @@ def _skip_container(body: bytes, p: int, max_depth: int) -> int:
             raise BodyError("malformed JSON body: unexpected end")
 
 
-def alias_model(body: bytes, served_model: str | None, max_depth: int) -> bytes:
+class ModelNotFound(Exception):
+    """The body names a model the gateway does not serve (neither the served name nor an alias).
+    ``body()`` is OpenAI's answer for it (sent with a 404)."""
+
+    # A model name is echoed back; a name of megabytes is not.
+    _SHOWN_CHARS = 256
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.model = model
+
+    def body(self) -> bytes:
+        shown = self.model if len(self.model) <= self._SHOWN_CHARS else self.model[: self._SHOWN_CHARS] + "…"
+        return json.dumps({"error": {
+            "message": f"The model `{shown}` does not exist or you do not have access to it.",
+            "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+        }}, ensure_ascii=False).encode()
+
+
+def alias_model(
+    body: bytes, served_model: str | None, max_depth: int, aliases: frozenset[str] = frozenset()
+) -> bytes:
     """The body to send upstream: ``body`` itself, or a copy whose top-level ``model`` string is
-    ``served_model`` (clients may name the model anything; the engine knows one served name).
+    ``served_model`` (the engine knows one served name; the recipe's aliases are rewritten to it).
+    Raises ``ModelNotFound`` for a model string that is neither, so that an unknown name is never
+    served by whatever engine runs (a client asking for `gpt-4o` must not get smollm2's answer).
+    Not checked: a body without a string ``model`` (the engine answers for it), and any body while
+    the served name is unknown (``served_model`` None: the gateway was started without one).
     Raises ``BodyError`` for a body that is not a JSON object or nests deeper than ``max_depth``."""
     if len(body) <= _LOADS_MAX_BYTES and body.count(b"[") + body.count(b"{") <= max_depth:
         # Too few brackets to nest past the bound (even counting those inside strings), so the C
@@ -132,12 +158,17 @@ def alias_model(body: bytes, served_model: str | None, max_depth: int) -> bytes:
         if not isinstance(doc, dict):
             raise BodyError("malformed JSON body: expected a JSON object")
         model = doc.get("model")
-        if served_model is None or not isinstance(model, str) or model == served_model:
+        if served_model is None or (
+            # json.loads keeps the last of repeated "model" members; the walk checks each of them.
+            body.count(_MODEL) < 2 and (not isinstance(model, str) or model == served_model)
+        ):
             return body
-    return _splice(body, model_spans(body, max_depth), served_model)
+    return _splice(body, model_spans(body, max_depth), served_model, aliases)
 
 
-def _splice(body: bytes, spans: list[tuple[int, int]], served_model: str | None) -> bytes:
+def _splice(
+    body: bytes, spans: list[tuple[int, int]], served_model: str | None, aliases: frozenset[str]
+) -> bytes:
     if served_model is None or not spans:
         return body
     served = json.dumps(served_model, ensure_ascii=False).encode()
@@ -152,6 +183,8 @@ def _splice(body: bytes, spans: list[tuple[int, int]], served_model: str | None)
             raise BodyError(f"malformed JSON body: model name: {exc}") from exc
         if current == served_model:
             continue
+        if current not in aliases:
+            raise ModelNotFound(current)
         parts += (body[last:start], served)
         last = end
     if not parts:

@@ -27,6 +27,7 @@ from time import perf_counter
 from typing import Any
 
 from controller.gateway.asgi import (
+    JSON,
     BodyTooLarge,
     ClientGone,
     Headers,
@@ -34,13 +35,14 @@ from controller.gateway.asgi import (
     Scope,
     Send,
     read_body,
+    send_bytes,
     send_error,
 )
 from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.config import GatewayConfig
 from controller.gateway.hold import Hold
 from controller.gateway.hold_sse import wait_for_release
-from controller.gateway.jsonbody import BodyError, alias_model
+from controller.gateway.jsonbody import BodyError, ModelNotFound, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
@@ -93,18 +95,27 @@ KNOWN_ROUTES = frozenset(
 MODELS_ROUTE = "/v1/models"
 
 
-def models_listing(body: bytes, served_model: str | None) -> bytes | None:
+def models_listing(
+    body: bytes, served_model: str | None, aliases: frozenset[str] = frozenset()
+) -> bytes | None:
     """vLLM's `GET /v1/models` answer with each card's `root` (the model's absolute path on the engine's
-    host) replaced by the served name (the card's own `id` when the gateway knows none); None for a body
-    that is not such a listing (compressed, not JSON), which is then not passed on."""
+    host) replaced by the served name (the card's own `id` when the gateway knows none), and after the
+    served model's card one card per alias (the same fields, `id` the alias: the names the gateway
+    accepts); None for a body that is not such a listing (compressed, not JSON), which is then not
+    passed on."""
     try:
         data = json.loads(body)
         cards = data["data"]
         if not isinstance(cards, list):
             raise TypeError("data is not a list")
+        listed: list[Any] = []
         for card in cards:
             if isinstance(card, dict) and "root" in card:
                 card["root"] = served_model if served_model is not None else card.get("id")
+            listed.append(card)
+            if isinstance(card, dict) and served_model is not None and card.get("id") == served_model:
+                listed += [{**card, "id": alias} for alias in sorted(aliases)]
+        data["data"] = listed
     except (ValueError, TypeError, KeyError):
         return None
     return json.dumps(data, ensure_ascii=False).encode()
@@ -218,13 +229,16 @@ class Proxy:
             self._body_pool.shutdown(wait=False, cancel_futures=True)
             self._body_pool = None
 
-    async def _prepare_body(self, body: bytes, served_model: str | None) -> bytes:
-        """The JSON body to forward (model aliased); ``BodyError`` if it cannot be accepted."""
+    async def _prepare_body(self, body: bytes, upstream: Upstream | None) -> bytes:
+        """The JSON body to forward to ``upstream`` (model aliased); ``BodyError`` if it cannot be
+        accepted, ``ModelNotFound`` if it names a model ``upstream`` does not serve."""
         depth = self.config.max_json_depth
+        served, aliases = ((upstream.served_model, upstream.aliases) if upstream is not None
+                           else (None, frozenset[str]()))
         if len(body) <= self.config.inline_json_bytes or self._body_pool is None:
-            return alias_model(body, served_model, depth)
+            return alias_model(body, served, depth, aliases)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._body_pool, alias_model, body, served_model, depth)
+        return await loop.run_in_executor(self._body_pool, alias_model, body, served, depth, aliases)
 
     async def _plan_request(self, body: bytes, path: str) -> RequestPlan:
         """What the meter reads of a JSON body (``usage_meter.plan_request``: whether the engine
@@ -334,14 +348,13 @@ class Proxy:
         except ClientGone:
             return STATUS_CLIENT_GONE
 
-        # Aliased for the upstream that is current now; ``_forward`` redoes it in the rare case that
-        # the slot changed while the request waited for one.
-        served: str | None = None
+        # Checked and aliased for the upstream that is current now; ``_forward`` redoes it in the rare
+        # case that the slot changed while the request waited for one.
+        served: Upstream | None = None
         # As the engine reads it (``usage_request.is_json_media_type``): any case, parameters.
         json_body = bool(body) and is_json_media_type(content_type)
         if json_body:
-            current = self.slot.current
-            served = current.served_model if current is not None else None
+            served = self.slot.current
             try:
                 body = await self._prepare_body(body, served)
             except BodyError as exc:
@@ -349,6 +362,9 @@ class Proxy:
                     await send_error(send, 400, str(exc), "invalid_request_error", [rid])
                     return 400
                 json_body = False  # no Content-Type and not JSON: passed on as it came
+            except ModelNotFound as exc:
+                await send_bytes(send, 404, exc.body(), JSON, [rid])
+                return 404
         if self.accounting is not None:
             if json_body:
                 metering.body = body
@@ -396,7 +412,7 @@ class Proxy:
         request_id: bytes,
         body: bytes,
         json_body: bool,
-        served: str | None,
+        served: Upstream | None,
         t0: float,
         metering: Metering | None = None,
         key_id: str = "none",
@@ -442,9 +458,15 @@ class Proxy:
                     )
                     return 503
                 upstream = got
-            if json_body and upstream.served_model != served and upstream.served_model is not None:
-                # Aliasing: clients may say any model name; the engine knows one served name.
-                body = await self._prepare_body(body, upstream.served_model)
+            if json_body and upstream.served_model is not None and (
+                    served is None or (upstream.served_model, upstream.aliases)
+                    != (served.served_model, served.aliases)):
+                # The names this upstream serves: an alias becomes its served name, any other is a 404.
+                try:
+                    body = await self._prepare_body(body, upstream)
+                except ModelNotFound as exc:
+                    await send_bytes(send, 404, exc.body(), JSON, [rid])
+                    return 404
             entry = self.slot.track(upstream, state.abort)
             self.metrics.in_flight.inc()
             return await self._exchange(
@@ -628,7 +650,7 @@ class Proxy:
             if route == MODELS_ROUTE and scope["method"] == "GET" and resp.status == 200 and not is_stream:
                 # vLLM's model card says where the weights lie on the engine's host (`root`): every
                 # key holder would read it. Buffered (a few hundred bytes) and rewritten.
-                listing = models_listing(await resp.read_all(), upstream.served_model)
+                listing = models_listing(await resp.read_all(), upstream.served_model, upstream.aliases)
                 if listing is None:
                     await send_error(send, 502, f"upstream {upstream.url} sent a model listing the gateway "
                                      "cannot read", "upstream_error", [rid])

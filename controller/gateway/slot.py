@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -29,6 +29,9 @@ class Upstream:
     # "Bearer <the engine's per-launch key>", built once per switch (not per request); sent upstream
     # instead of the client's header. Kept out of repr so that no log line ever shows it.
     authorization: str | None = field(default=None, repr=False)
+    # Other names clients may use for the served model (the recipe's `model.aliases`): the gateway
+    # rewrites them to `served_model`, and answers 404 for any other name.
+    aliases: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class Slot:
         retry_after_s: int | None = None,
         *,
         upstream_key: str | None = None,
+        aliases: Iterable[str] = (),
     ) -> Upstream | None:
         """Point new requests at ``url`` (or at nothing). Returns the new upstream."""
         if retry_after_s is not None:
@@ -121,6 +125,7 @@ class Slot:
                 served_model=served_model,
                 generation=self._generation,
                 authorization=f"Bearer {upstream_key}" if upstream_key else None,
+                aliases=frozenset(aliases),
             )
             self._available.set()
         if self.on_set is not None:
@@ -208,6 +213,7 @@ class Slot:
         retry_after_s: int | None = None,
         *,
         upstream_key: str | None = None,
+        aliases: Iterable[str] = (),
     ) -> tuple[Upstream | None, DrainResult]:
         """Send new requests to ``url`` at once, then drain the requests still on older upstreams.
         Re-asserting the current upstream changes nothing (a controller retry must not cut streams)."""
@@ -221,7 +227,9 @@ class Slot:
         ):
             if retry_after_s is not None:
                 self.retry_after_s = retry_after_s
+            if cur.aliases != frozenset(aliases):  # names only: the same engine, nothing to drain
+                self._current = cur = replace(cur, aliases=frozenset(aliases))
             return cur, DrainResult(drained=True, aborted=0, remaining=0, waited_s=0.0)
-        new = self.set(url, served_model, retry_after_s, upstream_key=upstream_key)
+        new = self.set(url, served_model, retry_after_s, upstream_key=upstream_key, aliases=aliases)
         result = await self.drain(drain_deadline_s, abort=True, before_generation=self._generation)
         return new, result

@@ -12,7 +12,9 @@ It fits when all of these hold (the numbers go into the answer, so `apply` can s
   (`expect.min_mem_available_gib`). A recipe without a memory model cannot be predicted: hold.
 - GPU memory per card: no per-card free-memory figure is known before the launch, so the new launch's
   cards must not be the serving engine's (vLLM takes its `gpu_memory_utilization` share of each card
-  it is given). A card the two share: hold.
+  it is given). A card the two share: hold. The serving engine's cards and cores are read from its
+  launch record (the LaunchSpec it was started with), never from its recipe file, which may have
+  been edited or deleted since; when the record does not say: hold.
 - CPU cores (a CPU engine): vLLM's CPU worker binds its OpenMP threads to cores
   (`VLLM_CPU_OMP_THREADS_BIND`, `auto`: every core but the reserved ones) and keeps them busy; a second
   engine bound to the same cores is starved (measured on the 2-core test host: the new engine's worker,
@@ -38,8 +40,8 @@ from appliance.recipe.admission import admit
 from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
-from appliance.recipe.recipe_model import Recipe
-from appliance.recipe.render import RenderError
+from appliance.recipe.recipe_model import Platform, Recipe
+from appliance.recipe.render import DEVICES_ENV, RenderError
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_recipe
 from controller.runtime.base import EngineHandle, EngineRuntimeError, Runtime
@@ -89,14 +91,39 @@ def host_fit(recipe: Recipe, facts: HostFacts, cold: bool) -> tuple[bool, str, N
     return left >= target, said, numbers
 
 
-def gpu_fit(new: Recipe, serving: Recipe | None) -> tuple[bool, str, Numbers]:
-    """The two launches' cards must be distinct (no per-card free memory is known beforehand)."""
-    cards = tuple(new.devices or ())
+def launch_cards(spec: LaunchSpec) -> tuple[int, ...] | None:
+    """The GPUs a launch was given, read from the launch itself (render writes the recipe's `devices`
+    into HIP_/CUDA_VISIBLE_DEVICES): () for a launch on a platform without cards (CPU), None when a
+    GPU launch's list is missing or unreadable."""
+    try:
+        name = DEVICES_ENV.get(Platform(spec.platform))
+    except ValueError:
+        return None  # a platform this controller does not know: its cards cannot be told
+    if name is None:
+        return ()
+    value = spec.env.get(name, "").strip()
+    parts = [p.strip() for p in value.split(",")]
+    if not value or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def gpu_fit(spec: LaunchSpec, serving: LaunchSpec) -> tuple[bool, str, Numbers]:
+    """The two launches' cards must be distinct (no per-card free memory is known beforehand). The
+    serving engine's cards are its launch's (the launch record), not its recipe file's: the file may
+    have been edited, or be gone, since it was launched. Not known: does not fit."""
+    cards = launch_cards(spec)
+    if cards is None:
+        return False, f"the new launch's GPUs cannot be read from its {spec.platform} launch", {}
     if not cards:
         return True, "", {}
-    theirs = tuple(serving.devices or ()) if serving is not None else ()
+    theirs = launch_cards(serving)
+    numbers: Numbers = {"gpus": ",".join(map(str, cards)),
+                        "serving_gpus": None if theirs is None else ",".join(map(str, theirs))}
+    if theirs is None:
+        return False, (f"the serving launch's GPUs are not known (its launch record has no "
+                       f"{serving.platform} card list): it may hold GPU {numbers['gpus']}"), numbers
     shared = sorted(set(cards) & set(theirs))
-    numbers: Numbers = {"gpus": ",".join(map(str, cards)), "serving_gpus": ",".join(map(str, theirs))}
     if shared:
         return False, (f"GPU {','.join(map(str, shared))} would hold both engines (vLLM takes its "
                        "gpu_memory_utilization share of every card it is given)"), numbers
@@ -152,10 +179,11 @@ def pick_port(host: str, wanted: int, taken: int, is_free: Callable[[str, int], 
     return None
 
 
-def decide(new: Recipe, serving: Recipe | None, facts: HostFacts, spec: LaunchSpec, serving_spec: LaunchSpec,
+def decide(new: Recipe, facts: HostFacts, spec: LaunchSpec, serving_spec: LaunchSpec,
            *, cold: bool, serving_gib: float | None = None,
            is_free: Callable[[str, int], bool] = port_is_free, cpus: int | None = None) -> Fit:
-    """Blue/green or hold for a switch from `serving_spec` to `spec` (rendered from `new`)."""
+    """Blue/green or hold for a switch from `serving_spec` (the serving launch's record) to `spec`
+    (rendered from `new`). Nothing is read from the serving engine's recipe file."""
     base: Numbers = {"serving_footprint_gib": None if serving_gib is None else round(serving_gib, 2)}
     if for_recipe(new).traits.placement is Placement.REMOTE:
         return Fit(False, f"{new.name} runs on a cluster node: its memory is not this host's to judge", base)
@@ -168,7 +196,7 @@ def decide(new: Recipe, serving: Recipe | None, facts: HostFacts, spec: LaunchSp
         ram_why += f" (the serving engine's {serving_gib:.2f} GiB is already out of MemAvailable)"
     if not ram_ok:
         return Fit(False, ram_why, numbers)
-    gpu_ok, gpu_why, gpu_numbers = gpu_fit(new, serving)
+    gpu_ok, gpu_why, gpu_numbers = gpu_fit(spec, serving_spec)
     numbers |= gpu_numbers
     if not gpu_ok:
         return Fit(False, f"{ram_why}; but {gpu_why}", numbers)
@@ -226,10 +254,6 @@ class BesideCheck:
         new = self.recipe(name)
         facts = self.facts()
         spec = self.render(new, facts)
-        try:
-            serving: Recipe | None = self.recipe(serving_spec.recipe)
-        except (UnknownRecipe, RecipeError, OSError):  # its file changed or went away: cards unknown
-            serving = None
         if cold is None:  # a preview (apply's answer, the console): as the cache is now
             cold = cache_is_empty(Path(spec.cache_root))
         rt = self.runtimes.get(handle.kind)
@@ -239,5 +263,5 @@ class BesideCheck:
                 serving_gib = footprint_gib(rt.engine_pids(handle))
             except (EngineRuntimeError, OSError):
                 serving_gib = None
-        return decide(new, serving, facts, spec, serving_spec, cold=cold, serving_gib=serving_gib,
+        return decide(new, facts, spec, serving_spec, cold=cold, serving_gib=serving_gib,
                       is_free=self.is_free)

@@ -108,7 +108,9 @@ GpuEventSource = Callable[[str], Sequence[GpuEvent]]
 # the recipe), for `MemAvailableBelowRecipeTarget`.
 MemTarget = Callable[[str], int | None]
 # Blue/green (blue_green.py; blocking): does a launch of this recipe (its start cold? None: as its cache
-# is now) fit beside the serving engine (its spec and handle)? The verdict, its numbers and the port.
+# is now) fit beside the serving engine (its spec and handle)? The verdict, its numbers and the port. The
+# spec is the serving launch's own (the one it was started or adopted with, as in its launch record):
+# its cards and cores are judged from it, never from its recipe file, which may have changed since.
 BesideFn = Callable[[str, bool | None, LaunchSpec, EngineHandle], Fit]
 
 

@@ -14,6 +14,7 @@ the driver see that while its engine is ready and re-send the upstream.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from controller.gateway.control import DrainResult as DrainResult
@@ -24,20 +25,26 @@ from controller.gateway.control import GatewayUpstream as GatewayUpstream
 from controller.gateway.hold import HoldPlan as HoldPlan
 
 
-def same_upstream(current: GatewayUpstream | None, url: str, served_model: str) -> bool:
-    """Does the gateway route to this engine? (It strips a trailing slash from the URL it stores.)"""
+def same_upstream(current: GatewayUpstream | None, url: str, served_model: str,
+                  aliases: Sequence[str] = ()) -> bool:
+    """Does the gateway route to this engine, under these names? (It strips a trailing slash from the
+    URL it stores.)"""
     return (current is not None and current.url.rstrip("/") == url.rstrip("/")
-            and current.served_model == served_model)
+            and current.served_model == served_model and current.aliases == frozenset(aliases))
 
 
 class GatewayLink(Protocol):
-    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
+    async def point_to(
+        self, url: str, served_model: str, api_key: str | None = None, aliases: Sequence[str] = ()
+    ) -> None:
         """New requests go to this engine, with `Authorization: Bearer <api_key>` (the engine's
-        per-launch key, engine_key.py) instead of the client's own header."""
+        per-launch key, engine_key.py) instead of the client's own header. `aliases`: other names
+        clients may use for the served model (the gateway answers 404 for any other)."""
         ...
 
     async def switch(
-        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float,
+        aliases: Sequence[str] = (),
     ) -> DrainResult | None:
         """Blue/green: new requests go to this engine at once; return once the requests running on the
         previous one ended (or were cut at the deadline), saying how many were cut (None: not known)."""
@@ -73,13 +80,16 @@ class NoGateway:
     def __init__(self) -> None:
         self._upstream: GatewayUpstream | None = None
 
-    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
-        self._upstream = GatewayUpstream(url, served_model)
+    async def point_to(
+        self, url: str, served_model: str, api_key: str | None = None, aliases: Sequence[str] = ()
+    ) -> None:
+        self._upstream = GatewayUpstream(url, served_model, frozenset(aliases))
 
     async def switch(
-        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float,
+        aliases: Sequence[str] = (),
     ) -> DrainResult | None:
-        self._upstream = GatewayUpstream(url, served_model)
+        self._upstream = GatewayUpstream(url, served_model, frozenset(aliases))
         return None
 
     async def drain(

@@ -84,7 +84,8 @@ class GatewaySync:
                 return  # it stopped being ready before we got here
             self._held(None)
             try:
-                await self.gateway.point_to(url, served_model, self._engine_key(launch_id))
+                await self.gateway.point_to(url, served_model, self._engine_key(launch_id),
+                                            launch.spec.served_model_aliases)
             except GatewayError as exc:
                 self._note("gateway-error", f"{what}: {exc}", launch_id, None)
 
@@ -98,7 +99,8 @@ class GatewaySync:
                 return None  # it stopped being ready before we got here
             self._held(None)
             try:
-                return await self.gateway.switch(url, served_model, self._engine_key(launch_id), deadline_s)
+                return await self.gateway.switch(url, served_model, self._engine_key(launch_id), deadline_s,
+                                                 launch.spec.served_model_aliases)
             except GatewayError as exc:
                 self._note("gateway-error", f"switch: {exc}", launch_id, None)
                 return None
@@ -132,11 +134,12 @@ class GatewaySync:
             self._checking = False
 
     async def _reassert_upstream(self, launch: Launch) -> None:
-        url, model = launch.spec.base_url, launch.spec.served_model_name
+        spec = launch.spec
+        url, model, aliases = spec.base_url, spec.served_model_name, spec.served_model_aliases
         try:
             found = await self.gateway.current()
-            if not same_upstream(found, url, model):
-                await self.gateway.point_to(url, model, self._engine_key(launch.launch_id))
+            if not same_upstream(found, url, model, aliases):
+                await self.gateway.point_to(url, model, self._engine_key(launch.launch_id), aliases)
         except GatewayError as exc:
             if not self._unreachable:  # said once per outage, not every check
                 self._unreachable = True
@@ -145,7 +148,7 @@ class GatewaySync:
         if self._unreachable:
             self._unreachable = False
             self._note("gateway-reachable", "the gateway answers again", launch.launch_id, None)
-        if not same_upstream(found, url, model):
+        if not same_upstream(found, url, model, aliases):
             was = {"url": found.url, "served_model": found.served_model} if found else None
             routed = found.url if found else "nothing"
             self._note("gateway-upstream-restored",

@@ -142,7 +142,7 @@ async def test_stream_byte_identical_and_equal_to_direct(
 ) -> None:
     gw, tee, key = gateway
     body: dict[str, Any] = {
-        "model": "any-alias",
+        "model": SERVED,  # the gateway answers 404 for a name it does not serve
         "messages": PROMPT,
         "stream": True,
         "temperature": 0,

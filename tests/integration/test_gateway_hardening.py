@@ -182,18 +182,20 @@ async def test_large_bodies_are_inspected_off_the_event_loop(
     threads: list[str] = []
     real = jsonbody.alias_model
 
-    def recording(body: bytes, served: str | None, depth: int) -> bytes:
+    def recording(body: bytes, served: str | None, depth: int, aliases: frozenset[str]) -> bytes:
         threads.append(threading.current_thread().name)
-        return real(body, served, depth)
+        return real(body, served, depth, aliases)
 
     monkeypatch.setattr("controller.gateway.proxy.alias_model", recording)
     cfg = config(store, upstream_url=upstream.url, served_model=upstream.model, inline_json_bytes=1024)
-    big = {"messages": [{"role": "user", "content": "x" * 100 + str(i)} for i in range(5000)], "model": "a"}
+    big = {"messages": [{"role": "user", "content": "x" * 100 + str(i)} for i in range(5000)],
+           "model": upstream.model}
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     async with serve_in_loop(cfg) as gw, aiohttp.ClientSession() as s:
         async with s.post(f"{gw.url}/v1/chat/completions", data=json.dumps(big), headers=headers) as r:
             assert r.status == 200
-        async with s.post(f"{gw.url}/v1/chat/completions", json={"model": "b"}, headers=headers) as r:
+        async with s.post(f"{gw.url}/v1/chat/completions", json={"model": upstream.model},
+                          headers=headers) as r:
             assert r.status == 200
     assert threads[0].startswith("gateway-body")  # the large one, in the body pool
     assert threads[1] == threading.main_thread().name  # the small one, inline

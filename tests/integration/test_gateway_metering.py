@@ -182,7 +182,9 @@ async def _setup(tmp_path: Path, **config: Any) -> AsyncIterator[tuple[Upstream,
         await up.stop()
 
 
-async def _usage_of(gw: RunningGateway, tmp_path: Path, key: KeyRecord, requests: int) -> tuple[int, int, int]:
+async def _usage_of(
+    gw: RunningGateway, tmp_path: Path, key: KeyRecord, requests: int
+) -> tuple[int, int, int]:
     """(requests, prompt, completion) recorded for ``key`` once ``requests`` have been (≤ 5 s)."""
     row = None
     for _ in range(100):
@@ -200,7 +202,7 @@ def _h(key: str, content_type: str = "application/json") -> dict[str, str]:
     return {"Authorization": f"Bearer {key}", "Content-Type": content_type}
 
 
-CHAT = b'{"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, '
+CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, '
 
 
 @both_loops
@@ -253,7 +255,7 @@ async def test_responses_and_messages_are_counted(tmp_path: Path) -> None:
     async with _setup(tmp_path) as (_, gw), aiohttp.ClientSession() as s:
         for path in ("/v1/responses", "/v1/messages"):
             for stream in (b"false", b"true"):
-                body = b'{"model": "x", "input": "hi", "max_tokens": 6, "stream": ' + stream + b"}"
+                body = b'{"model": "m", "input": "hi", "max_tokens": 6, "stream": ' + stream + b"}"
                 async with s.post(gw.url + path, data=body, headers=_h(key)) as r:
                     assert r.status == 200
                     await r.read()
@@ -300,7 +302,7 @@ async def test_a_client_leaving_during_the_prefill_is_charged_the_prompt(tmp_pat
     async with _setup(tmp_path) as (up, gw):
         up.prefill_s = 30.0
         for stream in (b"true", b"false"):
-            body = (b'{"model": "x", "messages": [{"role": "user", "content": "' + content.encode()
+            body = (b'{"model": "m", "messages": [{"role": "user", "content": "' + content.encode()
                     + b'"}], "stream": ' + stream + b"}")
             await _leave_after(gw, key, body, events=None)
             await asyncio.wait_for(up.eof_seen.wait(), 5)  # the engine was told (it aborts)
@@ -318,7 +320,7 @@ async def test_reservation_stops_concurrent_requests_and_answers_say_where_the_k
     x-ratelimit-*."""
     store = KeyStore(tmp_path / "keys.db")
     rec, key = store.create("a", tpm_limit=200, rpm_limit=100)
-    body = b'{"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}'
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}'
     async with _setup(tmp_path, quota_reserve=True) as (up, gw), aiohttp.ClientSession() as s:
         up.prefill_s = 0.5  # all 8 are admitted or refused before the first ends
 
@@ -329,7 +331,7 @@ async def test_reservation_stops_concurrent_requests_and_answers_say_where_the_k
 
         answers = await asyncio.gather(*(one() for _ in range(8)))
         assert sorted(status for status, _ in answers) == [200] * 4 + [429] * 4
-        for status, headers in answers:
+        for _status, headers in answers:
             assert headers["x-ratelimit-limit-tokens"] == "200"
             assert headers["x-ratelimit-limit-requests"] == "100"
             assert int(headers["x-ratelimit-remaining-tokens"]) < 200

@@ -92,7 +92,7 @@ async def test_streams_are_byte_identical(
         ]:
             # The client asks for the usage the gateway asks for anyway, so nothing is removed
             # (test_gateway_usage_proxy.py covers a client that asks for less).
-            body = {"model": "anything", "stream": True, "max_tokens": chunks, "synthetic": {"pad": pad},
+            body = {"model": upstream.model, "stream": True, "max_tokens": chunks, "synthetic": {"pad": pad},
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             async with s.post(f"{gateway.url}/v1/{route}", json=body, headers=h(key)) as r:
                 assert r.status == 200
@@ -109,7 +109,7 @@ async def test_non_streaming_is_identical_and_keeps_content_length(
     gateway: RunningGateway, upstream: SyntheticUpstream, key: str
 ) -> None:
     url = f"{gateway.url}/v1/chat/completions"
-    async with aiohttp.ClientSession() as s, s.post(url, json={"model": "x"}, headers=h(key)) as r:
+    async with aiohttp.ClientSession() as s, s.post(url, json={"model": upstream.model}, headers=h(key)) as r:
         got = await r.read()
         assert r.status == 200 and int(r.headers["Content-Length"]) == len(got)
     assert got == bytes(upstream.requests[-1].sent)
@@ -119,6 +119,9 @@ async def test_headers_auth_not_forwarded_request_id_and_model_alias(
     gateway: RunningGateway, upstream: SyntheticUpstream, key: str
 ) -> None:
     async with aiohttp.ClientSession() as s:
+        # The recipe's aliases come with the upstream; any other name is a 404 (test_gateway_models).
+        await control.set_upstream(gateway.url, ADMIN, upstream.url, "served-name", drain_deadline_s=0,
+                                   aliases=["alias"], session=s)
         async with s.post(
             f"{gateway.url}/v1/completions",
             json={"model": "alias", "prompt": "hi"},
@@ -205,7 +208,7 @@ async def test_client_disconnect_closes_upstream_within_50ms(
     port = int(gateway.url.rsplit(":", 1)[1])
     ttft_ms = 2000 if when == "waiting_for_first_token" else 10
     body = {
-        "model": "m",
+        "model": upstream.model,
         "stream": True,
         "max_tokens": 10000,
         "synthetic": {"ttft_ms": ttft_ms, "interval_ms": 5},

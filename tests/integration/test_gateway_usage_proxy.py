@@ -51,7 +51,8 @@ async def test_usage_per_key_and_the_client_gets_what_it_asked(
     rec, key = store.create("a")
     async with serve_in_loop(_config(tmp_path, upstream)) as gw, aiohttp.ClientSession() as s:
         expected_prompt = 0
-        body: dict[str, Any] = {"model": "x", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        body: dict[str, Any] = {"model": "served", "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}
         async with s.post(gw.url + "/v1/chat/completions", json=body, headers=_h(key)) as r:
             got = await r.read()
         assert b'"usage"' not in got and got.endswith(b"data: [DONE]\n\n")
@@ -66,7 +67,7 @@ async def test_usage_per_key_and_the_client_gets_what_it_asked(
         assert [e for e in events if b'"usage"' in e] == [events[-2]]  # the final usage event only
         expected_prompt += _prompt_tokens(upstream)
 
-        async with s.post(gw.url + "/v1/chat/completions", json={"model": "x"}, headers=_h(key)) as r:
+        async with s.post(gw.url + "/v1/chat/completions", json={"model": "served"}, headers=_h(key)) as r:
             assert (await r.json())["usage"]["completion_tokens"] == CHUNKS
         expected_prompt += _prompt_tokens(upstream)
 
@@ -87,7 +88,7 @@ async def test_token_quota_refuses_after_the_budget_and_survives_a_restart(
     store = KeyStore(tmp_path / "keys.db")
     _, key = store.create("q", tpd_limit=10)  # a day budget one request overspends
     _, other = store.create("other")
-    body = {"model": "x", "stream": True, "prompt": "hello"}
+    body = {"model": "served", "stream": True, "prompt": "hello"}
     async with serve_in_loop(_config(tmp_path, upstream)) as gw, aiohttp.ClientSession() as s:
         async with s.post(gw.url + "/v1/completions", json=body, headers=_h(key)) as r:
             streamed = await r.read()
@@ -142,7 +143,7 @@ async def test_a_client_leaving_mid_stream_is_counted_up_to_what_the_upstream_se
         rec, key = store.create("a")
         async with serve_in_loop(_config(tmp_path, up)) as gw:
             client = aiohttp.ClientSession()
-            r = await client.post(gw.url + "/v1/chat/completions", json={"model": "x", "stream": True},
+            r = await client.post(gw.url + "/v1/chat/completions", json={"model": "served", "stream": True},
                                   headers=_h(key))
             seen = 0
             while seen < 5:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from appliance.recipe.launch_spec import LaunchSpec
@@ -189,19 +189,22 @@ class RecordingGateway:
     def restart(self) -> None:
         self.upstream = None
 
-    async def point_to(self, url: str, served_model: str, api_key: str | None = None) -> None:
+    async def point_to(
+        self, url: str, served_model: str, api_key: str | None = None, aliases: Sequence[str] = ()
+    ) -> None:
         self.calls.append(("point_to", url))
         self.keys.append(api_key)
         self._reach()
-        self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
+        self.upstream = GatewayUpstream(url.rstrip("/"), served_model, frozenset(aliases))
 
     async def switch(
-        self, url: str, served_model: str, api_key: str | None, deadline_s: float
+        self, url: str, served_model: str, api_key: str | None, deadline_s: float,
+        aliases: Sequence[str] = (),
     ) -> DrainResult | None:
         self.calls.append(("switch", url))
         self.keys.append(api_key)
         self._reach()
-        self.upstream = GatewayUpstream(url.rstrip("/"), served_model)
+        self.upstream = GatewayUpstream(url.rstrip("/"), served_model, frozenset(aliases))
         return DrainResult(drained=self.cut == 0, aborted=self.cut, remaining=0, waited_s=0.0)
 
     async def drain(

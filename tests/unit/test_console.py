@@ -21,7 +21,7 @@ from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
 from appliance.observe.procfs import MemInfo
 from controller import admin_token
 from controller.console import charts
-from controller.console.auth import COOKIE, Sessions
+from controller.console.auth import COOKIE, LoginThrottle, Sessions
 from controller.console.routes import CSP, console_router
 from controller.console.views import _phase_bars, safe_next
 from controller.gateway.keystore import KeyStore
@@ -485,41 +485,104 @@ async def test_the_now_page_shows_the_eta_and_a_likely_stall(
 # ---- issue 23 item 10: failed log-ins logged (never the token), counted, slowed; 404s secured ----
 
 
+class Sleeps:
+    """The throttle's sleep: records each delay and advances the fake clock by it (no wall time)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.clock.t += seconds
+
+
 async def test_failed_logins_are_logged_counted_and_slowed_per_address(
         rig: Rig, home: Path, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
+    sleeps = Sleeps(clock)
     app = FastAPI()
-    app.include_router(console_router(_ctx(rig, home), sessions=Sessions(home, clock=clock)))
+    app.include_router(console_router(_ctx(rig, home), sessions=Sessions(home, clock=clock),
+                                      throttle=LoginThrottle(clock=clock, sleep=sleeps)))
     metrics = rig.driver.metrics
     guess = "adm_guess-that-must-never-be-logged"
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.7", 4000)),
                                  base_url="http://127.0.0.1") as c:
         with caplog.at_level(logging.WARNING, logger="controller.console.routes"):
-            for _ in range(3):  # the first three are free
+            for _ in range(3):  # the first three are free: answered at once
                 assert (await login(c, guess)).status_code == 401
-            fourth = await login(c, guess)  # the fourth counts, and costs a wait of 1 s
-            assert fourth.status_code == 401
-            r = await login(c)  # even the right token is not compared while the wait lasts
-            assert r.status_code == 429 and r.headers["retry-after"] == "1"
-            assert "too many failed log-ins" in r.text and r.headers["content-security-policy"] == CSP
-            assert COOKIE not in r.headers.get("set-cookie", "")
-        assert metrics.value("appliance_console_login_failures_total", {"reason": "refused"}) == 4
-        assert metrics.value("appliance_console_login_failures_total", {"reason": "throttled"}) == 1
+            assert sleeps.delays == []
+            fourth = await login(c, guess)  # the fourth is answered after 1 s
+            assert fourth.status_code == 401 and "wrong admin token" in fourth.text
+            assert fourth.headers["content-security-policy"] == CSP
+            assert sleeps.delays == [1.0]
+            assert (await login(c, guess)).status_code == 401  # the fifth after 2 s
+            assert sleeps.delays == [1.0, 2.0]
+        assert metrics.value("appliance_console_login_failures_total", {"reason": "refused"}) == 3
+        assert metrics.value("appliance_console_login_failures_total", {"reason": "throttled"}) == 2
         lines = [rec.getMessage() for rec in caplog.records]
         assert any("10.0.0.7" in line and "wrong admin token" in line and "4 failures in a row" in line
                    for line in lines), lines
         assert not any(guess in line or TOKEN in line for line in lines)
-        clock.t += 1.0
-        assert (await login(c, guess)).status_code == 401  # the fifth doubles the wait
-        clock.t += 1.5
-        assert (await login(c)).status_code == 429
-        clock.t += 0.6
-        assert (await login(c)).status_code == 303  # a success clears the address's count
-        assert (await login(c, guess)).status_code == 401
+        # The right token logs in at once (no delay, no 429), and clears the address's count.
+        r = await login(c)
+        assert r.status_code == 303 and COOKIE in r.headers["set-cookie"]
+        assert sleeps.delays == [1.0, 2.0]
+        for _ in range(3):
+            assert (await login(c, guess)).status_code == 401
+        assert sleeps.delays == [1.0, 2.0]
     # another address is not slowed by this one's failures
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("10.0.0.8", 4000)),
                                  base_url="http://127.0.0.1") as other:
         assert (await login(other)).status_code == 303
+
+
+async def test_login_right_token_at_once_after_wrong_ones_from_the_same_address(
+        rig: Rig, home: Path) -> None:
+    """Finding 17: four wrong tokens from 127.0.0.1 used to lock the operator out (the right token
+    got 429 for up to 300 s). The throttle holds back wrong answers; a right token is never refused."""
+    clock = Clock()
+    sleeps = Sleeps(clock)
+    throttle = LoginThrottle(clock=clock)
+    throttle.sleep = sleeps
+    app = FastAPI()
+    app.include_router(console_router(_ctx(rig, home), sessions=Sessions(home, clock=clock),
+                                      throttle=throttle))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 4000)),
+                                 base_url="http://127.0.0.1") as c:
+        for _ in range(4):
+            assert (await login(c, "wrong")).status_code == 401
+        clock.t = 1_000_000.0  # the right token comes while the last failure is still being held back
+        r = await login(c)
+        assert r.status_code == 303, r.status_code
+        for _ in range(14):  # up to the 300 s cap
+            assert (await login(c, "wrong")).status_code == 401
+        assert sleeps.delays[-1] == 300.0
+        waited = len(sleeps.delays)
+        assert (await login(c)).status_code == 303
+        assert len(sleeps.delays) == waited  # the right token was not held back
+
+
+def test_throttle_holds_back_failures_and_queues_parallel_ones() -> None:
+    clock = Clock()
+    throttle = LoginThrottle(clock=clock, free=3, max_wait_s=300.0)
+    # Failures in sequence (each waiting for its answer): 0, 0, 0, then 1, 2, 4 s …
+    decisions = []
+    for _ in range(6):
+        count, delay = throttle.failed("a")
+        decisions.append((count, delay))
+        clock.t += delay
+    assert decisions == [(1, 0.0), (2, 0.0), (3, 0.0), (4, 1.0), (5, 2.0), (6, 4.0)]
+    # Failures sent together queue behind each other: each answer comes after the previous one's.
+    throttle.succeeded("a")
+    together = [throttle.failed("a")[1] for _ in range(7)]
+    assert together == [0.0, 0.0, 0.0, 1.0, 3.0, 7.0, 15.0]
+    many = [throttle.failed("a")[1] for _ in range(20)]
+    assert max(many) == 300.0 and many[-1] == 300.0  # capped
+    # Another address is on its own count; a success clears only its own.
+    assert throttle.failed("b") == (1, 0.0)
+    throttle.succeeded("a")
+    assert throttle.failed("a") == (1, 0.0)
 
 
 async def test_console_404_pages_carry_the_security_headers(client: httpx.AsyncClient) -> None:

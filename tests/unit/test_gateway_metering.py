@@ -330,7 +330,8 @@ def test_standing_and_headers() -> None:
         b"x-ratelimit-reset-tokens": b"15s", b"x-ratelimit-limit-requests": b"60",
         b"x-ratelimit-remaining-requests": b"58", b"x-ratelimit-reset-requests": b"2s"}
     q.charge(key, 10_000)
-    assert q.standing(key)[1] == 0  # never negative on the wire
+    standing = q.standing(key)
+    assert standing is not None and standing[1] == 0  # never negative on the wire
     assert TokenQuotas(clock).standing(_key(tpd=86_400)) == (86_400, 86_400, 0.0)
     assert ratelimit_headers(None, None) == []
 

@@ -27,3 +27,27 @@ def test_eager_mode_rejects_graph_options() -> None:
 def test_unknown_engine_key_rejected() -> None:
     with pytest.raises(ValidationError, match="extra"):
         EngineArgs.model_validate({"tensor_paralel_size": 4})
+
+
+# Finding 8: `model.aliases`, opt-in names the gateway accepts for the served model.
+
+
+def test_model_aliases_are_names_distinct_and_not_the_served_name() -> None:
+    from appliance.recipe.recipe_model import ModelSpec
+
+    ok = ModelSpec(path="/m", served_name="smollm2", aliases=("smol", "small"))
+    assert ok.aliases == ("smol", "small")
+    for bad, why in (((" ",), "non-empty"), (("",), "non-empty"), (("smol", "smol"), "listed twice: smol"),
+                     (("smollm2",), "is the served name")):
+        with pytest.raises(ValidationError, match=why):
+            ModelSpec(path="/m", served_name="smollm2", aliases=bad)
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        ModelSpec.model_validate({"path": "/m", "served_name": "s", "alias": ["x"]})
+
+
+def test_no_aliases_leaves_the_dump_as_it_was() -> None:
+    from appliance.recipe.recipe_model import ModelSpec
+
+    assert ModelSpec(path="/m", served_name="s").model_dump() == {"path": "/m", "served_name": "s",
+                                                                  "host_path": None}
+    assert ModelSpec(path="/m", served_name="s", aliases=("a",)).model_dump()["aliases"] == ("a",)

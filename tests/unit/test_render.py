@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from appliance.host_facts import UNLIMITED
-from appliance.recipe.launch_spec import LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, Ulimit
+from appliance.recipe.launch_spec import LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, LaunchSpec, Ulimit
 from appliance.recipe.render import TORCH_FIRST_CODE, RenderError, render
 from appliance.runtimes.docker import launch_of
 from appliance.runtimes.process import ProcessLaunch
@@ -158,3 +158,17 @@ def test_cpu_recipe_in_a_container_starts_the_api_server_module() -> None:
     assert spec.argv[:5] == ("python", "-m", "vllm.entrypoints.openai.api_server", "--model",
                              "/models/smollm2-135m-instruct")
     assert spec.argv[spec.argv.index("--host") + 1] == "127.0.0.1"
+
+
+def test_model_aliases_reach_the_launch_not_the_engine() -> None:
+    """Finding 8: aliases are the gateway's; argv and env are the same with or without them, and a
+    launch without them hashes (and dumps) as before (the pins in test_spec_hash_pins.py)."""
+    base = shipped()["cpu-smollm2"]
+    plain = render(base, fixed_facts())
+    aliased = render(with_changes(base, model__aliases=["smol", "gpt-4o-mini"]), fixed_facts())
+    assert aliased.served_model_aliases == ("smol", "gpt-4o-mini") and plain.served_model_aliases == ()
+    assert aliased.argv == plain.argv and aliased.env == plain.env
+    assert "served_model_aliases" not in plain.model_dump(mode="json")
+    assert "served_model_aliases" not in plain.model_dump_json()
+    assert aliased.spec_hash != plain.spec_hash  # the launch record says which names were served
+    assert LaunchSpec.model_validate_json(aliased.model_dump_json()) == aliased

@@ -9,11 +9,21 @@ from pathlib import Path
 from appliance.host_facts import GIB, HostFacts
 from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
+from appliance.recipe.recipe_model import Recipe
 from appliance.recipe.render import render
 from controller.runtime.base import EngineHandle, ExitInfo
-from controller.supervisor.blue_green import BIND_ENV, Fit, bound_cores, decide, pick_port
+from controller.supervisor.blue_green import (
+    BIND_ENV,
+    BesideCheck,
+    Fit,
+    bound_cores,
+    decide,
+    launch_cards,
+    pick_port,
+)
 from controller.supervisor.driver import BesideFn
 from controller.supervisor.machine import Machine, State, transition
+from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import (
     Action,
     Apply,
@@ -201,17 +211,17 @@ def test_it_fits_when_memavailable_minus_the_need_stays_above_the_target_with_a_
     new, serving = recipes["cpu-smollm2-eager"], recipes["cpu-smollm2"]
     spec, serving_spec = _bound(render(new, fixed_facts()), "1"), render(serving, fixed_facts())
     free = {8001}
-    fit = decide(new, serving, _facts(12.0), spec, serving_spec, cold=False, serving_gib=2.4,
+    fit = decide(new, _facts(12.0), spec, serving_spec, cold=False, serving_gib=2.4,
                  is_free=lambda host, port: port in free, cpus=2)
     assert fit.fits and fit.port == 8001
     need = fit.numbers["need_gib"]
     assert isinstance(need, float) and fit.numbers["mem_available_gib"] == 12.0
     assert fit.numbers["target_gib"] == 0.5 and fit.numbers["left_gib"] == round(12.0 - need, 2)
     assert "MemAvailable now 12.00 GiB" in fit.why and "port 8001 is free" in fit.why
-    tight = decide(new, serving, _facts(need + 0.2), spec, serving_spec, cold=False,
+    tight = decide(new, _facts(need + 0.2), spec, serving_spec, cold=False,
                    is_free=lambda host, port: True, cpus=2)
     assert not tight.fits and "under the target 0.50 GiB" in tight.why
-    no_port = decide(new, serving, _facts(12.0), spec, serving_spec, cold=False,
+    no_port = decide(new, _facts(12.0), spec, serving_spec, cold=False,
                      is_free=lambda host, port: False, cpus=2)
     assert not no_port.fits and "no free port" in no_port.why
 
@@ -221,16 +231,16 @@ def test_a_cold_warm_up_start_and_a_shared_gpu_do_not_fit() -> None:
     new, serving = recipes["cpu-smollm2"], recipes["cpu-smollm2-eager"]
     spec, serving_spec = _bound(render(new, fixed_facts()), "3"), render(serving, fixed_facts())
     if new.expect.warm_restart:
-        cold = decide(new, serving, _facts(20.0), spec, serving_spec, cold=True, is_free=lambda h, p: True)
+        cold = decide(new, _facts(20.0), spec, serving_spec, cold=True, is_free=lambda h, p: True)
         assert not cold.fits and "cold" in cold.why
-    gpu_new = with_changes(new, devices=[0, 1])
-    gpu_serving = with_changes(serving, devices=[1])
-    shared = decide(gpu_new, gpu_serving, _facts(20.0), spec, serving_spec, cold=False,
-                    is_free=lambda h, p: True)
+    gpu = recipes["cuda-smollm2-eager"]
+    gpu_new = render(with_changes(gpu, devices=[0, 1]), fixed_facts())
+    shared = decide(gpu, _facts(40.0), gpu_new, render(with_changes(gpu, devices=[1]), fixed_facts()),
+                    cold=False, is_free=lambda h, p: True)
     assert not shared.fits and "GPU 1 would hold both engines" in shared.why
-    apart = decide(gpu_new, with_changes(serving, devices=[2]), _facts(20.0), spec, serving_spec, cold=False,
-                   is_free=lambda h, p: True, cpus=4)
-    assert apart.fits
+    apart = decide(gpu, _facts(40.0), gpu_new, render(with_changes(gpu, devices=[2]), fixed_facts()),
+                   cold=False, is_free=lambda h, p: True)
+    assert apart.fits, apart.why
 
 
 def _bound(spec: LaunchSpec, cores: str) -> LaunchSpec:
@@ -242,12 +252,69 @@ def test_two_cpu_engines_on_the_same_cores_do_not_fit() -> None:
     new, serving = recipes["cpu-smollm2-eager"], recipes["cpu-smollm2"]
     spec, serving_spec = render(new, fixed_facts()), render(serving, fixed_facts())
     # Both `auto` on a 2-core host: both workers on core 0 (the other one is reserved).
-    shared = decide(new, serving, _facts(12.0), spec, serving_spec, cold=False, is_free=lambda h, p: True,
+    shared = decide(new, _facts(12.0), spec, serving_spec, cold=False, is_free=lambda h, p: True,
                     cpus=2)
     assert not shared.fits and "share cores (0 and 0" in shared.why
     assert bound_cores({}, 8) == frozenset(range(7))
     assert bound_cores({BIND_ENV: "0-1|4"}, 8) == frozenset({0, 1, 4})
     assert bound_cores({BIND_ENV: "nobind"}, 8) is None
+
+
+# Finding 19: the serving engine's cards come from its launch, never from its recipe file.
+
+
+def _gpu_check(files: dict[str, Recipe]) -> BesideCheck:
+    """The real seam, with the recipe files as `files` says they are now (absent: deleted)."""
+
+    def recipe(name: str) -> Recipe:
+        if name not in files:
+            raise UnknownRecipe(name)
+        return files[name]
+
+    return BesideCheck(recipe, lambda: _facts(40.0), render, {}, is_free=lambda h, p: True)
+
+
+def _gpu_launch(recipe: Recipe, devices: list[int]) -> tuple[Recipe, LaunchSpec]:
+    changed = with_changes(recipe, devices=devices)
+    return changed, render(changed, fixed_facts())
+
+
+def test_a_deleted_serving_recipe_file_does_not_make_its_gpu_free() -> None:
+    gpu = shipped()["cuda-smollm2-eager"]
+    new, _ = _gpu_launch(with_changes(gpu, name="new"), [0])
+    _, serving_spec = _gpu_launch(gpu, [0])  # the serving engine runs on GPU 0; its file is gone
+    fit = _gpu_check({"new": new})("new", False, serving_spec, make_handle("old", gpu.name))
+    assert not fit.fits
+    assert "GPU 0 would hold both engines" in fit.why and fit.numbers["serving_gpus"] == "0"
+
+
+def test_a_serving_recipe_edited_after_its_launch_is_judged_by_its_launch() -> None:
+    gpu = shipped()["cuda-smollm2-eager"]
+    new, _ = _gpu_launch(with_changes(gpu, name="new"), [0])
+    _, serving_spec = _gpu_launch(gpu, [0])  # launched on GPU 0 ...
+    edited, _ = _gpu_launch(gpu, [1])  # ... then its file was edited to GPU 1
+    check = _gpu_check({"new": new, gpu.name: edited})
+    fit = check("new", False, serving_spec, make_handle("old", gpu.name))
+    assert not fit.fits and "GPU 0 would hold both engines" in fit.why
+    # and the other way round: the file now says GPU 0, the launch runs on GPU 1: the new one fits.
+    _, on_one = _gpu_launch(gpu, [1])
+    check = _gpu_check({"new": new, gpu.name: with_changes(gpu, devices=[0])})
+    assert check("new", False, on_one, make_handle("old", gpu.name)).fits
+
+
+def test_a_serving_launch_whose_cards_are_not_known_does_not_fit() -> None:
+    gpu = shipped()["cuda-smollm2-eager"]
+    new, _ = _gpu_launch(with_changes(gpu, name="new"), [2])
+    _, serving_spec = _gpu_launch(gpu, [0])
+    unknown = serving_spec.model_copy(
+        update={"env": {k: v for k, v in serving_spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}})
+    fit = _gpu_check({"new": new, gpu.name: gpu})("new", False, unknown, make_handle("old", gpu.name))
+    assert not fit.fits and "the serving launch's GPUs are not known" in fit.why
+    assert fit.numbers["serving_gpus"] is None
+    assert launch_cards(serving_spec) == (0,) and launch_cards(unknown) is None
+    cpu = render(shipped()["cpu-smollm2"], fixed_facts())
+    assert launch_cards(cpu) == ()
+    assert launch_cards(unknown.model_copy(update={"env": {"CUDA_VISIBLE_DEVICES": "0,x"}})) is None
 
 
 def test_the_port_is_the_recipes_own_when_free_else_the_next_free_one() -> None:

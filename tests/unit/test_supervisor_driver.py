@@ -580,6 +580,23 @@ async def test_a_restarted_gateway_gets_the_upstream_again(tmp_path: Path) -> No
     assert len(restored) == 1 and restored[0].data is not None and restored[0].data["found"] is None
 
 
+async def test_the_recipes_aliases_go_to_the_gateway_and_are_re_sent_when_lost(tmp_path: Path) -> None:
+    """Finding 8: the launch's aliases travel with its upstream (the gateway accepts only those and the
+    served name), and a gateway that lost them (restarted, or older) is told again."""
+    spec = make_spec().model_copy(update={"served_model_aliases": ("smol",)})
+    rig = make_rig(tmp_path, spec)
+    rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
+    rig.driver.submit(Apply("test-recipe"))
+    await rig.run_until(lambda: rig.driver.machine.state is State.READY, 60)
+    await rig.step()
+    url = "http://127.0.0.1:18000"
+    assert rig.gateway.upstream == GatewayUpstream(url, "smollm2", frozenset({"smol"}))
+    rig.gateway.upstream = GatewayUpstream(url, "smollm2")  # the same engine, its aliases lost
+    await rig.run_until(lambda: rig.gateway.upstream is not None and bool(rig.gateway.upstream.aliases),
+                        limit_s=20, each=5)
+    assert rig.gateway.upstream == GatewayUpstream(url, "smollm2", frozenset({"smol"}))
+
+
 async def test_an_unreachable_gateway_is_reported_once_and_pointed_when_it_is_back(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
