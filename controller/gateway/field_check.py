@@ -19,8 +19,9 @@ import re
 # RFC 9110 §5.6.2: token = 1*tchar.
 _TCHAR = rb"!#$%&'*+\-.^_`|~0-9A-Za-z"
 _TOKEN = re.compile(rb"[" + _TCHAR + rb"]+")
-# Names joined by a space (a space is never a tchar): all tokens, or not.
-_TOKENS = re.compile(rb"[" + _TCHAR + rb"]+(?: [" + _TCHAR + rb"]+)*")
+# Names joined by a colon (never a tchar): all tokens when this matches and the colons are exactly the
+# separators (a name holding a colon adds one).
+_TOKENS = re.compile(rb"[" + _TCHAR + rb"]+(?::[" + _TCHAR + rb"]+)*")
 # RFC 9110 §5.5: CR, LF and NUL are never valid in a field value.
 _UNSAFE_VALUE = re.compile(rb"[\r\n\x00]")
 # RFC 9112 §3.2: the target has no whitespace; no control character either (nothing legitimate has one).
@@ -48,7 +49,8 @@ def check_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes
         raise UnsafeField("the request target", "empty, or holds whitespace or a control character")
     if not headers:
         return
-    if _TOKENS.fullmatch(b" ".join(name for name, _ in headers)) is None:
+    names = b":".join(name for name, _ in headers)
+    if _TOKENS.fullmatch(names) is None or names.count(b":") != len(headers) - 1:
         for name, _ in headers:
             if not _TOKEN.fullmatch(name):
                 raise UnsafeField(f"header name {_shown(name)}", "not an RFC 9110 token")

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, cast
 from urllib.parse import urlsplit
@@ -163,6 +164,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._pool = pool
         self.origin = origin
         self._loop = loop
+        self._clock = pool.clock or loop.time
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -210,7 +212,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._close_transport()
             return
         self._got_bytes = True
-        self._last_data = self._loop.time()
+        self._last_data = self._clock()
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Stop) as exc:
@@ -318,9 +320,9 @@ class UpstreamConnection(asyncio.Protocol):
         if body or method in (b"POST", b"PUT", b"PATCH"):
             parts.append(b"Content-Length: %d\r\n" % len(body))
         parts += (b"\r\n", body)
-        self._last_data = self._loop.time()
+        self._last_data = self._clock()
         self._timeout_s = idle_timeout_s
-        self._timer = self._loop.call_at(self._last_data + idle_timeout_s, self._check_idle)
+        self._timer = self._loop.call_later(idle_timeout_s, self._check_idle)
         self._transport.write(b"".join(parts))
 
     async def _head(self) -> None:
@@ -415,12 +417,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer = None
         if self._complete or self._error is not None:
             return
+        now = self._clock()
         due = self._last_data + self._timeout_s
-        if self._paused or due > self._loop.time():
+        if self._paused or due > now:
             if self._paused:
-                self._last_data = self._loop.time()
-                due = self._last_data + self._timeout_s
-            self._timer = self._loop.call_at(due, self._check_idle)
+                self._last_data = now
+                due = now + self._timeout_s
+            self._timer = self._loop.call_later(due - now, self._check_idle)
             return
         self._fail(ReadTimeout(f"the upstream sent nothing for {self._timeout_s:g} s"))
         self._close_transport()
@@ -439,8 +442,16 @@ class UpstreamPool:
     """Connections to upstreams, pooled per origin (see the module doc)."""
 
     def __init__(
-        self, connect_timeout_s: float, idle_timeout_s: float, keepalive_s: float, limit: int
+        self,
+        connect_timeout_s: float,
+        idle_timeout_s: float,
+        keepalive_s: float,
+        limit: int,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        # ``clock``: what the idle read timeout measures silence with (the loop's clock unless a
+        # test drives it: the timer then fires on the loop's time and re-checks against this one).
+        self.clock = clock
         self.connect_timeout_s = connect_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.keepalive_s = keepalive_s
