@@ -49,12 +49,12 @@ def check_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes
         raise UnsafeField("the request target", "empty, or holds whitespace or a control character")
     if not headers:
         return
-    names = b":".join(name for name, _ in headers)
+    names = b":".join([name for name, _ in headers])
     if _TOKENS.fullmatch(names) is None or names.count(b":") != len(headers) - 1:
         for name, _ in headers:
             if not _TOKEN.fullmatch(name):
                 raise UnsafeField(f"header name {_shown(name)}", "not an RFC 9110 token")
-    if _UNSAFE_VALUE.search(b"".join(value for _, value in headers)) is not None:
+    if _UNSAFE_VALUE.search(b"".join([value for _, value in headers])) is not None:
         for name, value in headers:
             if _UNSAFE_VALUE.search(value):
                 raise UnsafeField(f"the value of header {_shown(name)}", "it holds CR, LF or NUL")
