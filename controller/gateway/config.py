@@ -52,6 +52,10 @@ class GatewayConfig:
     # vLLM's server closes idle keep-alive connections after 5 s (uvicorn's default); reusing one
     # it is closing gives a spurious "server disconnected", so we drop ours first.
     upstream_keepalive_s: float = 4.0
+    # A pooled connection that closes before a byte of the answer does not prove the engine never
+    # got the request; a POST sent again may start a second generation billed to the key. Off: only
+    # idempotent methods are retried (``upstream_client.may_retry``); each retry is counted.
+    retry_stale_non_idempotent: bool = False
     key_refresh_s: float = 1.0
     # Fail closed: the cached keys are trusted this long after the last good read of the store.
     key_max_stale_s: float = 10.0

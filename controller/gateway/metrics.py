@@ -17,7 +17,11 @@ Metric (type; labels): meaning
 - appliance_gateway_in_flight_streams (gauge): of those, streaming (text/event-stream) responses
 - appliance_gateway_queue_waiting (gauge): requests waiting for an upstream slot
 - appliance_gateway_upstream_errors_total (counter; kind): connect, connect_timeout, disconnect,
-  read_timeout, broken_stream
+  read_timeout, broken_stream, refused_request (a header the gateway adds cannot be written: nothing
+  was sent)
+- appliance_gateway_upstream_retries_total (counter; idempotent): requests sent again on a fresh
+  connection after a pooled one closed before answering; idempotent="no" only when
+  ``retry_stale_non_idempotent`` is on
 - appliance_gateway_upstream_ready (gauge): 1 when an upstream slot is set
 - appliance_gateway_upstream_switches_total (counter): upstream changes through the admin surface
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
@@ -48,6 +52,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller.gateway.gc_pauses import PauseMeter
+from controller.gateway.upstream_client import IDEMPOTENT_METHODS
 from controller.gateway.usage_metrics import UsageMetrics
 
 PREFIX = "appliance_gateway_"
@@ -64,7 +69,9 @@ E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 
 HOLD_OUTCOMES = ("released", "timed_out", "dropped", "full", "failed")
 HOLD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
-UPSTREAM_ERROR_KINDS = ("connect", "connect_timeout", "disconnect", "read_timeout", "broken_stream")
+UPSTREAM_ERROR_KINDS = (
+    "connect", "connect_timeout", "disconnect", "read_timeout", "broken_stream", "refused_request"
+)
 
 
 class RouteSeries:
@@ -153,6 +160,15 @@ class GatewayMetrics:
         self.upstream_errors = Counter(
             PREFIX + "upstream_errors", "Upstream failures by kind.", ["kind"], registry=r
         )
+        self.upstream_retries = Counter(
+            PREFIX + "upstream_retries",
+            "Requests sent again after a pooled upstream connection closed before answering.",
+            ["idempotent"],
+            registry=r,
+        )
+        self._retry_children: dict[bool, Counter] = {
+            True: self.upstream_retries.labels("yes"), False: self.upstream_retries.labels("no")
+        }
         self.upstream_ready = Gauge(PREFIX + "upstream_ready", "1 when an upstream slot is set.", registry=r)
         self.switches = Counter(
             PREFIX + "upstream_switches", "Upstream changes through the admin surface.", registry=r
@@ -187,6 +203,9 @@ class GatewayMetrics:
         # .labels() costs a few microseconds; the hot path looks children up in these dicts.
         self._req_children: dict[tuple[str, str, str], Counter] = {}
         self._route_children: dict[str, tuple[RouteSeries, RouteSeries, RouteSeries]] = {}
+
+    def count_upstream_retry(self, method: bytes) -> None:
+        self._retry_children[method in IDEMPOTENT_METHODS].inc()
 
     def count_request(self, route: str, status: int, key_id: str) -> None:
         k = (route, str(status), key_id)

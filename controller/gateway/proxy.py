@@ -42,6 +42,7 @@ from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.config import GatewayConfig
 from controller.gateway.hold import Hold
 from controller.gateway.hold_sse import wait_for_release
+from controller.gateway.hop_headers import HOP_BY_HOP, end_to_end
 from controller.gateway.jsonbody import BodyError, ModelNotFound, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
@@ -54,10 +55,12 @@ from controller.gateway.upstream_client import (
     ConnectRefused,
     ConnectTimeout,
     ReadTimeout,
+    RefusedRequest,
     StaleConnection,
     UpstreamConnection,
     UpstreamFailure,
     UpstreamPool,
+    may_retry,
 )
 from controller.gateway.usage import Accounting
 from controller.gateway.usage_meter import (
@@ -121,37 +124,19 @@ def models_listing(
     return json.dumps(data, ensure_ascii=False).encode()
 
 
-# Never forwarded upstream: hop-by-hop headers, the client's credentials, and headers we set.
-_DROP_REQUEST = frozenset(
-    {
-        b"host",
-        b"authorization",
-        b"proxy-authorization",
-        b"content-length",
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"expect",
-        b"x-request-id",
-    }
-)
-# Never passed back: hop-by-hop (uvicorn frames the body itself) and the id we set.
-_DROP_RESPONSE = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"x-request-id",
-    }
-)
+# Never forwarded upstream: hop-by-hop headers (``hop_headers``: the fixed ones and any the client's
+# Connection header names), the client's credentials, and headers we set.
+_DROP_REQUEST = HOP_BY_HOP | {
+    b"host",
+    b"authorization",
+    b"proxy-authorization",
+    b"content-length",
+    b"expect",
+    b"x-request-id",
+}
+# Never passed back: hop-by-hop (uvicorn frames the body itself; and any the upstream's Connection
+# header names) and the id we set.
+_DROP_RESPONSE = HOP_BY_HOP | {b"x-request-id"}
 _DROP_REQUEST_MODELS = _DROP_REQUEST | {b"accept-encoding"}
 _REQUEST_ID_RE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 _CLOSE = (b"connection", b"close")
@@ -548,7 +533,7 @@ class Proxy:
         drop: frozenset[bytes] = _DROP_REQUEST,
     ) -> Headers:
         # uvicorn hands header names lower-cased, values as sent (its parser refused CR/LF in them).
-        out = [(name, value) for name, value in headers if name not in drop]
+        out = end_to_end(headers, drop)
         out.append((b"x-request-id", request_id))
         if authorization is not None:  # the engine's own key (built once per upstream switch)
             out.append((b"authorization", authorization.encode("latin-1")))
@@ -585,9 +570,13 @@ class Proxy:
                 resp = await pool.request(pool.origin(upstream.url), method, target, headers, body)
                 break
             except StaleConnection:
-                # A pooled connection the upstream closed while idle: it never saw this request,
-                # so one retry on a fresh connection is safe.
-                if attempt == 2:
+                # A pooled connection closed before a byte of the answer came back. The upstream
+                # may still have started on the request: sent again only where a repeat is harmless
+                # (``upstream_client.may_retry``: idempotent methods, or the operator's setting).
+                retry = attempt == 1 and may_retry(method, self.config.retry_stale_non_idempotent)
+                if retry:
+                    self.metrics.count_upstream_retry(method)
+                else:
                     errors.labels("disconnect").inc()
                     await send_error(
                         send,
@@ -636,11 +625,18 @@ class Proxy:
                     send, 502, f"upstream {upstream.url} request failed: {exc}", "upstream_error", [rid]
                 )
                 return 502
+            except RefusedRequest as exc:
+                # A header the gateway itself adds (the engine key) cannot be written: nothing was
+                # sent. The message names the field, never its value.
+                errors.labels(RefusedRequest.kind).inc()
+                log.error("request %s: %s", request_id.decode(), exc)
+                await send_error(send, 502, f"the gateway {exc}", "upstream_error", [rid])
+                return 502
         assert resp is not None
         complete = False
         is_stream = False
         try:
-            out_headers: Headers = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
+            out_headers: Headers = end_to_end(resp.headers, _DROP_RESPONSE)
             out_headers.append(rid)
             if metering is not None:
                 out_headers += metering.headers

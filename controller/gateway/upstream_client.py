@@ -20,7 +20,30 @@ against real sockets):
   sides keep it alive;
 - a failure says what happened (``UpstreamFailure`` and its kinds, which are the gateway's metric
   labels). ``StaleConnection`` is a pooled connection the upstream closed before sending a byte of
-  the answer: the request never reached it, so one retry on a fresh connection is safe;
+  the answer. That is *not* proof that the request was never processed: the upstream may have read
+  it, started work (a generation, billed to the key) and died or closed before answering. So a
+  stale connection is retried on a fresh one only where a repeat is harmless (``may_retry``):
+  idempotent methods (RFC 9110 §9.2.2: GET, HEAD, OPTIONS, TRACE, PUT, DELETE). A POST is retried
+  only when the operator turned ``GatewayConfig.retry_stale_non_idempotent`` on (off by default;
+  nginx stopped resending non-idempotent requests in 1.9.13 for the same reason), and every retry
+  is counted (``appliance_gateway_upstream_retries_total``). The case that is provably safe, a
+  pooled connection already seen closing before the write, never gets that far: ``_take_idle``
+  skips it and the request goes out on another connection (not a retry: nothing was written);
+- what is written is checked first (``field_check``): a header name that is not a token, or a value
+  with CR, LF or NUL (the admin-set engine key included), is refused (``UnsafeField``) before a
+  connection is even taken;
+- the answer is read as RFC 9112 says, with llhttp's leniencies closed where they would change the
+  meaning: 1xx interim answers (100, 103, ...) are skipped and the head starts again, the final
+  answer is the one the request gets (a 101 is refused: the gateway never asks for an upgrade);
+  trailer fields are never merged into the head's fields (RFC 9110 §6.5.2); a Transfer-Encoding
+  other than one plain ``chunked`` is refused (llhttp takes ``gzip, chunked`` as chunked and
+  ``gzip`` as read-to-close, which would pass coded bytes without their label); trailing
+  whitespace of a value is not part of it; only an HTTP/1.1 answer keeps its connection alive (as
+  h11: HTTP/1.0 keep-alive is not trusted). ``tests/unit/test_upstream_conformance.py`` holds the
+  client to h11 on generated and hand-picked byte streams, and lists where it is stricter;
+- bytes nobody asked for are never read as an answer: any byte after the end of the answer (an
+  over-long body, a second answer) or on an idle pooled connection makes the connection unusable
+  and it is closed, so they cannot become the next request's answer;
 - bodies framed by Content-Length, by chunks (de-chunked here; uvicorn re-frames for the client, as
   with aiohttp) or by the end of the connection;
 - back-pressure: reading from the upstream pauses while more than ``_HIGH_WATER`` bytes wait for a
@@ -33,11 +56,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from controller.gateway.field_check import UnsafeField, check_origin_part, check_request
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -82,6 +108,27 @@ class BrokenResponse(UpstreamFailure):
     kind = "broken_stream"
 
 
+class RefusedRequest(UpstreamFailure):
+    """The request itself could not be written as it is (``field_check``); nothing was sent."""
+
+    kind = "refused_request"
+
+
+# RFC 9110 §9.2.2: a repeat has the same effect as one request, so resending after a stale
+# connection cannot duplicate work the upstream may already have started.
+IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+
+
+def may_retry(method: bytes, retry_non_idempotent: bool) -> bool:
+    """Whether a request that met a ``StaleConnection`` may be sent again on a fresh connection
+    (see the module doc: the stale connection does not prove the upstream never got it)."""
+    return retry_non_idempotent or method in IDEMPOTENT_METHODS
+
+
+class _Stop(Exception):
+    """Raised in a parser callback to stop llhttp at once; the state says why."""
+
+
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Where an upstream URL points: what a pooled connection is keyed by."""
@@ -99,13 +146,14 @@ class Origin:
             raise ValueError(f"not an http(s) URL: {url!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        return cls(
-            host=parts.hostname,
-            port=port,
-            tls=tls,
-            host_header=parts.netloc.rsplit("@", 1)[-1].encode("idna"),
-            prefix=parts.path.rstrip("/").encode("latin-1"),
-        )
+        host_header = parts.netloc.rsplit("@", 1)[-1].encode("idna")
+        prefix = parts.path.rstrip("/").encode("latin-1")
+        try:  # written into every request: checked once here
+            check_origin_part("the Host header", host_header)
+            check_origin_part("the URL path", prefix)
+        except UnsafeField as exc:
+            raise ValueError(f"unusable upstream URL: {exc}") from None
+        return cls(host=parts.hostname, port=port, tls=tls, host_header=host_header, prefix=prefix)
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -116,12 +164,16 @@ class UpstreamConnection(asyncio.Protocol):
         self._pool = pool
         self.origin = origin
         self._loop = loop
+        self._clock = pool.clock or loop.time
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.reused = False  # taken from the pool at least once
         self._idle_handle: asyncio.TimerHandle | None = None
         self._holds_slot = False
+        # A request was written and its answer not yet handed back (release/close): only then are
+        # bytes from the upstream an answer.
+        self._in_use = False
         self._begin(head_only=False)
 
     # --- per request state -------------------------------------------------------------------
@@ -132,6 +184,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_only = head_only
         self._framed = False  # Content-Length or chunked: the end is known without a close
         self._got_bytes = False
+        self._in_head = False  # between a message's start line and the end of its header section
+        self._interim = False  # the message being parsed is a 1xx
+        self._chunked_seen = False
         self._head_done = False
         self._keep_alive = False
         self._complete = False
@@ -149,12 +204,24 @@ class UpstreamConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if not self._in_use or self._complete:
+            # Nobody asked: on an idle pooled connection, or after the end of the answer (a body
+            # longer than its Content-Length, a second answer), these bytes would be read as the
+            # next request's answer. The connection is done; an answer already read stays whole.
+            self._keep_alive = False
+            self._close_transport()
+            return
         self._got_bytes = True
-        self._last_data = self._loop.time()
+        self._last_data = self._clock()
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(BrokenResponse(f"upstream sent an answer that is not HTTP/1.1: {exc}"))
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Stop) as exc:
+            # _Stop: a callback said why (``_fail``) or saw bytes after the answer. Otherwise llhttp
+            # refused the bytes; after a complete answer they are trailing bytes, not the answer's.
+            if self._complete:
+                self._keep_alive = False
+            else:
+                self._fail(BrokenResponse(f"upstream sent an answer that is not HTTP/1.1: {exc}"))
             self._close_transport()
 
     def eof_received(self) -> bool | None:
@@ -173,20 +240,53 @@ class UpstreamConnection(asyncio.Protocol):
                 self._fail(BrokenResponse(f"the upstream closed the connection mid-answer{reason}"))
 
     # --- httptools callbacks -----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._complete:
+            raise _Stop("a second answer to one request")  # data_received: the connection is done
+        # A new message: after a 1xx the final answer's head starts from nothing (no 103 field
+        # may end up among the 200's).
+        self.headers = []
+        self.content_type = b""
+        self._framed = False
+        self._chunked_seen = False
+        self._in_head = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a trailer field: never one of the head's (RFC 9110 §6.5.2), not forwarded
+        if value[-1:] in (b" ", b"\t"):
+            value = value.rstrip(b" \t")  # trailing whitespace is not part of the value (llhttp keeps it)
         lower = name.lower()
         if lower == b"content-type":
             self.content_type = value.lower()
-        elif lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
+        elif lower == b"content-length":
             self._framed = True
+        elif lower == b"transfer-encoding":
+            # llhttp reads "gzip, chunked" as chunked and "gzip" (or "chunked, gzip") as read-until-
+            # close: the gateway would pass coded bytes on without their coding. One plain
+            # "chunked" is all an upstream of ours sends; anything else is refused, as h11 does.
+            if self._chunked_seen or value.lower() != b"chunked":
+                self._fail(BrokenResponse("upstream sent a Transfer-Encoding other than one 'chunked'"))
+                raise _Stop("transfer-encoding")
+            self._chunked_seen = self._framed = True
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        self._in_head = False
+        status = self._parser.get_status_code()
+        if status == 101:
+            # The gateway never asks for an upgrade; what follows would not be HTTP at all.
+            self._fail(BrokenResponse("upstream switched protocols (101) though none was asked for"))
+            raise _Stop("101")
+        if 100 <= status < 200:
+            self._interim = True  # informational: the final answer follows (RFC 9110 §15.2)
+            return
+        self.status = status
         # Asked here, as uvicorn does: once the message is complete llhttp has reset its flags.
-        self._keep_alive = self._parser.should_keep_alive()
+        # HTTP/1.0 keep-alive is not trusted (as h11): only an HTTP/1.1 answer keeps the connection.
+        self._keep_alive = self._parser.should_keep_alive() and self._parser.get_http_version() == "1.1"
         self._head_done = True
-        if self._head_only or self.status in (204, 304) or 100 <= self.status < 200:
+        if self._head_only or status in (204, 304):
             self._framed = True
             self._finish()
         else:
@@ -201,6 +301,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False  # the end of a 1xx; the parser goes on with the next message
+            return
         self._finish()
 
     # --- the request -------------------------------------------------------------------------
@@ -209,6 +312,7 @@ class UpstreamConnection(asyncio.Protocol):
     ) -> None:
         assert self._transport is not None
         self._begin(head_only=method == b"HEAD")
+        self._in_use = True
         origin = self.origin
         parts = [method, b" ", origin.prefix, target, b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n"]
         for name, value in headers:
@@ -216,9 +320,9 @@ class UpstreamConnection(asyncio.Protocol):
         if body or method in (b"POST", b"PUT", b"PATCH"):
             parts.append(b"Content-Length: %d\r\n" % len(body))
         parts += (b"\r\n", body)
-        self._last_data = self._loop.time()
+        self._last_data = self._clock()
         self._timeout_s = idle_timeout_s
-        self._timer = self._loop.call_at(self._last_data + idle_timeout_s, self._check_idle)
+        self._timer = self._loop.call_later(idle_timeout_s, self._check_idle)
         self._transport.write(b"".join(parts))
 
     async def _head(self) -> None:
@@ -268,6 +372,7 @@ class UpstreamConnection(asyncio.Protocol):
     def close(self) -> None:
         """Drop the connection (an answer not read to the end is never pooled: closing it is also
         what tells vLLM to abort the generation)."""
+        self._in_use = False
         self._stop_timer()
         self._close_transport()
         self._pool._done(self)
@@ -312,12 +417,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer = None
         if self._complete or self._error is not None:
             return
+        now = self._clock()
         due = self._last_data + self._timeout_s
-        if self._paused or due > self._loop.time():
+        if self._paused or due > now:
             if self._paused:
-                self._last_data = self._loop.time()
-                due = self._last_data + self._timeout_s
-            self._timer = self._loop.call_at(due, self._check_idle)
+                self._last_data = now
+                due = now + self._timeout_s
+            self._timer = self._loop.call_later(due - now, self._check_idle)
             return
         self._fail(ReadTimeout(f"the upstream sent nothing for {self._timeout_s:g} s"))
         self._close_transport()
@@ -336,8 +442,16 @@ class UpstreamPool:
     """Connections to upstreams, pooled per origin (see the module doc)."""
 
     def __init__(
-        self, connect_timeout_s: float, idle_timeout_s: float, keepalive_s: float, limit: int
+        self,
+        connect_timeout_s: float,
+        idle_timeout_s: float,
+        keepalive_s: float,
+        limit: int,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        # ``clock``: what the idle read timeout measures silence with (the loop's clock unless a
+        # test drives it: the timer then fires on the loop's time and re-checks against this one).
+        self.clock = clock
         self.connect_timeout_s = connect_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.keepalive_s = keepalive_s
@@ -365,7 +479,11 @@ class UpstreamPool:
     ) -> UpstreamConnection:
         """Send a request and wait for the answer's status and headers. The caller reads the body
         and then calls ``release`` (read to the end) or ``close``; a failure here leaves nothing to
-        clean up."""
+        clean up. ``RefusedRequest``: the request cannot be written as it is (nothing was sent)."""
+        try:
+            check_request(method, target, headers)
+        except UnsafeField as exc:
+            raise RefusedRequest(str(exc)) from None
         await self._slots.acquire()
         conn: UpstreamConnection | None = None
         try:  # from here on the slot is ours: released by close/release, or below
@@ -429,6 +547,7 @@ class UpstreamPool:
         return None
 
     def _put_back(self, conn: UpstreamConnection) -> None:
+        conn._in_use = False
         self._done(conn)
         if self._closed:
             conn._close_transport()

@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
 
+from controller.gateway.app import GatewayApp
+from controller.gateway.config import GatewayConfig
+from controller.gateway.keystore import KeyStore
 from controller.gateway.upstream_client import (
     BrokenResponse,
     ConnectRefused,
     Origin,
     ReadTimeout,
+    RefusedRequest,
     StaleConnection,
     UpstreamPool,
+    may_retry,
 )
 
 
@@ -99,10 +106,22 @@ async def keep_answering(state: Server, reader: R, writer: W) -> None:
         del req
 
 
-def pool(**kw: float) -> UpstreamPool:
+def pool(clock: Callable[[], float] | None = None, **kw: float) -> UpstreamPool:
     a: dict[str, float] = {"connect_timeout_s": 2.0, "idle_timeout_s": 5.0, "keepalive_s": 4.0, "limit": 16}
     a.update(kw)
-    return UpstreamPool(a["connect_timeout_s"], a["idle_timeout_s"], a["keepalive_s"], int(a["limit"]))
+    return UpstreamPool(
+        a["connect_timeout_s"], a["idle_timeout_s"], a["keepalive_s"], int(a["limit"]), clock=clock
+    )
+
+
+class FakeClock:
+    """A clock the test moves: what the idle timeout measures silence with."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @both_loops
@@ -277,24 +296,34 @@ async def test_silence_is_a_read_timeout_before_the_head_and_mid_body() -> None:
             await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
         await p.close()
 
-    async def trickle_then_stall(state: Server, reader: R, writer: W) -> None:
+    # Mid-body: the clock the timeout measures silence with is the test's, so "a byte comes more often
+    # than the timeout" holds however the machine schedules the two sides (the loop's timer only
+    # decides when the check runs; the check compares the test's clock).
+    sends: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def trickle_on_demand(state: Server, reader: R, writer: W) -> None:
         await read_request(state, reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
-        for _ in range(5):  # data keeps coming more often than the timeout: no timeout yet
-            await asyncio.sleep(0.1)
-            writer.write(b"x")
+        while data := await sends.get():
+            writer.write(data)
             await writer.drain()
-        await asyncio.sleep(5)
+        await asyncio.sleep(30)
 
-    async with serve(trickle_then_stall) as srv:
-        p = pool(idle_timeout_s=0.3)
+    clock = FakeClock()
+    async with serve(trickle_on_demand) as srv:
+        p = pool(idle_timeout_s=0.3, clock=clock)
         resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
         got = b""
+        for _ in range(10):  # 1 s of the client's time in all, more than three timeouts
+            clock.now += 0.1  # under the timeout since the last byte
+            await sends.put(b"x")
+            got += await resp.read()
+        assert got == b"x" * 10
+        clock.now += 0.31  # silence past the timeout: the next check (on the loop's timer) fails
         with pytest.raises(ReadTimeout):
-            while chunk := await resp.read():
-                got += chunk
-        assert got == b"xxxxx"
+            await resp.read()
         resp.close()
+        await sends.put(b"")
         await p.close()
 
 
@@ -412,3 +441,325 @@ def test_origins() -> None:
     assert (o.port, o.tls, o.host_header, o.prefix) == (8000, False, b"127.0.0.1:8000", b"")
     with pytest.raises(ValueError, match="not an http"):
         Origin.parse("ftp://x")
+
+
+# --- Regressions of the red team's probes (issue: the upstream client held to RFC 9110/9112) ----------
+
+
+@both_loops
+async def test_a_1xx_is_skipped_and_the_next_request_gets_its_own_answer() -> None:
+    """Before: `100 <= status < 200` finished the answer. A 103 then, 0.2 s later, the 200: request A
+    got 103 with no body and the connection went back to the pool, so request B's answer began with
+    A's body. Both in one read: the 103's fields merged into the 200's."""
+    gap = asyncio.Event()
+
+    async def early_hints(state: Server, reader: R, writer: W) -> None:
+        while (req := await read_request(state, reader)) is not None:
+            n = len(state.requests)
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
+            if n == 1:  # the final answer in a later read
+                await writer.drain()
+                await gap.wait()
+            writer.write(ok(b"answer %d" % n))
+            await writer.drain()
+            del req
+
+    async with serve(early_hints) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        a = asyncio.create_task(p.request(origin, b"POST", b"/", [], b"{}"))
+        for _ in range(100):  # the 103 alone has arrived: A must still wait for the final answer
+            if len(srv.requests) == 1:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert not a.done()
+        gap.set()
+        resp = await a
+        assert resp.status == 200
+        assert [k for k, _ in resp.headers] == [b"Content-Type", b"Content-Length"]
+        assert await resp.read_all() == b"answer 1"
+        resp.release()
+        b = await p.request(origin, b"POST", b"/", [], b"{}")  # the same connection, one read
+        assert (b.status, await b.read_all()) == (200, b"answer 2")
+        assert all(k != b"Link" for k, _ in b.headers)
+        b.release()
+        await p.close()
+    assert srv.connections == 1
+
+
+@both_loops
+async def test_several_1xx_then_204_and_a_101_is_refused_and_never_pooled() -> None:
+    async def interim_then(final: bytes) -> Callable[[Server, R, W], Awaitable[None]]:
+        async def answer(state: Server, reader: R, writer: W) -> None:
+            while await read_request(state, reader) is not None:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n"
+                             b"HTTP/1.1 102 Processing\r\nX-A: 1\r\n\r\n" + final)
+                await writer.drain()
+        return answer
+
+    async with serve(await interim_then(b"HTTP/1.1 204 No Content\r\nX-B: 2\r\n\r\n")) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"DELETE", b"/", [], b"")
+        assert (resp.status, resp.headers, await resp.read_all()) == (204, [(b"X-B", b"2")], b"")
+        resp.release()
+        assert p.idle_count == 1
+        await p.close()
+
+    upgrade = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n\x00\x00"
+    async with serve(await interim_then(upgrade)) as srv:
+        p = pool()
+        with pytest.raises(BrokenResponse, match="101"):
+            await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        assert p.idle_count == 0
+        await asyncio.wait_for(srv.eof_seen.wait(), 2.0)  # the client closed it
+        await p.close()
+
+
+@both_loops
+async def test_trailers_are_not_headers_even_when_they_arrive_with_the_head() -> None:
+    """Before: the whole chunked answer in one read put the trailer `X-T` among the headers the
+    proxy forwards (RFC 9110 §6.5.2 forbids merging them)."""
+
+    async def with_trailer(state: Server, reader: R, writer: W) -> None:
+        while await read_request(state, reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n"
+                         b"5;ext=1\r\nhello\r\n0\r\nX-T: secret-ish\r\n\r\n")
+            await writer.drain()
+
+    async with serve(with_trailer) as srv:
+        p = pool()
+        for _ in range(2):
+            resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+            await asyncio.sleep(0.01)
+            assert [k for k, _ in resp.headers] == [b"Transfer-Encoding", b"Trailer"]
+            assert await resp.read_all() == b"hello"
+            resp.release()
+        await p.close()
+    assert srv.connections == 1
+
+
+@pytest.mark.parametrize(("headers", "field"), [
+    ([(b"authorization", b"Bearer k\r\nX-Injected: 1")], "the value of header b'authorization'"),
+    ([(b"authorization", b"Bearer k\nX: 1")], "the value of header b'authorization'"),
+    ([(b"x-a", b"a\x00b")], "the value of header b'x-a'"),
+    ([(b"x a", b"1")], "header name b'x a'"),
+    ([(b"x:a", b"1")], "header name b'x:a'"),
+    ([(b"x-a\r\nx-b", b"1")], "header name b'x-a\\\\r\\\\nx-b'"),
+    ([(b"", b"1")], "header name b''"),
+])
+def test_unsafe_header_fields_are_refused_before_a_byte_is_written(
+    headers: list[tuple[bytes, bytes]], field: str
+) -> None:
+    """Before: names and values were written raw (the admin-set engine key, a recipe's --api-key):
+    a CR/LF split the request in two on the engine's socket."""
+
+    async def case() -> None:
+        async with serve(keep_answering) as srv:
+            p = pool()
+            with pytest.raises(RefusedRequest, match=field) as info:
+                await p.request(p.origin(srv.url), b"POST", b"/", [(b"x-ok", b"1"), *headers], b"{}")
+            assert "Bearer k" not in str(info.value)  # the value (a key) is never in the message
+            assert p.idle_count == 0
+            await p.close()
+        assert srv.connections == 0  # refused before connecting: nothing written
+
+    for run in (asyncio.run, uvloop.run):
+        run(case())
+
+
+def test_unsafe_method_target_or_upstream_url_is_refused() -> None:
+    async def case() -> None:
+        p = pool()
+        origin = p.origin("http://127.0.0.1:9")
+        with pytest.raises(RefusedRequest, match="method"):
+            await p.request(origin, b"GET /x HTTP/1.1\r\n", b"/", [], b"")
+        with pytest.raises(RefusedRequest, match="target"):
+            await p.request(origin, b"GET", b"/a b", [], b"")
+        await p.close()
+
+    asyncio.run(case())
+    with pytest.raises(ValueError, match="unusable upstream URL"):
+        Origin.parse("http://127.0.0.1:9/base path/")
+
+
+@both_loops
+async def test_bytes_on_an_idle_pooled_connection_close_it_and_never_answer_the_next_request() -> None:
+    async def unsolicited(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"first"))
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the client has pooled the connection by now (or not: same end)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot yours")
+        await writer.drain()
+        await read_request(state, reader)  # the client's close
+
+    async with serve(unsolicited) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        assert await resp.read_all() == b"first"
+        resp.release()
+        await asyncio.wait_for(srv.eof_seen.wait(), 2.0)  # the client closed it on the stray bytes
+        assert p.idle_count == 0
+        fresh = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        assert await fresh.read_all() == b"first"
+        fresh.release()
+        await p.close()
+    assert srv.connections == 2
+
+
+@both_loops
+async def test_a_body_longer_than_its_length_leaves_the_connection_unpooled() -> None:
+    async def too_long(state: Server, reader: R, writer: W) -> None:
+        while await read_request(state, reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+                         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra")
+            await writer.drain()
+
+    async with serve(too_long) as srv:
+        p = pool()
+        for _ in range(2):
+            resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+            assert await resp.read_all() == b"hi"
+            resp.release()
+            assert p.idle_count == 0
+        await p.close()
+    assert srv.connections == 2
+
+
+def test_only_idempotent_methods_may_be_retried_unless_the_setting_says_so() -> None:
+    for method in (b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE"):
+        assert may_retry(method, retry_non_idempotent=False)
+    for method in (b"POST", b"PATCH"):
+        assert not may_retry(method, retry_non_idempotent=False)
+        assert may_retry(method, retry_non_idempotent=True)
+
+
+# --- Through the gateway's proxy (ASGI app driven directly, real upstream sockets) --------------------
+
+
+@asynccontextmanager
+async def gateway(
+    url: str, upstream_key: str | None = None, **config: Any
+) -> AsyncIterator[tuple[GatewayApp, str]]:
+    with tempfile.TemporaryDirectory() as home:
+        app = GatewayApp(GatewayConfig(keys_db=Path(home) / "keys.db", **config))
+        app.keys.load(create=True)
+        _, key = KeyStore(Path(home) / "keys.db").create("test")
+        await app.startup()
+        app.slot.set(url, None, upstream_key=upstream_key)
+        try:
+            yield app, key
+        finally:
+            await app.shutdown()
+
+
+async def asgi_call(
+    app: GatewayApp, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes = b""
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    sent: dict[str, Any] = {"status": 0, "headers": [], "body": b""}
+    done = asyncio.Event()
+    pending = [body]
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            sent["status"], sent["headers"] = message["status"], list(message["headers"])
+        else:
+            sent["body"] += message.get("body", b"")
+            if not message.get("more_body", False):
+                done.set()
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": headers}
+    await asyncio.wait_for(app(scope, receive, send), timeout=5)
+    return sent["status"], sent["headers"], sent["body"]
+
+
+@both_loops
+async def test_headers_named_in_connection_are_dropped_both_ways() -> None:
+    """Before: only the fixed lists applied; `Connection: x-hop` did not make `x-hop` hop-by-hop
+    (RFC 9110 §7.6.1), so it crossed the gateway in both directions."""
+
+    async def answer(state: Server, reader: R, writer: W) -> None:
+        while await read_request(state, reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Connection: X-Up-Hop, keep-alive\r\n"
+                         b"X-Up-Hop: internal\r\nX-Up-Kept: 1\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async with serve(answer) as srv, gateway(srv.url) as (app, key):
+        status, headers, body = await asgi_call(app, "GET", "/v1/completions", [
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"connection", b"x-hop, Upgrade"), (b"connection", b"X-Second"),
+            (b"x-hop", b"1"), (b"x-second", b"2"), (b"x-kept", b"3"),
+        ])
+        assert status == 200, body
+        names = {k.lower() for k, _ in headers}
+        assert b"x-up-hop" not in names and b"connection" not in names and b"x-up-kept" in names
+    sent = srv.requests[0].lower()
+    assert b"x-kept: 3" in sent
+    assert b"x-hop" not in sent and b"x-second" not in sent and b"connection" not in sent
+
+
+def stale_after_first() -> Callable[[Server, R, W], Awaitable[None]]:
+    """The first connection answers once, then takes the next request and closes without a byte
+    (the request reached the engine; it may have started on it). Later connections answer."""
+
+    async def handler(state: Server, reader: R, writer: W) -> None:
+        first_connection = state.connections == 1
+        while await read_request(state, reader) is not None:
+            if first_connection and len(state.requests) > 1:
+                writer.transport.abort()
+                return
+            writer.write(ok(b'{"n":%d}' % len(state.requests)))
+            await writer.drain()
+
+    return handler
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize(("method", "setting", "sent_again"), [
+    ("POST", False, False),  # the issue: a POST was sent twice (a second generation billed)
+    ("GET", False, True),
+    ("POST", True, True),
+])
+def test_a_stale_pooled_connection_is_retried_only_where_a_repeat_is_harmless(
+    loop: str, method: str, setting: bool, sent_again: bool
+) -> None:
+    """Before: any method met a stale pooled connection with one retry on a fresh connection."""
+
+    async def case() -> None:
+        async with serve(stale_after_first()) as srv, \
+                gateway(srv.url, retry_stale_non_idempotent=setting) as (app, key):
+            h = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+            body = b"{}" if method == "POST" else b""
+            assert (await asgi_call(app, method, "/v1/completions", h, body))[0] == 200
+            status, _, answer = await asgi_call(app, method, "/v1/completions", h, body)
+            retries = app.metrics.upstream_retries
+            counted = {v: retries.labels(v)._value.get() for v in ("yes", "no")}
+        if sent_again:
+            assert status == 200 and answer == b'{"n":3}'
+            assert len(srv.requests) == 3
+            assert counted == ({"yes": 0, "no": 1} if method == "POST" else {"yes": 1, "no": 0})
+        else:
+            assert status == 502 and b"closed the connection before answering" in answer
+            assert len(srv.requests) == 2  # the engine got it once
+            assert counted == {"yes": 0, "no": 0}
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(case())
+
+
+@both_loops
+async def test_an_engine_key_with_a_line_break_is_a_502_and_nothing_reaches_the_engine() -> None:
+    async with serve(keep_answering) as srv, gateway(srv.url, upstream_key="k\r\nX-Evil: 1") as (app, key):
+        status, _, body = await asgi_call(
+            app, "GET", "/v1/models", [(b"authorization", f"Bearer {key}".encode())])
+        assert status == 502 and b"authorization" in body and b"X-Evil" not in body
+        assert app.metrics.upstream_errors.labels("refused_request")._value.get() == 1
+    assert srv.connections == 0
