@@ -216,13 +216,18 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
             arms.append(Arm("direct", upstream_url, {}, None))
         elif name == "gateway" or name.startswith("gateway@"):
             tree = ROOT
-            if name.startswith("gateway@"):
+            slug = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)  # a file name
+            if name.startswith("gateway@") and Path(name[8:]).is_dir():
+                # A tree exported beforehand (``git archive``): where there is no git history, as on
+                # the device machine, which gets a copy of the working tree only.
+                tree = Path(name[8:]).resolve()
+            elif name.startswith("gateway@"):
                 tree = work / name.replace("@", "-")
                 subprocess.run(
                     ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), name[8:]],
                     check=True,
                 )
-            store = KeyStore(work / f"keys-{name.replace('@', '-')}.db")
+            store = KeyStore(work / f"keys-{slug}.db")
             # Token quotas far above what a run spends: the quota check and charge run on every
             # request (the usage path on, as in production), and never refuse.
             _, key = store.create("bench", tpm_limit=10**9, tpd_limit=10**10)
@@ -245,7 +250,7 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
                     "--keys",
                     str(store.path),
                 ],
-                work / f"{name.replace('@', '-')}.log",
+                work / f"{slug}.log",
                 # This tree's (or the baseline's) code first, then whatever the caller had.
                 env={"PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))},
                 cwd=tree,
@@ -679,7 +684,8 @@ def main() -> None:
     p.add_argument(
         "--baseline",
         metavar="REV",
-        help="add an arm gateway@REV: the gateway of an older commit (a git worktree), interleaved",
+        help="add an arm gateway@REV: the gateway of an older commit (a git worktree; or REV is a "
+        "directory holding an exported tree), interleaved",
     )
     p.add_argument("--conc", default="1,8,32,64")
     p.add_argument("--modes", default="stream,plain")
