@@ -63,7 +63,7 @@ from controller.runtime.base import (
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import read_log_file
-from controller.runtime.ports import ensure_port_free
+from controller.runtime.ports import PortCheck, ensure_port_free
 from controller.runtime.process_shim import NATURAL_EXIT_S, exit_code_of, group_members, signal_name
 from controller.runtime.registry import RuntimeContext
 
@@ -199,11 +199,15 @@ class ProcessRuntime:
         kill_wait_s: float = 10.0,
         python: str = sys.executable,
         instance_id: str | None = None,
+        port_check: PortCheck = ensure_port_free,
     ) -> None:
         """`orphan_grace_s`: how long processes left behind by an ended engine get after TERM (shim).
         `kill_wait_s`: how long to wait for the shim to record the status after the engine got KILL.
-        `python`: the interpreter that runs the shim (the controller's own; it needs only psutil)."""
+        `python`: the interpreter that runs the shim (the controller's own; it needs only psutil).
+        `port_check`: proves the engine's port free before the start (PortInUse otherwise); a seam
+        so that tests do not depend on what holds the host's real ports."""
         self.runs_dir = runs_dir
+        self._port_check = port_check
         # This appliance's id (LABEL_INSTANCE in the identity labels and the handle); adopt() takes
         # only engines recorded with it. None: unscoped.
         self.instance_id = instance_id
@@ -238,7 +242,7 @@ class ProcessRuntime:
             )
         ensure_cache_dirs(spec)
         self._end_leftovers()
-        ensure_port_free(spec.host, spec.port)
+        self._port_check(spec.host, spec.port)
         run_dir = self.runs_dir / launch_id
         try:
             self.runs_dir.mkdir(parents=True, exist_ok=True)
