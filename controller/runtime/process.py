@@ -11,10 +11,11 @@ Layout of one launch, `runs_dir/<launch_id>/`:
   on adoption; the engine itself reads the same text from `runs_dir/.engine-keys/<variant>.engine-key.yaml`,
   a path that is the same for every launch of the variant (appliance/recipe/engine_secret.py)
 
-The run directory is 0700: the engine log can hold the key too (vLLM 0.26.0 logs its arguments).
+The run directory is 0700. vLLM 0.26.0 logs its arguments, the key among them: the shim writes the
+engine's output into `engine.log` through a redactor (process_shim.py), so the log never holds it.
 
 The engine is started in its own session (`start_new_session=True`), with stdin from /dev/null and
-its output going to a file, so it has no pipe to the controller and no controlling terminal: it
+its output going (through the shim) to a file, so it has no pipe to the controller and no controlling terminal: it
 survives the controller's death, and a restarted controller adopts it instead of launching a second
 engine on a host that can hold only one (DOMAIN §3).
 
@@ -263,6 +264,8 @@ class ProcessRuntime:
             str(run_dir / STATUS_FILE),
             "--orphan-grace",
             str(self._orphan_grace_s),
+            # The shim redacts this key from the engine's output before it reaches engine.log.
+            *(("--key-file", str(run_dir / KEY_FILE_NAME)) if engine_key is not None else ()),
             "--",
             *command,
         )

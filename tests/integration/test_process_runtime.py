@@ -306,6 +306,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A fake engine that prints its keys the ways vLLM does: 0.26.0's non-default args line, an argv
+# echo, stderr, and one key cut in two writes (flushed, with a pause between) across a pipe read.
+_PRINTS_KEYS = """
+import sys, time
+own = sys.argv[sys.argv.index("--api-key") + 1]
+config = open(sys.argv[sys.argv.index("--config") + 1]).read()  # as vLLM gets the launch's key
+key = config.split(":", 1)[1].strip().strip("'")
+print(f"INFO non-default args: {{'api_key': ['{key}'], 'port': 8000}}", flush=True)
+print(f"INFO argv: serve /m --api-key {own} --port 8000", file=sys.stderr, flush=True)
+sys.stdout.write("split: " + key[:7]); sys.stdout.flush(); time.sleep(0.3)
+sys.stdout.write(key[7:] + " end\\n"); sys.stdout.flush()
+sys.stdout.write("no newline at the end " + key); sys.stdout.flush()
+"""
+
+
+def test_no_file_under_the_launch_dir_holds_the_engine_key(rt: ProcessRuntime, runs: Path) -> None:
+    key = "not-the-eng-shape-Zq93kdLmw0"  # only the key file says it is a key: no pattern matches it
+    own = "recipe-own-key-8Hq2mZ0pLx"  # a recipe's own --api-key, in the command
+    spec = process_spec((sys.executable, "-c", _PRINTS_KEYS, "--api-key", own), env={})
+    handle = rt.start(spec, "keys-1", engine_key=key)
+    text = wait_for_log(rt, handle, r"\[appliance-shim\] engine \(pid \d+\) ended")
+    assert rt.wait(handle, LIVENESS_S).exit_code == 0
+    # The lines are there, each key replaced (the split one too, and the unterminated last line).
+    assert "'api_key': '<redacted>'" in text and "--api-key <redacted> --port" in text
+    assert "split: <redacted> end" in text and "no newline at the end <redacted>" in text
+    assert own.encode() not in (runs / "keys-1" / "engine.log").read_bytes()  # (argv, by the recipe's choice)
+    for path in (runs / "keys-1").rglob("*"):
+        if path.is_file() and path.name != "engine-key.yaml":  # the key's own file (removed at the end: 18b)
+            assert key.encode() not in path.read_bytes(), path
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_real_cpu_vllm_engine_starts_answers_is_adopted_and_stops(runs: Path, tmp_path: Path) -> None:
