@@ -16,8 +16,8 @@ engine's output into `engine.log` through a redactor (process_shim.py), so the l
 
 The engine is started in its own session (`start_new_session=True`), with stdin from /dev/null and
 its output going (through the shim) to a file, so it has no pipe to the controller and no
-controlling terminal: it survives the controller's death, and a restarted controller adopts it instead of launching a second
-engine on a host that can hold only one (DOMAIN §3).
+controlling terminal: it survives the controller's death, and a restarted controller adopts it
+instead of launching a second engine on a host that can hold only one (DOMAIN §3).
 
 Exit codes follow the shell/docker convention: killed by signal N → `exit_code=128+N, signal=N`, so
 one set of diagnosis rules ("exit 134" = SIGABRT, DOMAIN §5) covers both runtimes. Thanks to the shim
