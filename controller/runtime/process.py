@@ -138,11 +138,18 @@ def _same_start(proc: psutil.Process, identity: ProcessIdentity) -> bool:
     return abs(proc.create_time() - identity.create_time) <= START_TOLERANCE_S
 
 
-def _pid_taken(ref: str) -> bool:
+def _pid_taken(ref: str, identity: ProcessIdentity | None) -> bool:
+    """The shim's PID belongs to another process now. Not when it is the shim's own zombie: a shim
+    killed after its controller was (an adopted engine) is reaped by its new parent, not by us, and
+    until then `pid_exists` is true — that once made an adopted engine's killed shim an exit without
+    a reason ("unknown")."""
     try:
-        return psutil.pid_exists(int(ref))
-    except ValueError:
+        proc = psutil.Process(int(ref))
+        own_zombie = (identity is not None and proc.status() == psutil.STATUS_ZOMBIE
+                      and _same_start(proc, identity))
+    except (ValueError, psutil.NoSuchProcess):
         return False
+    return not own_zombie  # anything else living there is not ours to write notes about
 
 
 def _signal_all(procs: list[psutil.Process], sig: int) -> None:
@@ -497,7 +504,7 @@ class ProcessRuntime:
         # own exit code is not the engine's ("exited 137" was once recorded while the engine
         # still served). The engine got TERM from the kernel (parent-death signal); whatever is left
         # of the group is ended here, and the run directory says what happened.
-        if shim_returncode is None and _pid_taken(handle.ref):
+        if shim_returncode is None and _pid_taken(handle.ref, self._identity(handle)):
             return ExitInfo(running=False)  # its PID belongs to another process now: nothing to say
         how = "" if shim_returncode is None else f" ({_describe_returncode(shim_returncode)})"
         left = self._orphaned_group(handle)

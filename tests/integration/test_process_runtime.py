@@ -234,6 +234,37 @@ def test_killing_the_shim_takes_the_engine_down_and_frees_its_port(rt: ProcessRu
     assert not rt.stop(again, grace_s=LIVENESS_S).running
 
 
+def test_killing_the_shim_of_an_adopted_engine_is_diagnosable_not_unknown(runs: Path) -> None:
+    """Issue 23's fix (the runtime's "shim was killed" note as the exit reason) held only for an
+    engine this runtime started: for an adopted one the dead shim was still a zombie (its parent, not
+    this runtime, reaps it), its PID counted as "taken by another process", and the exit had no
+    reason: the launch was recorded "unknown"."""
+    spec = fake_spec("--workers", "1")
+    controller = subprocess.Popen(  # the controller that started it, killed: the engine is adopted
+        [sys.executable, "-c", _CONTROLLER, str(runs), spec.model_dump_json()],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert controller.stdout is not None
+    handle = EngineHandle.model_validate_json(controller.stdout.readline())
+    rt = ProcessRuntime(runs, orphan_grace_s=1.0, kill_wait_s=5.0)
+    main, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
+    assert rt.adopt() == [handle]
+    try:
+        os.kill(int(handle.ref), signal.SIGKILL)
+        assert _gone([main]), "the engine outlived its shim"
+        # Its parent (the old controller, stopped here) has not reaped it: a zombie, as under any
+        # parent that is slow to reap (an init that is busy, a container's PID 1 that never does).
+        assert psutil.Process(int(handle.ref)).status() == psutil.STATUS_ZOMBIE
+        info = rt.wait(handle, LIVENESS_S)
+        assert (info.running, info.exit_code) == (False, None)
+        assert info.reason is not None and f"shim (pid {handle.ref}) was killed" in info.reason, info
+        assert rt.inspect(handle).reason == info.reason  # and on every later look (the status file)
+        assert _gone(workers), "a worker outlived its shim and engine"
+    finally:
+        controller.kill()
+        controller.wait()
+
+
 def test_the_engine_death_is_reported_before_its_leftovers_are_reaped(runs: Path) -> None:
     """The supervisor hears of a death at once (it takes the engine out of the gateway); the shim
     still reaps what the engine left, and stop() waits for that."""
