@@ -341,6 +341,7 @@ class ProcessRuntime:
                 handle = EngineHandle.model_validate_json(handle_path.read_text())
                 status = self._status(handle)
                 if status is not None and status.get("complete", True):
+                    self._forget_key(handle)  # a launch that ended before key files were removed
                     continue  # ended and fully reaped (older shims wrote one status, at the end)
                 if self._shim(handle) is not None:
                     if status is not None:  # main ended, leftovers being reaped
@@ -353,7 +354,29 @@ class ProcessRuntime:
                 log.warning("skipping %s: %s", handle_path, exc)
 
     def _key_path(self, spec: LaunchSpec) -> Path:
-        return Path(stable_config_path(str(self.runs_dir / KEYS_DIR), f"{spec.recipe}-{spec.spec_hash[:12]}"))
+        return self._variant_key_path(spec.recipe, spec.spec_hash)
+
+    def _variant_key_path(self, recipe: str, spec_hash: str) -> Path:
+        return Path(stable_config_path(str(self.runs_dir / KEYS_DIR), f"{recipe}-{spec_hash[:12]}"))
+
+    def _forget_key(self, handle: EngineHandle) -> None:
+        """The engine ended: its key files go (vLLM read its config at start; nothing reads the key
+        of an ended launch). Stopped launches once kept theirs, valid-looking secrets on disk. The
+        variant's stable file goes only while it still holds this launch's key: a newer launch of
+        the same variant (blue/green) may have written its own there."""
+        own = self._run_dir(handle) / KEY_FILE_NAME
+        try:
+            text = own.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("launch %s: cannot read its ended engine's key file: %s", handle.launch_id, exc)
+            return
+        shared = self._variant_key_path(handle.recipe, handle.spec_hash)
+        with contextlib.suppress(OSError):
+            if shared.read_text() == text:
+                shared.unlink()
+        own.unlink(missing_ok=True)
 
     def engine_command(self, spec: LaunchSpec, *, with_key: bool) -> tuple[str, ...]:
         """The engine's argv exactly as started: the spec's, plus `--config KEYFILE` when the
@@ -497,6 +520,7 @@ class ProcessRuntime:
         )
 
     def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
+        self._forget_key(handle)
         status = self._status(handle)
         if status is not None:
             return self._info(status)
@@ -531,7 +555,10 @@ class ProcessRuntime:
         elif self._shim(handle) is None:
             return self._ended(handle, None)
         status = self._status(handle)
-        return ExitInfo(running=True) if status is None else self._info(status)
+        if status is None:
+            return ExitInfo(running=True)
+        self._forget_key(handle)  # the engine's main process ended (the shim may still be reaping)
+        return self._info(status)
 
     def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
         """Block until the engine's main process ends (or `timeout_s`). Not a poll loop: it sleeps

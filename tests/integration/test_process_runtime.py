@@ -363,9 +363,22 @@ def test_no_file_under_the_launch_dir_holds_the_engine_key(rt: ProcessRuntime, r
     assert "'api_key': '<redacted>'" in text and "--api-key <redacted> --port" in text
     assert "split: <redacted> end" in text and "no newline at the end <redacted>" in text
     assert own.encode() not in (runs / "keys-1" / "engine.log").read_bytes()  # (argv, by the recipe's choice)
-    for path in (runs / "keys-1").rglob("*"):
-        if path.is_file() and path.name != "engine-key.yaml":  # the key's own file (removed at the end: 18b)
-            assert key.encode() not in path.read_bytes(), path
+    # The engine ended: its key files are gone too, so no file at all holds the key.
+    files = [path for path in runs.rglob("*") if path.is_file()]
+    assert any(path.name == "engine.log" for path in files)
+    for path in files:
+        assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_stopped_launch_keeps_no_engine_key_file(rt: ProcessRuntime, runs: Path) -> None:
+    key = "eng_" + "k" * 43
+    handle = rt.start(fake_spec(), "stopped-1", engine_key=key)
+    wait_for_log(rt, handle, r"READY")
+    holding = sorted(p.relative_to(runs) for p in runs.rglob("*") if p.is_file() and key.encode() in p.read_bytes())
+    assert len(holding) == 2, holding  # its run dir's (read back on adoption) and the variant's (--config)
+    assert rt.read_engine_key(handle) == key
+    assert not rt.stop(handle, grace_s=LIVENESS_S).running
+    assert [p for p in runs.rglob("*") if p.is_file() and key.encode() in p.read_bytes()] == []
 
 
 @pytest.mark.engine
