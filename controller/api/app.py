@@ -62,7 +62,7 @@ _TEXT = "text/plain; charset=utf-8"
 
 
 class ApplyBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # as sent, never coerced (api/keys.py)
 
     recipe: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     fresh_cache: bool = Field(

@@ -42,7 +42,10 @@ def client(store: KeyStore) -> TestClient:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("tpm_limit", 0), ("tpm_limit", -5), ("tpd_limit", 10**11), ("tpd_limit", 1e23), ("tpm_limit", "lots")],
+    [("tpm_limit", 0), ("tpm_limit", -5), ("tpd_limit", 10**11), ("tpd_limit", 1e23), ("tpm_limit", "lots"),
+     # strict: never coerced (a `true` was once stored as a limit of 1, "5" as 5, 5.0 as 5)
+     ("tpm_limit", True), ("tpd_limit", False), ("rpm_limit", True), ("max_concurrent", True),
+     ("tpm_limit", "5"), ("rpm_limit", 5.0)],
 )
 def test_bad_quota_is_a_422_naming_the_field(tmp_path: Path, field: str, value: object) -> None:
     c = client(KeyStore(tmp_path / "k.db"))
