@@ -374,7 +374,8 @@ def test_a_stopped_launch_keeps_no_engine_key_file(rt: ProcessRuntime, runs: Pat
     key = "eng_" + "k" * 43
     handle = rt.start(fake_spec(), "stopped-1", engine_key=key)
     wait_for_log(rt, handle, r"READY")
-    holding = sorted(p.relative_to(runs) for p in runs.rglob("*") if p.is_file() and key.encode() in p.read_bytes())
+    holding = sorted(p.relative_to(runs) for p in runs.rglob("*")
+                     if p.is_file() and key.encode() in p.read_bytes())
     assert len(holding) == 2, holding  # its run dir's (read back on adoption) and the variant's (--config)
     assert rt.read_engine_key(handle) == key
     assert not rt.stop(handle, grace_s=LIVENESS_S).running
