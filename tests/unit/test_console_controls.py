@@ -25,7 +25,7 @@ from controller.supervisor.machine import State
 from controller.watch.history import HostHistory, OomMark
 from tests.unit import test_console as _console
 from tests.unit.supervisor_helpers import FakeEngine, make_handle, make_spec
-from tests.unit.test_api import Rig
+from tests.unit.test_api import TOKEN, Rig
 from tests.unit.test_console import _ctx, _form_token, _sample, login
 
 home, rig, client = _console.home, _console.rig, _console.client
@@ -69,7 +69,7 @@ async def test_the_log_page_shows_the_redacted_tail_and_follow_goes_on_from_its_
     # the launch page links its log
     assert 'href="/console/launches/L1/log"' in (await client.get("/console/launches/L1")).text
     # the API's own log endpoint reads the same path (and redacts the same key), for the admin only
-    api = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {_console.TOKEN}"})
+    api = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {TOKEN}"})
     assert api.status_code == 200 and "Traceback" in api.text and KEY not in api.text
 
 
@@ -88,7 +88,7 @@ async def test_the_follow_endpoint_needs_a_session(client: httpx.AsyncClient, ri
     await login(client)
     r = await client.get("/launches/L1/log")
     assert r.status_code == 401 and "client-secret" not in r.text
-    r = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {_console.TOKEN}"})
+    r = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 200 and r.text == "hello\n" + access
 
 
