@@ -15,6 +15,7 @@ test: setup setup-system engine
 	PYTHON=$(BIN)/python bash scripts/build-images.sh
 	$(MAKE) check
 	$(BIN)/python -m pytest -ra --durations=15 tests
+	BIN=$(BIN) bash scripts/ci-beside-appliance.sh  # the unit suite again, beside a running appliance
 
 setup:
 	bash scripts/setup.sh $(VENV)

@@ -107,6 +107,40 @@ def redact(text: str, keys: Iterable[str] = ()) -> str:
     return _ENGINE_KEY.sub(REDACTED, text)
 
 
+class StreamRedactor:
+    """`redact` over a byte stream cut anywhere (the engine's pipe, read in chunks): the process shim
+    writes the engine log through it, so no file on disk holds a key. Whole lines are redacted and
+    passed on (a line ends at LF or CR: progress bars redraw with CR); an unfinished line is kept
+    until its end arrives, so a key split across two reads is still seen whole. A line longer than
+    `max_line` is cut at its last whitespace (a key holds none: appliance/recipe/key_chars.py), so a
+    stream that never ends its line cannot grow the buffer without bound. Bytes that are not UTF-8
+    pass through unchanged (surrogateescape)."""
+
+    def __init__(self, keys: Iterable[str] = (), max_line: int = 64 * 1024) -> None:
+        self._keys = [k for k in keys if k]
+        self._max_line = max_line
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The redacted bytes that may be written now."""
+        data = self._pending + chunk
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if end == 0 and len(data) > self._max_line:
+            end = max(data.rfind(b" "), data.rfind(b"\t")) + 1 or len(data)
+        self._pending = data[end:]
+        return self._redact(data[:end])
+
+    def flush(self) -> bytes:
+        """The rest (the stream ended without a final newline)."""
+        rest, self._pending = self._pending, b""
+        return self._redact(rest)
+
+    def _redact(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        return redact(data.decode("utf-8", "surrogateescape"), self._keys).encode("utf-8", "surrogateescape")
+
+
 # ---- secret-shaped values: the one place every shown recipe, spec and launch record is redacted ----
 
 

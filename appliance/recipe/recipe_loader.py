@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from appliance.recipe.key_chars import ERROR_TYPE as KEY_CHARS_ERROR
 from appliance.recipe.recipe_model import Recipe
 from appliance.runtimes import registry as runtime_registry
 
@@ -278,7 +279,8 @@ def _explain(exc: ValidationError, chain: list[_RawRecipe]) -> RecipeError:
             text = f"unknown key '{loc[-1]}'" + (f" (did you mean '{close[0]}'?)" if close else "")
             if allowed:
                 text += f"; allowed here: {', '.join(allowed)}"
-        elif "input" in err and rule not in ("missing",) and not isinstance(err["input"], dict):
+        elif ("input" in err and rule not in ("missing", KEY_CHARS_ERROR)  # never quote a key back
+              and not isinstance(err["input"], dict)):
             text += f" (got {err['input']!r})"
         where = f"{origin.file}" + (f" line {line}" if line else "")
         blame = "" if origin is chain[0] else f" [inherited by '{chain[0].name}']"

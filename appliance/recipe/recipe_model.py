@@ -24,6 +24,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from appliance.recipe.engine_names import ENGINE_KEY_ENV
+from appliance.recipe.key_chars import ERROR_TYPE as KEY_CHARS_ERROR
+from appliance.recipe.key_chars import key_problem
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import RuntimeSection
 
@@ -127,6 +130,18 @@ class EngineArgs(Strict):
         description="Field name → the fact behind its value (shown by `recipes show`; not a cache input).",
     )
 
+    @field_validator("extra_args")
+    @classmethod
+    def _api_key_fits_a_header(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # The recipe's own --api-key is sent raw as `Authorization: Bearer KEY`
+        # (appliance/recipe/key_chars.py).
+        for key in _api_key_values(value):
+            problem = key_problem(key)
+            if problem is not None:
+                raise PydanticCustomError(
+                    KEY_CHARS_ERROR, "--api-key in extra_args: {problem}", {"problem": problem})
+        return value
+
     @field_validator("why")
     @classmethod
     def _why_names_fields(cls, value: dict[str, str]) -> dict[str, str]:
@@ -143,6 +158,24 @@ class EngineArgs(Strict):
                 "(--enforce-eager disables graphs): remove them or set mode: graph"
             )
         return self
+
+
+def _api_key_values(args: tuple[str, ...]) -> list[str]:
+    """Every value of `--api-key` in `args`: `--api-key=K`, and `--api-key K [K2 ...]` (vLLM takes
+    a list) up to the next option."""
+    keys: list[str] = []
+    taking = False
+    for arg in args:
+        if arg.startswith("--api-key="):
+            keys.append(arg.split("=", 1)[1])
+            taking = False
+        elif arg == "--api-key":
+            taking = True
+        elif taking and not arg.startswith("--"):
+            keys.append(arg)
+        else:
+            taking = False
+    return keys
 
 
 class EnvVar(Strict):
@@ -195,6 +228,11 @@ class Environment(Strict):
                 "(it is written unquoted into the shell, docker and compose renders)",
                 {"names": ", ".join(repr(n) for n in bad)},
             )
+        own_key = value.get(ENGINE_KEY_ENV)
+        problem = key_problem(own_key.value) if own_key is not None else None
+        if problem is not None:  # vLLM sends no header, but the gateway and the probe present it
+            raise PydanticCustomError(
+                KEY_CHARS_ERROR, "{name}: {problem}", {"name": ENGINE_KEY_ENV, "problem": problem})
         return value
 
 

@@ -18,7 +18,7 @@ the offending field in `detail[].loc`).
     POST /restart | /stop
     GET  /status                   state, phase, progress (fraction of the ready budget), eta (expected
                                    ready time from earlier launches, likely-stall flag), diagnosis
-    GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset=
+    GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset= (admin)
     GET  /events                   server-sent events: state, phase and supervisor events
 """
 
@@ -62,7 +62,7 @@ _TEXT = "text/plain; charset=utf-8"
 
 
 class ApplyBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # as sent, never coerced (api/keys.py)
 
     recipe: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     fresh_cache: bool = Field(
@@ -260,7 +260,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no launch {launch_id!r}")
         return record
 
-    @app.get("/launches/{launch_id}/log", tags=["launches"], response_class=Response)
+    # Admin only: the engine log holds every client's request line (vLLM's access log: paths with
+    # their query strings), which an unauthenticated reader of this port must not see.
+    @app.get("/launches/{launch_id}/log", tags=["launches"], response_class=Response, dependencies=[Admin])
     async def launch_log(
         launch_id: str, offset: Annotated[int, Query(ge=0, le=SQLITE_INT_MAX)] = 0,
     ) -> Response:

@@ -103,7 +103,8 @@ class Client:
         return json.loads(self._request("POST", path, body, auth=True)[0])
 
     def text(self, path: str) -> tuple[str, dict[str, str]]:
-        raw, headers = self._request("GET", path)
+        """A text resource: the engine log, which is admin-only (it holds clients' request lines)."""
+        raw, headers = self._request("GET", path, auth=True)
         return raw.decode(errors="replace"), headers
 
     def alive(self) -> bool:

@@ -21,8 +21,10 @@ MAX_TPM_LIMIT = LIMIT_BOUNDS["tpm_limit"]
 MAX_TPD_LIMIT = LIMIT_BOUNDS["tpd_limit"]
 
 
+# strict: an admin request's values are taken as sent, never coerced — `{"tpm_limit": true}` was
+# once stored as a limit of 1 token a minute, and "5" as 5. A wrong type is a 422 naming the field.
 class KeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(min_length=1, max_length=200)
     # Upper bounds so that absurd values are a 422 naming the field, not an SQLite overflow (a 500
@@ -38,7 +40,7 @@ class KeyCreate(BaseModel):
 class KeyUpdate(BaseModel):
     """The limits to change; a limit left out keeps its value, null removes it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     rpm_limit: int | None = Field(default=None, ge=1, le=MAX_RPM_LIMIT)
     max_concurrent: int | None = Field(default=None, ge=1, le=MAX_CONCURRENT)

@@ -27,6 +27,17 @@ from controller.settings import paths
 _COLUMNS = ("hour_utc", "key_id", "key_name", "requests", "errors", "prompt_tokens", "completion_tokens",
             "total_tokens", "duration_s")
 
+# OWASP "CSV Injection": a spreadsheet runs a cell that starts with one of these as a formula (a
+# key named `=HYPERLINK(...)` became a link that sends data away). Such a cell gets a leading `'`.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """`value` fit for a CSV a spreadsheet opens: text starting like a formula is prefixed with `'`
+    (numbers are written as they are)."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(_FORMULA_START) else value
+
+
 KeyFilterOpt = Annotated[
     list[str] | None, typer.Option("--key", help="A key's name or id (repeat for more).")
 ]
@@ -57,7 +68,7 @@ def usage(
     if as_csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=_COLUMNS, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
-        writer.writerows(out["rows"])
+        writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in out["rows"])
         return
     _table(out)
 

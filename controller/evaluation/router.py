@@ -44,7 +44,7 @@ _NAME = r"^[a-z0-9][a-z0-9._-]*$"
 
 
 class CompareBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # as sent, never coerced (api/keys.py)
 
     baseline: str = Field(min_length=1, max_length=200, pattern=_NAME)
     candidate: str = Field(min_length=1, max_length=200, pattern=_NAME)

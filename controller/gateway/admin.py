@@ -25,6 +25,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from appliance.recipe.key_chars import key_problem
 from controller.gateway.asgi import (
     BodyTooLarge,
     ClientGone,
@@ -56,7 +57,8 @@ class HoldRequest(BaseModel):
 
 
 class UpstreamRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # hide_input: a 422 quotes the error, and the rejected input may be the engine key.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     url: str | None
     served_model: str | None = None
@@ -77,6 +79,16 @@ class UpstreamRequest(BaseModel):
     def _http_url(cls, v: str | None) -> str | None:
         if v is not None and not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError("url must start with http:// or https://")
+        return v
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_fits_a_header(cls, v: str | None) -> str | None:
+        # Sent raw as `Authorization: Bearer KEY` on every proxied request: a CR/LF would inject
+        # headers (appliance/recipe/key_chars.py). The message names the rule, never the key.
+        problem = key_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
 

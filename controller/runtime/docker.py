@@ -70,7 +70,7 @@ from controller.runtime.base import (
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import slice_log
-from controller.runtime.ports import ensure_port_free
+from controller.runtime.ports import PortCheck, ensure_port_free
 from controller.runtime.registry import RuntimeContext
 
 LEGACY_KEY_ENV = ENGINE_KEY_ENV  # where older controllers put the key: read back still
@@ -236,12 +236,16 @@ class DockerRuntime:
         publish_address: str = "127.0.0.1",
         kill_wait_s: float = 30.0,
         instance_id: str | None = None,
+        port_check: PortCheck = ensure_port_free,
     ) -> None:
         """`publish_address`: host address published ports bind to. `kill_wait_s`: how long to wait
         for the container to end after the KILL that follows an unsuccessful `docker stop`.
         `instance_id`: this appliance's id (LABEL_INSTANCE on every container; adopt() takes only
-        containers that carry it: another appliance may use the same daemon). None: unscoped."""
+        containers that carry it: another appliance may use the same daemon). None: unscoped.
+        `port_check`: proves a host port free before the start (PortInUse otherwise); a seam so that
+        tests with a fake daemon do not depend on what holds the host's real ports."""
         self._client = client
+        self._port_check = port_check
         self.instance_id = instance_id
         self.publish_address = publish_address
         self._kill_wait_s = kill_wait_s
@@ -361,10 +365,10 @@ class DockerRuntime:
         ensure_cache_dirs(spec)
         # Prove the host port free first (an orphan on it once answered the next launch's probes).
         if rt.network_mode == "host":  # the engine binds the host's port itself
-            ensure_port_free(spec.host, spec.port)
+            self._port_check(spec.host, spec.port)
         elif rt.network_mode != "none":
             for host_port in rt.published_ports.values():
-                ensure_port_free(self.publish_address, host_port)
+                self._port_check(self.publish_address, host_port)
         container = self.create(spec, launch_id, engine_key)
         try:
             with self._daemon(f"start container {container.name}"):

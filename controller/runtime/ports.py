@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+from collections.abc import Callable
 
 import psutil
 
@@ -61,6 +62,11 @@ def port_holder(port: int) -> str | None:
             cmdline = " ".join(psutil.Process(conn.pid).cmdline())[:160]
         return f"pid {conn.pid} ({cmdline})" if cmdline else f"pid {conn.pid}"
     return None
+
+
+# The runtimes' seam for the check (host, port) -> None or PortInUse: unit tests with a fake daemon
+# hand in their own, so they never ask the host about a port a running appliance may hold (8000).
+PortCheck = Callable[[str, int], None]
 
 
 def ensure_port_free(host: str, port: int) -> None:

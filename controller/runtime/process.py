@@ -11,12 +11,13 @@ Layout of one launch, `runs_dir/<launch_id>/`:
   on adoption; the engine itself reads the same text from `runs_dir/.engine-keys/<variant>.engine-key.yaml`,
   a path that is the same for every launch of the variant (appliance/recipe/engine_secret.py)
 
-The run directory is 0700: the engine log can hold the key too (vLLM 0.26.0 logs its arguments).
+The run directory is 0700. vLLM 0.26.0 logs its arguments, the key among them: the shim writes the
+engine's output into `engine.log` through a redactor (process_shim.py), so the log never holds it.
 
 The engine is started in its own session (`start_new_session=True`), with stdin from /dev/null and
-its output going to a file, so it has no pipe to the controller and no controlling terminal: it
-survives the controller's death, and a restarted controller adopts it instead of launching a second
-engine on a host that can hold only one (DOMAIN §3).
+its output going (through the shim) to a file, so it has no pipe to the controller and no
+controlling terminal: it survives the controller's death, and a restarted controller adopts it
+instead of launching a second engine on a host that can hold only one (DOMAIN §3).
 
 Exit codes follow the shell/docker convention: killed by signal N → `exit_code=128+N, signal=N`, so
 one set of diagnosis rules ("exit 134" = SIGABRT, DOMAIN §5) covers both runtimes. Thanks to the shim
@@ -63,7 +64,7 @@ from controller.runtime.base import (
     ensure_cache_dirs,
 )
 from controller.runtime.log_offsets import read_log_file
-from controller.runtime.ports import ensure_port_free
+from controller.runtime.ports import PortCheck, ensure_port_free
 from controller.runtime.process_shim import NATURAL_EXIT_S, exit_code_of, group_members, signal_name
 from controller.runtime.registry import RuntimeContext
 
@@ -137,11 +138,18 @@ def _same_start(proc: psutil.Process, identity: ProcessIdentity) -> bool:
     return abs(proc.create_time() - identity.create_time) <= START_TOLERANCE_S
 
 
-def _pid_taken(ref: str) -> bool:
+def _pid_taken(ref: str, identity: ProcessIdentity | None) -> bool:
+    """The shim's PID belongs to another process now. Not when it is the shim's own zombie: a shim
+    killed after its controller was (an adopted engine) is reaped by its new parent, not by us, and
+    until then `pid_exists` is true — that once made an adopted engine's killed shim an exit without
+    a reason ("unknown")."""
     try:
-        return psutil.pid_exists(int(ref))
-    except ValueError:
+        proc = psutil.Process(int(ref))
+        own_zombie = (identity is not None and proc.status() == psutil.STATUS_ZOMBIE
+                      and _same_start(proc, identity))
+    except (ValueError, psutil.NoSuchProcess):
         return False
+    return not own_zombie  # anything else living there is not ours to write notes about
 
 
 def _signal_all(procs: list[psutil.Process], sig: int) -> None:
@@ -199,11 +207,15 @@ class ProcessRuntime:
         kill_wait_s: float = 10.0,
         python: str = sys.executable,
         instance_id: str | None = None,
+        port_check: PortCheck = ensure_port_free,
     ) -> None:
         """`orphan_grace_s`: how long processes left behind by an ended engine get after TERM (shim).
         `kill_wait_s`: how long to wait for the shim to record the status after the engine got KILL.
-        `python`: the interpreter that runs the shim (the controller's own; it needs only psutil)."""
+        `python`: the interpreter that runs the shim (the controller's own; it needs only psutil).
+        `port_check`: proves the engine's port free before the start (PortInUse otherwise); a seam
+        so that tests do not depend on what holds the host's real ports."""
         self.runs_dir = runs_dir
+        self._port_check = port_check
         # This appliance's id (LABEL_INSTANCE in the identity labels and the handle); adopt() takes
         # only engines recorded with it. None: unscoped.
         self.instance_id = instance_id
@@ -238,7 +250,7 @@ class ProcessRuntime:
             )
         ensure_cache_dirs(spec)
         self._end_leftovers()
-        ensure_port_free(spec.host, spec.port)
+        self._port_check(spec.host, spec.port)
         run_dir = self.runs_dir / launch_id
         try:
             self.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -259,6 +271,8 @@ class ProcessRuntime:
             str(run_dir / STATUS_FILE),
             "--orphan-grace",
             str(self._orphan_grace_s),
+            # The shim redacts this key from the engine's output before it reaches engine.log.
+            *(("--key-file", str(run_dir / KEY_FILE_NAME)) if engine_key is not None else ()),
             "--",
             *command,
         )
@@ -327,6 +341,7 @@ class ProcessRuntime:
                 handle = EngineHandle.model_validate_json(handle_path.read_text())
                 status = self._status(handle)
                 if status is not None and status.get("complete", True):
+                    self._forget_key(handle)  # a launch that ended before key files were removed
                     continue  # ended and fully reaped (older shims wrote one status, at the end)
                 if self._shim(handle) is not None:
                     if status is not None:  # main ended, leftovers being reaped
@@ -339,7 +354,29 @@ class ProcessRuntime:
                 log.warning("skipping %s: %s", handle_path, exc)
 
     def _key_path(self, spec: LaunchSpec) -> Path:
-        return Path(stable_config_path(str(self.runs_dir / KEYS_DIR), f"{spec.recipe}-{spec.spec_hash[:12]}"))
+        return self._variant_key_path(spec.recipe, spec.spec_hash)
+
+    def _variant_key_path(self, recipe: str, spec_hash: str) -> Path:
+        return Path(stable_config_path(str(self.runs_dir / KEYS_DIR), f"{recipe}-{spec_hash[:12]}"))
+
+    def _forget_key(self, handle: EngineHandle) -> None:
+        """The engine ended: its key files go (vLLM read its config at start; nothing reads the key
+        of an ended launch). Stopped launches once kept theirs, valid-looking secrets on disk. The
+        variant's stable file goes only while it still holds this launch's key: a newer launch of
+        the same variant (blue/green) may have written its own there."""
+        own = self._run_dir(handle) / KEY_FILE_NAME
+        try:
+            text = own.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("launch %s: cannot read its ended engine's key file: %s", handle.launch_id, exc)
+            return
+        shared = self._variant_key_path(handle.recipe, handle.spec_hash)
+        with contextlib.suppress(OSError):
+            if shared.read_text() == text:
+                shared.unlink()
+        own.unlink(missing_ok=True)
 
     def engine_command(self, spec: LaunchSpec, *, with_key: bool) -> tuple[str, ...]:
         """The engine's argv exactly as started: the spec's, plus `--config KEYFILE` when the
@@ -483,6 +520,7 @@ class ProcessRuntime:
         )
 
     def _ended(self, handle: EngineHandle, shim_returncode: int | None) -> ExitInfo:
+        self._forget_key(handle)
         status = self._status(handle)
         if status is not None:
             return self._info(status)
@@ -490,7 +528,7 @@ class ProcessRuntime:
         # own exit code is not the engine's ("exited 137" was once recorded while the engine
         # still served). The engine got TERM from the kernel (parent-death signal); whatever is left
         # of the group is ended here, and the run directory says what happened.
-        if shim_returncode is None and _pid_taken(handle.ref):
+        if shim_returncode is None and _pid_taken(handle.ref, self._identity(handle)):
             return ExitInfo(running=False)  # its PID belongs to another process now: nothing to say
         how = "" if shim_returncode is None else f" ({_describe_returncode(shim_returncode)})"
         left = self._orphaned_group(handle)
@@ -517,7 +555,10 @@ class ProcessRuntime:
         elif self._shim(handle) is None:
             return self._ended(handle, None)
         status = self._status(handle)
-        return ExitInfo(running=True) if status is None else self._info(status)
+        if status is None:
+            return ExitInfo(running=True)
+        self._forget_key(handle)  # the engine's main process ended (the shim may still be reaping)
+        return self._info(status)
 
     def wait(self, handle: EngineHandle, timeout_s: float) -> ExitInfo:
         """Block until the engine's main process ends (or `timeout_s`). Not a poll loop: it sleeps

@@ -18,7 +18,12 @@ imported by the controller. It exists for three reasons:
    worker still holding host memory or VRAM) gets TERM, a grace period, then KILL — DOMAIN §7:
    "TERM, wait for VRAM release, then KILL", by PID, never by pattern. On a host that can hold only
    one engine (DOMAIN §3), a leftover worker would make the next launch OOM.
-4. **The engine dies with its shim.** The engine's main process is started with a parent-death
+4. **No key in the log file.** The engine's stdout and stderr are a pipe the shim copies into the
+   log (the shim's own stdout) through `engine_secret.StreamRedactor`: vLLM 0.26.0 prints its
+   non-default args, `'api_key': ['eng_…']`, at every start, and the raw `runs/ID/engine.log` kept
+   it. The keys are the one in `--key-file` (the launch's key config), a recipe's own `--api-key`
+   in the command and `VLLM_API_KEY` in the environment, and the appliance's key shape.
+5. **The engine dies with its shim.** The engine's main process is started with a parent-death
    signal (`PR_SET_PDEATHSIG` = TERM, set between fork and exec): if the shim itself is SIGKILLed,
    the kernel TERMs the engine, and vLLM's own TERM handler takes its engine core and workers down
    (a killed shim once left the vLLM server orphaned on its port, answering the next launch's
@@ -41,11 +46,23 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import psutil
+
+# Run as a script with -I (no PYTHONPATH, no script directory on sys.path): the redaction rules are
+# the appliance's own (appliance/recipe/engine_secret.py), from the tree this file is part of.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from appliance.recipe.engine_names import ENGINE_KEY_ENV
+from appliance.recipe.engine_secret import (
+    StreamRedactor,
+    key_from_config,
+)
 
 RELAYED_SIGNALS = (
     signal.SIGTERM,
@@ -62,9 +79,63 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_DEATH_SIGNAL = signal.SIGTERM  # vLLM's TERM handler stops its engine core and workers too
 
 
+LOG_FD = 1  # the shim's stdout is the engine log file
+_LOG_LOCK = threading.Lock()  # the pump's lines and the shim's own never interleave mid-line
+PIPE_CHUNK = 64 * 1024
+# After the engine's main process ended: how long its last output may take to reach the log before
+# the shim says how it ended (a worker still holding the pipe must not delay the status for long).
+LAST_OUTPUT_WAIT_S = 1.0
+
+
+def _write_log(data: bytes) -> None:
+    with _LOG_LOCK:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(LOG_FD, view):]
+            except OSError:
+                return  # a full disk or a closed log must not stop the pipe from draining
+
+
 def _say(msg: str) -> None:
     # Goes to the engine log (the shim's stdout is the log file): the log alone tells how it ended.
-    print(f"{SHIM_TAG} {msg}", flush=True)
+    _write_log(f"{SHIM_TAG} {msg}\n".encode())
+
+
+def engine_keys(key_file: Path | None, command: Sequence[str], env: dict[str, str]) -> list[str]:
+    """Every key the engine may print: its key config file's, a recipe's own `--api-key` values
+    (`--api-key K` and `--api-key=K`) and `VLLM_API_KEY`."""
+    keys: list[str] = []
+    if key_file is not None:
+        try:
+            key = key_from_config(key_file.read_text())
+        except OSError:
+            key = None
+        if key:
+            keys.append(key)
+    for i, arg in enumerate(command):
+        if arg == "--api-key" and i + 1 < len(command):
+            keys.append(command[i + 1])
+        elif arg.startswith("--api-key="):
+            keys.append(arg.split("=", 1)[1])
+    if env.get(ENGINE_KEY_ENV):
+        keys.append(env[ENGINE_KEY_ENV])
+    return keys
+
+
+def pump(source: IO[bytes], redactor: StreamRedactor) -> None:
+    """Copy the engine's output into the log, redacted, until every writer of the pipe is gone."""
+    fd = source.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, PIPE_CHUNK)
+        except InterruptedError:  # pragma: no cover  (PEP 475 retries; kept for clarity)
+            continue
+        if not chunk:
+            break
+        _write_log(redactor.feed(chunk))
+    _write_log(redactor.flush())
+    source.close()
 
 
 def write_status(
@@ -172,6 +243,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--orphan-grace", type=float, default=10.0, help="seconds leftover processes get after TERM"
     )
+    parser.add_argument(
+        "--key-file", type=Path, default=None, help="the launch's engine key config: its key is redacted"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the engine command")
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -208,8 +282,10 @@ def main(argv: list[str]) -> int:
         # LC_CTYPE=C.UTF-8 into its own os.environ at start-up (PEP 538), which the engine would
         # inherit — and its environment must be exactly the spec's.
         exec_env = psutil.Process().environ()
+        redactor = StreamRedactor(engine_keys(args.key_file, args.command, exec_env))
         child = subprocess.Popen(
             args.command, stdin=subprocess.DEVNULL, env=exec_env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # through the redactor into the log
             # The shim is single-threaded, so a preexec_fn is safe here.
             preexec_fn=lambda: die_with_parent(me),
         )
@@ -217,10 +293,14 @@ def main(argv: list[str]) -> int:
         _say(f"could not start the engine: {exc}")
         write_status(args.status, EXEC_FAILED, None, error=str(exc))
         return EXEC_FAILED
+    assert child.stdout is not None  # stdout=PIPE
+    copier = threading.Thread(target=pump, args=(child.stdout, redactor), name="log-pump", daemon=True)
+    copier.start()
     for signum in pending:
         relay(signum, None)
 
     returncode = child.wait()  # PEP 475: retried after each relayed signal
+    copier.join(LAST_OUTPUT_WAIT_S)  # its last words before the shim's (unless a worker holds the pipe)
     code, sig = exit_code_of(returncode)
     how = f"killed by signal {sig} ({signal_name(sig)})" if sig else f"exit code {code}"
     _say(f"engine (pid {child.pid}) ended: {how}")
@@ -228,6 +308,7 @@ def main(argv: list[str]) -> int:
     # once the group is empty (a relaunch waits for that: one engine per host, DOMAIN §3).
     write_status(args.status, code, sig, complete=False)
     reap_orphans(pgid, me, args.orphan_grace)
+    copier.join(LAST_OUTPUT_WAIT_S)  # the group is gone: what its members wrote is in the log
     write_status(args.status, code, sig)
     return code
 

@@ -234,6 +234,37 @@ def test_killing_the_shim_takes_the_engine_down_and_frees_its_port(rt: ProcessRu
     assert not rt.stop(again, grace_s=LIVENESS_S).running
 
 
+def test_killing_the_shim_of_an_adopted_engine_is_diagnosable_not_unknown(runs: Path) -> None:
+    """Issue 23's fix (the runtime's "shim was killed" note as the exit reason) held only for an
+    engine this runtime started: for an adopted one the dead shim was still a zombie (its parent, not
+    this runtime, reaps it), its PID counted as "taken by another process", and the exit had no
+    reason: the launch was recorded "unknown"."""
+    spec = fake_spec("--workers", "1")
+    controller = subprocess.Popen(  # the controller that started it, killed: the engine is adopted
+        [sys.executable, "-c", _CONTROLLER, str(runs), spec.model_dump_json()],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert controller.stdout is not None
+    handle = EngineHandle.model_validate_json(controller.stdout.readline())
+    rt = ProcessRuntime(runs, orphan_grace_s=1.0, kill_wait_s=5.0)
+    main, workers = ready_pids(wait_for_log(rt, handle, r"READY"))
+    assert rt.adopt() == [handle]
+    try:
+        os.kill(int(handle.ref), signal.SIGKILL)
+        assert _gone([main]), "the engine outlived its shim"
+        # Its parent (the old controller, stopped here) has not reaped it: a zombie, as under any
+        # parent that is slow to reap (an init that is busy, a container's PID 1 that never does).
+        assert psutil.Process(int(handle.ref)).status() == psutil.STATUS_ZOMBIE
+        info = rt.wait(handle, LIVENESS_S)
+        assert (info.running, info.exit_code) == (False, None)
+        assert info.reason is not None and f"shim (pid {handle.ref}) was killed" in info.reason, info
+        assert rt.inspect(handle).reason == info.reason  # and on every later look (the status file)
+        assert _gone(workers), "a worker outlived its shim and engine"
+    finally:
+        controller.kill()
+        controller.wait()
+
+
 def test_the_engine_death_is_reported_before_its_leftovers_are_reaped(runs: Path) -> None:
     """The supervisor hears of a death at once (it takes the engine out of the gateway); the shim
     still reaps what the engine left, and stop() waits for that."""
@@ -304,6 +335,51 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# A fake engine that prints its keys the ways vLLM does: 0.26.0's non-default args line, an argv
+# echo, stderr, and one key cut in two writes (flushed, with a pause between) across a pipe read.
+_PRINTS_KEYS = """
+import sys, time
+own = sys.argv[sys.argv.index("--api-key") + 1]
+config = open(sys.argv[sys.argv.index("--config") + 1]).read()  # as vLLM gets the launch's key
+key = config.split(":", 1)[1].strip().strip("'")
+print(f"INFO non-default args: {{'api_key': ['{key}'], 'port': 8000}}", flush=True)
+print(f"INFO argv: serve /m --api-key {own} --port 8000", file=sys.stderr, flush=True)
+sys.stdout.write("split: " + key[:7]); sys.stdout.flush(); time.sleep(0.3)
+sys.stdout.write(key[7:] + " end\\n"); sys.stdout.flush()
+sys.stdout.write("no newline at the end " + key); sys.stdout.flush()
+"""
+
+
+def test_no_file_under_the_launch_dir_holds_the_engine_key(rt: ProcessRuntime, runs: Path) -> None:
+    key = "not-the-eng-shape-Zq93kdLmw0"  # only the key file says it is a key: no pattern matches it
+    own = "recipe-own-key-8Hq2mZ0pLx"  # a recipe's own --api-key, in the command
+    spec = process_spec((sys.executable, "-c", _PRINTS_KEYS, "--api-key", own), env={})
+    handle = rt.start(spec, "keys-1", engine_key=key)
+    text = wait_for_log(rt, handle, r"\[appliance-shim\] engine \(pid \d+\) ended")
+    assert rt.wait(handle, LIVENESS_S).exit_code == 0
+    # The lines are there, each key replaced (the split one too, and the unterminated last line).
+    assert "'api_key': '<redacted>'" in text and "--api-key <redacted> --port" in text
+    assert "split: <redacted> end" in text and "no newline at the end <redacted>" in text
+    assert own.encode() not in (runs / "keys-1" / "engine.log").read_bytes()  # (argv, by the recipe's choice)
+    # The engine ended: its key files are gone too, so no file at all holds the key.
+    files = [path for path in runs.rglob("*") if path.is_file()]
+    assert any(path.name == "engine.log" for path in files)
+    for path in files:
+        assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_stopped_launch_keeps_no_engine_key_file(rt: ProcessRuntime, runs: Path) -> None:
+    key = "eng_" + "k" * 43
+    handle = rt.start(fake_spec(), "stopped-1", engine_key=key)
+    wait_for_log(rt, handle, r"READY")
+    holding = sorted(p.relative_to(runs) for p in runs.rglob("*")
+                     if p.is_file() and key.encode() in p.read_bytes())
+    assert len(holding) == 2, holding  # its run dir's (read back on adoption) and the variant's (--config)
+    assert rt.read_engine_key(handle) == key
+    assert not rt.stop(handle, grace_s=LIVENESS_S).running
+    assert [p for p in runs.rglob("*") if p.is_file() and key.encode() in p.read_bytes()] == []
 
 
 @pytest.mark.engine

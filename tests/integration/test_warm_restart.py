@@ -24,6 +24,7 @@ import pytest
 
 from tests.integration.controller_harness import (
     START_LIVENESS_S,
+    TOKEN,
     Controller,
     engine_recipe,
     free_port,
@@ -40,7 +41,9 @@ def _engine_log(c: Controller, launch_id: str) -> str:
     """The launch's whole engine log through the API (`GET /launches/{id}/log`, paged by offset)."""
     text, offset = "", 0
     while True:
-        with urllib.request.urlopen(f"{c.url}/launches/{launch_id}/log?offset={offset}", timeout=30) as r:
+        req = urllib.request.Request(f"{c.url}/launches/{launch_id}/log?offset={offset}",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})  # admin-only
+        with urllib.request.urlopen(req, timeout=30) as r:
             chunk: str = r.read().decode(errors="replace")
             next_offset = int(r.headers["X-Next-Offset"])
         text += chunk

@@ -193,6 +193,9 @@ async def test_unknown_things_are_404(client: httpx.AsyncClient) -> None:
         ({"recipe": "Not A Name!"}, "recipe"),
         ({"recipe": "cpu-smollm2", "fresh_cache": "maybe"}, "fresh_cache"),
         ({"recipe": "cpu-smollm2", "blue_green": "sometimes"}, "blue_green"),
+        # strict: never coerced ("true" and 1 were once taken as true)
+        ({"recipe": "cpu-smollm2", "force": "true"}, "force"),
+        ({"recipe": "cpu-smollm2", "fresh_cache": 1}, "fresh_cache"),
         ({"recipe": "cpu-smollm2", "forcefully": True}, "forcefully"),  # unknown fields (`force` is one now)
     ],
 )

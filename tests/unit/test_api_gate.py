@@ -226,7 +226,7 @@ def test_numbers_past_sqlite_integers_are_422(home: Path, path: str, param: str)
     from fastapi.testclient import TestClient
 
     with TestClient(_keys_app(home), base_url="http://127.0.0.1") as c:
-        r = c.get(path, params={param: "99999999999999999999999"})
+        r = c.get(path, params={param: "99999999999999999999999"}, headers=AUTH)  # the log is admin-only
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["query", param]
         assert "less than or equal to 9223372036854775807" in r.json()["detail"][0]["msg"]

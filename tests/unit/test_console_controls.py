@@ -25,7 +25,7 @@ from controller.supervisor.machine import State
 from controller.watch.history import HostHistory, OomMark
 from tests.unit import test_console as _console
 from tests.unit.supervisor_helpers import FakeEngine, make_handle, make_spec
-from tests.unit.test_api import Rig
+from tests.unit.test_api import TOKEN, Rig
 from tests.unit.test_console import _ctx, _form_token, _sample, login
 
 home, rig, client = _console.home, _console.rig, _console.client
@@ -68,8 +68,8 @@ async def test_the_log_page_shows_the_redacted_tail_and_follow_goes_on_from_its_
     assert (await client.get("/console/launches/nope/log.txt")).status_code == 404
     # the launch page links its log
     assert 'href="/console/launches/L1/log"' in (await client.get("/console/launches/L1")).text
-    # the API's own log endpoint reads the same path (and redacts the same key)
-    api = await client.get("/launches/L1/log")
+    # the API's own log endpoint reads the same path (and redacts the same key), for the admin only
+    api = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {TOKEN}"})
     assert api.status_code == 200 and "Traceback" in api.text and KEY not in api.text
 
 
@@ -78,6 +78,18 @@ async def test_the_follow_endpoint_needs_a_session(client: httpx.AsyncClient, ri
     assert (await client.get("/console/launches/L1/log.txt")).status_code == 401
     r = await client.get("/console/launches/L1/log")
     assert r.status_code == 303 and "/console/login" in r.headers["location"]
+    # The API's log endpoint needs the admin token: the engine log holds every client's request line
+    # (vLLM's access log, query strings included). A console session is not a bearer token.
+    access = 'INFO:     127.0.0.1:50412 - "GET /v1/models?api_key=client-secret HTTP/1.1" 200 OK\n'
+    rig.runtime.engines["L1"].log += access
+    for headers, refused in (({}, 401), ({"Authorization": "Bearer wrong"}, 403)):
+        r = await client.get("/launches/L1/log", headers=headers)
+        assert r.status_code == refused and "client-secret" not in r.text
+    await login(client)
+    r = await client.get("/launches/L1/log")
+    assert r.status_code == 401 and "client-secret" not in r.text
+    r = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and r.text == "hello\n" + access
 
 
 # ---- Stop / Restart with the same confirm + CSRF discipline as Apply

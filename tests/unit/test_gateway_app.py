@@ -245,6 +245,22 @@ async def test_admin_upstream_and_drain(store: KeyStore) -> None:
     assert app.slot.retry_after_s == 9
 
 
+@pytest.mark.parametrize("bad", ["\r\nX-Injected: 1", "\n", "\x00", "\x1b", " ", "\x7f", "\u00e9"])
+async def test_admin_refuses_an_engine_key_that_cannot_go_in_a_header(store: KeyStore, bad: str) -> None:
+    # The key is sent raw as the upstream `Authorization: Bearer KEY`: CR/LF would inject headers.
+    app = make_app(store)
+    h = {"authorization": f"Bearer {ADMIN}"}
+    secret = "eng_0123456789abcdef"
+    body = {"url": "http://127.0.0.1:9/", "served_model": "m", "api_key": secret + bad + "x"}
+    r = await call(app, "PUT", "/admin/upstream", json.dumps(body).encode(), h)
+    assert r.status == 422 and b"api_key" in r.body and b"only visible ASCII" in r.body
+    assert secret.encode() not in r.body  # the answer never quotes the key back
+    assert app.slot.current is None  # nothing was switched
+    body["api_key"] = secret + "~!#$%&'*+-.^_`|"  # every visible ASCII character is fine
+    r = await call(app, "PUT", "/admin/upstream", json.dumps(body).encode(), h)
+    assert r.status == 200
+
+
 def test_loop_histogram_exposes_like_client_python() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,32 @@ def test_each_file_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(yaml, name, second_parse)
     parse(base=BASE, child="name: child\nextends: base\n")
     assert len(made) == 2  # one loader per file
+
+
+SECRET = "eng_0123456789abcdef"
+
+
+@pytest.mark.parametrize("bad", ["\r\nX-Injected: 1", "\n", "\x00", "\t", " ", "\x7f", "é", "\u2028"])
+@pytest.mark.parametrize("written", [["--api-key={k}"], ["--api-key", "{k}"], ["--api-key", "other", "{k}"]])
+def test_a_recipe_api_key_that_cannot_go_in_a_header_is_refused_naming_field_and_rule(
+        bad: str, written: list[str]) -> None:
+    # The recipe's own key is sent raw as `Authorization: Bearer KEY`: CR/LF would inject headers.
+    key = SECRET + bad + "tail"
+    items = "".join(f"    - {json.dumps(w.format(k=key))}\n" for w in written)
+    err = error_of(base=BASE, child=f"name: child\nextends: base\nengine:\n  extra_args:\n{items}")
+    assert (err.field, err.rule) == ("engine.extra_args", "engine-key-chars")
+    assert "--api-key" in str(err) and "only visible ASCII" in str(err) and repr(bad[0]) in str(err)
+    assert SECRET not in str(err)  # the error never quotes the key back
+
+
+def test_a_recipe_env_api_key_that_cannot_go_in_a_header_is_refused() -> None:
+    child = f'name: child\nextends: base\nenv:\n  vars:\n    VLLM_API_KEY: "{SECRET}\\r\\nX: 1"\n'
+    err = error_of(base=BASE, child=child)
+    assert (err.field, err.rule) == ("env.vars", "engine-key-chars")
+    assert "VLLM_API_KEY" in str(err) and SECRET not in str(err)
+
+
+def test_a_visible_ascii_recipe_api_key_loads() -> None:
+    keys = f"    - --api-key\n    - {SECRET}~!#\n    - --api-key=k2\n    - --port-x\n    - 'a b'\n"
+    got = parse(base=BASE, child=f"name: child\nextends: base\nengine:\n  extra_args:\n{keys}")
+    assert got["child"].engine.extra_args[1] == SECRET + "~!#"

@@ -20,6 +20,7 @@ from controller.runtime.docker import (
     container_create_kwargs,
     exit_info,
 )
+from controller.runtime.ports import PortInUse
 from tests.unit.spec_helpers import with_runtime
 
 GFX906_IMAGE = "registry.local/vllm-gfx906:0.18-dtk26.04"
@@ -261,8 +262,24 @@ class FakeClient:
         self.containers = FakeContainers(start_error)
 
 
-def runtime(client: FakeClient) -> DockerRuntime:
-    return DockerRuntime(client)  # type: ignore[arg-type]  # a fake at the declared seam
+class PortsAsked:
+    """The runtime's port-check seam: records what it was asked, answers "free" unless told which
+    (host, port) is taken. Never the host's real ports: these specs publish 8000, which a running
+    appliance beside the suite holds (its engine's default port)."""
+
+    def __init__(self, taken: tuple[str, int] | None = None) -> None:
+        self.asked: list[tuple[str, int]] = []
+        self.taken = taken
+
+    def __call__(self, host: str, port: int) -> None:
+        self.asked.append((host, port))
+        if (host, port) == self.taken:
+            raise PortInUse(host, port, "pid 4242 (python -m vllm.entrypoints.openai.api_server)")
+
+
+def runtime(client: FakeClient, ports: PortsAsked | None = None) -> DockerRuntime:
+    # a fake at the declared seam (the client), and the port check replaced (its own seam)
+    return DockerRuntime(client, port_check=ports or PortsAsked())  # type: ignore[arg-type]
 
 
 def test_missing_image_says_build_it_never_pull() -> None:
@@ -292,6 +309,22 @@ def test_successful_start_returns_the_handle() -> None:
         spec_hash="abcdef0123456789",
         started_at=_parse_docker_time("2026-11-29T07:21:40.5Z"),
     )
+
+
+def test_start_proves_the_published_host_ports_free_through_the_seam() -> None:
+    ports = PortsAsked()
+    runtime(FakeClient(), ports).start(gfx906_spec(), "L1")
+    assert ports.asked == [("127.0.0.1", 8000)]  # the published host port, on the publish address
+    ports = PortsAsked()
+    runtime(FakeClient(), ports).start(gfx906_spec(network_mode="host", published_ports={}), "L1")
+    assert ports.asked == [("127.0.0.1", 8000)]  # host network: the engine's own host and port
+
+
+def test_a_taken_port_refuses_the_start_before_the_daemon_is_asked() -> None:
+    client = FakeClient()
+    with pytest.raises(PortInUse, match=r"127.0.0.1:8000 is already in use by pid 4242"):
+        runtime(client, PortsAsked(taken=("127.0.0.1", 8000))).start(gfx906_spec(), "L1")
+    assert client.containers.made == []
 
 
 def test_daemon_gone_is_an_operator_error() -> None:

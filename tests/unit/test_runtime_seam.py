@@ -220,9 +220,8 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
     spec = render(recipe, fixed_facts())
     # Cache dirs and ports are the host's business, not the create call's: keep them out of the way.
     monkeypatch.setattr("controller.runtime.docker.ensure_cache_dirs", lambda spec: None)
-    monkeypatch.setattr("controller.runtime.docker.ensure_port_free", lambda host, port: None)
     client = _Client()
-    runtime = DockerRuntime(client)  # type: ignore[arg-type]
+    runtime = DockerRuntime(client, port_check=lambda host, port: None)  # type: ignore[arg-type]
     runtime.mountinfo = tmp_path / "no-mountinfo"  # on a host: paths pass through
     runtime.start(spec, manual_launch_id(spec))
     printed = json.loads(formats.format_spec(spec, "docker-py", recipe))

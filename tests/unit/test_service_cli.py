@@ -155,6 +155,7 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            assert self.headers["Authorization"] == "Bearer adm_t"  # the log is admin-only
             body = b"line\n"
             self.send_response(200)
             self.send_header("x-next-offset", "5")  # as uvicorn writes it
@@ -168,7 +169,8 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        text, headers = Client(f"http://127.0.0.1:{server.server_address[1]}").text("/launches/L1/log?offset=0")
+        client = Client(f"http://127.0.0.1:{server.server_address[1]}", token="adm_t")
+        text, headers = client.text("/launches/L1/log?offset=0")
         assert text == "line\n" and headers["x-next-offset"] == "5"
     finally:
         server.shutdown()

