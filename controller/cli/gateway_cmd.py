@@ -58,6 +58,9 @@ def gateway(
     header_timeout: Annotated[
         float, typer.Option(help="Seconds a client has to send a request's headers (then: 408).")
     ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds to receive a request's body after its headers (then 408).")
+    ] = 60.0,
     keepalive_timeout: Annotated[
         int, typer.Option(help="Seconds an idle keep-alive connection is held between requests.")
     ] = 5,
@@ -109,6 +112,7 @@ def gateway(
         max_header_bytes=max_header_bytes,
         header_timeout_s=header_timeout,
         keepalive_timeout_s=keepalive_timeout,
+        body_timeout_s=body_timeout,
         max_connections=max_connections,
         max_connections_per_client=max_connections_per_client,
         metrics_access=metrics_access,

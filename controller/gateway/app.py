@@ -6,6 +6,9 @@
                the upstream, counts and keys only for observers (below)
 /metrics       Prometheus text, the gateway's own registry (``metrics.py``): observers only
 
+A path is routed, labelled and metered as the bytes that go upstream (``unroutable``): one the engine
+could read as another route (percent-escapes, dot segments) is refused with 400.
+
 Observers (``config.metrics_access``): by default clients on the loopback interface (Prometheus on
 the host) and holders of the metrics or admin token; ``token``: token holders only; ``public``:
 anyone. The metrics name key ids, per-key counts and the upstream URL, which a gateway listening on
@@ -119,6 +122,11 @@ class GatewayApp:
         kind = scope["type"]
         if kind == "http":
             path: str = scope["path"]
+            raw: bytes | None = scope.get("raw_path")
+            refused = unroutable(raw if raw is not None else path.encode())
+            if refused is not None:
+                await send_error(send, 400, refused, "invalid_request_error")
+                return
             if path.startswith("/v1/"):
                 await self.proxy.handle(scope, receive, send)
             elif path == "/healthz":
@@ -183,6 +191,24 @@ class GatewayApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def unroutable(raw_path: bytes) -> str | None:
+    """Why a request path is refused (400), or None.
+
+    The proxy forwards the raw path byte for byte but routes and labels on uvicorn's decoded one,
+    and the route decides what is metered: ``/v1/%63hat/completions`` is /v1/chat/completions to the
+    gateway's router and to the engine (Starlette decodes too), but another server (or a later
+    change that routes on the raw bytes) reads another route; ``/v1/models/../x`` is under /v1 to
+    the gateway and /v1/x to a server that normalises dot segments. Refusing both keeps one meaning:
+    with neither in it, the decoded path is the raw path, so what is routed is what goes upstream.
+    No OpenAI route needs an escape in its path (ids are [A-Za-z0-9_-]); the query string is free.
+    """
+    if b"%" in raw_path:
+        return "percent-encoded request paths are not accepted"
+    if any(segment in (b".", b"..") for segment in raw_path.split(b"/")):
+        return "dot segments ('.', '..') in request paths are not accepted"
+    return None
 
 
 def _is_loopback(client: object) -> bool:

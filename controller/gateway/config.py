@@ -71,7 +71,15 @@ class GatewayConfig:
     # keeping descriptors for upstream connections and the key store). Over either: 429/503 + close.
     max_connections_per_client: int = 256
     max_connections: int = 4096
+    # Loopback connections beyond those caps, for the controller's admin calls and scrapers only
+    # (``/admin/``, ``/metrics``, ``/healthz``): a reverse proxy on the host makes every client
+    # 127.0.0.1, and its clients must not lock the controller out (``protocol.py``).
+    control_reserve_connections: int = 16
     # --- request bodies (``jsonbody.py``) ---
+    # From the request's headers to the end of its body. Past it: 408 and close. Without it a key
+    # limited to 1 concurrent request held 20 connections for 49 s by trickling bodies. 60 s is
+    # 16 MiB (``max_body_bytes``) at ~280 KB/s.
+    body_timeout_s: float = 60.0
     # JSON nesting deeper than this is refused (400) before anything parses it recursively.
     max_json_depth: int = 128
     # JSON bodies larger than this are inspected in a worker thread, so one large body never holds

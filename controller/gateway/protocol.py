@@ -15,6 +15,19 @@ uvicorn has none of them for httptools, so they live in a small subclass of its 
   cap → 429 (per client) / 503 (in all) and close. uvicorn's ``limit_concurrency`` is not used: it
   answers only once a request's headers arrived, so idle sockets still held file descriptors, and
   the descriptors the key store needs to be re-read are what ran out (see ``connection_budget``).
+- the control reserve: a loopback client over a cap still gets one of ``control_reserve`` extra
+  connections, which may carry only the control and observer paths (``/admin/…``, ``/metrics``,
+  ``/healthz``; anything else on it: 429 and close). The controller calls the gateway from
+  127.0.0.1, and so do Prometheus on the host and a reverse proxy on the host for every client it
+  forwards: ~250 held requests through such a proxy filled the per-address cap, every
+  ``PUT /admin/upstream`` got 429 and the hold ended in 232 × 503 although the engine was ready.
+- request trailers (a chunked body's trailer section): never merged into the request's headers
+  (uvicorn appends them to the header list the app reads, so a trailer could replace the
+  ``Authorization`` the request was admitted with, and reach the upstream as a header). Their bytes
+  count against ``max_header_bytes``: over → 431 and close.
+- a lost connection: uvicorn marks only its newest request cycle disconnected, so a pipelined request
+  that was running when the client left ran to its end. Every unfinished cycle of the connection is
+  marked disconnected and its disconnect hook called (below), and the queued ones never start.
 
 The answers are written by the protocol (the ASGI app never sees these requests) as the same JSON
 error object the app sends, with ``Connection: close``.
@@ -27,18 +40,22 @@ Two things for speed, since on a loaded host a loopback ``write`` costs more tha
   response that is ready goes out in one write and a stream's head is still sent at once.
 - a disconnect hook: ``scope[DISCONNECT_HOOK]`` is a one-slot list; the app may put a callable in
   it, called when the client's connection is lost before the response completed. It replaces a
-  watcher task per request that waited on ``receive()`` for ``http.disconnect``.
+  watcher task per request that waited on ``receive()`` for ``http.disconnect``. A connection lost
+  before the app put one there leaves ``CLIENT_GONE`` in the slot, so a late app still sees it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import ipaddress
 import logging
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any, ClassVar, cast
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from controller.gateway.asgi import error_body
@@ -49,6 +66,37 @@ log = logging.getLogger(__name__)
 # goes away before the response completed (see the module doc).
 DISCONNECT_HOOK = "appliance.disconnect_hook"
 DisconnectHook = list[Callable[[], None] | None]
+# ``scope[TRANSPORT_CLOSING]()``: is the client's connection closing? (``client_closed``)
+TRANSPORT_CLOSING = "appliance.transport_closing"
+
+
+def CLIENT_GONE() -> None:  # a sentinel, compared by identity
+    """Left in a request's disconnect hook slot when its connection was lost before the app put a
+    callable there."""
+
+
+def client_closed(scope: Mapping[str, Any]) -> bool:
+    """Has the client's connection of this request closed? uvloop raises ``RuntimeError`` on a
+    write to a transport it closed (a reset) in the loop iteration before ``connection_lost`` runs;
+    the app asks this to tell that from a bug."""
+    probe = scope.get(TRANSPORT_CLOSING)
+    return probe is not None and bool(probe())
+
+
+# Paths a control reserve connection may carry (see the module doc).
+_CONTROL_EXACT = frozenset({b"/metrics", b"/healthz"})
+_CONTROL_PREFIX = b"/admin/"
+
+
+def is_control_path(raw_path: bytes) -> bool:
+    return raw_path in _CONTROL_EXACT or raw_path.startswith(_CONTROL_PREFIX)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 # After answering a request the protocol refuses (408, 431), the connection stays half-open this long,
 # reading and dropping what the client still sends: closing with unread data makes the kernel send a
@@ -60,13 +108,14 @@ _LINGER_S = 2.0
 _FD_RESERVE = 64
 
 
-def connection_budget(configured: int) -> int:
+def connection_budget(configured: int, control_reserve: int = 0) -> int:
     """The most client connections this process can hold and still proxy every one of them: each
-    may pair with an upstream connection, and ``_FD_RESERVE`` descriptors stay for the rest."""
+    may pair with an upstream connection, and ``_FD_RESERVE`` descriptors stay for the rest, plus
+    one for each control reserve connection (they never open an upstream connection)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return configured
-    return min(configured, max(8, (soft - _FD_RESERVE) // 2))
+    return min(configured, max(8, (soft - _FD_RESERVE - control_reserve) // 2))
 
 
 _ERROR_TYPES = {
@@ -87,6 +136,11 @@ def raw_response(status: int, message: str, extra: bytes = b"") -> bytes:
     return head + body
 
 
+class Admitted(enum.Enum):
+    CLIENT = "client"  # counted against the caps
+    RESERVE = "reserve"  # one of the control reserve: control and observer paths only
+
+
 class ConnectionGuard:
     """The limits and the connection counts, shared by every connection of one server."""
 
@@ -96,27 +150,43 @@ class ConnectionGuard:
         header_timeout_s: float,
         max_per_client: int,
         max_total: int,
+        control_reserve: int = 16,
     ) -> None:
         self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_s
         self.max_per_client = max_per_client
         self.max_total = max_total
+        self.control_reserve = control_reserve
         self.total = 0
+        self.reserve_in_use = 0
         self.by_client: dict[str, int] = {}
         self.refused: dict[int, int] = {}  # status → count (tests, logs)
 
-    def admit(self, client: str) -> bytes | None:
-        """Count a new connection; the refusal to write instead if it is over a cap."""
+    def over_cap(self, client: str) -> tuple[int, str] | None:
+        """The status and message of the cap a new connection from ``client`` is over, if any."""
         if self.total >= self.max_total:
-            return self._refuse(503, f"the gateway holds its maximum of {self.max_total} connections")
-        held = self.by_client.get(client, 0)
-        if held >= self.max_per_client:
-            return self._refuse(429, f"too many open connections from {client} (limit {self.max_per_client})")
-        self.total += 1
-        self.by_client[client] = held + 1
+            return 503, f"the gateway holds its maximum of {self.max_total} connections"
+        if self.by_client.get(client, 0) >= self.max_per_client:
+            return 429, f"too many open connections from {client} (limit {self.max_per_client})"
         return None
 
-    def release(self, client: str) -> None:
+    def admit(self, client: str) -> Admitted | bytes:
+        """Count a new connection; the refusal to write instead if it is over a cap and not a
+        loopback client the control reserve still has room for."""
+        over = self.over_cap(client)
+        if over is None:
+            self.total += 1
+            self.by_client[client] = self.by_client.get(client, 0) + 1
+            return Admitted.CLIENT
+        if self.reserve_in_use < self.control_reserve and _is_loopback(client):
+            self.reserve_in_use += 1
+            return Admitted.RESERVE
+        return self._refuse(*over)
+
+    def release(self, client: str, admitted: Admitted = Admitted.CLIENT) -> None:
+        if admitted is Admitted.RESERVE:
+            self.reserve_in_use -= 1
+            return
         self.total -= 1
         left = self.by_client[client] - 1
         if left:
@@ -124,8 +194,11 @@ class ConnectionGuard:
         else:
             del self.by_client[client]
 
-    def _refuse(self, status: int, message: str) -> bytes:
+    def count_refusal(self, status: int) -> None:
         self.refused[status] = self.refused.get(status, 0) + 1
+
+    def _refuse(self, status: int, message: str) -> bytes:
+        self.count_refusal(status)
         return raw_response(status, message, b"retry-after: 1\r\n")
 
 
@@ -137,45 +210,75 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._client_key: str | None = None  # set while counted in the guard
+        self._admitted = Admitted.CLIENT
+        self._reserve_refusal = (429, "")
         self._awaiting_headers = True  # a request has begun (or may begin) and its headers are incomplete
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        # Every request cycle of this connection whose response may not be complete: the running one
+        # and the pipelined ones queued behind it (uvicorn's ``self.cycle`` is only the newest).
+        self._cycles: list[Any] = []
+        self._detached = False
+        # A chunked body's trailer section: its parsed size, and the raw bytes of reads that carried
+        # no body byte since the last one (a single trailer line is buffered whole by httptools
+        # before ``on_header`` sees it, so its size is counted as it arrives).
+        self._in_body = False
+        self._messages = 0
+        self._body_events = 0
+        self._trailer_bytes = 0
+        self._nonbody_bytes = 0
 
     # -- connection ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         client = self.client[0] if self.client else "unknown"
-        refusal = self.guard.admit(client)
-        if refusal is not None:
+        admitted = self.guard.admit(client)
+        if isinstance(admitted, bytes):
             self._refused = True
-            transport.write(refusal)
+            transport.write(admitted)
             transport.close()
             return
         self._client_key = client
+        self._admitted = admitted
+        if admitted is Admitted.RESERVE:
+            # What a request other than a control one is told on this connection.
+            self._reserve_refusal = self.guard.over_cap(client) or (429, "too many open connections")
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         if self._client_key is not None:
-            self.guard.release(self._client_key)
+            self.guard.release(self._client_key, self._admitted)
             self._client_key = None
-        cycle = self.cycle
+        self._detach_cycles()
         super().connection_lost(exc)
-        if cycle is not None and not cycle.response_complete:
-            hook = cast("DisconnectHook | None", cycle.scope.get(DISCONNECT_HOOK))
-            if hook is not None and hook[0] is not None:
-                hook[0]()
+
+    def eof_received(self) -> None:
+        # uvicorn closes the connection at the client's EOF (nothing more can be answered on it):
+        # its requests are gone now, not one loop iteration later at ``connection_lost``.
+        self._detach_cycles()
+        super().eof_received()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # answered and closing: nothing more is parsed
         if self._awaiting_headers:
             self._header_bytes += len(data)
+        in_body = self._in_body
+        messages = self._messages
+        body_events = self._body_events
         super().data_received(data)
         if self._refused or self.transport.is_closing():
             return
+        if in_body and self._in_body and self._messages == messages and self._body_events == body_events:
+            # A read inside one request's chunked body that carried no body byte: chunk framing or
+            # its trailer section (legitimate framing is reset by the next body byte).
+            self._nonbody_bytes += len(data)
+            if self._nonbody_bytes > self.guard.max_header_bytes:
+                self._refuse(431, f"request trailers larger than {self.guard.max_header_bytes} bytes")
+                return
         if self._awaiting_headers and self._header_bytes > self.guard.max_header_bytes:
             self._refuse(431, f"request headers larger than {self.guard.max_header_bytes} bytes")
         elif (
@@ -192,8 +295,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope[DISCONNECT_HOOK] = [None]  # type: ignore[literal-required]
+        self.scope[TRANSPORT_CLOSING] = self.transport.is_closing  # type: ignore[literal-required]
+        self._messages += 1
+        self._in_body = False
+        self._trailer_bytes = 0
+        self._nonbody_bytes = 0
         if not self._refused:
             self._awaiting_headers = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._awaiting_headers:
+            super().on_header(name, value)
+            return
+        # A trailer: dropped, never appended to the headers the app read (see the module doc).
+        self._trailer_bytes += len(name) + len(value) + 4
+        if self._trailer_bytes > self.guard.max_header_bytes and not self._refused:
+            self._refuse(431, f"request trailers larger than {self.guard.max_header_bytes} bytes")
 
     def on_headers_complete(self) -> None:
         if self._refused:
@@ -208,16 +325,30 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if size > self.guard.max_header_bytes:
             self._refuse(431, f"request headers larger than {self.guard.max_header_bytes} bytes")
             return
+        if self._admitted is Admitted.RESERVE and not is_control_path(httptools.parse_url(self.url).path):
+            status, message = self._reserve_refusal
+            self._refuse(
+                status, f"{message}; the connections kept for the controller and scrapers carry only "
+                "/admin/, /metrics and /healthz",
+            )
+            return
         super().on_headers_complete()
+        self._in_body = True
+        self._nonbody_bytes = 0
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:
+            self._cycles = [c for c in self._cycles if not c.response_complete]
+            self._cycles.append(cycle)
             cycle.transport = HeadCoalescer(self.transport, self.loop, cycle)  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
+            self._body_events += 1
+            self._nonbody_bytes = 0
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         if not self._refused:
             super().on_message_complete()
 
@@ -225,6 +356,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _in_request(self) -> bool:
         return (self.cycle is not None and not self.cycle.response_complete) or bool(self.pipeline)
+
+    def _detach_cycles(self) -> None:
+        """The client is gone (or is being refused): every unfinished request of this connection is
+        told at once: ``receive`` answers ``http.disconnect``, ``send`` writes nothing, the disconnect
+        hook runs (the proxy cancels the request), and queued pipelined requests never start."""
+        if self._detached:
+            return
+        self._detached = True
+        self.pipeline.clear()
+        cycles = self._cycles
+        if self.cycle is not None and self.cycle not in cycles:
+            cycles.append(self.cycle)
+        for cycle in cycles:
+            if cycle.response_complete:
+                continue
+            cycle.disconnected = True
+            cycle.message_event.set()
+            hook = cast("DisconnectHook | None", cycle.scope.get(DISCONNECT_HOOK))
+            if hook is not None:
+                callback, hook[0] = hook[0], CLIENT_GONE
+                if callback is not None and callback is not CLIENT_GONE:
+                    callback()
+        self._cycles = []
 
     def _arm_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self.guard.header_timeout_s, self._header_timeout)
@@ -245,13 +399,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         self._refused = True
         self._cancel_header_timer()
-        self.guard.refused[status] = self.guard.refused.get(status, 0) + 1
+        self.guard.count_refusal(status)
         if self.transport.is_closing():
             return
         if self._in_request():
-            # Never write into a response that is still being sent on this connection.
-            self.transport.close()
-            return
+            started = any(c.response_started for c in (*self._cycles, self.cycle) if c is not None)
+            self._detach_cycles()
+            if started:
+                # Never write into a response that is already being sent on this connection.
+                self.transport.close()
+                return
+            # The request is still being read (its trailers are too large): it is detached above,
+            # so nothing the app sends reaches the wire, and the refusal is the answer.
         self.transport.write(raw_response(status, message))
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -280,13 +439,16 @@ class HeadCoalescer:
             self._loop.call_soon(self.flush)
             return
         self._release()
-        self._transport.write(self._take_head() + data)
+        head = self._take_head()
+        if not self._transport.is_closing():  # uvloop raises on a write to a closed transport
+            self._transport.write(head + data)
 
     def flush(self) -> None:
         if self._cycle.transport is self:
             self._release()
             head = self._take_head()
-            if head:
+            # The scheduled flush may run after the connection closed (uvloop raises on a write then).
+            if head and not self._transport.is_closing():
                 self._transport.write(head)
 
     def _take_head(self) -> bytes:

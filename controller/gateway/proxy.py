@@ -47,7 +47,7 @@ from controller.gateway.jsonbody import BodyError, ModelNotFound, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
-from controller.gateway.protocol import DISCONNECT_HOOK, DisconnectHook
+from controller.gateway.protocol import CLIENT_GONE, DISCONNECT_HOOK, DisconnectHook, client_closed
 from controller.gateway.ratelimit_headers import ratelimit_headers
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
 from controller.gateway.upstream_client import (
@@ -319,6 +319,39 @@ class Proxy:
                      *self._rate_headers(key)],
                 )
                 return 429
+        # The key's concurrency and rate count from the head: a request whose body is still on the
+        # way holds its lease (before, 20 connections of a key limited to 1 trickled bodies at once).
+        lease = self.limiter.try_acquire(key)
+        if isinstance(lease, LimitExceeded):
+            await send_error(
+                send,
+                429,
+                lease.reason,
+                "rate_limit_error",
+                [rid, (b"retry-after", str(lease.retry_after_s).encode()), _CLOSE],
+            )
+            return 429
+        try:
+            return await self._read_and_forward(
+                scope, receive, send, key, route, request_id, content_type, content_length, t0, metering
+            )
+        finally:
+            lease.release()
+
+    async def _read_and_forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        key: KeyRecord,
+        route: str,
+        request_id: bytes,
+        content_type: bytes,
+        content_length: bytes | None,
+        t0: float,
+        metering: Metering,
+    ) -> int:
+        rid = (b"x-request-id", request_id)
         limit = self.config.max_body_bytes
         too_large = f"request body larger than {limit} bytes"
         if content_length is not None and content_length.isdigit() and int(content_length) > limit:
@@ -326,12 +359,23 @@ class Proxy:
             await send_error(send, 413, too_large, "invalid_request_error", [rid, _CLOSE])
             return 413
         try:
-            body = await read_body(receive, limit)
+            async with asyncio.timeout(self.config.body_timeout_s):
+                body = await read_body(receive, limit)
         except BodyTooLarge:
             await send_error(send, 413, too_large, "invalid_request_error", [rid, _CLOSE])
             return 413
         except ClientGone:
             return STATUS_CLIENT_GONE
+        except TimeoutError:
+            # Close: the rest of the body may still be on its way.
+            await send_error(
+                send,
+                408,
+                f"request body not received within {self.config.body_timeout_s:g} s",
+                "invalid_request_error",
+                [rid, _CLOSE],
+            )
+            return 408
 
         # Checked and aliased for the upstream that is current now; ``_forward`` redoes it in the rare
         # case that the slot changed while the request waited for one.
@@ -369,24 +413,11 @@ class Proxy:
                 return 429
             metering.reserved = taken
 
-        lease = self.limiter.try_acquire(key)
-        if isinstance(lease, LimitExceeded):
-            await send_error(
-                send,
-                429,
-                lease.reason,
-                "rate_limit_error",
-                [rid, (b"retry-after", str(lease.retry_after_s).encode())],
-            )
-            return 429
-        try:
-            if key.rpm_limit is not None or metering.quota:
-                metering.headers = self._rate_headers(key)
-            return await self._forward(
-                scope, receive, send, route, request_id, body, json_body, served, t0, metering, key.id
-            )
-        finally:
-            lease.release()
+        if key.rpm_limit is not None or metering.quota:
+            metering.headers = self._rate_headers(key)
+        return await self._forward(
+            scope, receive, send, route, request_id, body, json_body, served, t0, metering, key.id
+        )
 
     async def _forward(
         self,
@@ -408,6 +439,8 @@ class Proxy:
         hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
         watcher: asyncio.Task[None] | None = None
         if hook is not None:
+            if hook[0] is CLIENT_GONE:
+                return STATUS_CLIENT_GONE  # the connection was lost before this request got here
             hook[0] = state.client_gone
         else:
             watcher = asyncio.create_task(self._watch(receive, state))
@@ -476,6 +509,12 @@ class Proxy:
                 )
                 return 503
             return state.status  # the response stays incomplete: uvicorn closes the connection
+        except RuntimeError:
+            # uvloop raises on a write to a transport it has closed (a reset) before the protocol's
+            # connection_lost ran: the client is gone, as if it had been reported.
+            if not client_closed(scope):
+                raise
+            return STATUS_CLIENT_GONE
         finally:
             state.finished = True
             if watcher is not None:

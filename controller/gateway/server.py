@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def connection_guard(config: GatewayConfig) -> ConnectionGuard:
-    budget = connection_budget(config.max_connections)
+    budget = connection_budget(config.max_connections, config.control_reserve_connections)
     if budget < config.max_connections:
         log.warning(
             "the file descriptor limit allows %d client connections (configured %d): raise "
@@ -29,6 +29,7 @@ def connection_guard(config: GatewayConfig) -> ConnectionGuard:
         header_timeout_s=config.header_timeout_s,
         max_per_client=config.max_connections_per_client,
         max_total=budget,
+        control_reserve=config.control_reserve_connections,
     )
 
 

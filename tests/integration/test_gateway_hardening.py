@@ -115,7 +115,10 @@ async def test_headers_must_arrive_in_time_and_idle_sockets_are_not_held(store: 
 
 
 async def test_connections_per_client_are_capped(store: KeyStore) -> None:
-    async with serve_in_loop(config(store, max_connections_per_client=3)) as gw:
+    # No control reserve: a loopback client over the cap would get one of those instead
+    # (test_gateway_connections.py).
+    cfg = config(store, max_connections_per_client=3, control_reserve_connections=0)
+    async with serve_in_loop(cfg) as gw:
         host, port = hostport(gw.url)
         held = [await asyncio.open_connection(host, port) for _ in range(3)]
         reader, writer = await asyncio.open_connection(host, port)
@@ -136,7 +139,7 @@ async def test_connections_per_client_are_capped(store: KeyStore) -> None:
 
 
 async def test_connections_in_all_are_capped(store: KeyStore) -> None:
-    async with serve_in_loop(config(store, max_connections=2)) as gw:
+    async with serve_in_loop(config(store, max_connections=2, control_reserve_connections=0)) as gw:
         host, port = hostport(gw.url)
         held = [await asyncio.open_connection(host, port) for _ in range(2)]
         reader, writer = await asyncio.open_connection(host, port)

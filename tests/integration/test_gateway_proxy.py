@@ -202,44 +202,52 @@ async def _raw_request(
 
 
 @pytest.mark.parametrize("when", ["waiting_for_first_token", "mid_stream"])
-async def test_client_disconnect_closes_upstream_within_50ms(
+async def test_client_disconnect_closes_upstream_while_the_upstream_is_silent(
     gateway: RunningGateway, upstream: SyntheticUpstream, key: str, when: str
 ) -> None:
+    """The upstream is silent for ten minutes (before its first token, or between two events) when
+    the client leaves: its connection must close in that silence, so the gateway noticed the client
+    itself instead of at its next write. Structural, not a stopwatch: the upstream never got to
+    send the next event (it measured 1-2 ms on a quiet host; the closing time is printed)."""
     port = int(gateway.url.rsplit(":", 1)[1])
-    ttft_ms = 2000 if when == "waiting_for_first_token" else 10
+    silence_ms = 600_000
     body = {
         "model": upstream.model,
         "stream": True,
         "max_tokens": 10000,
-        "synthetic": {"ttft_ms": ttft_ms, "interval_ms": 5},
+        "synthetic": {"ttft_ms": silence_ms if when == "waiting_for_first_token" else 0,
+                      "interval_ms": silence_ms},
     }
     n_before = len(upstream.requests)
     reader, writer = await _raw_request(port, key, body)
     if when == "mid_stream":
         got = b""
-        while got.count(b"data: ") < 5:  # several events have passed through
+        while b"data: " not in got:  # the first event has passed through (bounded: 5 s a read)
             got += await asyncio.wait_for(reader.read(65536), 5)
     else:
-        for _ in range(200):  # wait until the upstream has the request (bounded)
+        for _ in range(500):  # wait until the upstream has the request (bounded: 5 s)
             if len(upstream.requests) > n_before:
                 break
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the request never reached the upstream")
     req = upstream.requests[-1]
     assert req.closed_at is None and not req.completed
+    events_before = bytes(req.sent).count(b"data: ")
     closed = time.monotonic()
     writer.transport.abort()
-    for _ in range(200):  # poll up to 2 s; the bound asserted below is 50 ms
+    for _ in range(1000):  # bounded: 10 s, far inside the upstream's silence
         if req.closed_at is not None:
             break
-        await asyncio.sleep(0.002)
-    assert req.closed_at is not None, "upstream connection still open 2 s after the client left"
-    lag = req.closed_at - closed
-    print(f"disconnect lag {when}: {lag * 1000:.2f} ms")
-    assert lag < 0.05, f"upstream saw the disconnect after {lag * 1000:.1f} ms"
+        await asyncio.sleep(0.01)
+    assert req.closed_at is not None, "upstream connection still open 10 s after the client left"
+    print(f"disconnect seen upstream after {(req.closed_at - closed) * 1000:.2f} ms ({when})")
     assert not req.completed
+    assert bytes(req.sent).count(b"data: ") == events_before  # closed in the silence
     if when == "waiting_for_first_token":
         assert req.first_byte_sent is None
+    else:
+        assert events_before == 1
 
 
 async def test_no_slot_503_then_queue_then_switch_with_drain(store: KeyStore, key: str) -> None:

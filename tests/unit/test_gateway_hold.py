@@ -115,8 +115,12 @@ async def test_a_streaming_waiter_is_told_why_and_when() -> None:
         lines.append(text)
 
     task = asyncio.create_task(hold.wait("k", 5, tick))
-    while len(lines) < 3:
+    for _ in range(1000):  # bounded (10 s, 200 ticks' worth), and says what never came
+        if len(lines) >= 3:
+            break
         await asyncio.sleep(0.01)
+    else:
+        raise AssertionError(f"3 tick lines expected from a 0.05 s tick; got {lines} in 10 s")
     hold.release()
     assert isinstance(await task, Released)
     assert lines[0].startswith("waiting for the engine (warm restart), ready in ~")

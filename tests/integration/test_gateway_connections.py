@@ -1,0 +1,350 @@
+"""The gateway's connection handling on a real socket, each case on asyncio's loop and on uvloop (the
+gateway runs on uvloop, whose transports behave differently on a closed connection): a lost
+connection cancels every request on it (pipelined ones too), request trailers are dropped and
+bounded, the body has a deadline and a key's concurrency counts from the head, paths are routed as
+forwarded, and the controller and scrapers get through a full per-address connection cap."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import uvloop
+
+from bench.synthetic_upstream import Shape, SyntheticUpstream
+from controller.gateway import control
+from controller.gateway.auth import hash_admin_token
+from controller.gateway.config import GatewayConfig
+from controller.gateway.embedded import RunningGateway, serve_in_loop
+from controller.gateway.hold import HoldPlan
+from controller.gateway.keystore import KeyStore
+from controller.gateway.protocol import Admitted
+
+ADMIN = "connections-admin-token"
+pytestmark = pytest.mark.timeout(120)
+
+Case = Callable[[Path], Coroutine[Any, Any, None]]
+
+
+def both_loops(case: Case) -> Callable[[str, Path], None]:
+    """Run ``case(tmp_path)`` once on asyncio's loop and once on uvloop."""
+
+    @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+    def test(loop: str, tmp_path: Path) -> None:
+        (uvloop.run if loop == "uvloop" else asyncio.run)(case(tmp_path))
+
+    test.__name__ = test.__qualname__ = case.__name__
+    test.__doc__ = case.__doc__
+    return test
+
+
+def config(tmp_path: Path, upstream: SyntheticUpstream | None = None, **kw: Any) -> GatewayConfig:
+    return GatewayConfig(
+        keys_db=tmp_path / "keys.db",
+        port=0,
+        upstream_url=upstream.url if upstream else None,
+        served_model=upstream.model if upstream else None,
+        admin_token_sha256=hash_admin_token(ADMIN),
+        key_refresh_s=0.2,
+        **kw,
+    )
+
+
+def port_of(gw: RunningGateway) -> int:
+    return int(gw.url.rsplit(":", 1)[1])
+
+
+async def read_until_closed(reader: asyncio.StreamReader, budget_s: float = 10.0) -> bytes:
+    """Everything the server sends until it closes (bounded, so a held socket fails the test)."""
+    out = b""
+    with contextlib.suppress(ConnectionError, TimeoutError):
+        async with asyncio.timeout(budget_s):
+            while chunk := await reader.read(65536):
+                out += chunk
+    return out
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One Content-Length response: (status, body)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in lines if line.startswith(b"content-length:"))
+    return int(head.split(b" ", 2)[1]), await asyncio.wait_for(reader.readexactly(length), 10)
+
+
+def status_of(raw: bytes) -> int:
+    return int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/1.1 ") else 0
+
+
+def message_of(raw: bytes) -> str:
+    return str(json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["message"])
+
+
+async def until(predicate: Callable[[], bool], what: str, budget_s: float = 10.0) -> None:
+    """Wait (bounded) for something the server does asynchronously; fail saying what never came."""
+    for _ in range(int(budget_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {budget_s:g} s: {what}")
+
+
+def post(path: bytes, key: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n%s\r\n%s"
+    ) % (path, key.encode(), len(body), extra, body)
+
+
+# -- issue 12: a lost connection cancels every request on it -----------------------------------
+
+
+@both_loops
+async def test_a_lost_connection_cancels_its_pipelined_request(tmp_path: Path) -> None:
+    """Three requests pipelined on one connection; the client leaves after the first answer. The
+    second (a long stream) must be cancelled and its upstream connection closed; the third never
+    starts. Before: uvicorn marked only its newest cycle (the third) disconnected, so the second ran
+    to its end (on uvloop its writes raised RuntimeError at proxy.py's send)."""
+    key = KeyStore(tmp_path / "keys.db").create("tests")[1]
+    up = SyntheticUpstream(Shape(ttft_s=0.0, chunks=1, interval_s=0.0), model="m")
+    await up.start()
+    try:
+        async with serve_in_loop(config(tmp_path, up)) as gw:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            one = json.dumps({"model": "m", "max_tokens": 1}).encode()
+            # Long enough never to finish within the test (100000 events, 10 ms apart).
+            long = json.dumps(
+                {"model": "m", "stream": True, "max_tokens": 100_000, "synthetic": {"interval_ms": 10}}
+            ).encode()
+            path = b"/v1/chat/completions"
+            writer.write(post(path, key, one) + post(path, key, long) + post(path, key, one))
+            status, _ = await read_response(reader)
+            assert status == 200
+            await until(lambda: len(up.requests) >= 2, "the second request reached the upstream")
+            second = up.requests[1]
+            assert second.stream and not second.completed
+            writer.transport.abort()
+            await until(
+                lambda: second.closed_at is not None,
+                "the upstream connection of the pipelined request closed after the client left",
+            )
+            assert not second.completed
+            await until(
+                lambda: ("/v1/chat/completions", "499") in {k[:2] for k in gw.app.metrics._req_children},
+                "the cancelled request counted as 499",
+            )
+            assert len(up.requests) == 2, "the third pipelined request must never start"
+    finally:
+        await up.stop()
+
+
+# -- issue 13: trailers are dropped and bounded -------------------------------------------------
+
+
+def chunked(path: bytes, key: str, body: bytes, trailers: bytes) -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n"
+    ) % (path, key.encode(), len(body), body, trailers)
+
+
+@both_loops
+async def test_trailers_never_become_headers(tmp_path: Path) -> None:
+    """A valid key in a trailer does not replace a bad one in the head (before: 200), and a trailer
+    is never forwarded upstream as a header."""
+    store = KeyStore(tmp_path / "keys.db")
+    key = store.create("tests")[1]
+    up = SyntheticUpstream(Shape(ttft_s=0.0, chunks=1, interval_s=0.0), model="m")
+    await up.start()
+    try:
+        async with serve_in_loop(config(tmp_path, up)) as gw:
+            body = json.dumps({"model": "m", "max_tokens": 1}).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            trailer = b"Authorization: Bearer %s\r\n" % key.encode()
+            writer.write(chunked(b"/v1/chat/completions", "sk-app-not-a-key", body, trailer))
+            status, _ = await read_response(reader)
+            writer.close()
+            assert status == 401
+            assert up.requests == []
+
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            writer.write(chunked(b"/v1/chat/completions", key, body, b"X-Smuggled: yes\r\n"))
+            status, _ = await read_response(reader)
+            writer.close()
+            assert status == 200
+            assert "x-smuggled" not in up.requests[-1].headers
+    finally:
+        await up.stop()
+
+
+@both_loops
+async def test_trailers_count_against_the_header_limit(tmp_path: Path) -> None:
+    """Trailer bytes past ``max_header_bytes`` get 431 and a closed connection, whether they come as
+    many lines with the body (counted as parsed) or as one line that never ends (counted as it
+    arrives). Before: 67 MB of trailer lines passed both limits and were forwarded as headers."""
+    key = KeyStore(tmp_path / "keys.db").create("tests")[1]
+    up = SyntheticUpstream(Shape(ttft_s=0.0, chunks=1, interval_s=0.0), model="m")
+    await up.start()
+    try:
+        async with serve_in_loop(config(tmp_path, up, max_header_bytes=4096)) as gw:
+            body = json.dumps({"model": "m", "max_tokens": 1}).encode()
+            many = b"".join(b"X-T%d: %s\r\n" % (i, b"v" * 100) for i in range(100))  # ~11 KB
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            writer.write(chunked(b"/v1/chat/completions", key, body, many))
+            raw = await read_until_closed(reader)
+            writer.close()
+            assert status_of(raw) == 431 and "trailers larger than 4096" in message_of(raw)
+
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            head = chunked(b"/v1/chat/completions", key, body, b"")[:-2]  # up to the last chunk
+            writer.write(head + b"X-Endless: ")
+            with contextlib.suppress(ConnectionError):
+                for _ in range(64):  # 4 MiB offered, in reads of their own
+                    await asyncio.sleep(0)
+                    writer.write(b"e" * 65536)
+                    await writer.drain()
+            raw = await read_until_closed(reader)
+            writer.close()
+            assert status_of(raw) == 431
+            assert up.requests == [], "no request with oversized trailers reaches the upstream"
+            assert gw.guard.refused[431] == 2
+    finally:
+        await up.stop()
+
+
+# -- issue 16: a body deadline; a key's concurrency counts from the head ------------------------
+
+
+@both_loops
+async def test_a_trickled_body_gets_408_and_holds_the_keys_slot_meanwhile(tmp_path: Path) -> None:
+    """A key limited to 1 concurrent request: while one request's body is still on its way, a second
+    request of the key is refused at once (429; before: the lease was taken only after the body, so
+    any number of connections could trickle bodies); the trickled body then runs out its deadline:
+    408, connection closed; the key's slot is free again."""
+    store = KeyStore(tmp_path / "keys.db")
+    record, key = store.create("one-at-a-time", max_concurrent=1)
+    up = SyntheticUpstream(Shape(ttft_s=0.0, chunks=1, interval_s=0.0), model="m")
+    await up.start()
+    try:
+        async with serve_in_loop(config(tmp_path, up, body_timeout_s=1.0)) as gw:
+            limiter = gw.app.proxy.limiter
+            slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            full = json.dumps({"model": "m", "max_tokens": 1}).encode()
+            slow_w.write(post(b"/v1/chat/completions", key, full)[:-5])  # all but 5 bytes of the body
+            await until(
+                lambda: limiter.in_flight(record.id) == 1, "the trickling request holds the key's lease"
+            )
+
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            writer.write(post(b"/v1/chat/completions", key, full))
+            raw = await read_until_closed(reader)
+            writer.close()
+            assert status_of(raw) == 429 and "concurrent" in message_of(raw)
+
+            raw = await read_until_closed(slow_r)  # returns once the gateway closed the connection
+            slow_w.close()
+            assert status_of(raw) == 408 and "body not received within 1 s" in message_of(raw)
+            assert b"connection: close" in raw.lower()
+            await until(lambda: limiter.in_flight(record.id) == 0, "the lease released after the 408")
+            assert up.requests == []
+    finally:
+        await up.stop()
+
+
+# -- issue 6: routed as forwarded ---------------------------------------------------------------
+
+
+@both_loops
+async def test_paths_that_could_route_differently_upstream_are_refused(tmp_path: Path) -> None:
+    """``/v1/%63hat/completions`` was labelled and metered as chat completions and forwarded with the
+    raw escape; ``/v1/models/../x`` went up as is (a normalising server reads /v1/x). Both: 400,
+    nothing forwarded. A plain path and a query string with escapes still pass."""
+    key = KeyStore(tmp_path / "keys.db").create("tests")[1]
+    up = SyntheticUpstream(Shape(ttft_s=0.0, chunks=1, interval_s=0.0), model="m")
+    await up.start()
+    try:
+        async with serve_in_loop(config(tmp_path, up)) as gw:
+            body = json.dumps({"model": "m", "max_tokens": 1}).encode()
+            for path, why in [
+                (b"/v1/%63hat/completions", "percent-encoded"),
+                (b"/v1/chat%2Fcompletions", "percent-encoded"),
+                (b"/v1/models/../x", "dot segments"),
+                (b"/v1/./chat/completions", "dot segments"),
+                (b"/admin/%75pstream", "percent-encoded"),
+            ]:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+                writer.write(post(path, key, body))
+                status, answer = await read_response(reader)
+                writer.close()
+                assert status == 400, path
+                assert why in json.loads(answer)["error"]["message"], path
+            assert up.requests == []
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            writer.write(post(b"/v1/chat/completions?x=%20y", key, body))
+            status, _ = await read_response(reader)
+            writer.close()
+            assert status == 200 and up.requests[-1].path == "/v1/chat/completions?x=%20y"
+    finally:
+        await up.stop()
+
+
+# -- issue 9: the control channel is never refused by a client cap ------------------------------
+
+
+@both_loops
+async def test_the_controller_and_scrapers_get_through_a_full_per_address_cap(tmp_path: Path) -> None:
+    """Every connection 127.0.0.1 may hold is taken (as a reverse proxy on the host does with held
+    requests): a client request on one more is refused, but the controller's admin calls
+    (``PUT /admin/upstream``, ``PUT /admin/hold``) and a ``/metrics`` scrape succeed. Before: each got
+    429 "too many open connections from 127.0.0.1"."""
+    KeyStore(tmp_path / "keys.db").create("tests")
+    cfg = config(tmp_path, max_connections_per_client=4, header_timeout_s=60.0)
+    async with serve_in_loop(cfg) as gw:
+        held = [await asyncio.open_connection("127.0.0.1", port_of(gw)) for _ in range(4)]
+        await until(lambda: gw.guard.by_client.get("127.0.0.1") == 4, "the cap from 127.0.0.1 is full")
+
+        # A client request over the cap is still refused, on the connection the reserve lent it.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw = await read_until_closed(reader)
+        writer.close()
+        assert status_of(raw) == 429 and "too many open connections from 127.0.0.1" in message_of(raw)
+
+        plan = HoldPlan("warm restart", 30.0, 10.0)
+        switched = await control.set_upstream(gw.url, ADMIN, None, None, drain_deadline_s=0.0, hold=plan)
+        assert switched.upstream is None
+        renewed = await control.renew_hold(gw.url, ADMIN, plan)
+        assert renewed["hold"]["reason"] == "warm restart"
+        await control.set_upstream(gw.url, ADMIN, "http://127.0.0.1:9", "m", drain_deadline_s=0.0)
+        async with aiohttp.ClientSession() as s, s.get(f"{gw.url}/metrics") as r:
+            assert r.status == 200
+            assert "appliance_gateway" in await r.text()
+        assert gw.guard.by_client.get("127.0.0.1") == 4  # the reserve is not the clients' cap
+        for _, w in held:
+            w.close()
+        await until(lambda: gw.guard.reserve_in_use == 0, "the reserve connections released")
+
+
+@both_loops
+async def test_the_control_reserve_is_bounded_and_for_loopback_only(tmp_path: Path) -> None:
+    """Over the cap, a loopback client gets at most ``control_reserve_connections`` more; past them,
+    429 at accept as before. A remote address never gets one."""
+    cfg = config(tmp_path, max_connections_per_client=1, control_reserve_connections=1, header_timeout_s=60.0)
+    async with serve_in_loop(cfg) as gw:
+        held = [await asyncio.open_connection("127.0.0.1", port_of(gw)) for _ in range(2)]
+        await until(lambda: gw.guard.reserve_in_use == 1, "the reserve lent its one connection")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+        raw = await read_until_closed(reader)
+        writer.close()
+        assert status_of(raw) == 429
+        for _, w in held:
+            w.close()
+    assert gw.guard.admit("192.0.2.7") is Admitted.CLIENT
+    assert isinstance(gw.guard.admit("192.0.2.7"), bytes)  # a remote address over the cap: refused,
+    assert gw.guard.reserve_in_use == 0  # never lent the reserve
