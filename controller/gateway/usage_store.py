@@ -93,6 +93,13 @@ class UsageRow:
         }
 
 
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    """A reader can open the file between the writer creating it and creating its tables (the
+    gateway's first write): such a file is as empty as a missing one, not an error."""
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return found.fetchone() is not None
+
+
 def hour_of(t: float) -> int:
     return int(t // HOUR_S) * HOUR_S
 
@@ -180,6 +187,8 @@ class UsageStore:
         if not self.path.exists():
             return []
         with self._connect(write=False) as conn:
+            if not _has_table(conn, "quota_state"):
+                return []
             rows = conn.execute("SELECT key_id, window, level, stamp FROM quota_state").fetchall()
         return [BucketState(r[0], r[1], float(r[2]), float(r[3])) for r in rows]
 
@@ -210,6 +219,8 @@ class UsageStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         with self._connect(write=False) as conn:
+            if not _has_table(conn, "usage_hourly"):
+                return []
             rows = conn.execute(sql + " ORDER BY hour, key_id", args).fetchall()
         return [
             UsageRow(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6])) for r in rows

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -256,6 +257,15 @@ def test_missing_store_reads_empty_and_is_not_created(tmp_path: Path) -> None:
     store = UsageStore(tmp_path / "none.sqlite3")
     assert store.query() == [] and store.quota_states() == []
     assert not store.path.exists()
+
+
+def test_a_store_read_before_its_tables_exist_reads_empty(tmp_path: Path) -> None:
+    """The writer creates the file, then its tables: a reader in between (a CLI, an API call, a
+    test polling for the first row) reads nothing, not `no such table`."""
+    path = tmp_path / "young.sqlite3"
+    sqlite3.connect(path).close()  # the file exists, with no table yet
+    store = UsageStore(path)
+    assert store.query() == [] and store.quota_states() == []
 
 
 async def test_accounting_records_flushes_and_restores_quotas(tmp_path: Path) -> None:
