@@ -367,10 +367,10 @@ async def test_two_content_types_are_refused_before_the_engine(tmp_path: Path) -
     body = b'{"model": "gpt-4o", "messages": [], "max_tokens": 4, "stream": true}'
     async with _setup(tmp_path) as (up, gw):
         for first, second in ((b"application/json", b"text/plain"), (b"text/plain", b"application/json")):
-            got = await _raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                                      b"authorization: Bearer " + key.encode() + b"\r\ncontent-type: "
-                                      + first + b"\r\ncontent-type: " + second + b"\r\ncontent-length: %d\r\n\r\n"
-                                      % len(body) + body)
+            head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+                    + key.encode() + b"\r\ncontent-type: " + first + b"\r\ncontent-type: " + second
+                    + b"\r\ncontent-length: %d\r\n\r\n" % len(body))
+            got = await _raw_exchange(gw, head + body)
             assert got.startswith(b"HTTP/1.1 400 "), got[:200]
             assert b"more than one Content-Type" in got
         assert up.requests == []
