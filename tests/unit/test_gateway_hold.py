@@ -140,7 +140,13 @@ def test_metrics_count_each_outcome() -> None:
     assert sample("appliance_gateway_hold_requests_total", {"outcome": "released"}) == 1
     assert sample("appliance_gateway_hold_requests_total", {"outcome": "full"}) == 1
     assert sample("appliance_gateway_hold_wait_seconds_count") == 1
+    assert sample("appliance_gateway_hold_wait_seconds_sum") == 3.0  # the released one's, not FULL's
     assert sample("appliance_gateway_hold_waiting") == 0
+    assert sample("appliance_gateway_hold_active") == 0
+    hold.begin(PLAN)
+    assert sample("appliance_gateway_hold_active") == 1
+    hold.release()
+    assert sample("appliance_gateway_hold_active") == 0
 
 
 def test_stream_requests_are_recognised() -> None:

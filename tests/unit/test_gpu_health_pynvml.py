@@ -79,8 +79,8 @@ def fake_pynvml(*, event_reasons: bool = True, name: Any = b"NVIDIA H200") -> ty
     m.nvmlDeviceGetPciInfo = lambda h: _Pci(b"00000000:3B:00.0")  # type: ignore[attr-defined]
     m.nvmlDeviceGetTemperature = temp  # type: ignore[attr-defined]
     m.nvmlDeviceGetTemperatureThreshold = threshold  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPowerUsage = lambda h: 312_500  # mW  # type: ignore[attr-defined]
-    m.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000  # mW  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPowerUsage = lambda h: 312_500  # type: ignore[attr-defined]  # mW
+    m.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000  # type: ignore[attr-defined]  # mW
     if event_reasons:  # the newer name (driver 535+); older pynvml has only the throttle one
         m.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4  # type: ignore[attr-defined]
     m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x40  # type: ignore[attr-defined]
@@ -147,7 +147,7 @@ def test_each_card_handle_is_taken_once_and_kept() -> None:
     for _ in range(2):
         queries.query(0, "temperature_c")
         queries.query(1, "temperature_c")
-    calls: list[tuple[Any, ...]] = nvml.calls  # type: ignore[attr-defined]
+    calls: list[tuple[Any, ...]] = nvml.calls
     assert [c for c in calls if c[0] == "handle"] == [("handle", 0), ("handle", 1)]
     # Each card's query goes to that card's handle.
     assert [c[1] for c in calls if c[0] == "temp"] == [("h", 0), ("h", 1), ("h", 0), ("h", 1)]
@@ -158,7 +158,7 @@ def test_load_pynvml_initialises_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     queries, why = load_pynvml()
     assert why is None and isinstance(queries, PynvmlQueries) and queries.nvml is nvml
-    assert nvml.calls == [("init",)]  # type: ignore[attr-defined]
+    assert nvml.calls == [("init",)]
 
 
 def test_load_pynvml_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,150 @@
+"""Boundary cases of token metering and quotas written from mutmut's survivors (README, "Mutation
+testing"): the request body the engine gets, a non-streamed answer read in pieces and past its size
+bound, the quota's dirty flag and sub-token levels, and the x-ratelimit headers of a key with only a
+requests limit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller.gateway.keystore import KeyRecord
+from controller.gateway.quota import TokenQuotas
+from controller.gateway.ratelimit_headers import ratelimit_headers
+from controller.gateway.usage_meter import (
+    _MAX_BODY,
+    BodyMeter,
+    Usage,
+    plan_request,
+    with_stream_options,
+)
+from controller.gateway.usage_request import is_json_media_type
+
+ASK_BOTH = {"include_usage": True, "continuous_usage_stats": True}
+USAGE = b'"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2}'
+
+
+class Clock:
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _key(tpm: int | None = None, tpd: int | None = None) -> KeyRecord:
+    return KeyRecord("0123456789ab", "k", 0.0, None, None, None, tpm_limit=tpm, tpd_limit=tpd)
+
+
+# -- x-ratelimit-* ------------------------------------------------------------------------------
+
+
+def test_a_key_with_only_a_requests_limit_gets_the_requests_headers() -> None:
+    # No token quota (tokens: None) must not end the loop before the requests' headers.
+    assert dict(ratelimit_headers(None, (60, 59, 0.5))) == {
+        b"x-ratelimit-limit-requests": b"60", b"x-ratelimit-remaining-requests": b"59",
+        b"x-ratelimit-reset-requests": b"1s"}
+
+
+# -- what is JSON to the engine -----------------------------------------------------------------
+
+
+def test_a_media_type_with_several_parameters_is_json() -> None:
+    # The type is what comes before the *first* ";" (RFC 9110 §8.3.1).
+    assert is_json_media_type(b"application/json; charset=utf-8; profile=x")
+    assert not is_json_media_type(b"text/plain; a=application/json")
+
+
+# -- the body sent upstream ---------------------------------------------------------------------
+
+
+def test_a_stream_with_n_choices_plans_per_choice_sums() -> None:
+    planned = plan_request(b'{"stream": true, "n": 3, "messages": []}', "/v1/chat/completions")
+    assert planned.stream is not None and planned.stream.choices == 3
+
+
+def test_the_member_is_appended_before_the_closing_brace_and_the_rest_kept() -> None:
+    # What comes before the last member and after the closing brace goes on as the client sent it
+    # (the whitespace between the last member and the brace is where the member goes).
+    body = b'  {"stream": true }\n'
+    assert with_stream_options(body, json.loads(body), ASK_BOTH) == (
+        b'  {"stream": true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}\n')
+    # Options other than the usual pair are written compactly, after a comma or none.
+    assert with_stream_options(b'{"a": 1}', {"a": 1}, {"include_usage": True}) == (
+        b'{"a": 1,"stream_options":{"include_usage":true}}')
+    assert with_stream_options(b"{ }", {}, ASK_BOTH) == (
+        b'{"stream_options":{"include_usage":true,"continuous_usage_stats":true}}')
+
+
+def test_a_re_serialised_body_keeps_its_text_as_utf8() -> None:
+    # With the client's own stream_options the body is written again: non-ASCII text stays UTF-8
+    # (\u escapes would make a CJK prompt twice its size in bytes on the way to the engine).
+    doc = {"stream": True, "stream_options": {"include_usage": True}, "prompt": "日本語"}
+    sent = with_stream_options(json.dumps(doc).encode(), doc, ASK_BOTH)
+    assert "日本語".encode() in sent and json.loads(sent)["stream_options"] == ASK_BOTH
+
+
+# -- a non-streamed answer ----------------------------------------------------------------------
+
+
+def test_the_body_meter_counts_into_the_requests_usage() -> None:
+    usage = Usage()
+    meter = BodyMeter(usage)  # the proxy passes its Metering's usage: counted in place
+    meter.feed(b"{" + USAGE + b"}")
+    meter.finish()
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.seen) == (7, 2, True)
+
+
+def test_an_answer_in_two_reads_is_read_whole() -> None:
+    meter = BodyMeter()
+    meter.feed(b'{"choices":[],')
+    meter.feed(b"" + USAGE + b"}")
+    assert meter.finish().total == 9
+
+
+def test_a_body_past_the_bound_keeps_only_its_tail_and_still_counts() -> None:
+    # The usage object straddles the read that takes the body past _MAX_BODY: the tail is cut from
+    # the reads joined as they came.
+    text = b'{"choices":[{"text":"' + b"a" * (_MAX_BODY - 40) + b'"}],' + USAGE + b"}"
+    step = 1 << 20
+    meter = BodyMeter()
+    for i in range(0, len(text), step):
+        meter.feed(text[i:i + step])
+    kept = sum(len(p) for p in meter._parts)
+    assert kept <= 64 << 10  # the tail only, not the 4 MiB before it
+    assert meter.finish().total == 9
+
+
+def test_a_long_answer_never_keeps_more_than_the_bound() -> None:
+    meter = BodyMeter()
+    for _ in range(6):
+        meter.feed(b"x" * (1 << 20))
+        assert sum(len(p) for p in meter._parts) <= _MAX_BODY
+
+
+# -- quotas -------------------------------------------------------------------------------------
+
+
+def test_an_unknown_bucket_has_no_level() -> None:
+    assert TokenQuotas(Clock()).level("nobody", "minute") is None
+
+
+def test_every_change_of_a_level_marks_the_quotas_for_saving() -> None:
+    q = TokenQuotas(Clock())
+    key = _key(tpm=600)
+    for change in (lambda: q.reserve(key, 10), lambda: q.settle(key, 10, 4), lambda: q.charge(key, 3)):
+        q.snapshot()
+        assert not q.dirty
+        change()
+        assert q.dirty is True
+
+
+def test_an_unbounded_reservation_on_a_fraction_of_a_token_takes_one() -> None:
+    clock = Clock()
+    q = TokenQuotas(clock)
+    key = _key(tpm=60)  # refills 1 token a second
+    q.charge(key, 60)
+    clock.t += 0.5  # half a token back: above zero, so admitted
+    assert q.reserve(key, None) == 1
+    assert q.level(key.id, "minute") == pytest.approx(-0.5)
