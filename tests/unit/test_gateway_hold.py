@@ -86,6 +86,8 @@ async def test_a_hold_the_controller_stops_renewing_lapses() -> None:
     hold = Hold(clock=lambda: now[0])
     hold.begin(HoldPlan("apply", wait_s=10.0))
     assert hold.holding()
+    now[0] = 10.0  # the lease ends on its last instant, as a waiter's bound does
+    assert not hold.holding()
     now[0] = 10.5  # no renewal: the controller died
     assert not hold.holding()
     got = await hold.wait("k", 5)

@@ -245,3 +245,13 @@ def test_a_host_whose_pci_devices_cannot_be_listed_says_nvml_is_blind(
         assert reader.sample() == []
     assert reader.blind_note is not None and "NVMLError_LibraryNotFound: x" in reader.blind_note
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [reader.blind_note]
+
+
+def test_amd_files_are_the_files_there_and_no_others(tmp_path: Path) -> None:
+    from controller.watch.gpu_health import amd_files
+
+    dev = tmp_path / "device"
+    (dev / "hwmon/hwmon2").mkdir(parents=True)
+    (dev / "vendor").write_text("0x1002\n")
+    (dev / "hwmon/hwmon2/temp1_input").write_text("45000\n")
+    assert amd_files(dev) == {"vendor": "0x1002\n", "hwmon/hwmon2/temp1_input": "45000\n"}

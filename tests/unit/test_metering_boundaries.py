@@ -14,12 +14,16 @@ from controller.gateway.quota import TokenQuotas
 from controller.gateway.ratelimit_headers import ratelimit_headers
 from controller.gateway.usage_meter import (
     _MAX_BODY,
+    OBSERVE,
     BodyMeter,
+    StreamMeter,
+    StreamPlan,
     Usage,
+    parse_usage,
     plan_request,
     with_stream_options,
 )
-from controller.gateway.usage_request import is_json_media_type
+from controller.gateway.usage_request import is_json_media_type, parse_body
 
 ASK_BOTH = {"include_usage": True, "continuous_usage_stats": True}
 USAGE = b'"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2}'
@@ -148,3 +152,114 @@ def test_an_unbounded_reservation_on_a_fraction_of_a_token_takes_one() -> None:
     clock.t += 0.5  # half a token back: above zero, so admitted
     assert q.reserve(key, None) == 1
     assert q.level(key.id, "minute") == pytest.approx(-0.5)
+
+
+# -- reading usage objects ----------------------------------------------------------------------
+
+
+def _vllm(prompt: int, completion: int) -> bytes:
+    return (b'"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+            % (prompt, prompt + completion, completion))
+
+
+@pytest.mark.parametrize("spelling", ["vllm", "spaced"])
+def test_the_last_usage_object_in_a_text_is_the_total(spelling: str) -> None:
+    # Four running totals in one text (the first, vLLM's role event, counts 0 completion tokens).
+    objs = [_vllm(7, c) for c in (0, 1, 2, 3)]
+    if spelling == "spaced":
+        objs = [o.replace(b":", b": ").replace(b",", b", ") for o in objs]
+    u = Usage()
+    assert parse_usage(b"\n\n".join(b"data: {" + o + b"}" for o in objs), u)
+    assert (u.prompt_tokens, u.completion_tokens) == (7, 3)
+
+
+def test_a_usage_object_with_one_count_reads_the_other_as_zero() -> None:
+    embeddings = Usage()  # embeddings: prompt_tokens and total_tokens only
+    assert parse_usage(b'{"data":[],"usage":{"prompt_tokens":8,"total_tokens":8}}', embeddings)
+    assert (embeddings.prompt_tokens, embeddings.completion_tokens, embeddings.seen) == (8, 0, True)
+    output_only = Usage(prompt_tokens=5)
+    assert parse_usage(b'{"usage":{"output_tokens":4}}', output_only)
+    assert (output_only.prompt_tokens, output_only.completion_tokens) == (0, 4)
+
+
+def test_a_usage_member_that_is_not_an_object_is_no_usage() -> None:
+    u = Usage()
+    assert not parse_usage(b'{"usage": 12}', u) and u == Usage()
+    body = BodyMeter()
+    body.feed(b'{"usage": "n/a"}')
+    assert body.finish() == Usage()
+
+
+# -- request facts ------------------------------------------------------------------------------
+
+
+def test_plans_carry_the_facts_of_every_json_request() -> None:
+    completions = plan_request(b'{"prompt": "hi"}', "/v1/completions")
+    assert completions.facts is not None and completions.facts.max_tokens == 16  # vLLM's default
+    assert completions.facts.reservation() == 1 + 16
+    chat = plan_request(b'{"messages": [{"content": "hi"}]}', "/v1/chat/completions")
+    assert chat.facts is not None and chat.facts.max_tokens is None and chat.stream is None
+    observed = plan_request(b'{"stream": true, "n": 2, "input": "hi"}', "/v1/responses")
+    assert observed.facts is not None and observed.facts.stream
+    assert observed.stream == StreamPlan(True, True, 2)
+
+
+def _facts(doc: str) -> tuple[int, int, int | None, int]:
+    _, facts = parse_body(doc.encode())
+    assert facts is not None
+    return facts.choices, facts.prompts, facts.max_tokens, facts.prompt_estimate
+
+
+def test_request_facts_boundaries() -> None:
+    # One prompt, whatever its form: text, token ids; a list of either is that many prompts.
+    assert _facts('{"prompt": "hello"}') == (1, 1, None, 2)
+    assert _facts('{"prompt": [1, 2, 3]}') == (1, 1, None, 3)
+    assert _facts('{"prompt": [[1, 2, 3], [4, 5]]}') == (1, 2, None, 5)
+    assert _facts('{"messages": [{"content": "abcd"}]}')[1] == 1
+    # A data URL (an image, audio) is not prompt text.
+    assert _facts('{"messages": [{"content": "data:image/png;base64,AAAA"}]}')[3] == 0
+    # n below 1 is not a count of choices (the engine refuses it); 0 output tokens is a bound.
+    assert _facts('{"n": 0}')[0] == 1
+    assert _facts('{"max_tokens": 0}')[2] == 0
+    # Several output bounds: the smallest holds, in either order.
+    assert _facts('{"max_tokens": 20, "max_completion_tokens": 100}')[2] == 20
+    assert _facts('{"max_completion_tokens": 100, "max_output_tokens": 30}')[2] == 30
+
+
+# -- stream events in other shapes --------------------------------------------------------------
+
+
+def _meter(*events: bytes, plan: StreamPlan = OBSERVE) -> StreamMeter:
+    meter = StreamMeter(plan)
+    for event in events:
+        meter.feed(event)
+    return meter
+
+
+def test_a_final_total_is_the_engines_count_even_when_zero() -> None:
+    meter = _meter(b'event: response.completed\ndata: {"type":"response.completed","response":'
+                   b'{"usage":{"input_tokens":0,"output_tokens":0}}}\n\n')
+    # Seen: the engine counted (0), so nothing is estimated for it afterwards.
+    assert meter.usage == Usage(0, 0, seen=True)
+    other = _meter(b'data: {"type":"x","usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n')
+    assert (other.usage.prompt_tokens, other.usage.completion_tokens, other.usage.seen) == (3, 4, True)
+
+
+def test_a_messages_stream_in_sse_s_other_spellings() -> None:
+    # "data:" without a space, an event's JSON over two data lines, a start with input_tokens only.
+    meter = _meter(
+        b'event: message_start\ndata:{"type":"message_start","message":{"usage":{"input_tokens":25}}}\n\n',
+        b'event: message_delta\ndata: {"type":"message_delta",\ndata: "usage":{"output_tokens":15}}\n\n',
+    )
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (25, 15)
+
+
+def test_an_event_whose_data_is_not_an_object_counts_nothing() -> None:
+    meter = _meter(b'data: "usage"\n\n', b'data: ["usage", 1]\n\n')
+    assert meter.usage == Usage()
+
+
+def test_a_usage_member_that_is_not_an_object_is_passed_on() -> None:
+    event = b'data: {"choices":[{"index":0,"delta":{}}],"usage":"n/a"}\n\n'
+    meter = StreamMeter(StreamPlan(False, False))
+    assert meter.feed(event) == event and meter.usage == Usage()
