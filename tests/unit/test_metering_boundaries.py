@@ -263,3 +263,27 @@ def test_a_usage_member_that_is_not_an_object_is_passed_on() -> None:
     event = b'data: {"choices":[{"index":0,"delta":{}}],"usage":"n/a"}\n\n'
     meter = StreamMeter(StreamPlan(False, False))
     assert meter.feed(event) == event and meter.usage == Usage()
+
+
+def test_a_stream_meter_counts_into_the_requests_usage_and_marks_it_seen() -> None:
+    usage = Usage()
+    meter = StreamMeter(StreamPlan(True, True), usage)  # the proxy passes its Metering's usage
+    meter.feed(b"data: {" + b'"choices":[{"index":0}],' + _vllm(7, 1)[:-1] + b"}}\n\n")
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.seen) == (7, 1, True)
+
+
+def test_every_complete_event_of_a_read_goes_on_at_once() -> None:
+    # Two whole events and the start of a third: the two go to the client now, the third waits.
+    a, b = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"
+    meter = StreamMeter(OBSERVE)
+    assert meter.feed(a + b + b"data: {") == a + b
+    assert meter.flush() == b"data: {"
+
+
+def test_a_nearly_refilled_bucket_says_retry_in_one_second() -> None:
+    clock = Clock()
+    q = TokenQuotas(clock)
+    key = _key(tpm=600)  # 10 tokens a second
+    q.charge(key, 601)  # one token below zero: back above it within 0.2 s
+    refused = q.check(key)
+    assert refused is not None and refused.retry_after_s == 1
