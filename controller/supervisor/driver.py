@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from appliance.diagnosis.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.diagnosis.diagnose import Diagnosis, FailureFacts, diagnose
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.kmsg import OomEvent
 from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
@@ -1080,6 +1081,6 @@ class Driver:
                 "old_url": m.old.spec.base_url, "old": "stopping" if m.switched else "serving"}
 
 
-# The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's
+# The failures the machine itself decides; their codes are appliance.diagnosis.signatures's, so the driver's
 # re-diagnosis over the evidence and the machine's own verdict use one spelling.
 _MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})
