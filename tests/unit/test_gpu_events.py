@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis.diagnosis import kernel_message
+from appliance.diagnosis.scan import kernel_message
 from appliance.observe.gpu_events import (
     XID_TABLE,
     FaultSide,
