@@ -1,26 +1,19 @@
 """The supervisor's async driver: turns the world into observations and executes the actions.
 
-Everything with a side effect goes through an injected seam — the Runtime (engines), the Prober
-(readiness), the GatewayLink, the Store, the preflight, and the Clock — so the unit tests run a
-40-minute start with fakes in milliseconds, and the integration tests run the same code against
-a real vLLM engine.
+Everything with a side effect goes through an injected seam (host_seams.py: runtimes, prober, store,
+preflight, clock; the gateway link), so the unit tests run a 40-minute start with fakes in milliseconds
+and the integration tests run the same code against a real vLLM engine. One `step`: new log text
+(PhaseSeen), CPU time (CpuSample), still running? (exit → diagnosis → Exited), readiness while starting
+(ReadyProbed) or health while ready (HealthLost), the gateway's slot, then Tick. Slow work runs in tasks
+that answer with observations; `submit` never awaits, so two concurrent API requests see one
+consistent machine (the second apply of a pair gets its 409 from the transition, not from a race).
 
-One loop iteration (`step`): read new log text (phases → PhaseSeen), sample CPU time (CpuSample),
-see whether the engine is still running (exit → diagnosis → Exited), probe readiness while
-starting (ReadyProbed) or health while ready (HealthLost), check that the gateway still routes to
-the ready engine (a restarted gateway forgets its slot), then Tick. Slow work (runtime calls,
-probes, preflight, gateway calls) runs in tasks that answer with observations; `submit` itself
-never awaits, so two concurrent API requests see one consistent machine (the second apply of a
-pair gets its 409 from the transition function, not from a race).
-
-The driver drives; the state beside the machine is owned where it is used. Per host (host_seams.py,
-shared by every engine a controller supervises): the runtimes, store, metrics, clock, event stream
-(events.py), prober, preflight and the host's watches. Per engine (built here): the machine, which
-only `submit` writes and everyone else reads through a `MachineView` (machine_view.py); the launch
-runs (launch_run.py: follower, engine key, probe error, exit — from start or adoption to `MarkEnded`);
-the `LaunchRecorder` (launch_recorder.py: every write of a launch to its record, metrics and events);
-the `HoldKeeper` (hold_keeper.py: the switch path and the gateway's hold); the `GatewaySync`
-(gateway_sync.py: the gateway's slot). Adoption's search is adoption.py.
+The driver drives; the state beside the machine is owned where it is used. Per host (`HostSeams`,
+shared by every engine a controller supervises): runtimes, store, metrics, clock, the event stream
+(events.py), prober, preflight, the host's watches. Per engine (built here): the machine, written by
+`submit` only and read by everyone else through a `MachineView`; the launch runs (launch_run.py); the
+`LaunchRecorder` (every write of a launch to its record, metrics and events); the `HoldKeeper` (the
+switch path and the gateway's hold); the `GatewaySync` (the gateway's slot). Adoption: adoption.py.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +31,17 @@ from controller.metrics import ControllerMetrics
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance, Runtime
 from controller.store import Store
 from controller.supervisor import adoption, status_view
+from controller.supervisor.action_tasks import ActionTasks
 from controller.supervisor.clock import Clock, SystemClock
+from controller.supervisor.driver_config import DriverConfig
+from controller.supervisor.engine_calls import START_ERRORS, empty_cache, start_failure, stop_engine
 from controller.supervisor.events import EventLog
 from controller.supervisor.exit_diagnosis import ExitDiagnoser, failure_of
-from controller.supervisor.exit_watch import watch_exit
+from controller.supervisor.exit_watch import watch_run_exit
 from controller.supervisor.follow import LogFollower
 from controller.supervisor.gateway_link import GatewayLink
 from controller.supervisor.gateway_sync import GatewaySync
 from controller.supervisor.hold_keeper import HoldKeeper
-from controller.supervisor.hold_plan import HoldPolicy
 from controller.supervisor.host_seams import (
     BesideFn,
     GpuEventSource,
@@ -63,7 +57,6 @@ from controller.supervisor.host_seams import (
 from controller.supervisor.launch_key import launch_key
 from controller.supervisor.launch_recorder import LaunchRecorder
 from controller.supervisor.launch_run import LaunchRun, LaunchRuns
-from controller.supervisor.launch_start import START_ERRORS, empty_cache, start_failure
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
 from controller.supervisor.machine_view import MachineCell, MachineView
 from controller.supervisor.probes import Prober
@@ -96,7 +89,8 @@ from controller.supervisor.signals import (
     Tick,
 )
 
-__all__ = ["Clock", "Driver", "DriverConfig", "SystemClock"]  # Clock/SystemClock: clock.py, re-exported
+# Clock/SystemClock (clock.py) and DriverConfig (driver_config.py): re-exported for the driver's users.
+__all__ = ["Clock", "Driver", "DriverConfig", "SystemClock"]
 
 log = logging.getLogger(__name__)
 
@@ -104,27 +98,6 @@ log = logging.getLogger(__name__)
 # long (a step may wait on the runtime for a while: a docker stop's grace runs in a task, not here).
 LOOP_STALE_POLLS = 30
 LOOP_STALE_MIN_S = 60.0
-
-
-@dataclass(frozen=True)
-class DriverConfig:
-    poll_interval_s: float = 1.0
-    probe_interval_s: float = 2.0  # readiness probes while starting
-    health_interval_s: float = 10.0  # liveness probes while ready
-    health_failures: int = 3  # consecutive failed health probes → HealthLost
-    # The kernel's OOM record can trail the process's death a little; wait this long for the kmsg
-    # watch before classifying an exit (its detection latency goal is < 1 s).
-    oom_settle_s: float = 1.0
-    stop_retries: int = 3
-    # While ready: ask the gateway (GET /admin/upstream) whether it still routes to the engine. A
-    # gateway restarted under a running controller has no slot and answers 503 until told again.
-    gateway_check_interval_s: float = 10.0
-    # A thread per engine blocks in Runtime.wait (pidfd / docker) so that a death is known at once,
-    # not at the next poll; it re-checks that its launch is still current this often.
-    watch_exits: bool = True
-    exit_watch_s: float = 30.0
-    # How long the gateway holds new requests during a planned switch (hold_plan.py).
-    hold: HoldPolicy = field(default_factory=HoldPolicy)
 
 
 class Driver:
@@ -176,7 +149,7 @@ class Driver:
         self._probing = False
         self._next_probe = 0.0
         self._health_failures = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = ActionTasks(self.host.events)  # slow work in flight, answering with observations
         self.loop_alive_at: float | None = None  # when `run`'s loop last came round (liveness)
         # What the API, the console and the watches reach the driver for, under their old names.
         self.runtimes, self.store, self.metrics = self.host.runtimes, store, self.host.metrics
@@ -185,6 +158,7 @@ class Driver:
         self.engine_key = self.runs.engine_key  # for in-controller clients (POST /compare); never printed
         self.switch_plan, self.hold_status = self.holds.switch_plan, self.holds.status
         self.check_store = self.recorder.check_store
+        self.settle, self.shutdown = self.tasks.settle, self.tasks.shutdown
         self.metrics.set_engine_state(self.machine.state.value)
 
     @property
@@ -263,7 +237,7 @@ class Driver:
                 await self._follow(launch)
                 await self._watch_exit(launch)
             except (EngineRuntimeError, OSError) as exc:
-                self._runtime_unanswered(launch, exc)
+                self.recorder.runtime_unanswered(launch, self.runs.get(launch.launch_id), exc)
             else:
                 if (run := self.runs.get(launch.launch_id)) is not None:
                     run.runtime_error = None
@@ -275,51 +249,11 @@ class Driver:
             try:
                 await self._watch_exit(old)  # it serves while the new one starts beside it
             except (EngineRuntimeError, OSError) as exc:
-                self._runtime_unanswered(old, exc)
+                self.recorder.runtime_unanswered(old, self.runs.get(old.launch_id), exc)
         renewal = self.holds.renewal()
         if renewal is not None:
-            self._spawn(renewal, "gateway hold renewal")
+            self.tasks.spawn(renewal, "gateway hold renewal")
         self.submit(Tick())
-
-    def _runtime_unanswered(self, launch: Launch, exc: Exception) -> None:
-        """The runtime could not be asked this poll (a Docker daemon restarting, an API server's 5xx,
-        a log file gone): noted once per distinct error, and looked at again next poll. The engine's
-        own death is still seen by the exit watch or the next look that works."""
-        message = f"{type(exc).__name__}: {exc}"
-        run = self.runs.get(launch.launch_id)
-        if run is None or message != run.runtime_error:
-            log.warning("runtime did not answer for launch %s: %s", launch.launch_id, message)
-            self.note("runtime-unanswered", f"the {launch.spec.kind} runtime did not answer: {exc}; "
-                      "supervision goes on and asks again next poll", launch.launch_id)
-        if run is not None:
-            run.runtime_error = message
-
-    async def settle(self) -> None:
-        """Wait for every action task (tests; shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    async def shutdown(self) -> None:
-        """Controller exit: cancel our tasks. The engine keeps running, to be adopted next time."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=what)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            # A bug in an action must be seen, not swallowed: logged with its traceback and put in
-            # the event stream. The machine stays consistent (the answer just never comes).
-            log.error("supervisor task %s failed", task.get_name(), exc_info=exc)
-            self.note("internal-error", f"{task.get_name()}: {exc!r}")
 
     # ------------------------------------------------------------------------------------------
     # Watching the current engine
@@ -377,24 +311,14 @@ class Driver:
         run.exiting = True
         run.exit_seen = info
         self.submit(ExitSeen(launch_id, info))
-        self._spawn(self._classify_exit(launch, info), f"classify-exit {launch_id}")
+        self.tasks.spawn(self._classify_exit(launch, info), f"classify-exit {launch_id}")
 
     def _watch_death(self, handle: EngineHandle) -> None:
         """Block in Runtime.wait in a thread (exit_watch.py): a death is known at once."""
         run = self.runs.get(handle.launch_id)
-        if not self.config.watch_exits or run is None or run.watched:
-            return
-        run.watched = True
-
-        def current() -> bool:
-            m = self.machine
-            return any(la is not None and la.launch_id == handle.launch_id for la in (m.launch, m.old))
-
-        def done() -> None:
-            run.watched = False
-
-        watch_exit(self.host.runtime(handle), handle, loop=asyncio.get_running_loop(), still_current=current,
-                   on_exit=self._exit_noticed, on_done=done, recheck_s=self.config.exit_watch_s)
+        if self.config.watch_exits and run is not None:
+            watch_run_exit(self.host.runtime(handle), handle, run, self.view, on_exit=self._exit_noticed,
+                           recheck_s=self.config.exit_watch_s)
 
     async def _classify_exit(self, launch: Launch, info: ExitInfo) -> None:
         await self.clock.sleep(self.config.oom_settle_s)
@@ -412,11 +336,11 @@ class Driver:
         if self.machine.state is State.STARTING:
             self._probing = True
             self._next_probe = now + self.config.probe_interval_s
-            self._spawn(self._probe_ready(launch), f"probe {launch.launch_id}")
+            self.tasks.spawn(self._probe_ready(launch), f"probe {launch.launch_id}")
         elif self.machine.state is State.READY:
             self._probing = True
             self._next_probe = now + self.config.health_interval_s
-            self._spawn(self._probe_health(launch), f"health {launch.launch_id}")
+            self.tasks.spawn(self._probe_health(launch), f"health {launch.launch_id}")
 
     async def _probe_ready(self, launch: Launch) -> None:
         try:
@@ -453,7 +377,7 @@ class Driver:
 
     def _watch_gateway(self, launch: Launch) -> None:
         if self.machine.state is State.READY and self.gateway_sync.check_due(self.clock.now()):
-            self._spawn(self.gateway_sync.check(launch), f"gateway check {launch.launch_id}")
+            self.tasks.spawn(self.gateway_sync.check(launch), f"gateway check {launch.launch_id}")
 
     # ------------------------------------------------------------------------------------------
     # Adoption (adoption.py finds the engine; the machine takes it or not)
@@ -480,24 +404,24 @@ class Driver:
     def _execute(self, action: Action) -> None:
         match action:
             case RunPreflight():
-                self._spawn(self._preflight(action), f"preflight {action.recipe}")
+                self.tasks.spawn(self._preflight(action), f"preflight {action.recipe}")
             case StartEngine():
-                self._spawn(self._start(action), f"start {action.launch_id}")
+                self.tasks.spawn(self._start(action), f"start {action.launch_id}")
             case StopEngine():
-                self._spawn(self._stop(action), f"stop {action.launch_id}")
+                self.tasks.spawn(self._stop(action), f"stop {action.launch_id}")
             case DrainGateway():
-                self._spawn(self._drain(action), f"drain {action.launch_id}")
+                self.tasks.spawn(self._drain(action), f"drain {action.launch_id}")
             case SwitchUpstream():
-                self._spawn(self._switch(action), f"switch to {action.launch_id}")
+                self.tasks.spawn(self._switch(action), f"switch to {action.launch_id}")
             case SetUpstream():
                 point = self.gateway_sync.point_to(action.launch_id, action.base_url,
                                                    action.served_model_name)
-                self._spawn(point, "gateway point")
+                self.tasks.spawn(point, "gateway point")
             case ClearUpstream():
                 hold = self.holds.begin(action.hold) if action.hold is not None else None
                 clear = self.gateway_sync.clear(action.retry_after_s, action.reason, hold, action.detail,
                                                 self.clock.now())
-                self._spawn(clear, "gateway clear")
+                self.tasks.spawn(clear, "gateway clear")
             case MarkReady():
                 self._mark_ready(action)
             case MarkEnded():
@@ -547,17 +471,8 @@ class Driver:
             self._watch_death(handle)
 
     async def _stop(self, action: StopEngine) -> None:
-        rt = self.host.runtime(action.handle)
-        info: ExitInfo | None = None
-        for attempt in range(1, self.config.stop_retries + 1):
-            try:
-                info = await asyncio.to_thread(rt.stop, action.handle, action.grace_s)
-                break
-            except EngineRuntimeError as exc:
-                self.note("stop-error", f"stop attempt {attempt}: {exc}", action.launch_id)
-                info = await asyncio.to_thread(rt.inspect, action.handle)
-                if not info.running:
-                    break
+        info = await stop_engine(self.host.runtime(action.handle), action, self.config.stop_retries,
+                                 self.host.events)
         if info is None or info.running:
             # Never report a running engine as stopped: the host cannot hold two.
             self.note("stop-failed", "the engine did not stop; it stays under supervision", action.launch_id)
@@ -586,7 +501,7 @@ class Driver:
         launch = self.recorder.ready(action, self.runs.get(action.launch_id))
         on_ready = self.host.on_ready
         if launch is not None and on_ready is not None and launch.handle is not None:
-            self._spawn(on_ready(action.launch_id, launch.spec, launch.handle), "on-ready hook")
+            self.tasks.spawn(on_ready(action.launch_id, launch.spec, launch.handle), "on-ready hook")
 
     def _forget_unless_current(self, launch_id: str) -> None:
         """Drop a launch's state when the machine has no such launch (it ignored a late answer)."""

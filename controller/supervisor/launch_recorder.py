@@ -31,7 +31,8 @@ from controller.supervisor.machine import Launch, State
 from controller.supervisor.machine_view import MachineView
 from controller.supervisor.signals import MarkEnded, MarkReady, StartEngine, StartKind
 
-# The driver's logger: the store-lost error is the supervisor's, where operators already filter for it.
+# The driver's logger: the store-lost error and an unanswered runtime are the supervisor's, logged
+# where they always were.
 log = logging.getLogger("controller.supervisor.driver")
 
 
@@ -191,6 +192,18 @@ class LaunchRecorder:
                           "(a flag, not a kill: the stall watch and the ready budget still decide)",
                           launch.launch_id, {"phase": stall.phase, "took_s": stall.took_s,
                                              "usual_s": stall.usual_s, "text": stall.text})
+
+    def runtime_unanswered(self, launch: Launch, run: LaunchRun | None, exc: Exception) -> None:
+        """The runtime could not be asked this poll (a Docker daemon restarting, an API server's 5xx,
+        a log file gone): noted once per distinct error, and looked at again next poll. The engine's
+        own death is still seen by the exit watch or the next look that works."""
+        message = f"{type(exc).__name__}: {exc}"
+        if run is None or message != run.runtime_error:
+            log.warning("runtime did not answer for launch %s: %s", launch.launch_id, message)
+            self._events.note("runtime-unanswered", f"the {launch.spec.kind} runtime did not answer: {exc}; "
+                              "supervision goes on and asks again next poll", launch.launch_id)
+        if run is not None:
+            run.runtime_error = message
 
     # ------------------------------------------------------------------------------------------
     # Ready and ended

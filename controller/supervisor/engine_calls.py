@@ -1,5 +1,6 @@
-"""The two decisions of a start that are not the machine's: emptying the cache root of a fresh-cache
-start, and what a runtime's refusal to start means (retryable or not, and the hint)."""
+"""The runtime calls around a start and a stop that are not the machine's decisions: emptying the
+cache root of a fresh-cache start, what a runtime's refusal to start means (retryable or not, and
+the hint), and a stop retried until the engine is gone."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 from appliance.diagnosis.diagnosis import DiagnosisCode
 from appliance.recipe.launch_spec import LaunchSpec
-from controller.runtime.base import EngineRuntimeError
+from controller.runtime.base import EngineRuntimeError, ExitInfo, Runtime
 from controller.runtime.ports import PortInUse
 from controller.supervisor.events import EventLog
-from controller.supervisor.signals import Failure
+from controller.supervisor.signals import Failure, StopEngine
 
 # What `Runtime.start` raises that is the start's failure, not a bug of the driver.
 START_ERRORS = (PortInUse, EngineRuntimeError, OSError)
@@ -43,3 +44,19 @@ def start_failure(exc: Exception, spec: LaunchSpec) -> Failure:
             "see the message: a missing interpreter, image or device is an installation problem",
             retryable=False)
     return Failure("launch_failed", f"could not start the engine: {exc}", "", retryable=True)
+
+
+async def stop_engine(rt: Runtime, action: StopEngine, retries: int, events: EventLog) -> ExitInfo | None:
+    """Stop, retried `retries` times; between tries the runtime says whether the engine ended anyway.
+    None or a running engine's info: it did not stop."""
+    info: ExitInfo | None = None
+    for attempt in range(1, retries + 1):
+        try:
+            info = await asyncio.to_thread(rt.stop, action.handle, action.grace_s)
+            break
+        except EngineRuntimeError as exc:
+            events.note("stop-error", f"stop attempt {attempt}: {exc}", action.launch_id)
+            info = await asyncio.to_thread(rt.inspect, action.handle)
+            if not info.running:
+                break
+    return info
