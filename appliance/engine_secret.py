@@ -42,7 +42,7 @@ KEY_FILE_NAME = "engine-key.yaml"
 CONTAINER_KEY_DIR = "/run/appliance-engine"
 CONTAINER_KEY_PATH = f"{CONTAINER_KEY_DIR}/{KEY_FILE_NAME}"
 
-# controller/supervisor/engine_key.py makes keys as "eng_" + secrets.token_urlsafe(32): 43 characters.
+# controller/supervisor/launch_key.py makes keys as "eng_" + secrets.token_urlsafe(32): 43 characters.
 _ENGINE_KEY = re.compile(r"eng_[A-Za-z0-9_-]{43}")
 # vLLM 0.26.0's "non-default args: {…, 'api_key': ['KEY'], …}" (a key of any shape, e.g. a recipe's own).
 _ARGS_API_KEY = re.compile(r"""(['"]api_key['"]\s*:\s*)(\[[^\]]*\]|'[^']*'|"[^"]*")""")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from appliance.observe.gpu_health import ReplayQueries, recording_from_raw  # noqa: E402
 from controller.metrics import ControllerMetrics  # noqa: E402
-from controller.supervisor.gpu_health_link import GpuHealthLink  # noqa: E402
+from controller.supervisor.gpu_health_watch import GpuHealthLink  # noqa: E402
 from controller.watch.gpu_health import HEALTH_INTERVAL_S, HealthReader  # noqa: E402
 
 H200 = REPO / "tests" / "fixtures" / "gpu_health" / "h200-2026-12-01" / "nvml-raw.json"

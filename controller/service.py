@@ -38,17 +38,19 @@ from controller.runtime.registry import Unavailable, available_runtimes
 from controller.settings import CONTROLLER_PORT, Paths, instance_id
 from controller.store import Store
 from controller.supervisor.blue_green import BesideCheck
+from controller.supervisor.clock import SystemClock
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.events import EventLog
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
-from controller.supervisor.gpu_health_link import GpuHealthLink, LaunchView
-from controller.supervisor.gpu_link import GpuWatchLink
-from controller.supervisor.gpu_memory_link import GpuMemoryLink
+from controller.supervisor.gpu_health_watch import GpuHealthLink, LaunchView
+from controller.supervisor.gpu_memory_check import GpuMemoryLink
+from controller.supervisor.gpu_memory_watch import GpuWatchLink
+from controller.supervisor.host_memory_watch import EngineView, HostWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.probes import HttpProber
 from controller.supervisor.provenance import provenance_for
 from controller.supervisor.signals import Apply
-from controller.supervisor.watch_link import EngineView, HostWatchLink
 from controller.watch.gpu import GpuReader
 from controller.watch.recipe_target import recipe_mem_target
 from host_setup.facts import HostFactsError
@@ -73,8 +75,9 @@ class ServiceConfig:
 
 
 def engine_view(driver: Driver) -> EngineView:
-    """The host watch's narrow view of the driver (controller/supervisor/watch_link.py)."""
-    return EngineView(launch=lambda: driver.machine.launch, state=lambda: driver.machine.state,
+    """The host watch's narrow view of the driver (controller/supervisor/host_memory_watch.py)."""
+    view = driver.view
+    return EngineView(launch=lambda: view.launch, state=lambda: view.state,
                       runtime=driver.runtimes.get, note=driver.note)
 
 
@@ -149,22 +152,25 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError):
             return None
 
+    # The event stream exists before the driver: the on-ready proof is built with its `note`.
+    clock = SystemClock()
+    events = EventLog(store, clock)
     driver = Driver(
-        runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway,
+        runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway, clock=clock,
         policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, gpu_events=gpu_health.gpu_events,
         metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
         beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes),
+        unavailable_runtimes={kind: gap.reason for kind, gap in missing.items()},
+        process_peaks=watch.process_peaks,
+        on_ready=ready_hook(runtimes, recipe_expectations(preflight.recipe), events.note), events=events,
     )
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
     preflight.note = driver.note
     preflight.gpu_memory = GpuMemoryLink(GpuReader(), running_pids=running_pids_of(watch))
-    driver.process_peaks = watch.process_peaks
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
-    driver.on_ready = ready_hook(runtimes, recipe_expectations(preflight.recipe), driver.note)
-    driver.unavailable_runtimes = {kind: gap.reason for kind, gap in missing.items()}
     for note in (*(gap.reason for gap in missing.values() if gap.fault), gateway_note):
         if note:
             driver.note("controller", note)
@@ -210,7 +216,7 @@ async def serve(cfg: ServiceConfig) -> None:
     stop = asyncio.Event()
     driver.note("controller", f"controller starting on {cfg.host}:{cfg.port} (pid {os.getpid()})")
     await driver.adopt()
-    if cfg.apply_on_start and driver.machine.state is State.IDLE:
+    if cfg.apply_on_start and driver.view.state is State.IDLE:
         driver.submit(Apply(cfg.apply_on_start))
     tasks = [asyncio.create_task(driver.run(stop), name="supervisor")]
     if cfg.watch_host:

@@ -1,6 +1,6 @@
 """The engine key's pure half: the key a recipe brings itself, and how a caller presents a key. Pure.
 
-Below both the supervisor (controller/supervisor/engine_key.py makes a fresh key per launch; its
+Below both the supervisor (controller/supervisor/launch_key.py makes a fresh key per launch; its
 readiness probe presents it) and the runtimes (controller/runtime/kubernetes.py delivers a
 recipe's own key): neither imports the other for it. How the key reaches vLLM is
 appliance/engine_secret.py.

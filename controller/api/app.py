@@ -150,7 +150,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         # if the loop that watches the engine has stopped coming round, or the launch store's file
         # was deleted or replaced under the controller (its records would be lost at the restart).
         problem = driver.liveness_problem()
-        body = {"ok": problem is None, "state": driver.machine.state.value}
+        body = {"ok": problem is None, "state": driver.view.state.value}
         if problem is not None:
             return JSONResponse({**body, "problem": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
         return JSONResponse(body)
@@ -190,7 +190,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def plan(name: str) -> dict[str, Any]:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
-        current = driver.machine.launch
+        current = driver.view.launch
         spec = report.spec
         # A cache root not writable, gone since a launch used it, or shared.
         warnings = [] if spec is None else await asyncio.to_thread(
@@ -210,7 +210,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "cache_warnings": warnings,
             "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
             "would_replace": current.spec.recipe if current else None,
-            "state": driver.machine.state.value,
+            "state": driver.view.state.value,
             "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
         }
 
@@ -223,25 +223,25 @@ def create_app(ctx: ApiContext) -> FastAPI:
         rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=body.blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
-        apply_id = driver.machine.apply.token if driver.machine.apply is not None else None
-        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, apply_id=apply_id,
+        apply_id = driver.view.machine.apply.token if driver.view.machine.apply is not None else None
+        return Accepted(state=driver.view.state.value, recipe=driver.view.recipe, apply_id=apply_id,
                         switch=switch)
 
     @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted, responses={409: {}})
     async def restart() -> Accepted:
-        recipe = driver.machine.recipe
+        recipe = driver.view.recipe
         switch = driver.switch_plan(recipe, restart=True) if recipe is not None else None
         rejected = driver.submit(Restart())
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
-        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe, switch=switch)
+        return Accepted(state=driver.view.state.value, recipe=driver.view.recipe, switch=switch)
 
     @app.post("/stop", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted)
     async def stop() -> Accepted:
         driver.submit(Stop())
-        return Accepted(state=driver.machine.state.value, recipe=driver.machine.recipe)
+        return Accepted(state=driver.view.state.value, recipe=driver.view.recipe)
 
     @app.get("/status", tags=["status"])
     async def get_status() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""GPU health routes of the controller's admin API (controller/supervisor/gpu_health_link.py's view).
+"""GPU health routes of the controller's admin API (controller/supervisor/gpu_health_watch.py's view).
 
 - ``GET /gpu``: every card's health, what admission would say of it, the latest kernel GPU events and
   what the watch cannot see.

@@ -35,7 +35,7 @@ from controller.cli.options import JsonOpt
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root
 from controller.supervisor import compile_cache
-from controller.supervisor.gpu_memory_link import GpuMemoryLink
+from controller.supervisor.gpu_memory_check import GpuMemoryLink
 from controller.watch.gpu import GpuReader
 from controller.watch.gpu_health import HealthReader
 from host_setup.facts import HostFactsError, gather_facts

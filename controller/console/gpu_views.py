@@ -1,6 +1,6 @@
 """The console's GPU health panel (Now and Host memory pages): each card's state in one line, what
 admission would say of it, and the latest kernel GPU events. Read from the GPU health watch that the
-apply preflight also reads (controller/supervisor/gpu_health_link.py, through `Preflight.gpu`)."""
+apply preflight also reads (controller/supervisor/gpu_health_watch.py, through `Preflight.gpu`)."""
 
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
                                "Pick two recipes from the list to compare.", "/console/recipes")
             diff = await asyncio.to_thread(data.diff, a, b)
         return page(request, "recipes.html", session, rows=rows, names=names, a=a, b=b, diff=diff,
-                    current=driver.machine.recipe)
+                    current=driver.view.recipe)
 
     async def plan_page(request: Request, name: str, template: str) -> Response:
         """The recipe's preflight plan, on its own page or on the apply confirmation."""
@@ -382,7 +382,7 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
             return page(request, "log.html", session, exc.code, r=record, text="", offset=0, cut=False,
                         error=f"The engine log cannot be read: {exc}",
                         stored_tail=record.log_tail, live=False)
-        live = driver.machine.launch is not None and driver.machine.launch.launch_id == launch_id
+        live = driver.view.is_current(launch_id)
         return page(request, "log.html", session, r=record, text=text, offset=offset, cut=cut,
                     stored_tail=record.log_tail if not text else None, live=live)
 
@@ -410,7 +410,7 @@ def console_router(ctx: ApiContext, sessions: Sessions | None = None,
         if action not in engine_actions:
             return not_found(request)
         return page(request, "engine_action.html", session, action=action, status=driver.status(),
-                    launch=driver.machine.launch.launch_id if driver.machine.launch else None)
+                    launch=driver.view.launch.launch_id if driver.view.launch else None)
 
     @router.post("/engine/{action}")
     async def engine_action(request: Request, action: str) -> Response:

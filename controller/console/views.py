@@ -249,7 +249,7 @@ def _blue_green_line(bg: dict[str, Any] | None) -> str:
 
 def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
     """What `POST /recipes/{name}/plan` answers, shaped for a page (secrets redacted)."""
-    current = driver.machine.launch
+    current = driver.view.launch
     spec = redact_spec(report.spec) if report.spec else None
     return {
         "recipe": report.recipe,
@@ -263,7 +263,7 @@ def plan_view(report: PlanReport, driver: Driver) -> dict[str, Any]:
         "cache_empty": report.cache_empty,
         "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
         "would_replace": current.spec.recipe if current else None,
-        "state": driver.machine.state.value,
+        "state": driver.view.state.value,
         "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
     }
 
@@ -474,7 +474,7 @@ class ConsoleData:
         # the launch's own events are the kills attributed to its engine
         markers += [charts.Marker(e.at, "OOM kill", charts.OOM_ENGINE, dashed=False)
                     for e in record.events if e.kind == "oom-kill"]
-        # GPU kernel events attributed to the launch (controller/supervisor/gpu_health_link.py)
+        # GPU kernel events attributed to the launch (controller/supervisor/gpu_health_watch.py)
         markers += [charts.Marker(e.at, "GPU event", charts.GPU_EVENT, dashed=False)
                     for e in record.events if e.kind == "gpu-event"]
         window = (start - MEMORY_PAD_S, end + MEMORY_PAD_S)
@@ -519,7 +519,7 @@ class ConsoleData:
             if end is not None and end >= since:
                 markers.append(charts.Marker(end, f"end ({record.status})", "#6b7280"))
         markers += oom_markers(self.history.ooms(since), engine_pids)
-        recipe = self.ctx.driver.machine.recipe
+        recipe = self.ctx.driver.view.recipe
         target = self._target_bytes(recipe) if recipe else None
         # A controller younger than the window has no samples before it started: start the axis at
         # the first sample (or the earliest marker), so a short history is not a sliver at the edge.

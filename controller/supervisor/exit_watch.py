@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Runtime
+from controller.supervisor.launch_run import LaunchRun
+from controller.supervisor.machine_view import MachineView
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +47,22 @@ def watch_exit(
     thread = threading.Thread(target=watch, name=f"exit-watch {handle.launch_id}", daemon=True)
     thread.start()
     return thread
+
+
+def watch_run_exit(rt: Runtime, handle: EngineHandle, run: LaunchRun, view: MachineView, *,
+                   on_exit: Callable[[str, ExitInfo], None], recheck_s: float) -> None:
+    """One watch per launch (`run.watched`), for as long as the launch is the machine's current one or
+    the old one of a blue/green switch."""
+    if run.watched:
+        return
+    run.watched = True
+
+    def current() -> bool:
+        m = view.machine
+        return any(la is not None and la.launch_id == handle.launch_id for la in (m.launch, m.old))
+
+    def done() -> None:
+        run.watched = False
+
+    watch_exit(rt, handle, loop=asyncio.get_running_loop(), still_current=current, on_exit=on_exit,
+               on_done=done, recheck_s=recheck_s)

@@ -69,6 +69,11 @@ class LaunchRuns:
     def get(self, launch_id: str) -> LaunchRun | None:
         return self._runs.get(launch_id)
 
+    def engine_key(self, launch_id: str) -> str | None:
+        """The launch's engine API key, for in-controller clients (POST /compare); never printed."""
+        run = self._runs.get(launch_id)
+        return run.engine_key if run is not None else None
+
     def end(self, launch_id: str) -> LaunchRun | None:
         """The launch ended: its state goes, all of it (the caller still gets it for the record)."""
         return self._runs.pop(launch_id, None)

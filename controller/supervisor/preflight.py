@@ -41,7 +41,7 @@ Check = Callable[[Recipe, HostFacts], Failure | None]
 
 
 class GpuHealthSource(Protocol):
-    """The GPU health watch as preflight reads it (controller/supervisor/gpu_health_link.py)."""
+    """The GPU health watch as preflight reads it (controller/supervisor/gpu_health_watch.py)."""
 
     @property
     def cards(self) -> Sequence[CardHealth]: ...
@@ -56,7 +56,7 @@ class GpuHealthSource(Protocol):
 
 
 class GpuMemorySource(Protocol):
-    """The cards' memory now (controller/supervisor/gpu_memory_link.py). `replaces_running`: the
+    """The cards' memory now (controller/supervisor/gpu_memory_check.py). `replaces_running`: the
     start stops the running engine first, so what it holds counts as free."""
 
     def view(self, replaces_running: bool = True) -> GpuMemoryView: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import Provenance, ProvenanceSource, Runtime
-from controller.supervisor.driver import ProvenanceFn
+from controller.supervisor.host_seams import ProvenanceFn
 
 
 def provenance_for(runtimes: dict[str, Runtime]) -> ProvenanceFn:

@@ -90,6 +90,6 @@ class HostHistory:
             return len(self._points)
 
 
-# The controller's one history: fed by the host watch (controller/supervisor/watch_link.py
+# The controller's one history: fed by the host watch (controller/supervisor/host_memory_watch.py
 # `on_sample` and `on_oom`), read by the console. A module-level instance like controller/metrics' registry.
 HOST_HISTORY = HostHistory()

@@ -41,7 +41,7 @@ from controller.runtime.base import (
 )
 from controller.runtime.docker import DockerRuntime
 from controller.runtime.ports import PortInUse
-from controller.supervisor.engine_key import new_engine_key
+from controller.supervisor.launch_key import new_engine_key
 from tests.integration.images import busybox_image
 from tests.integration.runtime_specs import docker_options, docker_spec
 

@@ -25,7 +25,7 @@ from controller.metrics import ControllerMetrics
 from controller.runtime.process import ProcessRuntime
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig, SystemClock
-from controller.supervisor.gpu_health_link import GpuHealthLink, LaunchView
+from controller.supervisor.gpu_health_watch import GpuHealthLink, LaunchView
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.signals import Apply
 from controller.watch.gpu_health import HealthReader

@@ -53,7 +53,7 @@ from controller.runtime.base import (
 )
 from controller.runtime.ports import PortInUse, port_is_free
 from controller.runtime.registry import RUNTIMES, engine_key_of
-from controller.supervisor.engine_key import new_engine_key
+from controller.supervisor.launch_key import new_engine_key
 from tests.integration.images import APPLIANCE_IMAGE
 from tests.integration.runtime_specs import SERVED_NAME, STANDIN_KINDS, standin_spec
 

@@ -18,7 +18,7 @@ from appliance.recipe.render import render
 from appliance.runtimes import docker as docker_plugin
 from appliance.runtimes.k8s.manifests import manifests
 from controller.runtime.process import ProcessRuntime, engine_env
-from controller.supervisor.engine_key import launch_key
+from controller.supervisor.launch_key import launch_key
 from tests.unit.recipe_helpers import fixed_facts, shipped
 
 K8S_IMAGE = "registry.example/engine:1"

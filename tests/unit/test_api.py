@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,8 @@ from controller.api.app import create_app
 from controller.api.context import ApiContext
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.events import EventLog
+from controller.supervisor.host_seams import OnReady
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
 from tests.unit.model_helpers import seed_model
@@ -32,7 +34,10 @@ TOKEN = "adm_test-token-not-secret"
 
 
 class Rig:
-    def __init__(self, home: Path, recipes_dir: Path = REPO / "recipes") -> None:
+    def __init__(self, home: Path, recipes_dir: Path = REPO / "recipes",
+                 on_ready: Callable[[FakeRuntime, EventLog], OnReady] | None = None) -> None:
+        """`on_ready`: the ready hook made from the rig's runtime and event stream (as service.build
+        makes it before the driver)."""
         self.clock = FakeClock()
         self.runtime = FakeRuntime(self.clock)
         self.store = Store(home / "appliance.sqlite3")
@@ -40,10 +45,12 @@ class Rig:
         self.preflight = Preflight(
             recipes_dir=recipes_dir, appliance_home=home, facts_root=REFERENCE_HOST
         )
+        events = EventLog(self.store, self.clock)
         self.driver = Driver(
             runtimes={"process": self.runtime}, store=self.store, preflight=self.preflight,
             prober=FakeProber(self.runtime), gateway=RecordingGateway(), clock=self.clock,
             config=DriverConfig(poll_interval_s=1, probe_interval_s=1, oom_settle_s=0),
+            events=events, on_ready=on_ready(self.runtime, events) if on_ready is not None else None,
         )
         self.app = create_app(ApiContext(self.driver, self.store, self.preflight, home, "cpu-smollm2"))
 
@@ -129,7 +136,7 @@ async def test_healthz_fails_when_the_launch_store_is_deleted_or_replaced(
     assert status["store_problem"] is not None and f"was {how}" in status["store_problem"]
     kinds = []
     async with rig.driver.subscribe() as queue:
-        rig.driver.store_problem = None  # said again (once per distinct problem): seen on the stream
+        rig.driver.recorder.store_problem = None  # said again (once per distinct problem): seen on the stream
         rig.driver.check_store()
         kinds = [queue.get_nowait()["kind"] for _ in range(queue.qsize())]
     assert kinds == ["store-lost"]

@@ -351,7 +351,7 @@ async def test_a_broken_recipe_directory_is_a_page_not_a_traceback(
 
 def test_the_host_watch_feeds_the_console_history(home: Path) -> None:
     from controller.store import Store
-    from controller.supervisor.watch_link import HostWatchLink
+    from controller.supervisor.host_memory_watch import HostWatchLink
     from controller.watch.history import HOST_HISTORY
 
     link = HostWatchLink(Store(home / "watch.sqlite3"))

@@ -15,7 +15,7 @@ from appliance.observe.kmsg import parse_record
 from controller import admin_token
 from controller.console.gpu_views import gpu_health_view
 from controller.runtime.base import Provenance
-from controller.supervisor.gpu_health_link import GpuHealthLink
+from controller.supervisor.gpu_health_watch import GpuHealthLink
 from controller.watch.gpu_health import HealthReader
 from tests.unit.supervisor_helpers import make_handle, make_spec
 from tests.unit.test_api import TOKEN, Rig

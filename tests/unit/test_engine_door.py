@@ -18,7 +18,7 @@ from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.docker import container_create_kwargs
 from controller.runtime.ports import PortInUse, ensure_port_free, port_is_free
 from controller.store import REDACTED, redact_spec
-from controller.supervisor.engine_key import launch_key, new_engine_key
+from controller.supervisor.launch_key import launch_key, new_engine_key
 from controller.supervisor.machine import State
 from controller.supervisor.signals import Apply
 from tests.unit.spec_helpers import with_runtime
@@ -118,10 +118,10 @@ async def test_the_engine_key_reaches_probe_and_gateway_and_nothing_else(tmp_pat
     assert all(key not in e.model_dump_json() for e in rig.store.events())
     # A controller restart: the new driver reads the key back from where the runtime put it.
     (tmp_path / "again").mkdir()
-    again = make_rig(tmp_path / "again", _spec(argv=NO_KEY_ARGV))
+    again = make_rig(tmp_path / "again", _spec(argv=NO_KEY_ARGV),
+                     spec_for_recipe=lambda name: _spec(argv=NO_KEY_ARGV))
     again.runtime.engines = rig.runtime.engines
     again.runtime.keys = rig.runtime.keys
-    again.driver.spec_for_recipe = lambda name: _spec(argv=NO_KEY_ARGV)
     await again.driver.adopt()
     rig.runtime.current().healthy = True
     await again.run_until(lambda: again.driver.machine.state is State.READY, 100)

@@ -18,7 +18,7 @@ from controller import admin_token
 from controller.api.app import AdminGuard
 from controller.api.gpu import gpu_router, gpu_status
 from controller.cli import gpu_cmd
-from controller.supervisor.gpu_health_link import GpuHealthLink
+from controller.supervisor.gpu_health_watch import GpuHealthLink
 from controller.watch.gpu_health import HealthReader
 from tests.unit.test_api import TOKEN
 from tests.unit.test_gpu_health import h200_recording

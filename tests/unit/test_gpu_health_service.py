@@ -15,7 +15,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.service import ServiceConfig, build
-from controller.supervisor import watch_link
+from controller.supervisor import host_memory_watch
 from controller.supervisor.driver import DriverConfig
 from controller.supervisor.preflight import Preflight
 from tests.unit.model_helpers import seed_model
@@ -40,7 +40,7 @@ async def test_an_xid_from_kmsg_reaches_metrics_and_fires_the_alert(
     preflight = svc.driver.preflight
     assert isinstance(preflight, Preflight) and preflight.gpu is svc.gpu_health
     source = FakeSource([XID_79])
-    monkeypatch.setattr(watch_link, "DevKmsg", lambda path: source)
+    monkeypatch.setattr(host_memory_watch, "DevKmsg", lambda path: source)
     stop = asyncio.Event()
     task = asyncio.create_task(svc.watch.run_kmsg(stop))
     await asyncio.sleep(0.05)

@@ -24,7 +24,7 @@ from appliance.recipe.gpu_kv_admission import (
     recipe_cards,
 )
 from appliance.recipe.recipe_model import Recipe
-from controller.supervisor.gpu_memory_link import GpuMemoryLink
+from controller.supervisor.gpu_memory_check import GpuMemoryLink
 from controller.supervisor.preflight import Preflight
 from controller.watch.gpu import GpuReader
 from tests.unit.recipe_helpers import fixed_facts, shipped
@@ -299,7 +299,7 @@ def test_the_service_reads_the_running_engines_pids_from_the_host_watch() -> Non
     from typing import cast
 
     from controller.service import running_pids_of
-    from controller.supervisor.watch_link import HostWatchLink
+    from controller.supervisor.host_memory_watch import HostWatchLink
 
     launch: list[Any] = []
     seen: dict[str, frozenset[int]] = {}

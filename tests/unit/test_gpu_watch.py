@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from appliance.observe.gpu_mem import GpuSample, PhasePeaks, parse_amdgpu
-from controller.supervisor.gpu_link import GpuWatchLink
+from controller.supervisor.gpu_memory_watch import GpuWatchLink
 from controller.supervisor.signals import Apply
 from controller.watch.gpu import GpuReader
 from tests.unit.test_supervisor_driver import make_rig

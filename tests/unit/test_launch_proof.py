@@ -135,13 +135,21 @@ def test_host_swap_reads_meminfo_and_swappiness(tmp_path: Path) -> None:
 
 
 async def test_the_proof_is_recorded_at_ready_and_a_missing_marker_warns_and_reads_back_as_a_problem(
-    rig: Rig, client: httpx.AsyncClient, tmp_path: Path
+    home: Path, tmp_path: Path
 ) -> None:
     lib = tmp_path / "_C_stable_libtorch.so"
     lib.write_bytes(b"packed silu fixed")
     digest = hashlib.sha256(b"packed silu fixed").hexdigest()
     declared = (("sdot4 path selected.", "never printed selected."), {str(lib): digest})
-    rig.driver.on_ready = ready_hook({"process": rig.runtime}, lambda name: declared, rig.driver.note)
+    # As service.build wires it: the hook is a constructor argument, made with the event stream's note.
+    rig = Rig(home, on_ready=lambda runtime, events: ready_hook({"process": runtime}, lambda name: declared,
+                                                                 events.note))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rig.app),
+                                 base_url="http://127.0.0.1:8090") as client:
+        await _proof_recorded(rig, client, lib)
+
+
+async def _proof_recorded(rig: Rig, client: httpx.AsyncClient, lib: Path) -> None:
     assert (await client.post("/apply", json={"recipe": "cpu-smollm2"}, headers=AUTH)).status_code == 202
     await rig.step(1)
     rig.runtime.current().log = LOG

@@ -16,9 +16,9 @@ from controller.runtime.base import EngineHandle, Provenance
 from controller.service import engine_view
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.host_memory_watch import HostWatchLink
 from controller.supervisor.preflight import Preflight
 from controller.supervisor.signals import Apply
-from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
 from controller.watch.recipe_target import GIB, recipe_mem_target
 from controller.watch.sampler import HostSampler

@@ -21,7 +21,7 @@ from controller.supervisor.blue_green import (
     launch_cards,
     pick_port,
 )
-from controller.supervisor.driver import BesideFn
+from controller.supervisor.host_seams import BesideFn
 from controller.supervisor.machine import Machine, State, transition
 from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import (
@@ -335,8 +335,7 @@ def _fits(port: int) -> BesideFn:
 
 
 async def test_the_driver_switches_blue_green_and_counts_it(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
-    rig.driver.beside = _fits(18001)
+    rig = make_rig(tmp_path, beside=_fits(18001))
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
     await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
@@ -358,8 +357,7 @@ async def test_the_driver_switches_blue_green_and_counts_it(tmp_path: Path) -> N
 
 
 async def test_the_driver_keeps_the_old_engine_serving_when_the_new_one_dies(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
-    rig.driver.beside = _fits(18001)
+    rig = make_rig(tmp_path, beside=_fits(18001))
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
     await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
@@ -388,8 +386,7 @@ async def test_the_driver_keeps_the_old_engine_serving_when_the_new_one_dies(tmp
 async def test_the_driver_sees_the_old_engine_die_mid_switch_and_holds_until_the_new_one_is_ready(
     tmp_path: Path,
 ) -> None:
-    rig = make_rig(tmp_path)
-    rig.driver.beside = _fits(18001)
+    rig = make_rig(tmp_path, beside=_fits(18001))
     rig.runtime.on_start = lambda e: setattr(e, "healthy", True)
     rig.driver.submit(Apply("test-recipe"))
     await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)

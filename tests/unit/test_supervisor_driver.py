@@ -27,6 +27,7 @@ from controller.store import Store
 from controller.supervisor.compile_cache import launch_factors
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.gateway_link import GatewayUpstream
+from controller.supervisor.host_seams import BesideFn, SpecForRecipe
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.signals import Apply, PreflightFailed, PreflightOk, Reject, Stop
 from tests.unit.supervisor_helpers import (
@@ -67,7 +68,9 @@ class Rig:
 
 
 def make_rig(tmp_path: Path, spec: LaunchSpec | None = None, policy: Policy | None = None,
-             warm_restart: bool = False) -> Rig:
+             warm_restart: bool = False, spec_for_recipe: SpecForRecipe | None = None,
+             beside: BesideFn | None = None) -> Rig:
+    """`spec_for_recipe`, `beside`: the host's seams of those names (controller/supervisor/host_seams.py)."""
     clock = FakeClock()
     runtime = FakeRuntime(clock)
     store = Store(tmp_path / "launches.sqlite3")
@@ -80,7 +83,8 @@ def make_rig(tmp_path: Path, spec: LaunchSpec | None = None, policy: Policy | No
         # The exit-watch thread is tested on its own (real time); here the poll alone sees exits.
         config=DriverConfig(poll_interval_s=10, probe_interval_s=10, health_interval_s=10, oom_settle_s=0.5,
                             watch_exits=False),
-        oom_events=lambda launch_id: ooms.get(launch_id, []),
+        oom_events=lambda launch_id: ooms.get(launch_id, []), spec_for_recipe=spec_for_recipe,
+        beside=beside,
     )
     return Rig(clock, runtime, store, preflight, gateway, driver, ooms)
 
@@ -783,9 +787,8 @@ async def test_an_unlabelled_engine_is_adopted_only_when_it_is_on_this_appliance
     """Engines launched before instance ids carry no label. After an upgrade our own must still be
     adopted (its launch is in our store); someone else's must be left alone, even when a recipe of
     ours has its name (`spec_for_recipe` would plan it)."""
-    rig = make_rig(tmp_path)
     spec = make_spec()
-    rig.driver.spec_for_recipe = lambda name: spec
+    rig = make_rig(tmp_path, spec_for_recipe=lambda name: spec)
     stranger = EngineHandle(launch_id="Lstranger", runtime="process", ref="901", recipe="test-recipe",
                             spec_hash=spec.spec_hash, started_at=rig.clock.t - 60)
     rig.runtime.engines["Lstranger"] = FakeEngine(stranger, healthy=True)
@@ -795,8 +798,7 @@ async def test_an_unlabelled_engine_is_adopted_only_when_it_is_on_this_appliance
     assert any(e.kind == "adopt-skipped" and "no appliance instance label" in e.message
                for e in rig.store.events())
     # Ours from before the upgrade: on record, so adopted.
-    again = make_rig(tmp_path / "again")
-    again.driver.spec_for_recipe = lambda name: spec
+    again = make_rig(tmp_path / "again", spec_for_recipe=lambda name: spec)
     mine = stranger.model_copy(update={"launch_id": "Lmine"})
     again.runtime.engines["Lmine"] = FakeEngine(mine, log="INFO Application startup complete.\n",
                                                 healthy=True)

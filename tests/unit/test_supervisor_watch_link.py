@@ -8,8 +8,8 @@ from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
 from controller.service import engine_view
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.host_memory_watch import HostWatchLink
 from controller.supervisor.signals import Apply
-from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
 from controller.watch.sampler import HostSampler
 from tests.unit.supervisor_helpers import (

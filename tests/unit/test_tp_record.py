@@ -10,8 +10,8 @@ from pathlib import Path
 from controller.service import engine_view
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.host_memory_watch import HostWatchLink
 from controller.supervisor.signals import Apply
-from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
 from controller.watch.sampler import HostSampler
 from tests.unit.supervisor_helpers import (
@@ -40,9 +40,9 @@ async def _rig(tmp_path: Path) -> tuple[Driver, HostWatchLink, Store, FakeRuntim
     link = HostWatchLink(store, HostSampler(ProcReader(TP4_HOST)), record_every_s=0.0)
     driver = Driver(runtimes={"process": runtime}, store=store, preflight=FakePreflight(make_spec()),
                     prober=FakeProber(runtime), gateway=RecordingGateway(), clock=clock,
-                    config=DriverConfig(oom_settle_s=0), oom_events=link.oom_events)
+                    config=DriverConfig(oom_settle_s=0), oom_events=link.oom_events,
+                    process_peaks=link.process_peaks)  # as controller/service.py wires it
     link.engine = engine_view(driver)
-    driver.process_peaks = link.process_peaks  # as controller/service.py wires it
     driver.submit(Apply("test-recipe"))
     await driver.step()
     await driver.settle()

@@ -8,8 +8,8 @@ import dataclasses
 from pathlib import Path
 
 from controller.runtime.base import EngineRuntimeError
+from controller.supervisor.host_memory_watch import HostWatchLink
 from controller.supervisor.machine import State
-from controller.supervisor.watch_link import HostWatchLink
 from controller.watch.procreader import ProcReader
 from controller.watch.sample_policy import FullReason, SamplingPolicy
 from controller.watch.sampler import HostSample, HostSampler
@@ -45,7 +45,9 @@ async def test_starting_engine_is_read_every_sample_ready_one_is_not(tmp_path: P
     assert len(lookups) == 3
     assert starting[-1][1] == [1000, 1001, 1002, 1003, 1004, 1005]  # the pids OOM attribution uses
 
-    driver.machine = dataclasses.replace(driver.machine, state=State.READY)
+    # The machine is the driver's alone (a read-only view outside): the watch is shown a ready engine.
+    assert link.engine is not None
+    link.engine = dataclasses.replace(link.engine, state=lambda: State.READY)
     ready = await _loop(link, 5)
     assert [s.full_reason for s, _ in ready] == [None] * 5
     assert len(lookups) == 3  # no process-table scan while it idles ready

@@ -27,7 +27,7 @@ Other choices, each from a fact:
   killed by the kubelet; liveness only starts after it.
 - The engine key is never in a manifest: vLLM reads it from a config file (`--config`) that a Secret
   volume mounts at a path that is the same for every launch (appliance/engine_secret.py); the
-  effectful half creates the Secret from the launch's key (controller/supervisor/engine_key.py).
+  effectful half creates the Secret from the launch's key (controller/supervisor/launch_key.py).
   Not `VLLM_API_KEY` from a secretKeyRef: vLLM 0.26.0 hashes that variable into its compile-cache
   key, so a fresh key per launch made every warm restart a full recompile (docs/measured.md).
 """

@@ -5,7 +5,7 @@
 - Every kernel record (the kmsg follower's `on_record`): NVIDIA Xid and amdgpu lines
   (appliance/observe/gpu_events.py) → the card (PCI address → index from the last sample) → the
   launch (one of its cards, or one of its engine's pids) → metrics, the launch's timeline, and kept for
-  the driver's exit diagnosis (`gpu_events`), as the OOM kills are (watch_link.py).
+  the driver's exit diagnosis (`gpu_events`), as the OOM kills are (host_memory_watch.py).
 - Fatal events are kept per card for admission (`findings`): a card that lost its bus or raised an
   uncontained ECC error is not launched on again without the operator hearing of it.
 """
@@ -29,7 +29,7 @@ from controller.watch.gpu_health import HEALTH_INTERVAL_S, HealthReader, cards_b
 
 log = logging.getLogger(__name__)
 
-KEEP_ENDED_S = 120.0  # an event for a launch that just ended still finds it (as watch_link.py)
+KEEP_ENDED_S = 120.0  # an event for a launch that just ended still finds it (as host_memory_watch.py)
 RECENT_EVENTS = 20  # kernel GPU events the console shows
 
 

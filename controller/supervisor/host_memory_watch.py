@@ -64,7 +64,7 @@ class HostWatchLink:
         self._last_record = 0.0
         self._targets: dict[str, tuple[LaunchTarget, float]] = {}  # launch id → (target, last seen)
         self._ooms: dict[str, list[OomEvent]] = {}
-        # Every kernel record, for the GPU event watch (controller/supervisor/gpu_health_link.py).
+        # Every kernel record, for the GPU event watch (controller/supervisor/gpu_health_watch.py).
         self.on_record: Callable[[KmsgRecord], None] | None = None
 
     # -- for the driver
