@@ -221,9 +221,12 @@ def test_request_facts_boundaries() -> None:
     # n below 1 is not a count of choices (the engine refuses it); 0 output tokens is a bound.
     assert _facts('{"n": 0}')[0] == 1
     assert _facts('{"max_tokens": 0}')[2] == 0
-    # Several output bounds: the smallest holds, in either order.
-    assert _facts('{"max_tokens": 20, "max_completion_tokens": 100}')[2] == 20
-    assert _facts('{"max_completion_tokens": 100, "max_output_tokens": 30}')[2] == 30
+    # Several output bounds on a route the gateway does not know: the largest, in either order (a
+    # guess either way, so the safe one; each known route reads its own member:
+    # test_gateway_metering.py::test_the_reservation_reads_the_bound_the_route_applies).
+    assert _facts('{"max_tokens": 20, "max_completion_tokens": 100}')[2] == 100
+    assert _facts('{"max_completion_tokens": 30, "max_output_tokens": 100}')[2] == 100
+    assert _facts('{"max_output_tokens": 100, "max_tokens": 20}')[2] == 100
 
 
 # -- stream events in other shapes --------------------------------------------------------------
