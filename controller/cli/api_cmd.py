@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controller.api.client import ApiError, Client, api_url
+from controller.api_client import ApiError, Client, api_url
 from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.options import JsonOpt

@@ -39,7 +39,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api.context import ApiContext, LogUnavailable, read_launch_log
+from controller.api_context import ApiContext, LogUnavailable, read_launch_log
 from controller.console import views
 from controller.console.auth import COOKIE, COOKIE_PATH, LoginError, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
@@ -97,7 +97,7 @@ class FormRefused(Exception):
 
 async def read_form(request: Request) -> dict[str, str]:
     """The form's text fields, read only after the caller has checked the session (the body of an
-    unauthenticated request is never read, as the admin API's gate does for bearer tokens), and only
+    unauthenticated request is never read, as the admin API's guard does for bearer tokens), and only
     when small: a declared length is required and bounded, fields are few and short, no files."""
     length = request.headers.get("content-length", "")
     if not length.isdigit():

@@ -15,7 +15,7 @@ from typing import Any
 
 from appliance.recipe.engine_secret import redact as redact_keys
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api.client import ApiError, Client
+from controller.api_client import ApiError, Client
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.compare import CompareError, Control, launch_info
 from controller.evaluation.engine_key import read_engine_key

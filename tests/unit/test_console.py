@@ -292,7 +292,7 @@ def test_waterfall_bars_run_from_one_phase_to_the_next() -> None:
 
 
 def _ctx(rig: Rig, home: Path):  # type: ignore[no-untyped-def]
-    from controller.api.context import ApiContext
+    from controller.api_context import ApiContext
 
     return ApiContext(rig.driver, rig.store, rig.preflight, home, "cpu-smollm2")
 
