@@ -14,7 +14,7 @@ import typer
 from controller import admin_token
 from controller.api_client import Client
 from controller.cli import api_cmd, lifecycle_cmd
-from controller.cli.service_client import StartView
+from controller.cli.startup_display import StartView
 from controller.daemons import Daemon
 
 
