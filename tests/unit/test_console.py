@@ -22,7 +22,8 @@ from appliance.observe.procfs import MemInfo
 from controller import admin_token
 from controller.console import charts
 from controller.console.auth import COOKIE, LoginThrottle, Sessions
-from controller.console.routes import CSP, console_router
+from controller.console.routes import console_router
+from controller.console.routes.pages import CSP
 from controller.console.views import _phase_bars, safe_next
 from controller.gateway.keystore import KeyStore
 from controller.settings import Paths
