@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.engine_secret import redact as redact_keys
 from controller.api_guard import MAX_BODY_BYTES
 from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
@@ -57,6 +57,6 @@ def read_launch_log(ctx: ApiContext, launch_id: str, offset: int) -> tuple[str, 
         text, next_offset = runtime.read_logs(handle, offset)
     except EngineRuntimeError as exc:
         raise LogUnavailable(502, str(exc)) from exc
-    # vLLM 0.26.0 logs the key it read from its config file (appliance/recipe/engine_secret.py).
+    # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
     key = ctx.driver.engine_key(launch_id)
     return redact_keys(text, [key] if key else []), next_offset

@@ -34,7 +34,7 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
 - `record_compile_cache(recipe, start, result)` → `appliance_engine_compile_cache_total{recipe,start,result}`
   (start: cold/warm; result: hit/miss/unknown, as `appliance.observe.log_phases.CacheOutcome`).
 - `record_compile_cache_miss(reason)` → `appliance_compile_cache_misses_total{reason}`: why a start
-  missed (`appliance.observe.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
+  missed (`appliance.recipe.compile_factors.MissReason`: env, flag, version, model, cache_emptied,
   cold_first, unknown), every reason present at 0 from start-up. Not labelled by recipe: the launch
   record names the launch and the factor; the alert needs only "a warm restart missed, and why".
 - `record_restart(recipe, reason)` → `appliance_engine_restarts_total{recipe,reason}`.
@@ -83,10 +83,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from appliance.observe.compile_factors import MissReason
 from appliance.observe.gpu_mem import GpuSample
 from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope, SeqGap
 from appliance.observe.procfs import ProcessMemory
+from appliance.recipe.compile_factors import MissReason
 from controller.watch.gpu_health_metrics import GpuHealthMetrics
 from controller.watch.sampler import HostSample, Watermarks
 

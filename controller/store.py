@@ -21,16 +21,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from appliance.engine_secret import REDACTED as REDACTED
+from appliance.engine_secret import is_secret_name as is_secret_name
+from appliance.engine_secret import redact_argv as redact_argv
+from appliance.engine_secret import redact_env as redact_env
 from appliance.observe.ready_eta import PastLaunch, start_state
-from appliance.recipe.engine_secret import REDACTED as REDACTED
-from appliance.recipe.engine_secret import is_secret_name as is_secret_name
-from appliance.recipe.engine_secret import redact_argv as redact_argv
-from appliance.recipe.engine_secret import redact_env as redact_env
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo, Provenance
 from controller.sqlite_db import SqliteDb
 
-# REDACTED, is_secret_name, redact_argv, redact_env: re-exported from appliance/recipe/engine_secret.py, the
+# REDACTED, is_secret_name, redact_argv, redact_env: re-exported from appliance/engine_secret.py, the
 # one definition of "secret-shaped" for launch records, API answers, console pages and the CLI.
 
 
@@ -116,7 +116,7 @@ _V3 = (
 # A cache miss explains itself. `compile_json` holds the launch's compile factors (hashed
 # values), the cache root's state at launch, what the log said (vLLM's cache dir hash, the AOT path,
 # the marker lines), the warnings (root not writable, deleted, shared) and, on a miss, why
-# (appliance/observe/compile_factors.py). `cache_root` is a column so the earlier launch on the same root is
+# (appliance/recipe/compile_factors.py). `cache_root` is a column so the earlier launch on the same root is
 # one indexed query; older rows get it from their spec.
 _V4 = (
     "ALTER TABLE launches ADD COLUMN compile_json TEXT",
@@ -220,7 +220,7 @@ class LaunchRecord(LaunchSummary):
     engine: dict[str, Any] = {}  # appliance/observe/engine_facts.py + the start's seconds
     gpu_peaks: dict[str, Any] = {}  # {phase: {card: {used_max_bytes, total_bytes, busy_max_percent}}}
     # {factors, cache_root_state, previous_launch, previous_cache_dir, seen, miss, warnings}
-    # (controller/supervisor/compile_cache.py writes it; appliance/observe/compile_factors.py defines
+    # (controller/supervisor/compile_cache.py writes it; appliance/recipe/compile_factors.py defines
     # the parts).
     compile_cache: dict[str, Any] = {}
 
@@ -368,7 +368,7 @@ class Store(SqliteDb):
 
     def update_compile_cache(self, launch_id: str, patch: Mapping[str, Any]) -> None:
         """Merge `patch` into the launch's compile-cache record (top-level keys replaced). Values are
-        hashed or public by construction (appliance/observe/compile_factors.py); evidence lines are the
+        hashed or public by construction (appliance/recipe/compile_factors.py); evidence lines are the
         engine's own log lines, which never print the key."""
         with self._tx() as db:
             row = db.execute("SELECT compile_json FROM launches WHERE id = ?", (launch_id,)).fetchone()

@@ -366,7 +366,7 @@ class GpuEventReader:
 
 def gpu_events_in_text(lines: list[str] | tuple[str, ...]) -> list[GpuEvent]:
     """Every GPU event in saved kernel-log text (kmsg records, dmesg, journal: prefixes are the
-    caller's to strip, see appliance.diagnosis.diagnosis.kernel_message)."""
+    caller's to strip, see appliance.diagnosis.scan.kernel_message)."""
     reader = GpuEventReader()
     out: list[GpuEvent] = []
     for line in lines:

@@ -63,10 +63,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from appliance.engine_argv import flag_value
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.gpu_health import CardHealth, assess
-from appliance.recipe.engine_argv import flag_value
 from appliance.recipe.gpu_kv_admission import GpuMemoryView, gpu_memory_checks
 from appliance.recipe.lint import DEFAULT_MEMLOCK_BYTES, pinned_bytes_per_worker
 from appliance.recipe.recipe_model import AcsState, GraphMode, Platform, Recipe

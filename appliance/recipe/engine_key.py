@@ -3,13 +3,13 @@
 Below both the supervisor (controller/supervisor/engine_key.py makes a fresh key per launch; its
 readiness probe presents it) and the runtimes (controller/runtime/kubernetes.py delivers a
 recipe's own key): neither imports the other for it. How the key reaches vLLM is
-appliance/recipe/engine_secret.py.
+appliance/engine_secret.py.
 """
 
 from __future__ import annotations
 
-from appliance.recipe.engine_argv import flag_value
-from appliance.recipe.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
+from appliance.engine_argv import flag_value
+from appliance.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
 from appliance.recipe.launch_spec import LaunchSpec
 
 _API_KEY_FLAG = "--api-key"

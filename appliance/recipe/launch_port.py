@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.recipe.engine_names import LABEL_SPEC_HASH
+from appliance.engine_names import LABEL_SPEC_HASH
 from appliance.recipe.launch_spec import HASH_EXCLUDE, LaunchSpec, spec_hash
 
 

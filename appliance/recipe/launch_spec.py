@@ -22,13 +22,13 @@ from pydantic import (
     model_validator,
 )
 
-from appliance.recipe import engine_argv
+from appliance import engine_argv
 
 # Re-exported: render and the runtimes take the labels from here too.
-from appliance.recipe.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
-from appliance.recipe.engine_names import LABEL_MANAGED as LABEL_MANAGED
-from appliance.recipe.engine_names import LABEL_RECIPE as LABEL_RECIPE
-from appliance.recipe.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
+from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
+from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
+from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
+from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from appliance.recipe.recipe_model import is_env_name
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import LaunchRuntime

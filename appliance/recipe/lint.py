@@ -8,15 +8,13 @@ the operator should see; info is policy worth remembering. Shipped recipes lint 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from appliance.host_facts import MIB
 from appliance.recipe.recipe_model import GraphMode, Platform, Recipe, Reproducibility
+from appliance.recipe_terms import Finding as Finding  # re-exported: defined in a leaf for the plug-ins
+from appliance.recipe_terms import Severity as Severity
 from appliance.runtimes import registry as runtime_registry
 
-Severity = Literal["error", "warning", "info"]
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 GPU_PLATFORMS = (Platform.GFX906, Platform.CUDA)
 # S11f §10.1: the container's default `ulimit -l` (hard limit the same, cannot be raised inside).
@@ -28,16 +26,6 @@ DEFAULT_GRAPH_BUDGET_S = 2700
 # 也留 2 GB"); recipe C met it with 2.35 GiB, the best run without the extra swapfile reached 1.78 GiB
 # and was counted a miss. Read as GiB (the stricter reading of "2 GB").
 MEM_AVAILABLE_BAR_GIB = 2.0
-
-
-class Finding(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    rule: str
-    severity: Severity
-    message: str
-    field: str
-    fact: str
 
 
 def lint(recipe: Recipe) -> list[Finding]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.cache_key import cache_key, cache_key_inputs
-from appliance.recipe.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_model import Recipe
 
 

@@ -24,9 +24,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from appliance.recipe.engine_names import ENGINE_KEY_ENV
+from appliance.engine_names import ENGINE_KEY_ENV
 from appliance.recipe.key_chars import ERROR_TYPE as KEY_CHARS_ERROR
 from appliance.recipe.key_chars import key_problem
+from appliance.recipe_terms import Platform as Platform  # re-exported: defined in a leaf for the plug-ins
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import RuntimeSection
 
@@ -40,12 +41,6 @@ class Strict(BaseModel):
     """Base for every recipe part: frozen, unknown keys rejected."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Platform(StrEnum):
-    GFX906 = "gfx906"  # Hygon Z100 / AMD GCN 5.1 (DOMAIN §1)
-    CUDA = "cuda"
-    CPU = "cpu"
 
 
 # The `runtime:` section: one model per runtime kind, owned by its plug-in (appliance/runtimes/),

@@ -21,9 +21,12 @@ The pure half owns, for its kind:
   may be handed to them: a format raises FormatError for a spec it cannot express);
 - `host_cache_dirs(spec)`: host paths of the compile caches (created before start).
 
-Import rule (cycles): a plug-in module imports only this module, pydantic and the standard library at
-import time — `appliance.recipe.recipe_model` and `appliance.recipe.launch_spec` build their unions from the
-registry, so a plug-in imports them under TYPE_CHECKING or inside a function.
+Import rule (cycles): at run time a plug-in module imports only this package, the appliance's leaf
+modules (`appliance.recipe_terms`, `appliance.engine_names`, `appliance.engine_secret`,
+`appliance.engine_argv`, `appliance.host_facts`), pydantic and the standard library —
+`appliance.recipe.recipe_model` and `appliance.recipe.launch_spec` build their unions from the registry,
+so a plug-in names `Recipe` and `LaunchSpec` under TYPE_CHECKING only (the appliance layers contract in
+pyproject.toml; tests/unit/test_appliance_layers.py holds that those imports stay type-only).
 
 Pure: no I/O, sockets, processes or clients here (import-linter's "pure runtime halves" contract).
 """
@@ -39,8 +42,8 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
     from appliance.recipe.launch_spec import LaunchSpec
-    from appliance.recipe.lint import Finding
     from appliance.recipe.recipe_model import Recipe
+    from appliance.recipe_terms import Finding
 
 
 class FormatError(ValueError):

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import Field
 
-from appliance.recipe.engine_names import LABEL_LAUNCH_ID, LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH
-from appliance.recipe.engine_secret import CONTAINER_KEY_PATH, with_key_config
+from appliance.engine_names import LABEL_LAUNCH_ID, LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH
+from appliance.engine_secret import CONTAINER_KEY_PATH, with_key_config
+from appliance.recipe_terms import Finding, Platform
 from appliance.runtimes.base import (
     Format,
     FormatError,
@@ -50,7 +51,6 @@ from appliance.runtimes.base import (
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
     from appliance.recipe.launch_spec import LaunchSpec
-    from appliance.recipe.lint import Finding
     from appliance.recipe.recipe_model import Recipe
 
 LOOPBACK = "127.0.0.1"
@@ -179,7 +179,7 @@ def container_kwargs(
     """Keyword arguments for docker SDK `client.containers.create(**kwargs)`, as plain data.
 
     `key_file`: the engine reads its per-launch API key from a vLLM config file that the runtime
-    puts into the created container before it starts (appliance/recipe/engine_secret.py: `--config` at a
+    puts into the created container before it starts (appliance/engine_secret.py: `--config` at a
     path that is the same for every launch; never an environment variable) — renders
     never pass it. `host_mounts`: the controller's own mounts when it runs in a container
     (`translate_source`). Raises ValueError for a spec that cannot become a container.
@@ -341,10 +341,6 @@ class DockerPlugin:
 
     def render_launch(self, recipe: Recipe, facts: HostFacts, root: str,
                       env: Mapping[str, str]) -> DockerLaunch:
-        from appliance.recipe.recipe_model import (
-            Platform,  # import cycle: recipe_model builds its union from us
-        )
-
         docker = _section(recipe)
         mounts = []
         if recipe.model.host_path:
@@ -387,8 +383,6 @@ class DockerPlugin:
         return {"kind": self.kind, "image": section.image, "digest": section.digest}
 
     def lint(self, recipe: Recipe) -> list[Finding]:
-        from appliance.recipe.lint import Finding  # import cycle: lint asks the registry
-
         loopback = recipe.engine.host in ("127.0.0.1", "localhost", "::1")
         if _section(recipe).network != "bridge" or not loopback:
             return []

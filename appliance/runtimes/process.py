@@ -18,8 +18,8 @@ from appliance.runtimes.base import Format, LaunchRuntime, Placement, RuntimeSec
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
     from appliance.recipe.launch_spec import LaunchSpec
-    from appliance.recipe.lint import Finding
     from appliance.recipe.recipe_model import Recipe
+    from appliance.recipe_terms import Finding
 
 LOOPBACK = "127.0.0.1"
 

@@ -36,7 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from appliance.recipe.engine_secret import redact_recipe_data
+from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
 from controller.api_context import ApiContext, LogUnavailable, read_launch_log
 from controller.api_guard import (

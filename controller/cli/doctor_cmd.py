@@ -1,7 +1,7 @@
 """`appliance doctor FILE…`: the supervisor's pure diagnosis, run over saved engine logs or dmesg text.
 
 Operators used to read `docker logs` and `dmesg` by eye after a 27-minute start died (DOMAIN §5).
-This command runs the same rules the supervisor uses (`appliance.diagnosis.diagnosis`) over saved text:
+This command runs the same rules the supervisor uses (`appliance.diagnosis`) over saved text:
 every signature found per file (benign ones flagged "expected on Z100, ignore"), the start-up phase
 and compile-cache outcome each engine log reached (`appliance.observe.log_phases`), and one diagnosis over
 all the files together — so `appliance doctor engine.log dmesg.txt` ties a "worker died" in the
@@ -21,18 +21,9 @@ from typing import Annotated
 
 import typer
 
-from appliance.diagnosis.diagnosis import (
-    Diagnosis,
-    FailureFacts,
-    Finding,
-    Severity,
-    clip,
-    diagnose,
-    gpu_events_in_kernel_text,
-    oom_events_in_text,
-    scan_lines,
-    severity_at_least,
-)
+from appliance.diagnosis.diagnose import Diagnosis, FailureFacts, diagnose
+from appliance.diagnosis.scan import Finding, clip, gpu_events_in_kernel_text, oom_events_in_text, scan_lines
+from appliance.diagnosis.signatures import Severity, severity_at_least
 from appliance.observe.engine_facts import read_facts
 from appliance.observe.kmsg import OomEvent
 from appliance.observe.log_phases import PhaseTracker, track_text

@@ -17,11 +17,11 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from appliance.engine_secret import redact_recipe_data
 from appliance.host_facts import GIB, MIB, UNLIMITED, HostFacts
 from appliance.observe.gpu_health import CardHealth, card_line
 from appliance.recipe.admission import Admission, admit
 from appliance.recipe.cache_key import cache_key
-from appliance.recipe.engine_secret import redact_recipe_data
 from appliance.recipe.formats import FORMATS, FormatError, format_spec
 from appliance.recipe.lint import Finding, has_errors, lint
 from appliance.recipe.recipe_loader import RecipeError

@@ -1,6 +1,6 @@
 """The running launch's engine API key, for a bench/fingerprint/compare run from the CLI.
 
-Every launch has a secret key (in a 0600 vLLM config file, appliance/recipe/engine_secret.py)
+Every launch has a secret key (in a 0600 vLLM config file, appliance/engine_secret.py)
 that the controller's probes and the gateway send. A CLI run against the controller's engine reads
 it back from where the runtime put it — the same source an adopting controller uses
 (`Runtime.read_engine_key`) — which only the engine's user (or root) can read. Anyone else benches

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from appliance.recipe.engine_secret import redact as redact_keys
+from appliance.engine_secret import redact as redact_keys
 from appliance.recipe.recipe_loader import RecipeError
 from controller.api_client import ApiError, Client
 from controller.evaluation.bench import LaunchInfo

@@ -19,9 +19,9 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
+from appliance.engine_secret import redact as redact_keys
 from appliance.evaluation.bench_result import ProofResult
 from appliance.observe.launch_proof import DEFAULT_FORBIDDEN_MARKERS, LaunchProof, digest_algorithm, evaluate
-from appliance.recipe.engine_secret import redact as redact_keys
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
 from appliance.runtimes.base import Placement
@@ -68,7 +68,7 @@ def read_whole_log(runtime: Runtime, handle: EngineHandle) -> str:
         text, offset_next = runtime.read_logs(handle, offset)
         if not text or offset_next == offset:
             break
-        parts.append(redact_keys(text))  # vLLM 0.26.0 logs the engine key (appliance/recipe/engine_secret.py)
+        parts.append(redact_keys(text))  # vLLM 0.26.0 logs the engine key (appliance/engine_secret.py)
         size += len(text)
         offset = offset_next
     return "".join(parts)

@@ -243,7 +243,8 @@ class Proxy:
         route = route_label(scope["path"])
         authorization: bytes | None = None
         request_id: bytes | None = None
-        content_type = b""
+        content_type: bytes | None = b""
+        content_types = 0
         content_length: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -253,8 +254,11 @@ class Proxy:
                     request_id = value
             elif name == b"content-type":
                 content_type = value
+                content_types += 1
             elif name == b"content-length":
                 content_length = value
+        if content_types > 1:
+            content_type = None  # ambiguous: refused once the key is known (``_read_and_forward``)
         if request_id is None:
             request_id = os.urandom(12).hex().encode()
         rid = (b"x-request-id", request_id)
@@ -300,7 +304,7 @@ class Proxy:
         key: KeyRecord,
         route: str,
         request_id: bytes,
-        content_type: bytes,
+        content_type: bytes | None,
         content_length: bytes | None,
         t0: float,
         metering: Metering,
@@ -346,12 +350,20 @@ class Proxy:
         key: KeyRecord,
         route: str,
         request_id: bytes,
-        content_type: bytes,
+        content_type: bytes | None,
         content_length: bytes | None,
         t0: float,
         metering: Metering,
     ) -> int:
         rid = (b"x-request-id", request_id)
+        if content_type is None:
+            # Content-Type is a singleton field (RFC 9110 §8.3). With two, the gateway (the last)
+            # and the engine (Starlette's ``headers.get``: the first) read different types: a body
+            # sent as `application/json` then `text/plain` skipped the model check and the stream's
+            # usage request here, yet the engine parsed and streamed it. Close: the body is unread.
+            await send_error(send, 400, "more than one Content-Type header", "invalid_request_error",
+                             [rid, _CLOSE])
+            return 400
         limit = self.config.max_body_bytes
         too_large = f"request body larger than {limit} bytes"
         if content_length is not None and content_length.isdigit() and int(content_length) > limit:

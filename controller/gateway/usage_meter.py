@@ -131,9 +131,6 @@ class StreamPlan:
 
 OBSERVE = StreamPlan(keep_final=True, keep_continuous=True)
 
-# vLLM's completions default for max_tokens (its request model's field default); chat has none.
-_DEFAULT_MAX_TOKENS = {"/v1/completions": 16}
-
 
 @dataclass(frozen=True)
 class RequestPlan:
@@ -182,7 +179,7 @@ def plan_request(body: bytes, route: str) -> RequestPlan:
     nesting is bounded), and what the meter knows of it. On the two routes that take
     ``stream_options``, a stream asks the engine for running totals; any other stream is observed
     (its usage events read, nothing changed)."""
-    doc, facts = parse_body(body, _DEFAULT_MAX_TOKENS.get(route))
+    doc, facts = parse_body(body, route)
     if doc is None or facts is None or not facts.stream:
         return RequestPlan(body, facts, None)
     if route in STREAM_USAGE_ROUTES:

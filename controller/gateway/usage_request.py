@@ -33,6 +33,12 @@ CHARS_PER_TOKEN = 4
 _PROMPT_MEMBERS = ("messages", "prompt", "input", "system", "instructions", "text", "query",
                    "documents", "text_1", "text_2")
 _OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# vLLM's completions default for max_tokens (its request model's field default, used only when the
+# member is absent: an explicit null means no bound there).
+_COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+_CHAT_ROUTES = ("/v1/chat/completions", "/v1/chat/completions/batch")
+# One conversation per element of ``messages``, each generated on its own (vLLM 0.32).
+_BATCH_ROUTE = "/v1/chat/completions/batch"
 
 
 def is_json_media_type(content_type: bytes) -> bool:
@@ -121,34 +127,57 @@ def _token_ids(prompt: Any) -> int:
     return 0
 
 
-def read_facts(doc: dict[str, Any], default_max_tokens: int | None = None) -> RequestFacts:
+def _bound(value: Any) -> int | None:
+    """An output bound as the engine's ``int | None`` field takes it; None: no usable bound."""
+    bound = lax_int(value)
+    return bound if bound is not None and bound >= 0 else None
+
+
+def output_limit(doc: dict[str, Any], route: str | None) -> int | None:
+    """The output bound per choice the engine applies on ``route``, read from the members that
+    route reads (vLLM 0.32); None when there is none. Each route has its own member: a bound in a
+    member the route ignores bounds nothing (chat ignores ``max_output_tokens``, and takes
+    ``max_completion_tokens`` over ``max_tokens`` whenever it is not null), so the smallest of
+    them all let ``{"max_output_tokens": 1, "max_tokens": 4000}`` reserve one token for 4000. On a
+    route the gateway does not know, the largest bound given (a guess either way, so the safe one)."""
+    if route in _CHAT_ROUTES:
+        completion = doc.get("max_completion_tokens")
+        return _bound(doc.get("max_tokens") if completion is None else completion)
+    if route == "/v1/completions":
+        # Absent: the model's default of 16; ``null``: no bound (the engine fills the context).
+        return _bound(doc["max_tokens"]) if "max_tokens" in doc else _COMPLETIONS_DEFAULT_MAX_TOKENS
+    if route == "/v1/responses":
+        return _bound(doc.get("max_output_tokens"))
+    if route == "/v1/messages":
+        return _bound(doc.get("max_tokens"))
+    bounds = [b for name in _OUTPUT_LIMITS if (b := _bound(doc.get(name))) is not None]
+    return max(bounds) if bounds else None
+
+
+def read_facts(doc: dict[str, Any], route: str | None = None) -> RequestFacts:
     """The facts of a parsed JSON request body (``json.loads``'s document: escapes decoded, the
-    last duplicate member kept, as the engine sees it). ``default_max_tokens``: the engine's own
-    default on this route when the client sets none (vLLM's completions: 16)."""
+    last duplicate member kept, as the engine sees it) sent to ``route``."""
     stream = lax_bool(doc.get("stream")) is True
     n = lax_int(doc.get("n"))
     choices = n if n is not None and n > 0 else 1
-    limit: int | None = None
-    for name in _OUTPUT_LIMITS:
-        value = lax_int(doc.get(name))
-        if value is not None and value >= 0:
-            limit = value if limit is None else min(limit, value)
-    if limit is None:
-        limit = default_max_tokens
     prompt = doc.get("prompt")
+    prompts = _prompt_count(prompt)
+    messages = doc.get("messages")
+    if route == _BATCH_ROUTE and isinstance(messages, list) and messages:
+        prompts = len(messages)  # one generation per conversation
     chars = sum(_text_chars(doc.get(m)) for m in _PROMPT_MEMBERS)
     estimate = -(-chars // CHARS_PER_TOKEN) + _token_ids(prompt)
-    return RequestFacts(stream, choices, _prompt_count(prompt), limit, estimate)
+    return RequestFacts(stream, choices, prompts, output_limit(doc, route), estimate)
 
 
 def parse_body(
-    body: bytes, default_max_tokens: int | None = None
+    body: bytes, route: str | None = None
 ) -> tuple[dict[str, Any] | None, RequestFacts | None]:
-    """The JSON object of a request body and its facts; (None, None) if it is not one."""
+    """The JSON object of a request body and its facts on ``route``; (None, None) if it is not one."""
     try:
         doc = json.loads(body)
     except ValueError:  # the engine refuses it too (400): nothing streams
         return None, None
     if not isinstance(doc, dict):
         return None, None
-    return doc, read_facts(doc, default_max_tokens)
+    return doc, read_facts(doc, route)

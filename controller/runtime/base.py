@@ -15,11 +15,11 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 # Labels every engine launched by the appliance carries (re-exported for the runtimes).
-from appliance.recipe.engine_names import LABEL_INSTANCE as LABEL_INSTANCE
-from appliance.recipe.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
-from appliance.recipe.engine_names import LABEL_MANAGED as LABEL_MANAGED
-from appliance.recipe.engine_names import LABEL_RECIPE as LABEL_RECIPE
-from appliance.recipe.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
+from appliance.engine_names import LABEL_INSTANCE as LABEL_INSTANCE
+from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
+from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
+from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
+from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes import registry as runtime_registry
 
@@ -88,7 +88,7 @@ class Runtime(Protocol):
         """Launch the engine exactly as the spec says, its port proven free first (PortInUse).
         `engine_key` (the per-launch engine API key) reaches vLLM as a 0600 config file given with
         `--config` at a path that is the same for every launch of the variant
-        (appliance/recipe/engine_secret.py) — never argv, the environment (a `VLLM_*` variable can enter
+        (appliance/engine_secret.py) — never argv, the environment (a `VLLM_*` variable can enter
         vLLM's compile-cache hash), records or logs. Returns at once; readiness is the
         supervisor's job."""
         ...

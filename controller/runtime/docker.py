@@ -46,14 +46,14 @@ import requests
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
-from appliance.recipe.engine_names import ENGINE_KEY_ENV
-from appliance.recipe.engine_secret import (
+from appliance.engine_names import ENGINE_KEY_ENV
+from appliance.engine_secret import (
     CONTAINER_KEY_DIR,
     CONTAINER_KEY_PATH,
     KEY_FILE_NAME,
     key_from_config,
 )
-from appliance.recipe.engine_secret import config_yaml as key_config_yaml
+from appliance.engine_secret import config_yaml as key_config_yaml
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes import docker as docker_plugin
 from appliance.runtimes.docker import translate_source as translate_source  # re-exported (tests)

@@ -71,8 +71,8 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils.quantity import parse_quantity
 
 from appliance import settings
+from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.recipe.engine_key import recipe_key
-from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes.k8s.manifests import KEY_VOLUME, engine_key_secret, manifests
 from appliance.runtimes.k8s.names import ENGINE_KEY_ENV, dns_label, label_value

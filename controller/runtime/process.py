@@ -9,7 +9,7 @@ Layout of one launch, `runs_dir/<launch_id>/`:
 - `exit_status.json` written by the shim when the engine ends: exit code and terminating signal
 - `engine-key.yaml`  (0600) this launch's engine key as the vLLM config file it was given, for read-back
   on adoption; the engine itself reads the same text from `runs_dir/.engine-keys/<variant>.engine-key.yaml`,
-  a path that is the same for every launch of the variant (appliance/recipe/engine_secret.py)
+  a path that is the same for every launch of the variant (appliance/engine_secret.py)
 
 The run directory is 0700. vLLM 0.26.0 logs its arguments, the key among them: the shim writes the
 engine's output into `engine.log` through a redactor (process_shim.py), so the log never holds it.
@@ -45,9 +45,9 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from appliance.recipe.engine_names import ENGINE_KEY_ENV
-from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config, stable_config_path, with_key_config
-from appliance.recipe.engine_secret import config_yaml as key_config_yaml
+from appliance.engine_names import ENGINE_KEY_ENV
+from appliance.engine_secret import KEY_FILE_NAME, key_from_config, stable_config_path, with_key_config
+from appliance.engine_secret import config_yaml as key_config_yaml
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes.process import ProcessLaunch
 from controller.engine_setup import package_versions
@@ -229,7 +229,7 @@ class ProcessRuntime:
 
     def start(self, spec: LaunchSpec, launch_id: str, engine_key: str | None = None) -> EngineHandle:
         """`engine_key` (the per-launch engine API key) reaches vLLM in a 0600 config file at the
-        variant's stable path (`--config`, appliance/recipe/engine_secret.py): never argv, the environment,
+        variant's stable path (`--config`, appliance/engine_secret.py): never argv, the environment,
         the launch record or a log."""
         if not isinstance(spec.runtime, ProcessLaunch):
             raise EngineRuntimeError(

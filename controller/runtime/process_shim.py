@@ -56,10 +56,10 @@ from typing import IO
 import psutil
 
 # Run as a script with -I (no PYTHONPATH, no script directory on sys.path): the redaction rules are
-# the appliance's own (appliance/recipe/engine_secret.py), from the tree this file is part of.
+# the appliance's own (appliance/engine_secret.py), from the tree this file is part of.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from appliance.recipe.engine_names import ENGINE_KEY_ENV
-from appliance.recipe.engine_secret import (
+from appliance.engine_names import ENGINE_KEY_ENV
+from appliance.engine_secret import (
     StreamRedactor,
     key_from_config,
 )

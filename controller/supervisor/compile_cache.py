@@ -1,7 +1,7 @@
 """The compile-cache record of a launch: what it ran with, what the cache looked like, why it missed.
 
 The pure half (factors, the log's cache lines, the comparison) is
-appliance/observe/compile_factors.py; here is what reads the disk and the store: the model directory
+appliance/recipe/compile_factors.py; here is what reads the disk and the store: the model directory
 (names, sizes, mtimes — no content), the cache root and the earlier launch's cache directory as
 found at launch (before the engine writes anything), and the earlier launch on the same root.
 The driver calls `begin` (in a thread) at start and `CompileWatch.observe` on every log poll.
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from appliance.host_facts import HostFacts
-from appliance.observe.compile_factors import (
+from appliance.observe.log_phases import CacheOutcome, PhaseTracker
+from appliance.recipe.compile_factors import (
     CacheSeen,
     CompileFactors,
     DirState,
@@ -35,7 +36,6 @@ from appliance.observe.compile_factors import (
     model_digest,
     root_warnings,
 )
-from appliance.observe.log_phases import CacheOutcome, PhaseTracker
 from appliance.recipe.launch_spec import LaunchSpec, Mount
 from appliance.recipe.recipe_model import Recipe
 from appliance.recipe.render import RenderError, render

@@ -31,13 +31,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from appliance.diagnosis.diagnosis import Diagnosis, DiagnosisCode, FailureFacts, diagnose
+from appliance.diagnosis.diagnose import Diagnosis, FailureFacts, diagnose
+from appliance.diagnosis.signatures import DiagnosisCode
+from appliance.engine_secret import redact as redact_keys
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.kmsg import OomEvent
 from appliance.observe.log_phases import PHASE_LABELS, CacheOutcome, PhaseEvent
 from appliance.observe.phase_record import event_label
 from appliance.recipe.engine_key import recipe_key
-from appliance.recipe.engine_secret import redact as redact_keys
 from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.metrics import ControllerMetrics
@@ -797,7 +798,7 @@ class Driver:
             self.metrics.record_restart(spec.recipe, self.machine.last_failure.code)
         key, deliver = launch_key(spec)
         # The engine's environment is the spec's alone: the key goes in its --config file
-        # (appliance/recipe/engine_secret.py), which the compile factors leave out like vLLM does.
+        # (appliance/engine_secret.py), which the compile factors leave out like vLLM does.
         await self._begin_compile(run, spec, {}, prov, emptied=action.empty_cache_first is not None)
         failure: Failure | None = None
         try:
@@ -1080,6 +1081,6 @@ class Driver:
                 "old_url": m.old.spec.base_url, "old": "stopping" if m.switched else "serving"}
 
 
-# The failures the machine itself decides; their codes are appliance.diagnosis.diagnosis's, so the driver's
+# The failures the machine itself decides; their codes are appliance.diagnosis.signatures's, so the driver's
 # re-diagnosis over the evidence and the machine's own verdict use one spelling.
 _MACHINE_DIAGNOSED = frozenset({DiagnosisCode.STALLED.value, DiagnosisCode.READY_BUDGET_EXCEEDED.value})

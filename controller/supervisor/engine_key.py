@@ -2,7 +2,7 @@
 
 The engine listens on loopback, but any local user could reach it there and bypass the gateway's
 keys and limits. Each launch therefore gets a fresh random key, handed to vLLM in a 0600 config
-file given with `--config` (appliance/recipe/engine_secret.py; in `VLLM_API_KEY` it entered
+file given with `--config` (appliance/engine_secret.py; in `VLLM_API_KEY` it entered
 vLLM 0.26.0's compile-cache hash and made every warm restart a full recompile) — never in argv (any
 user can read `/proc/PID/cmdline`), never in the environment, never in a launch record, never
 printed. Only the controller's readiness probe and the gateway (told with the upstream) know

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from appliance.diagnosis.diagnosis import Diagnosis
+from appliance.diagnosis.diagnose import Diagnosis
 from appliance.observe.log_phases import CacheOutcome
 from appliance.observe.ready_eta import PastLaunch
 from controller.runtime.base import ExitInfo

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from appliance.diagnosis.diagnosis import DiagnosisCode
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle

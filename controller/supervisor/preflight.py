@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from appliance.diagnosis.diagnosis import DiagnosisCode
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.host_facts import HostFacts
 from appliance.observe.gpu_events import GpuEvent
 from appliance.observe.gpu_health import CardHealth

@@ -27,7 +27,7 @@ class StartKind(StrEnum):
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a start or a running engine failed, in the terms of appliance.diagnosis.diagnosis.Diagnosis."""
+    """Why a start or a running engine failed, in the terms of appliance.diagnosis.diagnose.Diagnosis."""
 
     code: str
     summary: str

@@ -141,7 +141,7 @@ done
     echo "pid $p: argv: $(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -o -- '--config [^ ]*')"
   done; } > "$R/key-delivery.txt" 2>&1
 say "down"; timeout 30 "${APP[@]}" down > "$R/down.txt" 2>&1
-# After down, no file the appliance left holds an engine key (hardening 3: the shim redacts
+# After down, no file the appliance left holds an engine key (the shim redacts
 # engine.log as it writes it; a launch that ended removes its key files) — the model and the kit's
 # site-packages are links, not searched.
 { echo "after down: files under /root/app holding an engine key: $(grep -rlE 'eng_[A-Za-z0-9_-]{43}' /root/app 2>/dev/null | wc -l)"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# client_isolation.sh — the gateway's own upstream client measured in isolation (hardening 3): this
+# client_isolation.sh — the gateway's own upstream client measured in isolation: this
 # tree's gateway (own httptools client + gc.freeze) against the same gateway on aiohttp + gc.freeze
 # (branch bench-aiohttp-gcfreeze: a05ccc9 plus only the gc.freeze part of 410fc44, exported with
 # `git archive` into .benchbase/), interleaved, nginx as the control where it runs, all in front of

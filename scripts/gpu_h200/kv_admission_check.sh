@@ -66,7 +66,7 @@ timeout 120 python3 -m vllm.entrypoints.openai.api_server --model /root/gpu/smol
 echo "engine exit $?"
 grep -m2 "Free memory on device" "$R/engine-0.9.log"
 (cd "$W" && python3 -c "
-from appliance.diagnosis.diagnosis import FailureFacts, diagnose
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
 tail = tuple(open('$R/engine-0.9.log', errors='replace').read().split('\n')[-200:])
 d = diagnose(FailureFacts(exit_code=1, log_tail=tail))
 print('diagnosis', d.code.value, 'retryable' if d.retryable else 'not retryable', '|', d.summary)") | tee "$R/diagnosis.txt"

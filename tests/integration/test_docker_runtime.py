@@ -27,7 +27,7 @@ import docker.errors
 import psutil
 import pytest
 
-from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
+from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.recipe.launch_spec import LaunchSpec, Mount, Ulimit
 from controller.runtime.base import (
     LABEL_INSTANCE,

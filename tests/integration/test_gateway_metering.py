@@ -341,3 +341,36 @@ async def test_reservation_stops_concurrent_requests_and_answers_say_where_the_k
         level = gw.app.accounting.quotas.level(rec.id, "minute")
         assert level is not None and 200 - 4 * 70 - 1 < level < 200 - 4 * 70 + 40
 
+
+
+async def _raw_exchange(gw: RunningGateway, request: bytes) -> bytes:
+    """Send ``request`` as bytes and read the answer until the gateway closes (bounded)."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)
+    got = b""
+    async with asyncio.timeout(10):
+        while data := await reader.read(65536):
+            got += data
+    writer.close()
+    return got
+
+
+@both_loops
+async def test_two_content_types_are_refused_before_the_engine(tmp_path: Path) -> None:
+    """Red team h31: `Content-Type: application/json` then `Content-Type: text/plain`. The gateway
+    read the last (not JSON: no model check, no usage asked of the stream) and the engine the first
+    (Starlette's ``headers.get``: JSON, streamed): before, the upstream got the body below (an unknown
+    model, a stream without stream_options) and the free key's stream was recorded as 0 tokens."""
+    store = KeyStore(tmp_path / "keys.db")
+    _, key = store.create("free")
+    body = b'{"model": "gpt-4o", "messages": [], "max_tokens": 4, "stream": true}'
+    async with _setup(tmp_path) as (up, gw):
+        for first, second in ((b"application/json", b"text/plain"), (b"text/plain", b"application/json")):
+            head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+                    + key.encode() + b"\r\ncontent-type: " + first + b"\r\ncontent-type: " + second
+                    + b"\r\ncontent-length: %d\r\n\r\n" % len(body))
+            got = await _raw_exchange(gw, head + body)
+            assert got.startswith(b"HTTP/1.1 400 "), got[:200]
+            assert b"more than one Content-Type" in got
+        assert up.requests == []

@@ -38,7 +38,7 @@ import httpx
 import psutil
 import pytest
 
-from appliance.recipe.engine_secret import KEY_FILE_NAME, redact
+from appliance.engine_secret import KEY_FILE_NAME, redact
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import PLUGINS
@@ -95,7 +95,7 @@ class ProcessSide:
         """The run directory's files and the shim's command line (the shim is not an engine PID)."""
         run_dir = self.runs / handle.launch_id
         # Not the key's own file (where it belongs), nor the raw engine log (vLLM 0.26.0 logs the key
-        # it read, as the stand-in does: the consumers redact it, appliance/recipe/engine_secret.py).
+        # it read, as the stand-in does: the consumers redact it, appliance/engine_secret.py).
         texts = [p.read_text(errors="replace") for p in sorted(run_dir.iterdir())
                  if p.is_file() and p.name not in (KEY_FILE_NAME, "engine.log")]
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -344,7 +344,7 @@ def test_start_runs_the_rendered_command_and_answers(served: Served) -> None:
 
     info = h.get(spec, "/standin/info").json()
     # Exactly the rendered command (`python -m MODULE ARGS`: sys.argv[0] is the module's file), and
-    # the key's config file at the variant's one path (appliance/recipe/engine_secret.py).
+    # the key's config file at the variant's one path (appliance/engine_secret.py).
     assert info["argv"][1:-2] == list(spec.argv[3:])
     assert info["argv"][-2] == "--config" and info["argv"][-1].endswith(KEY_FILE_NAME)
     assert spec.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server")

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from appliance.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.recipe.engine_key import ENGINE_KEY_ENV
-from appliance.recipe.engine_secret import KEY_FILE_NAME, key_from_config
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.process import ProcessRuntime
 from controller.store import Store

@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-from appliance.observe.compile_factors import DirState, MissReason, Variant, root_warnings
+from appliance.recipe.compile_factors import DirState, MissReason, Variant, root_warnings
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.cli import api_cmd, recipes_cmd
 from controller.metrics import ControllerMetrics

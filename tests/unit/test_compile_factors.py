@@ -1,11 +1,12 @@
-"""appliance/observe/compile_factors.py: factors with hashed values, and why a miss happened.
+"""appliance/recipe/compile_factors.py: factors with hashed values, and why a miss happened.
 Pure: plain equality on golden values; the log lines are real vLLM 0.26.0 output (H200)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.observe.compile_factors import (
+from appliance.observe.log_phases import track_text
+from appliance.recipe.compile_factors import (
     CacheSeen,
     CompileFactors,
     DirState,
@@ -20,7 +21,6 @@ from appliance.observe.compile_factors import (
     hash_dir,
     model_digest,
 )
-from appliance.observe.log_phases import track_text
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs" / "gpu-h200"
 ROOT = "/root/app/cache/cuda-smollm2-graph-99ebe56812d3/vllm/torch_compile_cache"

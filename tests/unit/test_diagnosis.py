@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis.diagnosis import (
-    EXPECTED_ON_Z100,
-    DiagnosisCode,
-    FailureFacts,
-    Severity,
-    diagnose,
-    gpu_events_in_kernel_text,
-    kernel_message,
-    oom_events_in_text,
-    scan_text,
-)
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.scan import gpu_events_in_kernel_text, kernel_message, oom_events_in_text, scan_text
+from appliance.diagnosis.signatures import EXPECTED_ON_Z100, DiagnosisCode, Severity
 from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope
 from appliance.observe.log_phases import Phase, track_text
 
@@ -219,7 +211,7 @@ def test_a_vram_oom_near_the_custom_allreduce_info_line_stays_a_vram_oom() -> No
 
 
 def test_every_row_is_a_known_code_once() -> None:
-    from appliance.diagnosis.diagnosis import SIGNATURES
+    from appliance.diagnosis.signatures import SIGNATURES
 
     codes = [s.code for s in SIGNATURES]
     assert len(codes) == len(set(codes))
@@ -228,7 +220,7 @@ def test_every_row_is_a_known_code_once() -> None:
 
 def test_every_row_has_a_rank_and_ranks_are_unique() -> None:
     """One table: a row cannot be added without its rank (a required field), and no two rows tie."""
-    from appliance.diagnosis.diagnosis import SIGNATURES, Decides
+    from appliance.diagnosis.signatures import SIGNATURES, Decides
 
     ranks = [s.rank for s in SIGNATURES]
     assert all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
@@ -240,7 +232,7 @@ def test_every_row_has_a_rank_and_ranks_are_unique() -> None:
 
 def test_the_ranks_keep_the_order_co_occurring_failures_are_decided_in() -> None:
     """The order the separate failure list had before the rows carried their rank (diagnoses unchanged)."""
-    from appliance.diagnosis.diagnosis import _DEGRADED_ORDER, _FAILURE_ORDER
+    from appliance.diagnosis.diagnose import _DEGRADED_ORDER, _FAILURE_ORDER
 
     assert _FAILURE_ORDER == (
         C.GLOBAL_OOM, C.CGROUP_OOM, C.GPU_FAULT, C.GPU_ENGINE_FAULT, C.PINNED_MEMORY_OOM,
@@ -594,7 +586,7 @@ def test_constraint_violation_in_dummy_run_is_the_tree_defect_not_sdot4() -> Non
 
 
 def test_triton_hints_say_prepend_to_pythonpath_never_pip_install() -> None:
-    from appliance.diagnosis.diagnosis import SIGNATURES
+    from appliance.diagnosis.signatures import SIGNATURES
 
     for sig in SIGNATURES:
         if sig.code in (C.TRITON_UNSUPPORTED_TARGET, C.TRITON_API_MISMATCH):

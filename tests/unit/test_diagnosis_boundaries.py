@@ -1,4 +1,4 @@
-"""Boundaries of the diagnosis that a mutation run over appliance/diagnosis/diagnosis.py found unpinned
+"""Boundaries of the diagnosis that a mutation run over appliance/diagnosis/ found unpinned
 (README "Mutation testing"): each test fails on the mutant named in its comment. Kept apart from
 test_diagnosis.py, which the GPU-health signatures are extending at the same time."""
 
@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.diagnosis.diagnosis import (
+from appliance.diagnosis.diagnose import Diagnosis, FailureFacts, diagnose
+from appliance.diagnosis.scan import clip, scan_lines
+from appliance.diagnosis.signatures import (
     CONTEXT_LINES,
     SIGNATURES,
-    Diagnosis,
     DiagnosisCode,
-    FailureFacts,
     Severity,
-    clip,
-    diagnose,
-    scan_lines,
     severity_at_least,
 )
 from appliance.observe.kmsg import OomEvent, OomEventKind, OomScope

@@ -1,4 +1,4 @@
-"""The one argv reader (appliance/recipe/engine_argv.py) and the typed facts a LaunchSpec carries:
+"""The one argv reader (appliance/engine_argv.py) and the typed facts a LaunchSpec carries:
 render sets them from the recipe, they agree with what argv says, and a spec built without
 them (an old launch record, a spec built by hand) gets them from its argv."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from appliance.recipe import engine_argv
+from appliance import engine_argv
 from appliance.recipe.launch_spec import DERIVED_FIELDS, HASH_EXCLUDE, LaunchSpec
 from appliance.recipe.render import render
 from tests.unit.recipe_helpers import REPO, SHIPPED, fixed_facts, shipped

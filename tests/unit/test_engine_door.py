@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.signatures import DiagnosisCode
+from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.recipe.engine_key import ENGINE_KEY_ENV, recipe_key
-from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.docker import container_create_kwargs
 from controller.runtime.ports import PortInUse, ensure_port_free, port_is_free

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from appliance.engine_secret import KEY_FILE_NAME, config_yaml
 from appliance.recipe.engine_key import ENGINE_KEY_ENV
-from appliance.recipe.engine_secret import KEY_FILE_NAME, config_yaml
 from controller.evaluation.bench import LaunchInfo
 from controller.evaluation.bench_key import read_engine_key
 

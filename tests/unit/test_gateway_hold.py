@@ -86,6 +86,8 @@ async def test_a_hold_the_controller_stops_renewing_lapses() -> None:
     hold = Hold(clock=lambda: now[0])
     hold.begin(HoldPlan("apply", wait_s=10.0))
     assert hold.holding()
+    now[0] = 10.0  # the lease ends on its last instant, as a waiter's bound does
+    assert not hold.holding()
     now[0] = 10.5  # no renewal: the controller died
     assert not hold.holding()
     got = await hold.wait("k", 5)
@@ -144,7 +146,13 @@ def test_metrics_count_each_outcome() -> None:
     assert sample("appliance_gateway_hold_requests_total", {"outcome": "released"}) == 1
     assert sample("appliance_gateway_hold_requests_total", {"outcome": "full"}) == 1
     assert sample("appliance_gateway_hold_wait_seconds_count") == 1
+    assert sample("appliance_gateway_hold_wait_seconds_sum") == 3.0  # the released one's, not FULL's
     assert sample("appliance_gateway_hold_waiting") == 0
+    assert sample("appliance_gateway_hold_active") == 0
+    hold.begin(PLAN)
+    assert sample("appliance_gateway_hold_active") == 1
+    hold.release()
+    assert sample("appliance_gateway_hold_active") == 0
 
 
 def test_stream_requests_are_recognised() -> None:
@@ -167,3 +175,75 @@ async def test_after_a_held_stream_started_an_error_answer_becomes_one_data_even
     await wrapped({"type": "http.response.body", "body": body, "more_body": False})
     assert sent == [{"type": "http.response.body", "body": b'data: {"error": {"message": "bad"}}\n\n',
                      "more_body": False}]
+
+
+# -- a key's share of the queue is given back when its held request ends, however it ends -------
+
+
+async def _one_held_request(hold: Hold, now: list[float], end: str) -> Released | Refused:
+    """One request of key "k" through a hold that ends the way ``end`` says."""
+    now[0] += 100.0
+    hold.begin(PLAN)
+    if end == "timed_out":
+        now[0] += PLAN.wait_s + 1  # the lease lapsed before it arrived: refused after it queued
+        return await hold.wait("k", 5)
+    task = asyncio.create_task(hold.wait("k", 5))
+    await _started(hold, 1)
+    if end == "released":
+        hold.release()
+    elif end == "failed":
+        hold.fail("the new engine did not start")
+    else:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return Refused(Outcome.DROPPED, "", 5, 0.0)
+    return await task
+
+
+@pytest.mark.parametrize("end", ["released", "failed", "timed_out", "dropped"])
+async def test_a_key_is_not_locked_out_after_per_key_max_holds(end: str) -> None:
+    # The share is per key and only counts requests waiting *now*: a leaked share would refuse the
+    # key (FULL) once it had been held per_key_max times in all, even with nobody waiting.
+    now = [0.0]
+    hold = Hold(clock=lambda: now[0])  # the default share: 64 per key
+    expected = {"released": Outcome.RELEASED, "failed": Outcome.FAILED, "timed_out": Outcome.TIMED_OUT,
+                "dropped": Outcome.DROPPED}[end]
+    for _ in range(hold.per_key_max + 2):
+        got = await _one_held_request(hold, now, end)
+        assert (got.outcome if isinstance(got, Refused) else Outcome.RELEASED) is expected
+        assert hold.waiting == 0
+    assert hold.outcomes[Outcome.FULL] == 0
+    assert hold.outcomes[expected] == hold.per_key_max + 2
+
+
+async def test_a_key_share_counts_only_its_requests_still_waiting() -> None:
+    hold = Hold(per_key_max=2)
+    hold.begin(PLAN)
+    first = asyncio.create_task(hold.wait("k", 5))
+    second = asyncio.create_task(hold.wait("k", 5))
+    await _started(hold, 2)
+    first.cancel()  # one of two leaves: the key has one request waiting, room for one more
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    third = asyncio.create_task(hold.wait("k", 5))
+    await _started(hold, 2)
+    # Second and third wait: the share is full again. (Awaited as a task: a wrongly admitted fourth
+    # would wait out the hold instead of failing at once.)
+    fourth = asyncio.create_task(hold.wait("k", 5))
+    for _ in range(200):
+        if fourth.done() or hold.waiting > 2:
+            break
+        await asyncio.sleep(0.005)
+    assert fourth.done(), "a fourth request of the key was queued past its share of 2"
+    refused = fourth.result()
+    assert isinstance(refused, Refused) and refused.outcome is Outcome.FULL
+    other = asyncio.create_task(hold.wait("other", 5))  # another key has its own share
+    await _started(hold, 3)
+    assert hold.release() == 3
+    assert all(isinstance(r, Released) for r in await asyncio.gather(second, third, other))
+    hold.begin(PLAN)
+    again = [asyncio.create_task(hold.wait("k", 5)) for _ in range(2)]  # nothing leaked
+    await _started(hold, 2)
+    hold.release()
+    assert all(isinstance(r, Released) for r in await asyncio.gather(*again))

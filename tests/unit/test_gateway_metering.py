@@ -118,8 +118,40 @@ def test_facts_n_prompts_max_tokens_and_the_estimate() -> None:
                           b'"image_url": {"url": "data:image/png;base64,AAAA"}}]}]}')
     assert facts is not None and facts.prompt_estimate == 4  # "user" + "image_url": 13; no data URL
     assert facts.reservation() is None  # no output bound
-    _, facts = parse_body(b'{"prompt": [1, 2, 3]}', default_max_tokens=16)
+    _, facts = parse_body(b'{"prompt": [1, 2, 3]}', "/v1/completions")
     assert facts is not None and (facts.prompt_estimate, facts.max_tokens) == (3, 16)
+
+
+@pytest.mark.parametrize(("route", "members", "bound", "prompts"), [
+    # Chat reads max_completion_tokens when it is not null, else max_tokens; never max_output_tokens.
+    ("/v1/chat/completions", {"max_output_tokens": 1, "max_tokens": 4000}, 4000, 1),
+    ("/v1/chat/completions", {"max_tokens": 1, "max_completion_tokens": 4000}, 4000, 1),
+    ("/v1/chat/completions", {"max_tokens": 4000, "max_completion_tokens": None}, 4000, 1),
+    ("/v1/chat/completions", {"max_output_tokens": 1}, None, 1),
+    # Completions: absent is the model's 16, an explicit null is no bound at all.
+    ("/v1/completions", {}, 16, 1),
+    ("/v1/completions", {"max_tokens": None, "max_completion_tokens": 1}, None, 1),
+    ("/v1/responses", {"max_tokens": 1, "max_output_tokens": 4000}, 4000, 1),
+    ("/v1/messages", {"max_output_tokens": 1, "max_tokens": 4000}, 4000, 1),
+    # One generation per conversation of a batch.
+    ("/v1/chat/completions/batch", {"max_tokens": 100}, 100, 3),
+    # A route the gateway does not know: the largest bound given.
+    ("/v1/other", {"max_tokens": 1, "max_output_tokens": 4000}, 4000, 1),
+])
+def test_the_reservation_reads_the_bound_the_route_applies(
+    route: str, members: dict[str, Any], bound: int | None, prompts: int
+) -> None:
+    """Red team h31: the reservation took the smallest of max_tokens, max_completion_tokens and
+    max_output_tokens on every route, and 16 for a completions `max_tokens: null`; the engine reads
+    one per route, so a request reserved 1 token (+ its prompt) and was allowed 4000 (or the whole
+    context), and a batch of 3 conversations reserved one."""
+    messages: Any = [{"role": "user", "content": "hi"}]
+    if route.endswith("/batch"):
+        messages = [messages] * 3
+    _, facts = parse_body(json.dumps({"messages": messages, **members}).encode(), route)
+    assert facts is not None
+    assert (facts.max_tokens, facts.prompts) == (bound, prompts)
+    assert facts.reservation() == (None if bound is None else facts.prompt_estimate + bound * prompts)
 
 
 # -- reading streams ------------------------------------------------------------------------------

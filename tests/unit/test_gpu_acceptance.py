@@ -240,3 +240,27 @@ def test_committed_acceptance_runs_pass(folder: Path) -> None:
     assert v.rows, f"{folder}: no launch records"
     assert v.passed, f"{folder.name}: " + "; ".join(v.failures)
     assert all(isinstance(a, GatewayAnswer) and a.status == 200 for a in v.answers)
+
+
+SHIM_REDACTED = LOGS / "gpu-h200-accept-2026-12-01d"
+
+
+def test_the_shim_redacts_the_engine_key_as_vllm_logs_it_on_the_h200() -> None:
+    """The fourth H200 acceptance run: vLLM 0.26.0 prints its non-default args with the key from its
+    config file; the process shim wrote `'<redacted>'` into engine.log itself. (The acceptance
+    script's own pass over what it brings back writes `eng_<redacted>`, as the third run's logs
+    show: there the key had reached the file on disk.) After `down`, no file under the appliance's
+    home held a key and no key file was left."""
+    logs = sorted((SHIM_REDACTED / "runs").glob("*/engine.log"))
+    assert len(logs) == 7
+    for log in logs:
+        args = [line for line in log.read_text().splitlines() if "non-default args:" in line]
+        assert len(args) == 1 and "'api_key': '<redacted>'" in args[0], log
+        assert "eng_" not in log.read_text(), log
+    earlier = sorted((LOGS / "gpu-h200-accept-2026-12-01c" / "runs").glob("*/engine.log"))
+    assert earlier and all("'api_key': ['eng_<redacted>']" in p.read_text() for p in earlier)
+    facts = (SHIM_REDACTED / "key-delivery.txt").read_text()
+    assert "engine logs with the key in vLLM's non-default args line: 0 of 7" in facts
+    assert "after down: files under /root/app holding an engine key: 0" in facts
+    assert "after down: key files left: 0" in facts
+    assert "VLLM_API_KEY in environ: 0" in facts and "VLLM_API_KEY in environ: 1" not in facts

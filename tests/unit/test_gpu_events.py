@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis.diagnosis import kernel_message
+from appliance.diagnosis.scan import kernel_message
 from appliance.observe.gpu_events import (
     XID_TABLE,
     FaultSide,
@@ -114,3 +114,38 @@ def test_lines_behind_a_journal_prefix_keep_their_card() -> None:
     nv = parse_gpu_line("May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.")
     assert amd is not None and amd.pci == "0000:03:00" and amd.kind is GpuEventKind.RESET
     assert nv is not None and nv.pci == "0000:2b:00" and nv.xid == 79
+
+
+def test_an_nvlink_xid_74_makes_the_card_unfit_until_it_is_reset() -> None:
+    # Xid 74 (NVLINK_ERROR): the catalogue's immediate bucket is a workflow (WORKFLOW_NVLINK_ERR), so
+    # test_decisions_follow_the_catalogue cannot derive it; "a GPU reset or node reboot is needed to
+    # clear this error" — the card is unfit for the next launch (fatal) until it is reset.
+    row = XID_TABLE[74]
+    assert (row.side, row.fatal, row.action) == (FaultSide.HARDWARE, True, GpuAction.RESET_GPU)
+    event = parse_gpu_line("NVRM: Xid (PCI:0000:18:00): 74, pid='<unknown>', name=<unknown>, "
+                           "NVLink: fatal error detected on link 7(0x0, 0x0, 0x0, 0x10000, 0x0, 0x0, 0x0)")
+    assert event is not None and event.known
+    assert (event.xid, event.pci, event.pid, event.process) == (74, "0000:18:00", None, None)
+    assert (event.side, event.fatal, event.action) == (FaultSide.HARDWARE, True, GpuAction.RESET_GPU)
+    assert event.meaning == row.meaning
+
+
+def test_the_cards_a_launch_was_given() -> None:
+    from appliance.observe.gpu_events import launch_cards
+
+    assert launch_cards({"CUDA_VISIBLE_DEVICES": "0, 2"}) == {0, 2}
+    assert launch_cards({"HIP_VISIBLE_DEVICES": "1"}) == {1}
+    assert launch_cards({"ROCR_VISIBLE_DEVICES": "3,"}) == {3}
+    # UUIDs and an empty list name no index; the three variables add up.
+    assert launch_cards({"CUDA_VISIBLE_DEVICES": "GPU-5f3c,1", "HIP_VISIBLE_DEVICES": ""}) == {1}
+    assert launch_cards({"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "1",
+                         "ROCR_VISIBLE_DEVICES": "2"}) == {0, 1, 2}
+    assert launch_cards({}) == frozenset()
+
+
+def test_a_ring_timeout_without_its_process_line_is_reported_as_it_is() -> None:
+    reader = GpuEventReader()
+    assert reader.feed_message("amdgpu 0000:28:00.0: ring gfx_0.0.0 timeout, signaled seq=5, "
+                               "emitted seq=7") == []  # waits one record for the process line
+    (event,) = reader.feed_message("systemd[1]: something else entirely")
+    assert event.kind is GpuEventKind.RING_TIMEOUT and event.pid is None and event.process is None

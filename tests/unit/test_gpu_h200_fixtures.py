@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose, scan_text
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.scan import scan_text
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.observe.engine_facts import read_facts
 from appliance.observe.log_phases import CacheOutcome, Phase, track_text
 from appliance.observe.phase_record import PhaseRecorder, event_label

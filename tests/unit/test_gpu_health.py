@@ -219,3 +219,39 @@ def test_a_busy_card_at_its_power_cap_is_not_throttling() -> None:
     assert [f.check for f in assess(h200({"throttle_reasons": 0x4}))] == ["throttling"]  # idle at the cap
     assert [f.check for f in assess(h200({"throttle_reasons": 0x4 | 0x40, "utilization_percent": 95}))] == [
         "throttling"]
+
+
+def test_an_amd_card_s_pci_address_comes_from_its_device_link(tmp_path: Path) -> None:
+    # sysfs: card0/device is a link to the PCI device's directory, named by its address; no uevent.
+    pci_dir = tmp_path / "sys/devices/pci0000:00/0000:28:00.0"
+    pci_dir.mkdir(parents=True)
+    (pci_dir / "vendor").write_text("0x1002\n")
+    drm = tmp_path / "sys/class/drm/card0"
+    drm.mkdir(parents=True)
+    (drm / "device").symlink_to(pci_dir)
+    (card,) = HealthReader(tmp_path, use_nvml=False).sample()
+    assert (card.vendor, card.pci) == ("amd", "0000:28:00")
+
+
+def test_a_host_whose_pci_devices_cannot_be_listed_says_nvml_is_blind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No sys/bus/pci/devices to read: an NVIDIA card cannot be ruled out, so NVML missing is said.
+    from controller.watch import gpu_health
+
+    monkeypatch.setattr(gpu_health, "load_pynvml", lambda: (None, "NVMLError_LibraryNotFound: x"))
+    reader = HealthReader(tmp_path, use_nvml=True)
+    with caplog.at_level(logging.WARNING):
+        assert reader.sample() == []
+    assert reader.blind_note is not None and "NVMLError_LibraryNotFound: x" in reader.blind_note
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [reader.blind_note]
+
+
+def test_amd_files_are_the_files_there_and_no_others(tmp_path: Path) -> None:
+    from controller.watch.gpu_health import amd_files
+
+    dev = tmp_path / "device"
+    (dev / "hwmon/hwmon2").mkdir(parents=True)
+    (dev / "vendor").write_text("0x1002\n")
+    (dev / "hwmon/hwmon2/temp1_input").write_text("45000\n")
+    assert amd_files(dev) == {"vendor": "0x1002\n", "hwmon/hwmon2/temp1_input": "45000\n"}

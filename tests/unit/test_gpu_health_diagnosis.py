@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose, scan_text
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.scan import scan_text
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.observe.gpu_events import gpu_events_in_text, parse_gpu_line
 from appliance.observe.gpu_health import ReplayQueries
 from appliance.observe.kmsg import parse_record
@@ -66,7 +68,7 @@ def test_an_amdgpu_reset_is_a_gpu_fault_and_a_consequence_alone_explains_nothing
 
 
 def test_a_kernel_oom_still_decides_before_a_gpu_event() -> None:
-    from appliance.diagnosis.diagnosis import oom_events_in_text
+    from appliance.diagnosis.scan import oom_events_in_text
 
     fixture = Path(__file__).parents[1] / "fixtures" / "kmsg" / "global_oom_5.15_cgroup2_tp4_graph.txt"
     kills = oom_events_in_text(fixture.read_text().splitlines())

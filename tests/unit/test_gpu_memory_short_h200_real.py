@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose, scan_text
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.scan import scan_text
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.recipe.gpu_kv_admission import CardMemory, GpuMemoryView, gpu_memory_checks
 from tests.unit.recipe_helpers import shipped
 

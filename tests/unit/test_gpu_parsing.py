@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.observe.log_phases import Phase, track_text
 
 AOT_OFF_COMPILE = ("(EngineCore pid=2) INFO 11-30 08:01:02 [monitor.py:48] torch.compile and initial "

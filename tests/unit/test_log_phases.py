@@ -388,7 +388,8 @@ def test_piecewise_and_full_bars_of_one_pass_are_one_round() -> None:
 
 
 def test_killed_capture_diagnosis_names_the_round() -> None:
-    from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose
+    from appliance.diagnosis.diagnose import FailureFacts, diagnose
+    from appliance.diagnosis.signatures import DiagnosisCode
 
     text = (FIXTURES / "doctor" / "graph_capture_killed_round2_full_and_piecewise.log").read_text()
     tracker = track_text(text)

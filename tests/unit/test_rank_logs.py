@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, FailureFacts, diagnose
+from appliance.diagnosis.diagnose import FailureFacts, diagnose
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.observe.log_phases import CacheOutcome, track_text
 from appliance.observe.rank_logs import RankTracker, anon_by_pid, death_of, line_origin
 

@@ -1,6 +1,6 @@
 """Issue 23 item 6: a recipe's own secrets (env `*_KEY`/`*_TOKEN`/…, `--api-key` in extra_args) never
 appear where a recipe is shown: `GET /recipes/{name}` (unauthenticated), the console's recipe pages
-and diff, `appliance recipes show` and `diff`. One redaction: appliance/recipe/engine_secret.py."""
+and diff, `appliance recipes show` and `diff`. One redaction: appliance/engine_secret.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from appliance.recipe.engine_secret import REDACTED, redact_recipe_data
+from appliance.engine_secret import REDACTED, redact_recipe_data
 from controller import admin_token
 from controller.cli import recipes_cmd
 from tests.unit.test_api import REPO, TOKEN, Rig

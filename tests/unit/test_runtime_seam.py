@@ -232,7 +232,7 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
 def test_the_key_file_flag_is_the_only_difference() -> None:
     """The launch's key reaches vLLM as `--config FILE` at one path for every launch,
     never in the environment (vLLM 0.26.0 hashes VLLM_API_KEY into its compile-cache key)."""
-    from appliance.recipe.engine_secret import CONTAINER_KEY_PATH
+    from appliance.engine_secret import CONTAINER_KEY_PATH
     from appliance.runtimes.docker import container_kwargs
 
     spec = render(shipped()[C], fixed_facts())

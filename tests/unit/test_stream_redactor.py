@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.recipe.engine_secret import REDACTED, StreamRedactor, redact
+from appliance.engine_secret import REDACTED, StreamRedactor, redact
 
 KEY = "eng_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v"  # the appliance's own shape (43 after eng_)
 OWN = "recipe-own-key-not-a-pattern"

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from appliance.diagnosis.diagnosis import DiagnosisCode, oom_events_in_text
+from appliance.diagnosis.scan import oom_events_in_text
+from appliance.diagnosis.signatures import DiagnosisCode
 from appliance.observe.kmsg import OomEvent
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, EngineRuntimeError, ExitInfo, Provenance
@@ -438,7 +439,7 @@ async def test_an_adopted_engine_is_marked_ready_once_it_answers(tmp_path: Path)
 
 async def test_a_spent_ready_budget_is_diagnosed_with_the_diagnosis_modules_code(tmp_path: Path) -> None:
     # The machine decides "budget spent"; the driver re-diagnoses over the evidence with the same rules.
-    # Both must spell it as appliance.diagnosis.diagnosis does, or the re-diagnosis is skipped (it was
+    # Both must spell it as appliance.diagnosis.signatures does, or the re-diagnosis is skipped (it was
     # keyed on the machine's own string).
     rig = make_rig(tmp_path, make_spec(budget=100, stall=600))
     rig.driver.submit(Apply("test-recipe"))

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from appliance.diagnosis.diagnosis import DiagnosisCode
+from appliance.diagnosis.signatures import DiagnosisCode
 from controller.runtime.base import ExitInfo
 from controller.supervisor.machine import BUSY, Machine, Policy, State, backoff_delay, progress, transition
 from controller.supervisor.signals import (
@@ -382,7 +382,7 @@ def test_restart_needs_something_to_restart_and_resets_a_failed_machine() -> Non
     assert r.m.state is State.PREFLIGHT and r.m.failures == 0
 
 
-# --- failure codes: one spelling, appliance.diagnosis.diagnosis's -------------------------------------------
+# --- failure codes: one spelling, appliance.diagnosis.signatures's ----------------------------------------
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "controller"
 

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from appliance.recipe.engine_secret import KEY_FILE_NAME
+from appliance.engine_secret import KEY_FILE_NAME
+from appliance.recipe_terms import Finding
 from appliance.runtimes.base import Format, FormatError, Placement, RuntimeTraits
 from appliance.runtimes.k8s.helm import comment_lines as helm_comments
 from appliance.runtimes.k8s.helm import helm_values, memory_request
@@ -63,7 +64,6 @@ from appliance.runtimes.k8s.spec import (
 if TYPE_CHECKING:
     from appliance.host_facts import HostFacts
     from appliance.recipe.launch_spec import LaunchSpec
-    from appliance.recipe.lint import Finding
     from appliance.recipe.recipe_model import Recipe
 
 
@@ -233,8 +233,6 @@ class KubernetesPlugin:
         return {"kind": self.kind, "image": section.image, "digest": section.digest}
 
     def lint(self, recipe: Recipe) -> list[Finding]:
-        from appliance.recipe.lint import Finding  # import cycle: lint asks the registry
-
         found = [Finding(rule=n.rule, severity="warning", field=n.field,
                          message=f"{n.message}; the node must provide: {n.node}", fact=n.fact)
                  for n in needs(recipe) if n.rule in LINT_RULES]

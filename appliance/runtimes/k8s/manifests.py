@@ -26,7 +26,7 @@ Other choices, each from a fact:
   default-graph start (DOMAIN §4: an orchestrator that waited 1500 s killed it at 38/51) is not
   killed by the kubelet; liveness only starts after it.
 - The engine key is never in a manifest: vLLM reads it from a config file (`--config`) that a Secret
-  volume mounts at a path that is the same for every launch (appliance/recipe/engine_secret.py); the
+  volume mounts at a path that is the same for every launch (appliance/engine_secret.py); the
   effectful half creates the Secret from the launch's key (controller/supervisor/engine_key.py).
   Not `VLLM_API_KEY` from a secretKeyRef: vLLM 0.26.0 hashes that variable into its compile-cache
   key, so a fresh key per launch made every warm restart a full recompile (docs/measured.md).
@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from appliance.recipe.engine_secret import (
+from appliance.engine_secret import (
     CONTAINER_KEY_DIR,
     CONTAINER_KEY_PATH,
     KEY_FILE_NAME,
@@ -228,7 +228,7 @@ def _deployment(spec: LaunchSpec, target: KubernetesLaunch, name: str, launch_id
                                        "readOnly": True}},
             {"name": "dshm", "emptyDir": shm},
             # 0400: the key file is the engine's alone (vLLM's config file,
-            # appliance/recipe/engine_secret.py).
+            # appliance/engine_secret.py).
             {"name": KEY_VOLUME, "secret": {"secretName": key_secret, "defaultMode": 0o400,
                                             "items": [{"key": KEY_FILE_NAME, "path": KEY_FILE_NAME}]}},
         ],

@@ -12,11 +12,11 @@ import re
 from typing import TYPE_CHECKING
 
 # Re-exported: the kubernetes plug-in and its callers take them from here.
-from appliance.recipe.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
-from appliance.recipe.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
-from appliance.recipe.engine_names import LABEL_MANAGED as LABEL_MANAGED
-from appliance.recipe.engine_names import LABEL_RECIPE as LABEL_RECIPE
-from appliance.recipe.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
+from appliance.engine_names import ENGINE_KEY_ENV as ENGINE_KEY_ENV
+from appliance.engine_names import LABEL_LAUNCH_ID as LABEL_LAUNCH_ID
+from appliance.engine_names import LABEL_MANAGED as LABEL_MANAGED
+from appliance.engine_names import LABEL_RECIPE as LABEL_RECIPE
+from appliance.engine_names import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 
 if TYPE_CHECKING:
     from appliance.recipe.launch_spec import LaunchSpec

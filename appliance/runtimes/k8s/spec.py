@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from appliance.recipe import engine_argv
+from appliance import engine_argv
 from appliance.runtimes.base import FormatError
 from appliance.runtimes.k8s.model import DEFAULT_CACHE, DEFAULT_MODEL, KubernetesLaunch
 

@@ -23,9 +23,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from appliance.engine_secret import is_secret_name
 from appliance.observe.log_phases import PhaseEvent
 from appliance.recipe.cache_key import compile_env
-from appliance.recipe.engine_secret import is_secret_name
 
 DIGEST_CHARS = 12
 # Flags that are not compile factors: the key file (`--config PATH`, consumed by vLLM's arg parser, a

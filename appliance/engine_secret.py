@@ -83,7 +83,7 @@ def with_key_config(argv: Sequence[str], path: str) -> tuple[str, ...]:
     if config_flag_in(argv):
         raise ValueError(
             f"the engine's argv already has {CONFIG_FLAG}: vLLM takes one config file, and the appliance "
-            "passes the engine key in it (appliance/recipe/engine_secret.py); put those options in the "
+            "passes the engine key in it (appliance/engine_secret.py); put those options in the "
             "recipe's "
             "engine fields or engine.extra_args instead"
         )
