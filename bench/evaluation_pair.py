@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from appliance.evaluation.protocol import Thresholds
-from controller.api.client import Client, api_url
+from controller.api_client import Client, api_url
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.compare import CompareOptions, compare
 from controller.evaluation.controls import http_control

@@ -98,7 +98,7 @@ ENGINE_STATES = ("idle", "preflight", "starting", "ready", "draining", "stopping
                  "exited")
 CACHE_KINDS = ("cold", "warm")
 COMPILE_RESULTS = ("hit", "miss", "unknown")  # appliance.observe.log_phases.CacheOutcome values
-LOGIN_FAILURE_REASONS = ("refused", "throttled")  # console log-ins (controller/console/routes.py)
+LOGIN_FAILURE_REASONS = ("refused", "throttled")  # console log-ins (controller/console/routes/login.py)
 # Ready times span 36 s (CPU engine warm, MEASURED) to 1645 s (recipe C′) and the 2700 s budget.
 READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600, 5400)
 

@@ -26,10 +26,10 @@ from appliance.recipe.recipe_loader import RecipeError
 from appliance.recipe.render import RenderError, render
 from controller import admin_token, logsetup
 from controller.api.app import AdminGuard, create_app
-from controller.api.context import ApiContext
 from controller.api.gpu import gpu_router
 from controller.api.keys import keys_router
 from controller.api.usage import usage_router
+from controller.api_context import ApiContext
 from controller.evaluation.proof import ready_hook, recipe_expectations
 from controller.gateway.control import ControlGateway
 from controller.metrics import ControllerMetrics

@@ -59,7 +59,7 @@ class Paths:
     @property
     def api_file(self) -> Path:
         """The URL of the controller `appliance up` started here (`up --port`): every command of this
-        home talks to it when $APPLIANCE_API is not set (controller/api/client.py)."""
+        home talks to it when $APPLIANCE_API is not set (controller/api_client.py)."""
         return self.home / "run" / "controller-api"
 
     @property

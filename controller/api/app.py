@@ -2,7 +2,7 @@
 
 Reads are open (the port is loopback by default); every mutating endpoint needs the bearer admin
 token: 401 when it is missing, 403 when it is wrong (or when no token is configured at all). Before
-any route runs (controller/api/gate.py): the Host header must name this machine (loopback, the
+any route runs (controller/api_guard.py): the Host header must name this machine (loopback, the
 address it listens on, or $APPLIANCE_ADMIN_HOSTS; else 400 — DNS rebinding), a request that may
 carry a body is authenticated from its head before the body is read, and bodies over 64 KiB are 413.
 Errors map to policy: 404 unknown recipe or launch, 409 a start already in progress (the state
@@ -38,8 +38,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api.context import ApiContext, LogUnavailable, read_launch_log
-from controller.api.gate import (
+from controller.api_context import ApiContext, LogUnavailable, read_launch_log
+from controller.api_guard import (
     SQLITE_INT_MAX,
     AdminTokenFirst,
     BodyLimit,
@@ -112,7 +112,7 @@ class AdminGuard:
         self.home = home
 
     def __call__(self, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
-        # The same decision gate.AdminTokenFirst makes before a body is read; here it also
+        # The same decision api_guard.AdminTokenFirst makes before a body is read; here it also
         # covers bodyless routes that need the token (GET /keys).
         refusal = admin_refusal(self.home, f"{creds.scheme} {creds.credentials}" if creds else None)
         if refusal is not None:

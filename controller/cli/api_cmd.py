@@ -13,11 +13,11 @@ from typing import Annotated, Any
 
 import typer
 
-from controller.api.client import ApiError, Client, api_url
+from controller.api_client import ApiError, Client, api_url
 from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.options import JsonOpt
-from controller.cli.service_client import StartView, eta_phase_line, follow_start
+from controller.cli.startup_display import StartView, eta_phase_line, follow_start
 from controller.gateway.hold_text import status_line
 from controller.settings import (
     CONTROLLER_PORT,

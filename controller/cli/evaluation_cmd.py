@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from appliance.evaluation.bench_result import BenchResult, goodput_summary
 from appliance.evaluation.bench_tiers import NoTierFits
 from appliance.evaluation.protocol import Thresholds
-from controller.api.client import ApiError, Client, api_url
+from controller.api_client import ApiError, Client, api_url
 from controller.cli.options import JsonOpt
 from controller.evaluation.bench import BenchParams, LaunchInfo, run_bench
 from controller.evaluation.client import ClientError, EngineNotReady

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controller.api.client import ApiError, Client, api_url
+from controller.api_client import ApiError, Client, api_url
 from controller.cli.api_cmd import ApiOpt, fail
 from controller.cli.options import JsonOpt
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from appliance import settings
-from controller.api.client import ApiError
+from controller.api_client import ApiError
 from controller.cli.options import JsonOpt
 from controller.gateway.keystore import LIMIT_BOUNDS, KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import paths

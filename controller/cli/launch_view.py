@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from controller.api.client import ApiError
+from controller.api_client import ApiError
 
 GIB = 2**30
 PREFIX_SEARCH_LIMIT = 1000  # the API's largest page of launch summaries (newest first)

@@ -22,7 +22,7 @@ import typer
 
 from appliance import settings
 from controller import admin_token
-from controller.api.client import API_ENV, ApiError, Client, forget_api, remember_api
+from controller.api_client import API_ENV, ApiError, Client, forget_api, remember_api
 from controller.cli.api_cmd import end_of_follow, fail, follow_outcome
 from controller.daemons import Daemon
 from controller.settings import (

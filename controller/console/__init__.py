@@ -1,1 +1,1 @@
-"""The operator console: server-rendered pages on the controller (routes.py)."""
+"""The operator console: server-rendered pages on the controller (routes/, one module per area)."""

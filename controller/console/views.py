@@ -21,7 +21,7 @@ from appliance.recipe.lint import lint
 from appliance.recipe.recipe_diff import RecipeDiff
 from appliance.recipe.recipe_model import Recipe
 from controller import admin_token
-from controller.api.context import ApiContext
+from controller.api_context import ApiContext
 from controller.console import charts
 from controller.gateway import control
 from controller.gateway.hold_text import status_line

@@ -15,10 +15,10 @@ from typing import Any
 
 from appliance.engine_secret import redact as redact_keys
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api.client import ApiError, Client
+from controller.api_client import ApiError, Client
 from controller.evaluation.bench import LaunchInfo
+from controller.evaluation.bench_key import read_engine_key
 from controller.evaluation.compare import CompareError, Control, launch_info
-from controller.evaluation.engine_key import read_engine_key
 from controller.evaluation.proof import proof_from_events
 from controller.runtime.base import EngineHandle
 from controller.store import Store

@@ -482,7 +482,7 @@ class DockerRuntime:
     @staticmethod
     def engine_key_of(ref: str) -> str | None:
         """The key of container `ref`'s engine, for a CLI without a runtime object
-        (controller/evaluation/engine_key.py); None when it cannot be read."""
+        (controller/evaluation/bench_key.py); None when it cannot be read."""
         try:
             return _key_of_container(docker.from_env().containers.get(ref))
         except (docker.errors.DockerException, requests.RequestException):

@@ -404,7 +404,7 @@ class ProcessRuntime:
     @staticmethod
     def engine_key_of(ref: str) -> str | None:
         """The key of the engine whose shim is pid `ref`, for a CLI without a runtime object
-        (controller/evaluation/engine_key.py): the run directory is the parent of the shim's
+        (controller/evaluation/bench_key.py): the run directory is the parent of the shim's
         `--status` file. None when unreadable (another user's engine, gone)."""
         try:
             proc = psutil.Process(int(ref))

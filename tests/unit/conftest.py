@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-# What a shell that runs an appliance may export (controller/api/client.py, controller/admin_token.py).
+# What a shell that runs an appliance may export (controller/api_client.py, controller/admin_token.py).
 OPERATOR_ENV = ("APPLIANCE_API", "APPLIANCE_ADMIN_TOKEN", "APPLIANCE_ADMIN_TOKEN_SHA256")
 
 

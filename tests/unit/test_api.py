@@ -18,7 +18,7 @@ import uvicorn
 
 from controller import admin_token
 from controller.api.app import create_app
-from controller.api.context import ApiContext
+from controller.api_context import ApiContext
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.events import EventLog

@@ -223,7 +223,7 @@ def test_status_shows_the_eta_each_phase_against_its_history_and_a_likely_stall(
 
 
 def test_follow_lines_carry_the_eta_the_usual_phase_time_and_the_stall_flag() -> None:
-    from controller.cli.service_client import StartView
+    from controller.cli.startup_display import StartView
 
     lines: list[str] = []
     view = StartView(lines.append)

@@ -17,7 +17,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from controller.api.client import ApiError
+from controller.api_client import ApiError
 from controller.cli import api_cmd, keys_cmd, main, recipes_cmd
 from controller.gateway.keystore import KeyStore
 from tests.unit.recipe_helpers import HOSTS, RECIPES_DIR

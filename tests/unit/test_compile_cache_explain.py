@@ -226,7 +226,7 @@ class _LookupClient(_Client):
     """Answers like the API: 404 for an unknown launch ID."""
 
     def get(self, path: str) -> Any:
-        from controller.api.client import ApiError
+        from controller.api_client import ApiError
 
         if path not in self.answers:
             raise ApiError(404, f"no launch {path!r}")

@@ -12,9 +12,9 @@ import pytest
 import typer
 
 from controller import admin_token
-from controller.api.client import Client
+from controller.api_client import Client
 from controller.cli import api_cmd, lifecycle_cmd
-from controller.cli.service_client import StartView
+from controller.cli.startup_display import StartView
 from controller.daemons import Daemon
 
 
@@ -151,7 +151,7 @@ def test_the_clients_header_names_are_case_insensitive_so_logs_follow_advances(t
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from controller.api.client import Client
+    from controller.api_client import Client
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -225,7 +225,7 @@ def test_up_remembers_its_port_and_status_finds_it_without_appliance_api(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from controller.api.client import API_ENV, DEFAULT_API, api_url, remembered_api
+    from controller.api_client import API_ENV, DEFAULT_API, api_url, remembered_api
 
     app = typer.Typer()
     lifecycle_cmd.register(app)

@@ -1,9 +1,9 @@
 """What the admin API checks before any route runs: the Host header, the admin token, the body size.
 
-Why a gate in front of FastAPI and not only route dependencies: FastAPI reads and parses a route's
+Why a guard in front of FastAPI and not only route dependencies: FastAPI reads and parses a route's
 JSON body *before* it solves the route's dependencies, so with the token check as a dependency an
 unauthenticated 50 MB body to `/apply` was read into memory (84 → 218 MB) before the 401.
-The gate is plain ASGI and runs on the request head alone:
+The guard is plain ASGI and runs on the request head alone:
 
 1. Host (Starlette's TrustedHostMiddleware): only loopback names and configured ones, so a page that
    DNS-rebinds its own name to 127.0.0.1 cannot read even the open GETs (400 "Invalid host header").

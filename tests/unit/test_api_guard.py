@@ -1,4 +1,5 @@
-"""The admin API's gate: token before body, bounded bodies and values, Host checked.
+"""The admin API's guard (controller/api_guard.py): token before body, bounded bodies and values,
+Host checked.
 
 Requests are driven as raw ASGI calls where it matters how much of the body the app pulled: the
 `receive` callable counts the chunks handed over, so "the body was never read" is an assertion,
@@ -15,9 +16,9 @@ import pytest
 
 from controller import admin_token
 from controller.api.app import AdminGuard, create_app
-from controller.api.context import ApiContext
-from controller.api.gate import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
 from controller.api.keys import keys_router
+from controller.api_context import ApiContext
+from controller.api_guard import HOSTS_ENV, MAX_BODY_BYTES, allowed_hosts
 from controller.gateway.keystore import KeyStore
 from tests.unit.test_api import AUTH, TOKEN, Rig
 
@@ -235,7 +236,7 @@ def test_numbers_past_sqlite_integers_are_422(home: Path, path: str, param: str)
 async def test_the_422_handler_never_echoes_unwritable_input() -> None:
     from fastapi.exceptions import RequestValidationError
 
-    from controller.api.gate import validation_error
+    from controller.api_guard import validation_error
 
     exc = RequestValidationError([
         {"type": "bool_parsing", "loc": ("body", "force"), "msg": "Input should be a valid boolean",

@@ -12,7 +12,7 @@ from pathlib import Path
 from appliance.engine_secret import KEY_FILE_NAME, config_yaml
 from appliance.recipe.engine_key import ENGINE_KEY_ENV
 from controller.evaluation.bench import LaunchInfo
-from controller.evaluation.engine_key import read_engine_key
+from controller.evaluation.bench_key import read_engine_key
 
 
 def test_the_key_is_read_from_the_launchs_key_file_next_to_the_shims_status(tmp_path: Path) -> None:

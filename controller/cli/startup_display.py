@@ -1,5 +1,5 @@
-"""The CLI's side of the controller API: the event stream and the start-up display (the JSON
-calls and their client are controller/api/client.py, shared with the evaluation's controls).
+"""The CLI's start-up display, fed by the controller API's event stream (the JSON calls and their
+client are controller/api_client.py, shared with the evaluation's controls).
 
 An engine start takes 90 s here and up to 30 minutes on the reference host; the display says
 where it is (phase, fraction of the ready budget used) on every phase change and at least every
@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from controller.api.client import ApiError
+from controller.api_client import ApiError
 
 # --------------------------------------------------------------------------------------------
 # The start-up display

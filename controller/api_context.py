@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.engine_secret import redact as redact_keys
-from controller.api.gate import MAX_BODY_BYTES
+from controller.api_guard import MAX_BODY_BYTES
 from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
 from controller.supervisor.driver import Driver

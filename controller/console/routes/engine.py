@@ -1,0 +1,41 @@
+"""Stop and Restart of the engine: a confirm page, then the submit (the same confirm + CSRF discipline
+as Apply); 409 when the controller refuses."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, status
+from fastapi.responses import RedirectResponse, Response
+
+from controller.console.routes.pages import Pages, secure
+from controller.supervisor.signals import Restart, Stop
+
+
+def register(router: APIRouter, pages: Pages) -> None:
+    page, problem, current, session_form = pages.page, pages.problem, pages.current, pages.session_form
+    not_found = pages.not_found
+    driver = pages.ctx.driver
+
+    engine_actions: dict[str, tuple[type[Stop] | type[Restart], str, str]] = {
+        "stop": (Stop, "stopping", "Not stopped"), "restart": (Restart, "restarting", "Not restarted")}
+
+    @router.get("/engine/{action}")
+    async def engine_confirm(request: Request, action: str) -> Response:
+        session = current(request)
+        if action not in engine_actions:
+            return not_found(request)
+        return page(request, "engine_action.html", session, action=action, status=driver.status(),
+                    launch=driver.view.launch.launch_id if driver.view.launch else None)
+
+    @router.post("/engine/{action}")
+    async def engine_action(request: Request, action: str) -> Response:
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        if action not in engine_actions:
+            return not_found(request)
+        signal, notice, refused = engine_actions[action]
+        rejected = driver.submit(signal())
+        if rejected is not None:
+            return problem(request, session, status.HTTP_409_CONFLICT, refused,
+                           f"The controller refused: {rejected.reason}. Nothing was changed.")
+        return secure(RedirectResponse(f"/console/?notice={notice}", status.HTTP_303_SEE_OTHER))

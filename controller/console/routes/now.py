@@ -1,0 +1,58 @@
+"""The Now page (state, phase, live progress, expectations, gateway, GPU health) and its event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request, status
+from fastapi.responses import Response, StreamingResponse
+
+from controller.console import views
+from controller.console.auth import COOKIE
+from controller.console.gpu_views import gpu_health_view
+from controller.console.routes.pages import Pages, secure
+
+STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second moves it without events
+
+
+def register(router: APIRouter, pages: Pages) -> None:
+    page, current, sessions, data = pages.page, pages.current, pages.sessions, pages.data
+    driver, preflight = pages.ctx.driver, pages.ctx.preflight
+
+    @router.get("/")
+    async def now(request: Request) -> Response:
+        session = current(request)
+        snapshot = driver.status()
+        expectations = await asyncio.to_thread(data.expectations, snapshot.get("recipe"))
+        gateway = await data.gateway()
+        memory = await asyncio.to_thread(data.host_now, snapshot.get("recipe"))
+        live = views.live_view(snapshot, memory)
+        gpu = gpu_health_view(preflight.gpu)
+        return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
+                    status_json=json.dumps(live), live=live, gpu=gpu)
+
+    @router.get("/events")
+    async def events(request: Request) -> Response:
+        session, _ = sessions.lookup(request.cookies.get(COOKIE))
+        if session is None:
+            return secure(Response("log in first", status.HTTP_401_UNAUTHORIZED, media_type="text/plain"))
+
+        async def stream() -> AsyncIterator[bytes]:
+            async with driver.subscribe() as queue:
+                while not await request.is_disconnected():
+                    live, _ = sessions.lookup(request.cookies.get(COOKIE))
+                    if live is None:
+                        yield b"event: ended\ndata: {}\n\n"
+                        return
+                    snapshot = driver.status()
+                    memory = await asyncio.to_thread(data.host_now, snapshot.get("recipe"))
+                    yield f"event: status\ndata: {json.dumps(views.live_view(snapshot, memory))}\n\n".encode()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(queue.get(), timeout=STATUS_EVERY_S)
+
+        response = StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"X-Accel-Buffering": "no"})
+        return secure(response)
