@@ -104,9 +104,8 @@ FIRES: list[Case] = [
     ("k8s-kernel-module", "cpu-smollm2", lambda r: on_k8s(r, host__kernel_module="hydcu"), "warning"),
     ("k8s-devices-vs-tp", "cuda-generic", lambda r: on_k8s(r, devices=(0, 1)), "info"),
     ("proof-undeclared", "cuda-smollm2-graph", lambda r: with_changes(r, expect__markers=()), "warning"),
-    # No shipped gfx906 recipe pins it yet (the seed records no digest): start from a CUDA recipe moved.
-    ("proof-libtorch-unpinned-gfx906", "cuda-generic", lambda r: with_changes(r, platform="gfx906"),
-     "warning"),
+    # gfx906-base pins the seed's md5 (seed 000 S7c): drop the pin and the rule must fire.
+    ("proof-libtorch-unpinned-gfx906", B, lambda r: with_changes(r, expect__checksums={}), "warning"),
 ]
 
 
@@ -168,16 +167,15 @@ def test_shipped_recipes_have_no_lint_errors(name: str) -> None:
 
 def test_shipped_findings_are_the_expected_warnings() -> None:
     found = {n: sorted(f.rule for f in lint(shipped()[n])) for n in SHIPPED}
-    pin = "proof-libtorch-unpinned-gfx906"  # the seed records no md5: the operator declares it (gfx906-base)
     assert found == {
         "cpu-smollm2": [], "cpu-smollm2-docker": [], "cpu-smollm2-eager": ["eval-batch-not-fixed"],
-        "cuda-generic": [], "gfx906-a-tp2-graph": [pin],
+        "cuda-generic": [], "gfx906-a-tp2-graph": [],
         "cuda-smollm2-graph": [], "cuda-smollm2-eager": [], "cuda-smollm2-piecewise": [],
-        B: ["eval-batch-not-fixed", pin], C: [pin], C_PRIME: ["default-full-graph-gfx906", pin],
-        "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed", pin],
+        B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
+        "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],
         # recipe B on a cluster — what the node and namespace must provide
         "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-kernel-module",
-                                   "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs", pin],
+                                   "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs"],
         # the tensor-parallel model's recipes: nothing to warn about (NVLink multicast off, devices = TP)
         "cpu-tp2": [],
         **{f"cuda-tp{tp}-{mode}{car}": [] for tp in (2, 4) for mode in ("eager", "graph", "piecewise")
@@ -195,4 +193,14 @@ def test_shipped_gfx906_recipes_keep_the_production_numbers() -> None:
 
 def test_findings_are_sorted_errors_first() -> None:
     bad = with_changes(shipped()[C], host__no_cgroup_memory_limit=False, engine__dtype="auto")
-    assert [f.severity for f in lint(bad)] == ["error", "warning", "warning"]
+    assert [f.severity for f in lint(bad)] == ["error", "warning"]
+
+
+def test_gfx906_recipes_pin_the_seeds_libtorch_md5() -> None:
+    # Seed 000 S7c / chapter 一 §8: the fixed `_C_stable_libtorch` is md5 93bf7b4a…; every gfx906
+    # recipe inherits the pin from gfx906-base, so a rolled-back library fails the proof at ready.
+    for recipe in shipped().values():
+        if recipe.platform.value == "gfx906" and not recipe.abstract:
+            assert recipe.expect.checksums.get("/src/vllm/_C_stable_libtorch.abi3.so") == (
+                "93bf7b4a391ac97e2f67cc7141633cb1"
+            ), recipe.name
