@@ -103,6 +103,8 @@ FIRES: list[Case] = [
     ("k8s-boot-params", "cpu-smollm2", lambda r: on_k8s(r, host__boot_params=("iommu=pt",)), "warning"),
     ("k8s-kernel-module", "cpu-smollm2", lambda r: on_k8s(r, host__kernel_module="hydcu"), "warning"),
     ("k8s-devices-vs-tp", "cuda-generic", lambda r: on_k8s(r, devices=(0, 1)), "info"),
+    # recipe B on a cluster: a pod has no device list, the plugin must hand it /dev/mkfd (seed 000 四 §2)
+    ("k8s-dcu-mkfd", B, lambda r: on_k8s(r), "warning"),
     ("proof-undeclared", "cuda-smollm2-graph", lambda r: with_changes(r, expect__markers=()), "warning"),
     # gfx906-base pins the seed's md5 (seed 000 S7c): drop the pin and the rule must fire.
     ("proof-libtorch-unpinned-gfx906", B, lambda r: with_changes(r, expect__checksums={}), "warning"),
@@ -146,6 +148,7 @@ QUIET: list[Case] = [
     ("mem-available-bar", "cpu-smollm2", lambda r: r, ""),  # the 2 GB bar is the 31 GiB gfx906 host's
     ("k8s-memlock", C, lambda r: r, ""),  # on the local Docker daemon, memlock is set at creation
     ("k8s-devices-vs-tp", "gfx906-b-tp4-eager-k8s", lambda r: r, ""),  # 4 devices, TP=4
+    ("k8s-dcu-mkfd", "cuda-generic", lambda r: on_k8s(r), ""),  # NVIDIA: no mkfd
     ("proof-undeclared", "cpu-smollm2", lambda r: with_changes(r, expect__markers=()), ""),  # CPU: no GPU
     ("proof-libtorch-unpinned-gfx906", B, lambda r: with_changes(
         r, expect__checksums={"/src/vllm/_C_stable_libtorch.abi3.so": "a" * 32}), ""),
@@ -174,8 +177,8 @@ def test_shipped_findings_are_the_expected_warnings() -> None:
         B: ["eval-batch-not-fixed"], C: [], C_PRIME: ["default-full-graph-gfx906"],
         "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed"],
         # recipe B on a cluster — what the node and namespace must provide
-        "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-kernel-module",
-                                   "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs"],
+        "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-dcu-mkfd",
+                                   "k8s-kernel-module", "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs"],
         # the tensor-parallel model's recipes: nothing to warn about (NVLink multicast off, devices = TP)
         "cpu-tp2": [],
         **{f"cuda-tp{tp}-{mode}{car}": [] for tp in (2, 4) for mode in ("eager", "graph", "piecewise")
