@@ -50,6 +50,18 @@ DEFAULT_FORBIDDEN_MARKERS: tuple[str, ...] = (
 )
 
 
+# Log text that proves only the mode an engine was asked for, not the kernels it ran: the config line's
+# `enforce_eager=True|False` is the same for C and C′, for the FP8 emulation kernel and its 1984.8 ms
+# Triton fallback, for custom all-reduce and PyNCCL (issue 33; seed 000 S13: "两臂 AR 实际都选 PYNCCL").
+MODE_ONLY_MARKERS: tuple[str, ...] = ("enforce_eager=",)
+
+
+def proves_path(marker: str) -> bool:
+    """Whether a declared marker says which path ran (an attention backend, a graph mode and its
+    capture sizes, the all-reduce choice, a '… selected.' line), not only the mode."""
+    return not any(marker.startswith(m) for m in MODE_ONLY_MARKERS)
+
+
 def digest_algorithm(digest: str) -> str:
     """md5 for 32 hex characters (the seed's deployment checks), sha256 for 64."""
     return "md5" if len(digest) == 32 else "sha256"

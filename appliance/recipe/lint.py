@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from appliance.host_facts import MIB
+from appliance.observe.launch_proof import proves_path
 from appliance.recipe.recipe_model import GraphMode, Platform, Recipe, Reproducibility
 from appliance.recipe_terms import Finding as Finding  # re-exported: defined in a leaf for the plug-ins
 from appliance.recipe_terms import Severity as Severity
@@ -346,11 +347,14 @@ def _proof(r: Recipe) -> list[Finding]:
     if r.abstract or r.platform not in GPU_PLATFORMS:
         return []
     out = []
-    if not r.expect.markers and not r.expect.checksums:
+    if not any(proves_path(m) for m in r.expect.markers):
+        mode = [m for m in r.expect.markers if not proves_path(m)]
         out.append(Finding(rule="proof-undeclared", severity="warning", field="expect.markers",
-                           message="no markers or checksums: `appliance compare` cannot prove this "
-                                   "recipe's path ran (declare a log line, e.g. a '… selected.' line, or a "
-                                   "file digest)",
+                           message=("only the mode " + ", ".join(repr(m) for m in mode) if mode
+                                    else "no markers") + ": `appliance compare` cannot prove this "
+                                   "recipe's kernel path ran and will not accept it as a candidate "
+                                   "(declare its attention backend, graph mode, all-reduce or '… "
+                                   "selected.' log line)",
                            fact="DOMAIN §7 (seed 004 §5.2): a log line proves the path was taken; the "
                                 "deployment is checked file by file"))
     if r.platform is Platform.GFX906 and not any("_C_stable_libtorch" in p for p in r.expect.checksums):

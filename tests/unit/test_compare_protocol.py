@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from appliance.evaluation.accuracy import Kind, build_set
-from appliance.evaluation.bench_result import RequestRecord
+from appliance.evaluation.bench_result import ProofResult, RequestRecord
 from appliance.evaluation.gate import StepStatus, Verdict
 from controller.evaluation import compare as compare_mod
 from controller.evaluation.accuracy_run import set_sizes
@@ -55,7 +55,9 @@ class World:
         async def describe(s: dict[str, Any]) -> LaunchInfo:
             return LaunchInfo(launch_id=s["launch"]["id"], recipe=str(s["recipe"]), spec_hash="h",
                               cache_vintage="warm", cache_root="/c", engine_url="http://engine",
-                              recipe_doc=self.recipes[str(s["recipe"])])
+                              recipe_doc=self.recipes[str(s["recipe"])],
+                              # issue 33: an ACCEPT needs a seen marker proving the kernel path
+                              proof=ProofResult(markers={"CPU KV cache size:": True}))
 
         async def recipe(name: str) -> dict[str, Any] | None:
             return self.recipes[name]

@@ -110,6 +110,9 @@ FIRES: list[Case] = [
     ("rccl-rows-need-nccl-debug", "cuda-generic",
      lambda r: with_changes(r, platform="gfx906", engine__tensor_parallel_size=2, devices=(0, 1)), "info"),
     ("proof-undeclared", "cuda-smollm2-graph", lambda r: with_changes(r, expect__markers=()), "warning"),
+    # issue 33: the mode line alone proves no kernel path
+    ("proof-undeclared", "cuda-smollm2-graph",
+     lambda r: with_changes(r, expect__markers=("enforce_eager=False",)), "warning"),
     # gfx906-base pins the seed's md5 (seed 000 S7c): drop the pin and the rule must fire.
     ("proof-libtorch-unpinned-gfx906", B, lambda r: with_changes(r, expect__checksums={}), "warning"),
 ]
@@ -180,7 +183,8 @@ def test_shipped_findings_are_the_expected_warnings() -> None:
     rccl = "rccl-rows-need-nccl-debug"  # issue 33: the RCCL rows need NCCL_DEBUG=INFO, no recipe sets it
     assert found == {
         "cpu-smollm2": [], "cpu-smollm2-docker": [], "cpu-smollm2-eager": ["eval-batch-not-fixed"],
-        "cuda-generic": [], "gfx906-a-tp2-graph": [rccl],
+        "cuda-generic": ["proof-undeclared"],  # only enforce_eager=False: no path proof on record
+        "gfx906-a-tp2-graph": [rccl],
         "cuda-smollm2-graph": [], "cuda-smollm2-eager": [], "cuda-smollm2-piecewise": [],
         B: ["eval-batch-not-fixed", rccl], C: [rccl], C_PRIME: ["default-full-graph-gfx906", rccl],
         "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed", rccl],
