@@ -432,4 +432,5 @@ def test_c_books_its_own_runs_total_for_the_right_reason() -> None:
     memory = text[text.index("\nmemory:"):]
     assert "never runs" not in memory
     assert "chapter 四 §3" in memory and "same point" in memory
-    assert shipped()[C].memory is not None and shipped()[C].memory.worker_anon_gib_graph == 6.03
+    memory_model = shipped()[C].memory
+    assert memory_model is not None and memory_model.worker_anon_gib_graph == 6.03

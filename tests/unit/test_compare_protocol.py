@@ -203,3 +203,16 @@ async def test_a_small_gain_is_rerun_in_interleaved_rounds(
     assert len(out.baselines) == len(out.candidates) == 2
     assert world.applied == [BASE, CAND, BASE, CAND]  # A B A B
     assert out.baselines[1].smoke is None  # the smoke runs once, before the first measurement
+
+
+@pytest.mark.parametrize("model", [{"path": "/models/other"}, {"path": "/m", "checksum": "b" * 64}])
+async def test_different_weights_are_refused_unless_allowed(world: World, model: dict[str, str]) -> None:
+    # Seed 004 §1: the model weights and structure come first among what must not differ.
+    world.recipes[BASE] = {**world.recipes[BASE], "model": {"path": "/m", "checksum": "a" * 64}}
+    world.recipes[CAND] = {**world.recipes[CAND], "model": model}
+    with pytest.raises(CompareError, match=r"model: .* vs .*--allow-diff model"):
+        await compare(world.control(), BASE, CAND, PARAMS, None, options=OPTS)
+    assert world.applied == []
+    allowed = CompareOptions(accuracy_items=2, allow_diff=frozenset({"model"}))
+    out = await compare(world.control(), BASE, CAND, PARAMS, None, options=allowed)
+    assert set(out.gate.allowed_diffs) == {"model"}

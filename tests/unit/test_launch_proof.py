@@ -241,3 +241,19 @@ def test_every_shipped_gpu_recipe_but_the_generic_one_declares_a_path_marker() -
                      if r.platform.value != "cpu" and not r.abstract
                      and not any(proves_path(m) for m in r.expect.markers))
     assert lacking == ["cuda-generic"]  # an upstream image whose log lines are not on record here
+
+
+def test_the_effective_scheduler_limits_are_read_from_the_engines_own_log() -> None:
+    # Issue 33: record what the engine used, not None for a default. vLLM 0.26 on the H200 states
+    # max_num_batched_tokens at INFO; it states a defaulted max_num_seqs only at DEBUG.
+    from appliance.evaluation.arm_settings import ENGINE_DEFAULT, settings_of
+    from appliance.observe.launch_proof import evaluate
+
+    proof = evaluate(_h200_log("cuda-smollm2-graph"), (), {}, {})
+    assert proof.engine_limits == {"max_num_batched_tokens": 8192}
+    s = settings_of({"engine": {}}, output_tokens=64, ignore_eos=False, logged=proof.engine_limits)
+    assert s["max_num_batched_tokens"] == 8192
+    assert s["limits_source"]["max_num_batched_tokens"] == "engine log"
+    assert s["max_num_seqs"] == ENGINE_DEFAULT  # never None: None read as "equal" for any two defaults
+    recipe_set = settings_of({"engine": {"max_num_seqs": 8}}, output_tokens=64, ignore_eos=False)
+    assert recipe_set["max_num_seqs"] == 8
