@@ -125,7 +125,7 @@ def proof_step(base: Sequence[BenchResult], cand: Sequence[BenchResult]) -> Gate
     if cards:  # DOMAIN §7: cards 0/1 vs 2/3 differ by ~16 %; such results are never gated together
         reasons.append(f"the arms ran on different cards ({cards}): not gated against each other")
     c = cand[0].proof
-    # Issue 33 (seed 004 §5.2): an ACCEPT needs a log line proving the candidate's own path; the
+    # Seed 004 §5.2: an ACCEPT needs a log line proving the candidate's own path; the
     # mode alone (`enforce_eager=…`) cannot tell C from C′ or an emulation kernel from its fallback.
     path = [m for m in c.markers if proves_path(m)]
     if not path:

@@ -72,7 +72,7 @@ DEFAULT_FORBIDDEN_MARKERS: tuple[str, ...] = (
 
 # Log text that proves only the mode an engine was asked for, not the kernels it ran: the config line's
 # `enforce_eager=True|False` is the same for C and C′, for the FP8 emulation kernel and its 1984.8 ms
-# Triton fallback, for custom all-reduce and PyNCCL (issue 33; seed 000 S13: "两臂 AR 实际都选 PYNCCL").
+# Triton fallback, for custom all-reduce and PyNCCL (seed 000 S13: "两臂 AR 实际都选 PYNCCL").
 MODE_ONLY_MARKERS: tuple[str, ...] = ("enforce_eager=",)
 
 

@@ -283,7 +283,7 @@ RCCL_DEBUG_ENV = ("NCCL_DEBUG", "INFO")
 
 
 def _rccl_debug(r: Recipe) -> list[Finding]:
-    """Decision (issue 33): the recipes leave NCCL_DEBUG alone (it is not the production launch, and
+    """Decision: the recipes leave NCCL_DEBUG alone (it is not the production launch, and
     INFO writes every channel of every rank at each start); the rows say they need it and lint says,
     for every gfx906 recipe with more than one rank, that they cannot fire as it stands."""
     name, wanted = RCCL_DEBUG_ENV
