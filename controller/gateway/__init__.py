@@ -7,5 +7,7 @@ top-level model of a JSON body, without parsing the rest), ``admin`` (the contro
 ``app`` (the ASGI app), ``protocol`` (uvicorn's httptools protocol with the limits a client meets
 before auth), ``server`` (uvicorn with uvloop + the guarded protocol),
 ``control`` (the controller's async client), ``metrics`` (metric names for dashboards),
-``embedded`` (serve in the current event loop, for tests).
+``embedded`` (serve in the current event loop, for tests), ``usage_request`` (what a request body
+says for metering: stream as the engine reads it, output bounds per route), ``ratelimit_headers``
+(the ``x-ratelimit-*`` headers of a key with limits).
 """
