@@ -19,7 +19,9 @@ class ArmsDiffer(ValueError):
     """The arms differ in a field that must be equal: no comparison."""
 
 
-def settings_of(recipe: dict[str, Any] | None, *, output_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+def settings_of(
+    recipe: dict[str, Any] | None, *, output_tokens: int | dict[str, int], ignore_eos: bool
+) -> dict[str, Any]:
     """The forbidden-to-differ settings of an arm: the recipe's scheduling limits (None = the
     engine's default), its sampling overrides next to the client's (temperature 0, the same client for
     both arms) and the output limits the requests carry."""

@@ -179,10 +179,14 @@ def smoke_step(
 ) -> GateStep:
     """`base_tokens`/`cand_tokens`: the smoke whose output length stands for each arm (its eager
     twin's for an arm whose text varies across restarts; default the arm's own)."""
-    if base is None or cand is None:
+    if base is None and cand is None:
         return GateStep(name=SMOKE, status=StepStatus.SKIPPED, reasons=["no smoke request was run"])
     fails: list[str] = []
     notes: list[str] = []
+    if base is None or cand is None:  # one arm stopped the compare before the other was switched to
+        fails = smoke_failures(base or cand, "baseline" if cand is None else "candidate")  # type: ignore[arg-type]
+        status = StepStatus.FAIL if fails else StepStatus.SKIPPED
+        return GateStep(name=SMOKE, status=status, reasons=fails or ["only one arm ran its smoke request"])
     for label, s in (("baseline", base), ("candidate", cand)):
         if not s.request.ok:
             fails.append(f"{label} smoke request failed: {s.request.error}")
@@ -230,6 +234,47 @@ def smoke_step(
         reasons=[f"smoke ok: {c_len} vs {b_len} output tokens, engine alive, no new error line", *notes],
         evidence=evidence,
     )
+
+
+def smoke_failures(s: SmokeResult, label: str) -> list[str]:
+    """What fails one arm's smoke on its own (no length check: that needs the control's)."""
+    fails: list[str] = []
+    if not s.request.ok:
+        fails.append(f"{label} smoke request failed: {s.request.error}")
+    if not s.alive_after:
+        fails.append(f"{label} engine did not answer after the smoke request")
+    if s.new_error_lines:
+        fails.append(
+            f"{label} engine log has {len(s.new_error_lines)} new error line(s) since ready: "
+            f"{s.new_error_lines[0][:200]!r}"
+        )
+    return fails
+
+
+def early_stop(
+    label: str,
+    recipe: str,
+    proof_problems: Sequence[str],
+    smoke: SmokeResult | None,
+    control_smoke: SmokeResult | None,
+    th: Thresholds,
+) -> str | None:
+    """Why a compare stops right after this arm's proof and smoke, before its tiers are benched
+    (issue 33 item 9: on gfx906 every switch costs 230–1645 s). `control_smoke`: the baseline's
+    smoke, when the length check can be made now (both arms' own streams)."""
+    problems = [f"proof: {p}" for p in proof_problems]
+    if smoke is not None:
+        problems += smoke_failures(smoke, label)
+        if control_smoke is not None and control_smoke.request.ok and smoke.request.ok:
+            d = _rel(smoke.request.output_tokens, control_smoke.request.output_tokens)
+            if d is None or abs(d) > th.length_tolerance:
+                problems.append(
+                    f"smoke output length {smoke.request.output_tokens} vs control "
+                    f"{control_smoke.request.output_tokens} tokens ({_pct(d)})"
+                )
+    if not problems:
+        return None
+    return f"the {label} {recipe} failed before its tiers were benched: {'; '.join(problems)}"
 
 
 def _tier_table(b: BenchResult, c: BenchResult) -> dict[str, Any]:
