@@ -38,7 +38,10 @@ from pydantic import BaseModel, Field
 
 ACCURACY_SET_VERSION = "acc-v1"
 ITEMS_PER_KIND = 5  # DOMAIN §7 / seed 004 §5.5: the local accuracy gate used the first five items
-MAX_DROP_POINTS = 3.0  # DOMAIN §7: seed 003 rolls back at an accuracy drop > 3 %
+MAX_DROP_POINTS = 3.0  # DOMAIN §7: seed 003 rolls back at an accuracy drop > 3 % — in points (accuracy_veto)
+# A reasoning model (the recipe names a reasoning parser, e.g. qwen3) thinks before it answers: the
+# answer budgets below would end it mid-thought with an empty answer. Its items get this many more.
+REASONING_BUDGET_TOKENS = 1024
 # Words per prompt token budget: every filler word is ≥ 1 token in any tokenizer, most are 1–2, so
 # 0.6 words per token keeps a prompt inside its token budget with room for the question.
 WORDS_PER_TOKEN = 0.6
@@ -67,6 +70,9 @@ class ItemResult(BaseModel):
     output: str = ""
     ok: bool = True
     error: str | None = None
+    # What was scored: the answer ("content"), or the reasoning text when the content was empty
+    # (a reasoning model cut off by its budget, or answering inside its thoughts).
+    answered_in: str = "content"
 
 
 class AccuracyResult(BaseModel):
@@ -318,8 +324,25 @@ def token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+_PUNCT_SPACE = str.maketrans(string.punctuation, " " * len(string.punctuation))
+
+
+def _words(text: str) -> str:
+    """Like `normalize`, but punctuation separates words: "1234,5678" holds 1234 and 5678."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT_SPACE)).split())
+
+
 def _contains(output: str, answer: str) -> bool:
-    return f" {normalize(answer)} " in f" {normalize(output)} "
+    """The answer as whole words of the output: "1234" is not in "12345"."""
+    return f" {_words(answer)} " in f" {_words(output)} "
+
+
+def scored_text(content: str, reasoning: str | None) -> tuple[str, str]:
+    """What the model answered: the content, or the reasoning text when the content is empty (a
+    reasoning parser put everything there). Returns (text, "content" | "reasoning")."""
+    if content.strip() or not (reasoning or "").strip():
+        return content, "content"
+    return str(reasoning), "reasoning"
 
 
 def score_item(item: Item, output: str) -> float:

@@ -25,7 +25,7 @@ class ArmsDiffer(ValueError):
 def settings_of(
     recipe: dict[str, Any] | None,
     *,
-    output_tokens: int,
+    output_tokens: int | dict[str, int],
     ignore_eos: bool,
     logged: dict[str, int] | None = None,
 ) -> dict[str, Any]:

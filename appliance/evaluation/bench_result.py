@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from appliance.evaluation.accuracy import AccuracyResult
-from appliance.evaluation.bench_tiers import Tier, weighted_score
+from appliance.evaluation.bench_tiers import SEED_TIERS, Tier, weighted_score
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -69,6 +69,11 @@ class TierResult(BaseModel):
     def p99_tpot_ms(self) -> float | None:
         return percentile([r.tpot_ms for r in self.requests if r.ok and r.tpot_ms is not None], 99)
 
+    def length_distribution(self, limit: int | None = None) -> dict[str, object]:
+        """The output lengths of the successful requests: n, min, median, mean, max, and how many
+        ran into `limit` (the request's max_tokens: stopped by the cap, not by EOS)."""
+        return length_distribution([r.output_tokens for r in self.requests if r.ok], limit)
+
     def summary(self) -> dict[str, object]:
         return {
             "tier": self.tier.name,
@@ -80,6 +85,22 @@ class TierResult(BaseModel):
             "p99_tpot_ms": _round(self.p99_tpot_ms),
             "output_lens": self.output_lens,
         }
+
+
+def length_distribution(lens: Sequence[int], limit: int | None = None) -> dict[str, object]:
+    if not lens:
+        return {"n": 0}
+    out: dict[str, object] = {
+        "n": len(lens),
+        "min": min(lens),
+        "median": statistics.median(lens),
+        "mean": round(statistics.fmean(lens), 1),
+        "max": max(lens),
+    }
+    if limit is not None:
+        out["at_cap"] = sum(1 for n in lens if n >= limit)
+        out["cap"] = limit
+    return out
 
 
 class SingleStream(BaseModel):
@@ -152,6 +173,14 @@ class BenchResult(BaseModel):
     accuracy: AccuracyResult | None = None
     # Absolute per-tier SLO targets declared by the recipe (tier → ttft_ms / tpot_ms), for goodput.
     slo: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # "standard" (each tier's declared max output, stop at EOS), "full" (the same at 100 prompts per
+    # tier), "fast" (a small fixed cap: tests only, never a verdict to stake a recipe on); None for a
+    # record from before modes were recorded. `output_limits`: tier → the max_tokens its requests had.
+    mode: str | None = None
+    output_limits: dict[str, int] = Field(default_factory=dict)
+    # Why this arm was not benched (the compare stopped early after a failed proof or smoke); then
+    # `tiers` is empty and every later step is skipped (issue 33 item 9).
+    stopped: str | None = None
 
     @property
     def failed(self) -> int:
@@ -161,8 +190,24 @@ class BenchResult(BaseModel):
         return {t.tier.name: t.output_throughput for t in self.tiers}
 
     @property
+    def missing_tiers(self) -> list[str]:
+        have = {t.tier.name for t in self.tiers}
+        return [t.name for t in SEED_TIERS if t.name not in have]
+
+    @property
     def score(self) -> float:
-        return weighted_score(self.throughput_by_tier())
+        """The seed's weighted score. A tier this run lacks counts 0 tokens/s: never a pass (the gate
+        fails a run with a missing tier by name; `missing_tiers`), and never an exception that would
+        leave a compare without a verdict."""
+        return weighted_score({**{t: 0.0 for t in self.missing_tiers}, **self.throughput_by_tier()})
+
+    def length_distribution(self) -> dict[str, dict[str, object]]:
+        """Per tier and over all tiers: the output-length distribution of the measured requests."""
+        out = {t.tier.name: t.length_distribution(self.output_limits.get(t.tier.name)) for t in self.tiers}
+        lens = [r.output_tokens for t in self.tiers for r in t.requests if r.ok]
+        caps = set(self.output_limits.values())
+        out["all"] = length_distribution(lens, caps.pop() if len(caps) == 1 else None)
+        return out
 
     def tier(self, name: str) -> TierResult | None:
         return next((t for t in self.tiers if t.tier.name == name), None)
@@ -200,6 +245,11 @@ class BenchResult(BaseModel):
             "p99_tpot_ms": _round(self.p99_tpot_ms),
             "tier_rule": self.tier_rule,
             "prompt_set": self.prompt_set,
+            "mode": self.mode,
+            "output_limits": self.output_limits,
+            "output_lengths": self.length_distribution(),
+            "missing_tiers": self.missing_tiers,
+            "stopped": self.stopped,
             "tiers": [t.summary() for t in self.tiers],
             "decode_ms_median": _round(ss.decode_ms_median) if ss else None,
             "ttft_ms_by_input": ss.ttft_ms_by_input if ss else None,

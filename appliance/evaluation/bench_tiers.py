@@ -10,6 +10,15 @@ tier bound is multiplied by usable / 32768 (rounded down), so the three tiers ke
 positions and weights and the long tier ends at the last input length that still fits. When even
 the scaled 4–8K tier would start below `MIN_TIER_INPUT_TOKENS`, no tier fits: the bench refuses
 with that reason instead of measuring prompts too short to mean anything.
+
+Output lengths (issue 33 item 2): every tier declares the task's maximum output (`Tier.max_output`),
+and the measured requests carry it and stop at EOS, so the output-length parity of seed 004 §6
+(775 vs 887 tokens over a tier's first five) can show. The seeds do not record the number the
+official `run_throughput.sh` passed (003 §639 runs it without showing its arguments); what they do
+record is natural stops averaging 155–177 tokens a request (004 §6: 775 and 887 over five), so the
+declared 1024 per tier lets EOS decide and not the cap. It is never scaled with the context: a
+context that cannot hold it next to the scaled inputs fits no tier. A fixed small cap instead
+(`--output-tokens N`, `--fast`) is the FAST MODE for tests, and results say so (`BenchResult.mode`).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 SEED_MAX_INPUT = 32768
 MIN_TIER_INPUT_TOKENS = 32  # a scaled 4–8K tier starting below this measures nothing like a long prompt
 FIRST_N = 5  # DOMAIN §7: "fixed first five requests" of each tier, never a random sample
+FULL_REQUESTS = 100  # seed 003 §1120: the full run, 100 prompts per tier (3 runs, steady state)
+OFFICIAL_MAX_OUTPUT = 1024  # per tier, declared below; why this figure: the module doc
 SCALE_RULE = (
     "usable = max_model_len - output_tokens; if usable < 32768, every seed tier bound x usable/32768 "
     "(floor), weights unchanged"
@@ -32,13 +43,25 @@ class Tier(BaseModel):
     lo: int = Field(ge=1, description="Smallest input length (tokens), inclusive.")
     hi: int = Field(ge=1, description="Largest input length (tokens), inclusive.")
     weight: float = Field(ge=0, le=1)
+    # The task's maximum output per request in this tier (tokens); requests stop at EOS before it.
+    max_output: int = Field(default=OFFICIAL_MAX_OUTPUT, ge=1)
 
 
 SEED_TIERS: tuple[Tier, ...] = (
-    Tier(name="4-8K", lo=4096, hi=8192, weight=0.20),
-    Tier(name="8-16K", lo=8192, hi=16384, weight=0.50),
-    Tier(name="16-32K", lo=16384, hi=32768, weight=0.30),
+    Tier(name="4-8K", lo=4096, hi=8192, weight=0.20, max_output=OFFICIAL_MAX_OUTPUT),
+    Tier(name="8-16K", lo=8192, hi=16384, weight=0.50, max_output=OFFICIAL_MAX_OUTPUT),
+    Tier(name="16-32K", lo=16384, hi=32768, weight=0.30, max_output=OFFICIAL_MAX_OUTPUT),
 )
+
+
+def official_output_tokens() -> int:
+    """The largest declared max output over the tiers: what a plan must leave room for."""
+    return max(t.max_output for t in SEED_TIERS)
+
+
+def output_limit(tier: Tier, cap: int | None) -> int:
+    """A request's max_tokens in `tier`: the tier's declared max output, or the fast mode's cap."""
+    return tier.max_output if cap is None else cap
 
 
 class TierPlan(BaseModel):
@@ -75,6 +98,7 @@ def plan_tiers(max_model_len: int, output_tokens: int) -> TierPlan:
     if usable >= SEED_MAX_INPUT:
         return TierPlan(tiers=SEED_TIERS, scale=1.0, max_model_len=max_model_len, output_tokens=output_tokens)
     scale = max(usable, 0) / SEED_MAX_INPUT
+    # Inputs scale; the declared max output stays the task's (see the module doc).
     tiers = tuple(t.model_copy(update={"lo": int(t.lo * scale), "hi": int(t.hi * scale)}) for t in SEED_TIERS)
     if tiers[0].lo < MIN_TIER_INPUT_TOKENS:
         raise NoTierFits(

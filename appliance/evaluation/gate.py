@@ -39,6 +39,9 @@ LONG_TIER = "16-32K"
 
 class Verdict(StrEnum):
     ACCEPT = "accept"
+    # A stable small gain measured on the first five: accepted once the full run (`compare --full`:
+    # 100 prompts per tier, steady state over 3 rounds; seed 003 §1120, 004 §194) confirms it.
+    ACCEPT_PENDING_FULL = "accept-pending-full"
     REJECT = "reject"
     NOISE = "noise"
 
@@ -51,6 +54,9 @@ class Flag(StrEnum):
     ACCURACY_NOT_RUN = "accuracy-not-run"
     ACCURACY_ITEMS_FLIPPED = "accuracy-items-flipped"
     SETTINGS_DIFFER = "settings-differ"
+    FAST_MODE = "fast-mode"  # outputs capped small for tests: not the task's output lengths
+    EAGER_TWIN_EVIDENCE = "eager-twin-evidence"  # an arm's token-stream evidence came from its eager twin
+    STOPPED_EARLY = "stopped-early"  # a failed proof or smoke ended the compare before the tiers
 
 
 class StepStatus(StrEnum):

@@ -5,21 +5,33 @@ DOMAIN §7 (seeds 003/004 §5): a candidate goes through
 1. **proof** — the candidate declares at least one marker that proves its kernel path (not only the
    mode), the declared "… selected." markers appeared, the declared files match their md5 or
    sha256, and no must-not-appear marker (a Traceback, a dead engine core) is in the log;
-2. **smoke** — the first 8–16K request alone: it succeeds, the engine still answers after it, its
-   output length is within `length_tolerance` of the control's, and the engine log has no new error
-   line since the arm became ready;
-3. **first five** — the fixed first five requests of each tier: no failed request, P99 TTFT and P99
-   TPOT ≤ 1.5 × the baseline's in every tier, no long-tier (16–32K) regression;
-4. **re-runs** — a small positive gain (between the noise band and `small_gain`) is re-run until each
-   arm's score spread is < 5 % over at least three rounds (003: "each tier 3 runs, error < 5 %") or
-   the round cap is reached; the SLA and failures are checked on every round, never only on one;
+2. **smoke** — the first 8–16K request alone (its own prompt, never a measured one): it succeeds,
+   the engine still answers after it, its output length is within `length_tolerance` of the
+   control's, and the engine log has no new error line since the arm became ready;
+3. **first five** — the fixed first five requests of each tier: no failed request, no missing tier,
+   P99 TTFT and P99 TPOT ≤ 1.5 × the baseline's in every tier, no long-tier (16–32K) regression;
+4. **re-runs** — once a small positive gain (between the noise band and `small_gain`) has been
+   seen, interleaved rounds go on until at least three rounds **and** every tier's spread < 5 % on
+   both arms (seed 003 §695; appliance/evaluation/stability.py) or the round cap is reached; the
+   SLA and failures are checked on every round, the last one included;
 5. **score** — the median of the rounds (never the best): < 1 % is noise, a drop rejects; a gain
    that comes with outputs shorter or longer than the control's beyond the tolerance is held back;
 6. **accuracy** — run only after the throughput steps pass; a drop of more than `accuracy_drop`
-   points in any of the four kinds rejects, whatever the throughput said (the final veto).
+   percentage points in any of the four kinds rejects, whatever the throughput said (the final
+   veto; appliance/evaluation/accuracy_veto.py, which also fails closed where the veto is vacuous).
 
-A FAIL anywhere rejects; otherwise a HOLD makes the verdict noise (not accepted); only a candidate
-that passes every step is accepted. Every step runs and is reported even after an earlier one
+Token-stream evidence (issue 33 item 1; seed 000 §一.6 S14d, §一.7): an arm whose text varies across
+restarts (a graph arm) never feeds a gate that reads the token stream. The smoke length check, the
+like-for-like length hold and the accuracy veto read its eager twin's records instead (`tokens`),
+and the evidence says so; its failures, throughput, latency and SLA stay its own.
+
+Stopping early (issue 33 item 9): a compare whose proof or smoke failed ends before the tiers are
+benched; the arm not benched carries `stopped`, and the steps after the smoke are skipped.
+
+A FAIL anywhere rejects; otherwise a HOLD makes the verdict noise (not accepted); a candidate that
+passes every step is accepted — except a small gain measured on less than the full run (100
+prompts per tier over three rounds, seed 003 §1120), which is ACCEPT-PENDING-FULL until
+`appliance compare --full` has run. Every step runs and is reported even after an earlier one
 failed, except accuracy, which is not run for a candidate the throughput steps rejected.
 """
 
@@ -31,9 +43,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from appliance.evaluation.accuracy import MAX_DROP_POINTS, AccuracyResult, compare_accuracy
+from appliance.evaluation.accuracy import MAX_DROP_POINTS, AccuracyResult
+from appliance.evaluation.accuracy_veto import ACCURACY, VETO_FLOOR_POINTS
+from appliance.evaluation.accuracy_veto import accuracy_step as _accuracy_step
 from appliance.evaluation.arm_settings import card_mismatch
 from appliance.evaluation.bench_result import BenchResult, SmokeResult, goodput_summary
+from appliance.evaluation.bench_tiers import FULL_REQUESTS
 from appliance.evaluation.gate import (
     LONG_TIER,
     NOISE_BAND,
@@ -45,17 +60,12 @@ from appliance.evaluation.gate import (
     Verdict,
     decide,
 )
+from appliance.evaluation.stability import score_spread, small_gain_seen, stable, tier_spreads, worst_spread
 from appliance.observe.launch_proof import proves_path
 
-PROOF, SMOKE, FIRST_FIVE, RERUNS, SCORE, ACCURACY = (
-    "proof",
-    "smoke",
-    "first-five",
-    "re-runs",
-    "score",
-    "accuracy",
-)
+PROOF, SMOKE, FIRST_FIVE, RERUNS, SCORE = ("proof", "smoke", "first-five", "re-runs", "score")
 STEP_ORDER = (PROOF, SMOKE, FIRST_FIVE, RERUNS, SCORE, ACCURACY)
+OWN = "own"
 
 
 class Thresholds(BaseModel):
@@ -66,10 +76,22 @@ class Thresholds(BaseModel):
     # leaves room for one request stopping a few tokens apart without hiding 775-vs-887 (seed 004 §6).
     length_tolerance: float = Field(default=0.02, ge=0)
     small_gain: float = Field(default=0.03, ge=0)  # gains in [noise, small_gain) are re-run (seed 004)
-    spread_limit: float = Field(default=0.05, gt=0)  # seed 003: error < 5 %
-    min_rounds: int = Field(default=3, ge=1)  # seed 003: each tier 3 runs
+    spread_limit: float = Field(default=0.05, gt=0)  # seed 003 §695: error < 5 %, per tier
+    min_rounds: int = Field(default=3, ge=1)  # seed 003 §695: each tier 3 runs
     max_rounds: int = Field(default=3, ge=1)
-    accuracy_drop: float = Field(default=MAX_DROP_POINTS, ge=0)  # points, per kind
+    # Percentage points per kind, drop > this fails (appliance/evaluation/accuracy_veto.py).
+    accuracy_drop: float = Field(default=MAX_DROP_POINTS, ge=0)
+    veto_floor: float = Field(default=VETO_FLOOR_POINTS, ge=0)  # a baseline under this cannot discriminate
+    full_requests: int = Field(default=FULL_REQUESTS, ge=1)  # seed 003 §1120: the full run
+
+
+class Tokens(BaseModel):
+    """Whose token streams stand for an arm in the token-stream gates (smoke length, length hold,
+    accuracy): the arm's own (`source` "own"), or its eager twin's runs (issue 33 item 1)."""
+
+    source: str = OWN
+    why: str = ""
+    runs: list[BenchResult] = Field(default_factory=list)
 
 
 def _rel(new: float, old: float) -> float | None:
@@ -93,20 +115,26 @@ def median_run(runs: Sequence[BenchResult]) -> BenchResult:
 
 def spread(runs: Sequence[BenchResult]) -> float:
     """(max − min) / median of the scores; 0 for one run."""
-    scores = [r.score for r in runs]
-    m = statistics.median(scores)
-    return 0.0 if m == 0 or len(scores) < 2 else (max(scores) - min(scores)) / m
+    return score_spread(runs)
 
 
 def needs_more_rounds(base: Sequence[BenchResult], cand: Sequence[BenchResult], th: Thresholds) -> bool:
-    """A small positive gain not yet stable: another interleaved round is due (until the cap)."""
+    """Another interleaved round is due (until the cap): a small gain was seen at some round and the
+    stability bar (≥ min_rounds and every tier's spread < spread_limit) is not met yet."""
     rounds = min(len(base), len(cand))
-    if rounds >= th.max_rounds or any(r.failed for r in cand):
+    if rounds == 0 or rounds >= th.max_rounds or any(r.failed or r.stopped for r in [*base, *cand]):
         return False
-    delta = _rel(median_score(cand), median_score(base))
-    if delta is None or not th.noise <= delta < th.small_gain:
+    if not small_gain_seen(base, cand, th.noise, th.small_gain):
         return False
-    return rounds < th.min_rounds or max(spread(base), spread(cand)) >= th.spread_limit
+    return not stable(base, cand, th.min_rounds, th.spread_limit)
+
+
+def full_run(base: Sequence[BenchResult], cand: Sequence[BenchResult], th: Thresholds) -> bool:
+    """The full run of seed 003 §1120: every tier of every round at ≥ 100 prompts, ≥ 3 rounds."""
+    runs = [*base, *cand]
+    return min(len(base), len(cand)) >= th.min_rounds and all(
+        r.tiers and all(len(t.requests) >= th.full_requests for t in r.tiers) for r in runs
+    )
 
 
 # ---- steps
@@ -149,11 +177,25 @@ def proof_step(base: Sequence[BenchResult], cand: Sequence[BenchResult]) -> Gate
     return GateStep(name=PROOF, status=StepStatus.PASS, reasons=[note], evidence=evidence)
 
 
-def smoke_step(base: SmokeResult | None, cand: SmokeResult | None, th: Thresholds) -> GateStep:
-    if base is None or cand is None:
+def smoke_step(
+    base: SmokeResult | None,
+    cand: SmokeResult | None,
+    th: Thresholds,
+    *,
+    base_tokens: SmokeResult | None = None,
+    cand_tokens: SmokeResult | None = None,
+    sources: dict[str, str] | None = None,
+) -> GateStep:
+    """`base_tokens`/`cand_tokens`: the smoke whose output length stands for each arm (its eager
+    twin's for an arm whose text varies across restarts; default the arm's own)."""
+    if base is None and cand is None:
         return GateStep(name=SMOKE, status=StepStatus.SKIPPED, reasons=["no smoke request was run"])
     fails: list[str] = []
     notes: list[str] = []
+    if base is None or cand is None:  # one arm stopped the compare before the other was switched to
+        fails = smoke_failures(base or cand, "baseline" if cand is None else "candidate")  # type: ignore[arg-type]
+        status = StepStatus.FAIL if fails else StepStatus.SKIPPED
+        return GateStep(name=SMOKE, status=status, reasons=fails or ["only one arm ran its smoke request"])
     for label, s in (("baseline", base), ("candidate", cand)):
         if not s.request.ok:
             fails.append(f"{label} smoke request failed: {s.request.error}")
@@ -166,18 +208,28 @@ def smoke_step(base: SmokeResult | None, cand: SmokeResult | None, th: Threshold
             )
         if not s.log_checked:
             notes.append(f"{label} engine log could not be read: no log check")
-    b_len, c_len = base.request.output_tokens, cand.request.output_tokens
+    b_tok, c_tok = base_tokens or base, cand_tokens or cand
+    b_len, c_len = b_tok.request.output_tokens, c_tok.request.output_tokens
     length_delta = _rel(c_len, b_len)
     off = length_delta is None or abs(length_delta) > th.length_tolerance
-    if base.request.ok and cand.request.ok and off:
+    if b_tok.request.ok and c_tok.request.ok and off:
         fails.append(
             f"smoke output length {c_len} vs control {b_len} tokens ({_pct(length_delta)}), beyond "
             f"the ±{th.length_tolerance * 100:.0f}% tolerance"
         )
+    sources = sources or {"baseline": OWN, "candidate": OWN}
+    for label in ("baseline", "candidate"):
+        if sources.get(label, OWN) != OWN:
+            notes.append(f"{label} smoke length from its eager twin {sources[label]} (its own text varies "
+                         "across restarts)")
     evidence = {
         "tier": cand.request.tier,
         "input_tokens": cand.request.input_tokens,
         "output_tokens": {"baseline": b_len, "candidate": c_len},
+        "own_output_tokens": {
+            "baseline": base.request.output_tokens, "candidate": cand.request.output_tokens
+        },
+        "length_sources": sources,
         "alive_after": {"baseline": base.alive_after, "candidate": cand.alive_after},
         "new_error_lines": {"baseline": base.new_error_lines, "candidate": cand.new_error_lines},
         "texts_identical": base.request.text == cand.request.text,
@@ -193,6 +245,47 @@ def smoke_step(base: SmokeResult | None, cand: SmokeResult | None, th: Threshold
     )
 
 
+def smoke_failures(s: SmokeResult, label: str) -> list[str]:
+    """What fails one arm's smoke on its own (no length check: that needs the control's)."""
+    fails: list[str] = []
+    if not s.request.ok:
+        fails.append(f"{label} smoke request failed: {s.request.error}")
+    if not s.alive_after:
+        fails.append(f"{label} engine did not answer after the smoke request")
+    if s.new_error_lines:
+        fails.append(
+            f"{label} engine log has {len(s.new_error_lines)} new error line(s) since ready: "
+            f"{s.new_error_lines[0][:200]!r}"
+        )
+    return fails
+
+
+def early_stop(
+    label: str,
+    recipe: str,
+    proof_problems: Sequence[str],
+    smoke: SmokeResult | None,
+    control_smoke: SmokeResult | None,
+    th: Thresholds,
+) -> str | None:
+    """Why a compare stops right after this arm's proof and smoke, before its tiers are benched
+    (issue 33 item 9: on gfx906 every switch costs 230–1645 s). `control_smoke`: the baseline's
+    smoke, when the length check can be made now (both arms' own streams)."""
+    problems = [f"proof: {p}" for p in proof_problems]
+    if smoke is not None:
+        problems += smoke_failures(smoke, label)
+        if control_smoke is not None and control_smoke.request.ok and smoke.request.ok:
+            d = _rel(smoke.request.output_tokens, control_smoke.request.output_tokens)
+            if d is None or abs(d) > th.length_tolerance:
+                problems.append(
+                    f"smoke output length {smoke.request.output_tokens} vs control "
+                    f"{control_smoke.request.output_tokens} tokens ({_pct(d)})"
+                )
+    if not problems:
+        return None
+    return f"the {label} {recipe} failed before its tiers were benched: {'; '.join(problems)}"
+
+
 def _tier_table(b: BenchResult, c: BenchResult) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for bt in b.tiers:
@@ -205,12 +298,14 @@ def _tier_table(b: BenchResult, c: BenchResult) -> dict[str, Any]:
 
 
 def _round_checks(b: BenchResult, c: BenchResult, th: Thresholds, label: str) -> list[str]:
-    """Failures, the per-tier SLA and the long tier of one paired round."""
+    """Failures, missing tiers, the per-tier SLA and the long tier of one paired round."""
     fails: list[str] = []
     if b.failed:
         fails.append(f"{label}baseline {b.recipe} failed {b.failed} request(s): no valid reference")
     if c.failed:
         fails.append(f"{label}candidate {c.recipe} failed {c.failed} request(s)")
+    for name in b.missing_tiers:
+        fails.append(f"{label}baseline has no {name} tier: no valid reference")
     for bt in b.tiers:
         ct = c.tier(bt.tier.name)
         if ct is None:
@@ -241,7 +336,7 @@ def first_five_step(base: BenchResult, cand: BenchResult, th: Thresholds) -> Gat
     return GateStep(
         name=FIRST_FIVE,
         status=StepStatus.PASS,
-        reasons=["no failed request, SLA held in every tier, no long-tier regression"],
+        reasons=["no failed request, every tier measured, SLA held in every tier, no long-tier regression"],
         evidence=evidence,
     )
 
@@ -253,75 +348,96 @@ def reruns_step(base: Sequence[BenchResult], cand: Sequence[BenchResult], th: Th
         fails += _round_checks(base[i], cand[i], th, f"round {i + 1}: ")
     b_med, c_med = median_score(base), median_score(cand)
     delta = _rel(c_med, b_med)
-    spreads = {"baseline": round(spread(base), 4), "candidate": round(spread(cand), 4)}
+    worst, where = worst_spread(base, cand)
+    due = small_gain_seen(base, cand, th.noise, th.small_gain)
     evidence = {
         "rounds": rounds,
         "scores": {"baseline": [r.score for r in base], "candidate": [r.score for r in cand]},
         "median": {"baseline": b_med, "candidate": c_med},
-        "spread": spreads,
+        "spread": {"baseline": round(spread(base), 4), "candidate": round(spread(cand), 4)},
+        "tier_spreads": {
+            "baseline": {k: round(v, 4) for k, v in tier_spreads(base).items()},
+            "candidate": {k: round(v, 4) for k, v in tier_spreads(cand).items()},
+        },
+        "worst_spread": [round(worst, 4), where],
+        "small_gain_seen": due,
         "small_gain_band": [th.noise, th.small_gain],
         "spread_limit": th.spread_limit,
+        "min_rounds": th.min_rounds,
         "max_rounds": th.max_rounds,
     }
     if fails:
         return GateStep(name=RERUNS, status=StepStatus.FAIL, reasons=fails, evidence=evidence)
-    small = delta is not None and th.noise <= delta < th.small_gain
-    if not small:
+    if not due:
         why = "no re-run needed" if rounds == 1 else f"{rounds} rounds"
         return GateStep(
             name=RERUNS,
             status=StepStatus.PASS,
             reasons=[f"{why}: median gain {_pct(delta)} is outside the small-gain band "
-                     f"[{th.noise * 100:.0f}%, {th.small_gain * 100:.0f}%)"],
+                     f"[{th.noise * 100:.0f}%, {th.small_gain * 100:.0f}%) at every round"],
             evidence=evidence,
         )
-    worst = max(spreads.values())
-    if rounds < th.min_rounds or worst >= th.spread_limit:
+    if not stable(base, cand, th.min_rounds, th.spread_limit):
         return GateStep(
             name=RERUNS,
             status=StepStatus.HOLD,
             reasons=[
-                f"small gain {_pct(delta)} not shown stable: {rounds} round(s) (cap {th.max_rounds}), "
-                f"spread {worst * 100:.1f}% (needs < {th.spread_limit * 100:.0f}% over "
-                f"≥ {th.min_rounds} rounds)"
+                f"small gain seen, not shown stable: median {_pct(delta)} over {rounds} round(s) (cap "
+                f"{th.max_rounds}), worst spread {worst * 100:.1f}% ({where}); needs ≥ {th.min_rounds} "
+                f"rounds and every tier's spread < {th.spread_limit * 100:.0f}% on both arms (seed 003 §695)"
             ],
             evidence=evidence,
         )
     return GateStep(
         name=RERUNS,
         status=StepStatus.PASS,
-        reasons=[f"small gain {_pct(delta)} stable over {rounds} rounds (spread {worst * 100:.1f}%)"],
+        reasons=[f"small gain stable: median {_pct(delta)} over {rounds} rounds, every tier's spread < "
+                 f"{th.spread_limit * 100:.0f}% (worst {worst * 100:.1f}%, {where})"],
         evidence=evidence,
     )
 
 
 def score_step(
-    base: Sequence[BenchResult], cand: Sequence[BenchResult], th: Thresholds
+    base: Sequence[BenchResult],
+    cand: Sequence[BenchResult],
+    th: Thresholds,
+    base_tokens: Tokens | None = None,
+    cand_tokens: Tokens | None = None,
 ) -> tuple[GateStep, GateResult]:
-    """The median score and the like-for-like check; also the one-run comparison of the
-    representative (median) runs, whose summary fields the verdict carries."""
+    """The median score and the like-for-like length hold (read from each arm's token-stream
+    evidence: its own runs, or its eager twin's); also the one-run comparison of the representative
+    (median) runs, whose summary fields the verdict carries."""
     b_rep, c_rep = median_run(base), median_run(cand)
     single = decide(
         b_rep, c_rep, noise=th.noise, sla_factor=th.sla_factor, length_tolerance=th.length_tolerance
     )
     b_med, c_med = median_score(base), median_score(cand)
     delta = _rel(c_med, b_med)
-    b_out = sum(r.total_output_tokens for r in base)
-    c_out = sum(r.total_output_tokens for r in cand) * len(base) / max(len(cand), 1)
+    b_len_runs = base_tokens.runs if base_tokens and base_tokens.runs else list(base)
+    c_len_runs = cand_tokens.runs if cand_tokens and cand_tokens.runs else list(cand)
+    b_out = sum(r.total_output_tokens for r in b_len_runs) / max(len(b_len_runs), 1)
+    c_out = sum(r.total_output_tokens for r in c_len_runs) / max(len(c_len_runs), 1)
     length_delta = _rel(c_out, b_out)
+    sources = {"baseline": base_tokens.source if base_tokens else OWN,
+               "candidate": cand_tokens.source if cand_tokens else OWN}
     evidence: dict[str, Any] = {
         "median": {"baseline": b_med, "candidate": c_med},
         "delta": delta,
-        "output_tokens": {"baseline": b_out, "candidate": c_out},
+        "output_tokens_per_round": {"baseline": b_out, "candidate": c_out},
+        "length_sources": sources,
         "length_delta": length_delta,
         "length_tolerance": th.length_tolerance,
+        # Issue 33 item 2: each arm's own output-length distribution (its representative run),
+        # per tier and overall, with how many requests ran into the cap instead of EOS.
+        "output_lengths": {"baseline": b_rep.length_distribution(), "candidate": c_rep.length_distribution()},
+        "mode": {"baseline": b_rep.mode, "candidate": c_rep.mode},
         "representative_runs": {"baseline": b_rep.id, "candidate": c_rep.id},
         "texts_identical": [single.texts_identical, single.texts_compared],
         "goodput": {"baseline": goodput_summary(b_rep), "candidate": goodput_summary(c_rep)},
     }
     unlike = length_delta is not None and abs(length_delta) > th.length_tolerance
     length_note = (
-        f"output length {c_out:.0f} vs {b_out} tokens ({_pct(length_delta)}), beyond "
+        f"output length {c_out:.0f} vs {b_out:.0f} tokens a round ({_pct(length_delta)}), beyond "
         f"±{th.length_tolerance * 100:.0f}%: tokens/s and TPOT are not like for like"
     )
     if delta is None:
@@ -342,47 +458,22 @@ def score_step(
         reasons = [f"median score {c_med:.3f} vs {b_med:.3f} ({_pct(delta)}) over {len(cand)} round(s)"]
     if unlike:
         reasons.append(length_note)
+    for label, src in sources.items():
+        if src != OWN:
+            reasons.append(f"{label} output lengths for the length hold come from its eager twin {src}; its "
+                           "own lengths are shown, not gated (its text varies across restarts)")
     return GateStep(name=SCORE, status=status, reasons=reasons, evidence=evidence), single
 
 
 def accuracy_step(
-    base: AccuracyResult | None, cand: AccuracyResult | None, th: Thresholds, why_not: str | None = None
+    base: AccuracyResult | None,
+    cand: AccuracyResult | None,
+    th: Thresholds,
+    why_not: str | None = None,
+    sources: dict[str, str] | None = None,
 ) -> GateStep:
-    if base is None or cand is None:
-        return GateStep(
-            name=ACCURACY, status=StepStatus.SKIPPED, reasons=[why_not or "accuracy was not measured"]
-        )
-    d = compare_accuracy(base, cand)
-    evidence = d.model_dump(mode="json") | {
-        "max_drop_points": th.accuracy_drop,
-        "set_version": cand.set_version,
-        "items": len(cand.items),
-    }
-    fails = [
-        f"accuracy drop in {kind}: {d.baseline[kind]:.1f} → {d.candidate.get(kind, 0.0):.1f} "
-        f"(−{drop:.1f} points > {th.accuracy_drop:g})"
-        for kind, drop in d.drops.items()
-        if drop > th.accuracy_drop
-    ]
-    # A request that failed scores 0 and would pass for a wrong answer: the comparison is void.
-    for label, acc in (("baseline", base), ("candidate", cand)):
-        failed = [f"{r.kind.value} #{r.index}" for r in acc.items if not r.ok]
-        if failed:
-            fails.append(
-                f"{label} accuracy request(s) failed ({', '.join(failed)}): "
-                + ("no valid reference" if label == "baseline" else "not scored")
-            )
-    flipped = f"{len(d.flipped)} item(s) scored differently"
-    if fails:
-        return GateStep(name=ACCURACY, status=StepStatus.FAIL, reasons=[*fails, flipped], evidence=evidence)
-    return GateStep(
-        name=ACCURACY,
-        status=StepStatus.PASS,
-        reasons=[
-            f"accuracy {d.overall_candidate:.1f} vs {d.overall_baseline:.1f} points; no kind dropped more "
-            f"than {th.accuracy_drop:g}; {flipped}"
-        ],
-        evidence=evidence,
+    return _accuracy_step(
+        base, cand, max_drop=th.accuracy_drop, veto_floor=th.veto_floor, why_not=why_not, sources=sources
     )
 
 
@@ -391,19 +482,42 @@ def throughput_passed(steps: Sequence[GateStep]) -> bool:
     return all(s.status in (StepStatus.PASS, StepStatus.SKIPPED) for s in steps)
 
 
+def _stopped(base: Sequence[BenchResult], cand: Sequence[BenchResult]) -> str | None:
+    return next((r.stopped for r in [*base, *cand] if r.stopped), None)
+
+
 def throughput_steps(
-    base: Sequence[BenchResult], cand: Sequence[BenchResult], th: Thresholds
+    base: Sequence[BenchResult],
+    cand: Sequence[BenchResult],
+    th: Thresholds,
+    base_tokens: Tokens | None = None,
+    cand_tokens: Tokens | None = None,
 ) -> tuple[list[GateStep], GateResult]:
     if not base or not cand:
         raise ValueError("each arm needs at least one run")
+    b_smoke = next((r.smoke for r in (base_tokens.runs if base_tokens else []) if r.smoke), None)
+    c_smoke = next((r.smoke for r in (cand_tokens.runs if cand_tokens else []) if r.smoke), None)
+    sources = {"baseline": base_tokens.source if base_tokens else OWN,
+               "candidate": cand_tokens.source if cand_tokens else OWN}
     steps = [
         proof_step(base, cand),
-        smoke_step(base[0].smoke, cand[0].smoke, th),
-        first_five_step(base[0], cand[0], th),
-        reruns_step(base, cand, th),
+        smoke_step(
+            base[0].smoke, cand[0].smoke, th, base_tokens=b_smoke, cand_tokens=c_smoke, sources=sources
+        ),
     ]
-    score, single = score_step(base, cand, th)
-    steps.append(score)
+    score, single = score_step(base, cand, th, base_tokens, cand_tokens)
+    stopped = _stopped(base, cand)
+    if stopped:
+        why = [f"not run: {stopped}"]
+        steps += [
+            GateStep(name=n, status=StepStatus.SKIPPED, reasons=why) for n in (FIRST_FIVE, RERUNS, SCORE)
+        ]
+        if all(s.status is not StepStatus.FAIL for s in steps):
+            # Only a failed proof or smoke stops a compare early; anything else is a bug: never a pass.
+            reasons = [*steps[1].reasons, f"stopped early: {stopped}"]
+            steps[1] = steps[1].model_copy(update={"status": StepStatus.FAIL, "reasons": reasons})
+        return steps, single
+    steps += [first_five_step(base[0], cand[0], th), reruns_step(base, cand, th), score]
     return steps, single
 
 
@@ -412,9 +526,13 @@ def verdict(
     single: GateResult,
     *,
     allowed_diffs: dict[str, list[Any]] | None = None,
+    pending_full: bool = False,
+    extra_flags: Sequence[Flag] = (),
+    notes: Sequence[str] = (),
 ) -> GateResult:
-    """The final verdict from the steps (in order): a FAIL rejects, a HOLD is noise, else accept."""
-    flags = list(single.flags)
+    """The final verdict from the steps (in order): a FAIL rejects, a HOLD is noise, else accept —
+    ACCEPT-PENDING-FULL when `pending_full` (a small gain not yet confirmed by the full run)."""
+    flags = [*single.flags, *extra_flags]
     failed = [s for s in steps if s.status is StepStatus.FAIL]
     held = [s for s in steps if s.status is StepStatus.HOLD]
     acc = next((s for s in steps if s.name == ACCURACY), None)
@@ -431,13 +549,19 @@ def verdict(
         v = Verdict.NOISE
         reasons = [f"{s.name}: {r}" for s in held for r in s.reasons]
     else:
-        v = Verdict.ACCEPT
+        v = Verdict.ACCEPT_PENDING_FULL if pending_full else Verdict.ACCEPT
         reasons = [f"{s.name}: {s.reasons[0]}" for s in steps if s.reasons]
+        if pending_full:
+            reasons.append(
+                "a small gain on the first five: pending the full run (100 prompts per tier, steady "
+                "state over 3 rounds; seed 003 §1120, 004 §194) — run `appliance compare --full`"
+            )
     if allowed_diffs:
         reasons.append(
             "arms differ by operator's choice in "
             + ", ".join(f"{k} ({b} → {c})" for k, (b, c) in allowed_diffs.items())
         )
+    reasons += list(notes)
     return single.model_copy(
         update={
             "verdict": v,
@@ -456,16 +580,43 @@ def gate(
     *,
     allowed_diffs: dict[str, list[Any]] | None = None,
     accuracy_why_not: str | None = None,
+    base_tokens: Tokens | None = None,
+    cand_tokens: Tokens | None = None,
 ) -> GateResult:
     """The whole protocol over recorded runs (re-derivable from the store). Accuracy is read from the
-    arms' first runs that carry it; a candidate the throughput steps did not pass has none by design."""
+    first run that carries it among each arm's token-stream evidence (its own runs, or its eager
+    twin's); a candidate the throughput steps did not pass has none by design."""
     th = th or Thresholds()
-    steps, single = throughput_steps(base, cand, th)
-    b_acc = next((r.accuracy for r in base if r.accuracy), None)
-    c_acc = next((r.accuracy for r in cand if r.accuracy), None)
+    steps, single = throughput_steps(base, cand, th, base_tokens, cand_tokens)
+    b_src = base_tokens.runs if base_tokens and base_tokens.runs else base
+    c_src = cand_tokens.runs if cand_tokens and cand_tokens.runs else cand
+    b_acc = next((r.accuracy for r in b_src if r.accuracy), None)
+    c_acc = next((r.accuracy for r in c_src if r.accuracy), None)
     why = accuracy_why_not
     if not throughput_passed(steps):
         why = "not run: the throughput steps did not pass (accuracy runs only after them)"
         c_acc = None  # the order is the rule, even for a record that carries a candidate's accuracy
-    steps.append(accuracy_step(b_acc, c_acc, th, why))
-    return verdict(steps, single, allowed_diffs=allowed_diffs)
+    sources = {"baseline": base_tokens.source if base_tokens else OWN,
+               "candidate": cand_tokens.source if cand_tokens else OWN}
+    steps.append(accuracy_step(b_acc, c_acc, th, why, sources))
+    flags: list[Flag] = []
+    notes: list[str] = []
+    if any(r.mode == "fast" for r in [*base, *cand]):
+        flags.append(Flag.FAST_MODE)
+        notes.append("FAST MODE: every request capped at a small output length for tests; not the task's "
+                     "output lengths, not a verdict to stake a recipe on")
+    for label, tok in (("baseline", base_tokens), ("candidate", cand_tokens)):
+        if tok is not None and tok.source != OWN:
+            flags.append(Flag.EAGER_TWIN_EVIDENCE)
+            notes.append(f"{label}: smoke length, length hold and accuracy from its eager twin {tok.source} "
+                         f"({tok.why}); throughput, latency and SLA its own")
+    stopped = _stopped(base, cand)
+    if stopped:
+        flags.append(Flag.STOPPED_EARLY)
+    pending = (
+        not stopped
+        and small_gain_seen(base, cand, th.noise, th.small_gain)
+        and not full_run(base, cand, th)
+    )
+    return verdict(steps, single, allowed_diffs=allowed_diffs, pending_full=pending, extra_flags=flags,
+                   notes=notes)

@@ -298,6 +298,12 @@ class Expectations(Strict):
         description="Log text that must not appear (beyond the defaults every launch is checked for: "
         "a Python traceback, a dead engine core).",
     )
+    eager_twin: str | None = Field(
+        default=None,
+        description="The eager recipe (same weights, dtype and sampling) whose token streams stand for "
+        "this one in the gate's token-stream steps when its text varies across restarts (a graph "
+        "arm; DOMAIN §7). Without it `appliance compare` derives one (same model and mode eager).",
+    )
     slo: dict[str, TierSlo] = Field(
         default_factory=dict,
         description="Optional absolute SLO targets per benchmark tier (4-8K, 8-16K, 16-32K), for goodput.",

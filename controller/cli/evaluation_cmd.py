@@ -22,7 +22,7 @@ import typer
 from pydantic import ValidationError
 
 from appliance.evaluation.bench_result import BenchResult, goodput_summary
-from appliance.evaluation.bench_tiers import NoTierFits
+from appliance.evaluation.bench_tiers import FULL_REQUESTS, NoTierFits
 from appliance.evaluation.protocol import Thresholds
 from controller.api_client import ApiError, Client, api_url
 from controller.cli.options import JsonOpt
@@ -36,6 +36,7 @@ from controller.settings import paths
 from controller.store import Store
 
 T = TypeVar("T")
+FAST_OUTPUT_TOKENS = 64  # the old default cap, kept as the named fast mode
 ApiOpt = Annotated[str | None, typer.Option("--api", help="Controller API URL (default $APPLIANCE_API).")]
 KeyOpt = Annotated[
     str | None,
@@ -45,7 +46,17 @@ KeyOpt = Annotated[
 ]
 RequestsOpt = Annotated[int, typer.Option("--requests", help="Requests per tier (the first five at least).")]
 ConcOpt = Annotated[int, typer.Option("--concurrency", help="Concurrent requests per tier.")]
-OutTokOpt = Annotated[int, typer.Option("--output-tokens", help="Fixed output length per request.")]
+OutTokOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--output-tokens",
+        help="FAST MODE: cap every measured request at this many tokens (tests; the output says so). "
+        "Default: each tier's declared official max output, stopping at EOS.",
+    ),
+]
+FastOpt = Annotated[
+    bool, typer.Option("--fast", help=f"FAST MODE with a {FAST_OUTPUT_TOKENS}-token cap (tests only).")
+]
 EosOpt = Annotated[
     bool,
     typer.Option(
@@ -75,6 +86,11 @@ def register(app: typer.Typer) -> None:
         ("benchmarks", benchmarks),
     ):
         app.command(name)(fn)
+
+
+def _cap(output_tokens: int | None, fast: bool) -> int | None:
+    """The fast mode's cap (None: the tiers' declared max output)."""
+    return output_tokens if output_tokens is not None else (FAST_OUTPUT_TOKENS if fast else None)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -149,6 +165,7 @@ def print_bench(r: BenchResult) -> None:
         f"cache {r.cache_vintage or '-'} ({r.cache_root or '-'})"
     )
     typer.echo(f"tiers: {r.tier_rule}")
+    typer.echo(f"mode: {mode_line(r)}")
     typer.echo(
         f"{'tier':8} {'inputs':>11} {'n':>3} {'failed':>6} {'out tok/s':>10} {'p99 TTFT ms':>12} "
         f"{'p99 TPOT ms':>12}  output_lens"
@@ -170,6 +187,12 @@ def print_bench(r: BenchResult) -> None:
             f"single stream: decode median {_fmt(ss.decode_ms_median, '.2f')} ms/token "
             f"(n={len(ss.decode_ms_samples)}); TTFT {ttft}; conc=8 {_fmt(ss.conc8_tokens_per_s, '.2f')} tok/s"
         )
+    dist = r.length_distribution().get("all") or {}
+    if dist.get("n"):
+        typer.echo(
+            f"output lengths: n={dist['n']} min {dist['min']} median {dist['median']} mean {dist['mean']} "
+            f"max {dist['max']}" + (f"; {dist['at_cap']} stopped at the cap" if "at_cap" in dist else "")
+        )
     if r.warmup:
         typer.echo(f"warm-up: {len(r.warmup)} request(s) sent first and discarded")
     good = {t: g for t, g in goodput_summary(r).items() if g}
@@ -178,6 +201,16 @@ def print_bench(r: BenchResult) -> None:
             f"{t} {g['good']}/{g['requests']} ({g['goodput_rps']} req/s)" for t, g in good.items()))
     for p in r.proof.problems:
         typer.echo(f"warning: {p}")
+
+
+def mode_line(r: BenchResult) -> str:
+    limits = sorted(set(r.output_limits.values()))
+    shown = "/".join(str(n) for n in limits) or str(r.output_tokens)
+    if r.mode == "fast":
+        return f"FAST MODE (tests): every request capped at {shown} tokens — not the task's output lengths"
+    if r.mode in ("standard", "full"):
+        return f"{r.mode}: each tier's declared max output ({shown} tokens), stopping at EOS"
+    return f"not recorded (max_tokens {r.output_tokens})"
 
 
 def bench(
@@ -189,7 +222,8 @@ def bench(
     key: KeyOpt = None,
     requests: RequestsOpt = 5,
     concurrency: ConcOpt = 5,
-    output_tokens: OutTokOpt = 64,
+    output_tokens: OutTokOpt = None,
+    fast: FastOpt = False,
     ignore_eos: EosOpt = False,
     single_stream: SingleOpt = True,
     warmup: Annotated[int, typer.Option(help="Discarded warm-up requests per tier.")] = 1,
@@ -202,7 +236,7 @@ def bench(
     requests of each, and the single-stream protocol. Prints a table, writes JSON, stores the result."""
     try:
         params = BenchParams(
-            output_tokens=output_tokens,
+            output_tokens=_cap(output_tokens, fast),
             requests_per_tier=requests,
             concurrency=concurrency,
             ignore_eos=ignore_eos,
@@ -246,7 +280,16 @@ def compare_cmd(
     ] = True,
     requests: RequestsOpt = 5,
     concurrency: ConcOpt = 5,
-    output_tokens: OutTokOpt = 64,
+    output_tokens: OutTokOpt = None,
+    fast: FastOpt = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help=f"The full run: {FULL_REQUESTS} prompts per tier, at least 3 rounds (seed 003 §1120); "
+            "what turns ACCEPT-PENDING-FULL into a verdict.",
+        ),
+    ] = False,
     ignore_eos: EosOpt = False,
     single_stream: SingleOpt = True,
     warmup: Annotated[int, typer.Option(help="Discarded warm-up requests per tier, on both arms.")] = 1,
@@ -281,10 +324,12 @@ def compare_cmd(
     seed's gate in order: proof → smoke → first five per tier (failures, SLA P99 TTFT and TPOT ≤ 1.5×,
     long tier) → re-runs of a small gain → median score (<1% is noise; outputs shorter or longer
     than the control's hold a gain back) → accuracy, with the last word."""
+    if full and (fast or output_tokens is not None):
+        raise _fail("--full measures the tiers' declared output lengths: not with --fast or --output-tokens")
     try:
         params = BenchParams(
-            output_tokens=output_tokens,
-            requests_per_tier=requests,
+            output_tokens=_cap(output_tokens, fast),
+            requests_per_tier=max(requests, FULL_REQUESTS) if full else requests,
             concurrency=concurrency,
             ignore_eos=ignore_eos,
             single_stream=single_stream,

@@ -27,12 +27,26 @@ from appliance.evaluation.bench_result import (
     SingleStream,
     TierResult,
 )
-from appliance.evaluation.bench_tiers import FIRST_N, Tier, TierPlan, input_lengths, plan_tiers
+from appliance.evaluation.bench_tiers import (
+    FIRST_N,
+    FULL_REQUESTS,
+    SEED_TIERS,
+    Tier,
+    TierPlan,
+    input_lengths,
+    official_output_tokens,
+    output_limit,
+    plan_tiers,
+)
 from appliance.evaluation.prompts import PROMPT_SET_VERSION, bench_prompt
 from controller.evaluation.client import EngineClient
 
 Progress = Callable[[dict[str, Any]], None]
 SEED_TTFT_INPUTS = (3800, 8192)  # DOMAIN §7: TTFT at ~3800 and 8K input tokens
+# Requests that are not the task's measured requests keep small fixed outputs: the discarded
+# warm-up only has to run the compile warm-up, and the single stream measures ms/token (ignore_eos).
+WARMUP_OUTPUT_TOKENS = 16
+SINGLE_STREAM_OUTPUT_TOKENS = 64
 
 
 def _quiet(_: dict[str, Any]) -> None:
@@ -62,7 +76,9 @@ class LaunchInfo:
 
 @dataclass(frozen=True)
 class BenchParams:
-    output_tokens: int = 64
+    # None: each tier's declared official max output, stopping at EOS (issue 33 item 2). A number is
+    # the FAST MODE (a small fixed cap, for tests), and every result says so.
+    output_tokens: int | None = None
     requests_per_tier: int = FIRST_N
     concurrency: int = 5
     ignore_eos: bool = False  # natural stops, as the seed ran (DOMAIN §7: output lengths are checked)
@@ -72,12 +88,29 @@ class BenchParams:
     conc: int = 8
 
     def __post_init__(self) -> None:
+        if self.output_tokens is not None and self.output_tokens < 1:
+            raise ValueError("output_tokens must be at least 1 (or None: the tiers' declared max output)")
         if self.requests_per_tier < FIRST_N:
             raise ValueError(f"at least the first {FIRST_N} requests of each tier (DOMAIN §7)")
         if self.decode_samples < 5:
             raise ValueError("decode median needs n >= 5 (DOMAIN §7)")
         if self.warmup < 0:
             raise ValueError("warmup must be 0 or more requests per tier")
+
+    @property
+    def mode(self) -> str:
+        """fast (a fixed small cap), full (100 prompts per tier, seed 003 §1120) or standard."""
+        if self.output_tokens is not None:
+            return "fast"
+        return "full" if self.requests_per_tier >= FULL_REQUESTS else "standard"
+
+    @property
+    def plan_output_tokens(self) -> int:
+        """The output a tier plan leaves room for: the cap, or the largest declared max output."""
+        return self.output_tokens if self.output_tokens is not None else official_output_tokens()
+
+    def limit(self, tier: Tier) -> int:
+        return output_limit(tier, self.output_tokens)
 
 
 class PromptCache:
@@ -117,7 +150,7 @@ async def run_tier(
     async def one(i: int) -> RequestRecord:
         nonlocal done
         async with gate:
-            rec = await client.timed(tier.name, i, ids[i], params.output_tokens, params.ignore_eos)
+            rec = await client.timed(tier.name, i, ids[i], params.limit(tier), params.ignore_eos)
         done += 1
         progress(
             {
@@ -152,7 +185,8 @@ async def run_warmup(
     for tier in plan.tiers:
         for k in range(params.warmup):
             ids = await prompts.ids(f"warmup:{tier.name}", k, tier.lo)
-            rec = await client.timed(f"warmup:{tier.name}", k, ids, params.output_tokens, params.ignore_eos)
+            limit = min(params.limit(tier), WARMUP_OUTPUT_TOKENS)
+            rec = await client.timed(f"warmup:{tier.name}", k, ids, limit, params.ignore_eos)
             out.append(rec)
             progress(
                 {"phase": "warmup", "tier": tier.name, "done": k + 1, "total": params.warmup, "ok": rec.ok}
@@ -167,7 +201,7 @@ async def run_single_stream(
     decode: list[float] = []
     failed = 0
     for k in range(params.decode_samples):
-        rec = await client.timed("single", k, short, params.output_tokens, True)
+        rec = await client.timed("single", k, short, _single_tokens(params), True)
         failed += not rec.ok
         if rec.ok and rec.tpot_ms is not None:
             decode.append(rec.tpot_ms)
@@ -186,7 +220,7 @@ async def run_single_stream(
     async def one(k: int) -> RequestRecord:
         # Each request is reported as it completes, not all together when the last one ends.
         nonlocal done
-        rec = await client.timed("conc", k, short, params.output_tokens, True)
+        rec = await client.timed("conc", k, short, _single_tokens(params), True)
         done += 1
         progress({"phase": "conc", "done": done, "total": params.conc, "ok": rec.ok, "error": rec.error})
         return rec
@@ -232,7 +266,7 @@ async def _bench(
     prompts: PromptCache | None,
 ) -> BenchResult:
     _, max_model_len = await c.discover()
-    plan = plan or plan_tiers(max_model_len, params.output_tokens)
+    plan = plan or plan_tiers(max_model_len, params.plan_output_tokens)
     progress(
         {
             "phase": "plan",
@@ -257,21 +291,35 @@ async def _bench(
         engine_url=launch.engine_url,
         prompt_set=PROMPT_SET_VERSION,
         tier_rule=plan.describe(),
-        output_tokens=params.output_tokens,
+        output_tokens=params.plan_output_tokens,
         ignore_eos=params.ignore_eos,
         tiers=tiers,
+        mode=params.mode,
+        output_limits={t.name: params.limit(t) for t in plan.tiers},
         single_stream=single,
         proof=launch.proof,
         started_at=started,
         finished_at=time.time(),
         settings=settings_of(
-            launch.recipe_doc, output_tokens=params.output_tokens, ignore_eos=params.ignore_eos,
+            launch.recipe_doc, output_tokens=output_setting(params), ignore_eos=params.ignore_eos,
             logged=launch.proof.engine_limits,
         ),
         cards=cards_of(launch.recipe_doc, launch.cards),
         warmup=warm,
         slo=recipe_slo(launch.recipe_doc),
     )
+
+
+def _single_tokens(params: BenchParams) -> int:
+    return min(params.plan_output_tokens, SINGLE_STREAM_OUTPUT_TOKENS)
+
+
+def output_setting(params: BenchParams) -> int | dict[str, int]:
+    """The output limit the requests carry, as recorded between arms (must not differ): the fast
+    mode's cap, or each tier's declared max output."""
+    if params.output_tokens is not None:
+        return params.output_tokens
+    return {t.name: t.max_output for t in SEED_TIERS}
 
 
 def recipe_slo(recipe: dict[str, Any] | None) -> dict[str, dict[str, float]]:

@@ -36,6 +36,13 @@ class Completion:
     finish_reason: str | None
 
 
+@dataclass
+class ChatAnswer:
+    content: str
+    reasoning: str | None
+    finish_reason: str | None
+
+
 class EngineClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 1800.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -175,7 +182,13 @@ class EngineClient:
             return False
 
     async def chat(self, prompt: str, max_tokens: int) -> str:
-        """A greedy chat completion that stops naturally (the accuracy sets' answers)."""
+        """A greedy chat completion that stops naturally: its content."""
+        return (await self.chat_answer(prompt, max_tokens)).content
+
+    async def chat_answer(self, prompt: str, max_tokens: int) -> ChatAnswer:
+        """A greedy chat completion that stops naturally (the accuracy sets' answers): its content
+        and, where the engine's reasoning parser split it off, its reasoning text (vLLM names the
+        field `reasoning_content`, newer releases `reasoning`)."""
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -198,7 +211,13 @@ class EngineClient:
                     raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise ClientError(f"{type(exc).__name__}: {exc}"[:300]) from exc
-        return str((data["choices"][0].get("message") or {}).get("content") or "")
+        message = data["choices"][0].get("message") or {}
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        return ChatAnswer(
+            content=str(message.get("content") or ""),
+            reasoning=None if reasoning is None else str(reasoning),
+            finish_reason=data["choices"][0].get("finish_reason"),
+        )
 
     async def tokens(self, prompt: str, max_tokens: int) -> Completion:
         """A greedy chat completion and its output token ids (vLLM `return_token_ids`, which vLLM

@@ -66,7 +66,17 @@ def http_control(client: Client) -> Control:
         text, headers = await asyncio.to_thread(client.text, f"/launches/{launch_id}/log?offset={offset}")
         return text, int(headers.get("X-Next-Offset") or headers.get("x-next-offset") or offset)
 
-    return Control(apply=apply, restart=restart, status=status, describe=describe, recipe=recipe, log=log)
+    async def catalogue() -> dict[str, dict[str, Any]]:
+        rows = await call("GET", "/recipes")
+        out: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            doc = await recipe(str(row["name"]))
+            if doc is not None:
+                out[str(row["name"])] = doc
+        return out
+
+    return Control(apply=apply, restart=restart, status=status, describe=describe, recipe=recipe, log=log,
+                   catalogue=catalogue)
 
 
 async def describe_http(client: Client, s: dict[str, Any]) -> LaunchInfo:
@@ -147,4 +157,12 @@ def driver_control(driver: Driver, store: Store, preflight: Preflight) -> Contro
 
         return await asyncio.to_thread(read)
 
-    return Control(apply=apply, restart=restart, status=status, describe=describe, recipe=recipe, log=log)
+    async def catalogue() -> dict[str, dict[str, Any]]:
+        try:
+            loaded = await asyncio.to_thread(preflight.catalogue.load)
+        except RecipeError as exc:
+            raise CompareError(f"the recipe directory: {exc}") from exc
+        return {name: r.model_dump(mode="json") for name, r in loaded.items()}
+
+    return Control(apply=apply, restart=restart, status=status, describe=describe, recipe=recipe, log=log,
+                   catalogue=catalogue)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.evaluation.accuracy import ITEMS_PER_KIND, MAX_DROP_POINTS
 from appliance.evaluation.bench_result import BenchResult
-from appliance.evaluation.bench_tiers import FIRST_N, NoTierFits
+from appliance.evaluation.bench_tiers import FIRST_N, FULL_REQUESTS, NoTierFits
 from appliance.evaluation.protocol import Thresholds
 from controller.evaluation.bench import BenchParams
 from controller.evaluation.client import ClientError, EngineNotReady
@@ -50,7 +50,9 @@ class CompareBody(BaseModel):
     candidate: str = Field(min_length=1, max_length=200, pattern=_NAME)
     requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
     concurrency: int = Field(default=5, ge=1, le=256)
-    output_tokens: int = Field(default=64, ge=1, le=32768)
+    # None: each tier's declared max output (issue 33 item 2); a number is the fast mode's cap.
+    output_tokens: int | None = Field(default=None, ge=1, le=32768)
+    full: bool = False  # the full run: 100 prompts per tier, three rounds (seed 003 §1120)
     ignore_eos: bool = False  # natural stops by default (DOMAIN §7: the gate checks the lengths)
     single_stream: bool = True
     warmup: int = Field(default=1, ge=0, le=100)
@@ -137,7 +139,7 @@ def evaluation_router(
         b = job.body
         params = BenchParams(
             output_tokens=b.output_tokens,
-            requests_per_tier=b.requests_per_tier,
+            requests_per_tier=max(b.requests_per_tier, FULL_REQUESTS) if b.full else b.requests_per_tier,
             concurrency=b.concurrency,
             ignore_eos=b.ignore_eos,
             single_stream=b.single_stream,

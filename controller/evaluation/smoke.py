@@ -1,5 +1,10 @@
 """The smoke step of a compare: the first 8–16K request alone, before anything is measured.
 
+The request has its own prompt of the first request's length ("smoke:8-16K"), never the measured
+request's tokens: with prefix caching on, those would make round 1's first measured request a
+cache hit (issue 33 item 8; seed 004 §163: the single request only rules out crashes). Its output
+limit is the tier's, like the measured requests'.
+
 DOMAIN §7 (seed 004 §5.3): failed = 0, the API still alive after it, output length equal to the
 control's (the gate applies a stated tolerance, appliance/evaluation/protocol.py), and no new error
 in the service log. It only rules out crashes; it says nothing about performance. The engine log is
@@ -19,6 +24,7 @@ from controller.evaluation.bench import PromptCache
 from controller.evaluation.client import EngineClient
 
 SMOKE_TIER = "8-16K"  # DOMAIN §7: the first 8–16K request
+SMOKE_PROMPT = "smoke"  # the prompt name: its text is not any measured request's
 READY_LINE = "Application startup complete."
 # What counts as an error line in a vLLM log: its ERROR level, a Python traceback, a dead engine core.
 _ERROR = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|EngineDeadError|died unexpectedly")
@@ -61,7 +67,8 @@ async def run_smoke(
 ) -> SmokeResult:
     tier = next(t for t in plan.tiers if t.name == SMOKE_TIER)
     length = input_lengths(tier)[0]
-    ids = await prompts.ids(tier.name, 0, length)  # the very prompt of the tier's first request
+    # Its own prompt (another text, the same length): never a prefix of a measured request.
+    ids = await prompts.ids(f"{SMOKE_PROMPT}:{tier.name}", 0, length)
     rec = await client.timed(tier.name, 0, ids, output_tokens, ignore_eos)
     alive = await client.alive()
     errors: list[str] = []

@@ -119,10 +119,12 @@ class EvalStore(SqliteDb):
         baselines: list[BenchResult],
         candidates: list[BenchResult],
         gate: GateResult,
+        others: list[BenchResult] | None = None,
     ) -> None:
-        """All benches of a compare and its verdict, in one transaction."""
+        """All benches of a compare and its verdict, in one transaction (`others`: an eager twin's
+        runs, measured for an arm's token-stream evidence)."""
         with self._tx() as db:
-            for r in [*baselines, *candidates]:
+            for r in [*baselines, *candidates, *(others or [])]:
                 self._insert_bench(db, r, comparison_id)
             db.execute(
                 "INSERT INTO eval_comparisons (id, baseline, candidate, verdict, reasons_json, gate_json, "

@@ -5,6 +5,7 @@ before anything is switched."""
 from __future__ import annotations
 
 import asyncio
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from appliance.evaluation.gate import StepStatus, Verdict
 from controller.evaluation import compare as compare_mod
 from controller.evaluation.accuracy_run import set_sizes
 from controller.evaluation.bench import BenchParams, LaunchInfo
+from controller.evaluation.client import ChatAnswer
 from controller.evaluation.compare import CompareError, CompareOptions, Control, compare
 from controller.evaluation.store import EvalStore
 
@@ -33,6 +35,10 @@ class World:
         self.fail_tier: dict[str, str] = {}
         self.wrong_answers: set[str] = set()
         self.chats: dict[str, int] = {BASE: 0, CAND: 0}
+        self.sent: list[tuple[str, str, int, list[int], int]] = []
+        self.natural_len: dict[str, int] = {}
+        self.thinks: set[str] = set()
+        self.chat_budgets: list[int] = []
         self.recipes: dict[str, dict[str, Any]] = {
             BASE: {"platform": "cpu", "engine": {"max_num_seqs": 8}},
             CAND: {"platform": "cpu", "engine": {"max_num_seqs": 8}},
@@ -91,26 +97,32 @@ def fake_client(world: World) -> type:
             return "m", 2048
 
         async def tokenize(self, text: str) -> list[int]:
-            return [1] * len(text.split())
+            return [zlib.crc32(w.encode()) % 50000 for w in text.split()]
 
         async def timed(self, tier: str, index: int, prompt: list[int], max_tokens: int,
                         ignore_eos: bool) -> RequestRecord:
             recipe = str(world.current)
+            world.sent.append((recipe, tier, index, list(prompt), max_tokens))
             await asyncio.sleep(world.delay[recipe])
             if world.fail_tier.get(recipe) == tier:
                 return RequestRecord(
                     tier=tier, index=index, input_tokens=len(prompt), ok=False, error="HTTP 500"
                 )
-            return RequestRecord(tier=tier, index=index, input_tokens=len(prompt), output_tokens=max_tokens,
+            out = min(max_tokens, world.natural_len.get(recipe, max_tokens))
+            return RequestRecord(tier=tier, index=index, input_tokens=len(prompt), output_tokens=out,
                                  ttft_ms=5.0, tpot_ms=1.0, latency_ms=20.0, text=f"{tier}-{index}", ok=True)
 
         async def alive(self) -> bool:
             return True
 
-        async def chat(self, prompt: str, max_tokens: int) -> str:
+        async def chat_answer(self, prompt: str, max_tokens: int) -> ChatAnswer:
             recipe = str(world.current)
             world.chats[recipe] += 1
-            return "I do not know" if recipe in world.wrong_answers else " ".join(world.answers[prompt])
+            world.chat_budgets.append(max_tokens)
+            answer = "I do not know" if recipe in world.wrong_answers else " ".join(world.answers[prompt])
+            if recipe in world.thinks:  # a reasoning parser moved the whole answer out of the content
+                return ChatAnswer(content="", reasoning=f"Let me think. {answer}", finish_reason="length")
+            return ChatAnswer(content=answer, reasoning=None, finish_reason="stop")
 
     return FakeClient
 

@@ -184,5 +184,8 @@ def test_a_missing_marker_or_checksum_mismatch_fails_the_gate() -> None:
 def test_a_candidate_missing_a_tier_is_rejected_not_passed() -> None:
     cand = _result("cand")
     cand = cand.model_copy(update={"tiers": cand.tiers[:2]})
-    with pytest.raises(ValueError, match="never silently dropped"):
-        decide(_result("base"), cand)
+    # A verdict, not an exception (issue 33: a compare must end with a verdict): the missing tier
+    # is named and scores 0 tokens/s, never a pass.
+    g = decide(_result("base"), cand)
+    assert g.verdict is Verdict.REJECT and "candidate has no 16-32K tier" in g.reasons
+    assert cand.missing_tiers == ["16-32K"]
