@@ -249,6 +249,9 @@ async def start_arms(names: list[str], upstream_url: str, model: str, work: Path
                     f"127.0.0.1:{port}",
                     "--keys",
                     str(store.path),
+                    # This tree's gateway would take port + 1 for its control listener, which may be
+                    # taken on a busy host; the bench needs none. Older trees know no such flag.
+                    *(["--control-listen", "off"] if tree == ROOT else []),
                 ],
                 work / f"{slug}.log",
                 # This tree's (or the baseline's) code first, then whatever the caller had.

@@ -147,16 +147,21 @@ def _round(v: float | None) -> float | None:
 
 
 class GatewayProcess:
-    """`appliance gateway` on a free port with a fresh key store and the controller's control token."""
+    """`appliance gateway` on a free port with a fresh key store and the controller's control token;
+    its control listener (the controller's admin calls) on another free port."""
 
-    def __init__(self, home: Path, port: int) -> None:
-        self.home, self.port = home, port
+    def __init__(self, home: Path, port: int, control_port: int) -> None:
+        self.home, self.port, self.control_port = home, port, control_port
         self.proc: subprocess.Popen[bytes] | None = None
         self.key = ""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
 
     def start(self) -> None:
         run = self.home / "run"
@@ -168,7 +173,8 @@ class GatewayProcess:
         log = (self.home / "gateway.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controller.cli.main", "gateway", "--listen", f"127.0.0.1:{self.port}",
-             "--keys", str(keys.path)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+             "--control-listen", f"127.0.0.1:{self.control_port}", "--keys", str(keys.path)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
             start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -196,8 +202,8 @@ class GatewayProcess:
 
 
 @contextmanager
-def gateway_process(home: Path, port: int) -> Iterator[GatewayProcess]:
-    gw = GatewayProcess(home, port)
+def gateway_process(home: Path, port: int, control_port: int) -> Iterator[GatewayProcess]:
+    gw = GatewayProcess(home, port, control_port)
     gw.start()
     try:
         yield gw
@@ -265,9 +271,9 @@ def _main() -> None:
     (recipes / "bench-smollm2-eager.yaml").write_text(
         engine_recipe("bench-smollm2-eager", "cpu-smollm2-eager", engine_port, env=beside_cores()))
     results: list[dict[str, Any]] = []
-    with gateway_process(home, free_port()) as gw:
+    with gateway_process(home, free_port(), free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe="bench-smollm2",
-                       extra_args=("--gateway-url", gw.url))
+                       extra_args=("--gateway-url", gw.control_url))
         with serving(c):
             c.wait_ready()
 

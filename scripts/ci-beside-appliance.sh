@@ -3,7 +3,7 @@
 # then `make test`) once failed because unit tests probed the host's real port 8000, which the
 # running engine held. Run by `make test` after the main pytest run.
 #
-# If something already holds the appliance's default ports (engine 127.0.0.1:8000, gateway :8080,
+# If something already holds the appliance's default ports (engine 127.0.0.1:8000, gateway :8080 and its control listener :8081,
 # controller :8090) — an appliance an operator started — the suite runs beside it as it is.
 # Otherwise a real appliance is started on those ports with `appliance up` (controller, gateway, the
 # embedded CPU engine serving cpu-smollm2) in a temporary APPLIANCE_HOME that borrows the installed
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
-PORTS=(8000 8080 8090)
+PORTS=(8000 8080 8081 8090)
 
 held() {  # how many of the default ports accept a connection on 127.0.0.1
     "$BIN/python" - "${PORTS[@]}" <<'PY'
@@ -27,7 +27,7 @@ PY
 }
 
 run_unit() {
-    echo "[ci-beside-appliance] unit suite with ${PORTS[*]} held ($(held)/3 answering)"
+    echo "[ci-beside-appliance] unit suite with ${PORTS[*]} held ($(held)/${#PORTS[@]} answering)"
     "$BIN/python" -m pytest -q -p no:cacheprovider tests/unit
 }
 
@@ -58,6 +58,6 @@ if ! "$BIN/appliance" up >"$home/up.log" 2>&1; then
     exit 1
 fi
 echo "[ci-beside-appliance] appliance up in $(( $(date +%s) - started )) s"
-[ "$(held)" = 3 ] || { echo "[ci-beside-appliance] the appliance does not hold all of ${PORTS[*]}"; exit 1; }
+[ "$(held)" = "${#PORTS[@]}" ] || { echo "[ci-beside-appliance] the appliance does not hold all of ${PORTS[*]}"; exit 1; }
 run_unit
 echo "[ci-beside-appliance] done in $(( $(date +%s) - started )) s"

@@ -19,6 +19,8 @@ import re
 from dataclasses import KW_ONLY, dataclass
 from enum import StrEnum
 
+from appliance.recipe.lint import RCCL_DEBUG_ENV
+
 
 class DiagnosisCode(StrEnum):
     GLOBAL_OOM = "global_oom"
@@ -127,6 +129,9 @@ class Signature:
     # When one of these occurs on any EARLIER line, the trigger is past the phase the row is about
     # (a `std::bad_alloc` after the weights loaded is not the import-order crash).
     only_before: tuple[re.Pattern[str], ...] = ()
+    # (variable, value) the engine's environment must have for the row's text to be printed at all
+    # (RCCL's transport lines need NCCL_DEBUG=INFO): without it the row is blind, not clear.
+    needs_env: tuple[tuple[str, str], ...] = ()
     _: KW_ONLY
     # Required on every row: the priority among co-occurring signatures (lower decides first; unique
     # across the table) and what the row can decide.
@@ -571,7 +576,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "none of the ten P2P switch combinations helps",
         "seed 000, S11f §10: NCCL_SHM_DISABLE=1 did not buy P2P, it fell to `via NET/Socket` (1 MiB "
         "all-reduce 2247 → 16371 µs); SHM 0.70–0.72 GB/s is the measured best",
-        retryable=True,
+        retryable=True, needs_env=(RCCL_DEBUG_ENV,),
         rank=410, decides=Decides.DEGRADED,
     ),
     Signature(
@@ -581,7 +586,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "no speed — add it to GRUB when convenient",
         "seed 000, S11f §10: iommu=pt was added and kept; Uncached allocation and RCCL P2P stayed "
         "unavailable and latency stayed within noise",
-        retryable=True, benign=True,
+        retryable=True, benign=True, needs_env=(RCCL_DEBUG_ENV,),
         rank=530, decides=Decides.NOTE,
     ),
     Signature(
@@ -625,3 +630,12 @@ SIGNATURES: tuple[Signature, ...] = (
         rank=27, decides=Decides.FAILURE,
     ),
 )
+
+
+def blind_rows(env: dict[str, str]) -> tuple[DiagnosisCode, ...]:
+    """The rows that cannot fire for an engine started with `env`: the variable they need is unset
+    or has another value (case-insensitive, as RCCL reads NCCL_DEBUG)."""
+    return tuple(
+        sig.code for sig in SIGNATURES
+        if any(env.get(name, "").upper() != value.upper() for name, value in sig.needs_env)
+    )

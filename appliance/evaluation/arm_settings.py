@@ -12,22 +12,47 @@ from __future__ import annotations
 
 from typing import Any
 
-FORBIDDEN_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "sampling", "output_limits")
+# Seed 004 §1 lists the model weights and structure first: a different model path or declared checksum
+# between arms is refused like the rest (`--allow-diff model` when the weights are the point).
+FORBIDDEN_FIELDS = ("model", "max_num_seqs", "max_num_batched_tokens", "sampling", "output_limits")
+ENGINE_DEFAULT = "the engine's default"
 
 
 class ArmsDiffer(ValueError):
     """The arms differ in a field that must be equal: no comparison."""
 
 
-def settings_of(recipe: dict[str, Any] | None, *, output_tokens: int, ignore_eos: bool) -> dict[str, Any]:
-    """The forbidden-to-differ settings of an arm: the recipe's scheduling limits (None = the
-    engine's default), its sampling overrides next to the client's (temperature 0, the same client for
-    both arms) and the output limits the requests carry."""
+def settings_of(
+    recipe: dict[str, Any] | None,
+    *,
+    output_tokens: int,
+    ignore_eos: bool,
+    logged: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """The forbidden-to-differ settings of an arm: the model (path and declared checksum), the
+    scheduling limits, its sampling overrides next to the client's (temperature 0, the same client for
+    both arms) and the output limits the requests carry.
+
+    `logged`: the limits the engine itself stated in its log (a launch's proof). They are the
+    effective values and win over the recipe's; where neither says, the value is
+    ENGINE_DEFAULT — never None, which read like "the same" for two engines whose defaults differ
+    (vLLM's depend on the card's memory and the world size). `limits_source` says where each came from."""
     engine = (recipe or {}).get("engine") or {}
+    model = (recipe or {}).get("model") or {}
     overrides = engine.get("override_generation_config") or {}
+    limits: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        if logged and name in logged:
+            limits[name], source[name] = logged[name], "engine log"
+        elif engine.get(name) is not None:
+            limits[name], source[name] = engine[name], "recipe"
+        else:
+            limits[name], source[name] = ENGINE_DEFAULT, "not stated (vLLM logs its default only at DEBUG)"
     return {
-        "max_num_seqs": engine.get("max_num_seqs"),
-        "max_num_batched_tokens": engine.get("max_num_batched_tokens"),
+        "model": {"path": model.get("path"), "checksum": model.get("checksum")},
+        **limits,
+        "limits_source": source,
         "sampling": {"temperature": 0.0, "engine_overrides": overrides},
         "output_limits": {"max_tokens": output_tokens, "ignore_eos": ignore_eos},
     }

@@ -103,6 +103,8 @@ class ProofResult(BaseModel):
     markers: dict[str, bool] = Field(default_factory=dict)
     checksums: dict[str, bool] = Field(default_factory=dict)
     forbidden: dict[str, bool] = Field(default_factory=dict)  # must-not-appear marker → seen
+    # The scheduler limits the engine logged (appliance/observe/launch_proof.engine_limits).
+    engine_limits: dict[str, int] = Field(default_factory=dict)
 
     @property
     def problems(self) -> list[str]:

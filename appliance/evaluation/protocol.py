@@ -2,7 +2,8 @@
 
 DOMAIN §7 (seeds 003/004 §5): a candidate goes through
 
-1. **proof** — the declared "… selected." markers appeared, the declared files match their md5 or
+1. **proof** — the candidate declares at least one marker that proves its kernel path (not only the
+   mode), the declared "… selected." markers appeared, the declared files match their md5 or
    sha256, and no must-not-appear marker (a Traceback, a dead engine core) is in the log;
 2. **smoke** — the first 8–16K request alone: it succeeds, the engine still answers after it, its
    output length is within `length_tolerance` of the control's, and the engine log has no new error
@@ -44,6 +45,7 @@ from appliance.evaluation.gate import (
     Verdict,
     decide,
 )
+from appliance.observe.launch_proof import proves_path
 
 PROOF, SMOKE, FIRST_FIVE, RERUNS, SCORE, ACCURACY = (
     "proof",
@@ -123,7 +125,16 @@ def proof_step(base: Sequence[BenchResult], cand: Sequence[BenchResult]) -> Gate
     if cards:  # DOMAIN §7: cards 0/1 vs 2/3 differ by ~16 %; such results are never gated together
         reasons.append(f"the arms ran on different cards ({cards}): not gated against each other")
     c = cand[0].proof
-    declared = len(c.markers) + len(c.checksums)
+    # Seed 004 §5.2: an ACCEPT needs a log line proving the candidate's own path; the
+    # mode alone (`enforce_eager=…`) cannot tell C from C′ or an emulation kernel from its fallback.
+    path = [m for m in c.markers if proves_path(m)]
+    if not path:
+        reasons.append(
+            "candidate proof: the candidate declares no log line that proves its kernel path "
+            f"({'only the mode: ' + ', '.join(repr(m) for m in c.markers) if c.markers else 'nothing'}); "
+            "declare the attention backend, graph mode, all-reduce or '… selected.' lines in "
+            "expect.markers — a recipe that proves nothing cannot be accepted"
+        )
     evidence = {
         "candidate": cand[0].proof.model_dump(mode="json"),
         "baseline": base[0].proof.model_dump(mode="json"),
@@ -132,10 +143,8 @@ def proof_step(base: Sequence[BenchResult], cand: Sequence[BenchResult]) -> Gate
     if reasons:
         return GateStep(name=PROOF, status=StepStatus.FAIL, reasons=reasons, evidence=evidence)
     note = (
-        f"{len(c.markers)} marker(s) seen, {len(c.checksums)} checksum(s) matched, "
-        f"{len(c.forbidden)} must-not-appear marker(s) absent"
-        if declared or c.forbidden
-        else "the candidate declares no markers or checksums: nothing proves its path ran"
+        f"{len(c.markers)} marker(s) seen ({len(path)} proving the path), {len(c.checksums)} "
+        f"checksum(s) matched, {len(c.forbidden)} must-not-appear marker(s) absent"
     )
     return GateStep(name=PROOF, status=StepStatus.PASS, reasons=[note], evidence=evidence)
 

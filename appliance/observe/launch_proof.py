@@ -41,6 +41,26 @@ _VERSIONS = (
 )
 
 
+# The scheduler limits as the engine itself states them at INFO (vLLM 0.26 / 0.32, the H200 and CPU
+# fixture logs: "Chunked prefill is enabled with max_num_batched_tokens=8192."). vLLM states its
+# defaulted max_num_seqs only at DEBUG ("Defaulting max_num_seqs to …", engine/arg_utils.py), which
+# DOMAIN §2 forbids; the pattern is kept for engines that print it in their config line.
+_LIMITS = (
+    ("max_num_batched_tokens", re.compile(r"\bmax_num_batched_tokens=(\d+)")),
+    ("max_num_seqs", re.compile(r"\bmax_num_seqs=(\d+)")),
+)
+
+
+def engine_limits(text: str) -> dict[str, int]:
+    """The effective scheduler limits the engine logged (the last statement wins: a restart's)."""
+    found: dict[str, int] = {}
+    for name, pattern in _LIMITS:
+        values = pattern.findall(text)
+        if values:
+            found[name] = int(values[-1])
+    return found
+
+
 # Must-not-appear markers every launch is checked for (DOMAIN §7: "no Traceback, no graph-capture
 # failure, no service process exit"); a recipe adds its own in `expect.forbidden_markers`.
 DEFAULT_FORBIDDEN_MARKERS: tuple[str, ...] = (
@@ -48,6 +68,18 @@ DEFAULT_FORBIDDEN_MARKERS: tuple[str, ...] = (
     "EngineDeadError",
     "Engine core proc",  # vLLM: "Engine core proc EngineCore_DP0 died unexpectedly"
 )
+
+
+# Log text that proves only the mode an engine was asked for, not the kernels it ran: the config line's
+# `enforce_eager=True|False` is the same for C and C′, for the FP8 emulation kernel and its 1984.8 ms
+# Triton fallback, for custom all-reduce and PyNCCL (seed 000 S13: "两臂 AR 实际都选 PYNCCL").
+MODE_ONLY_MARKERS: tuple[str, ...] = ("enforce_eager=",)
+
+
+def proves_path(marker: str) -> bool:
+    """Whether a declared marker says which path ran (an attention backend, a graph mode and its
+    capture sizes, the all-reduce choice, a '… selected.' line), not only the mode."""
+    return not any(marker.startswith(m) for m in MODE_ONLY_MARKERS)
 
 
 def digest_algorithm(digest: str) -> str:
@@ -66,6 +98,7 @@ class LaunchProof(BaseModel):
     forbidden: dict[str, bool] = Field(default_factory=dict)  # must-not-appear marker → seen
     actual_checksums: dict[str, str | None] = Field(default_factory=dict)  # None: unreadable
     versions: dict[str, str] = Field(default_factory=dict)
+    engine_limits: dict[str, int] = Field(default_factory=dict)  # what the engine logged (engine_limits)
     ranks: dict[str, RankCounts] = Field(default_factory=dict)
     compile_cache: dict[str, object] = Field(default_factory=dict)
     host: dict[str, int | None] = Field(default_factory=dict)
@@ -129,5 +162,6 @@ def evaluate(
         checksums={p: actual.get(p) is not None and actual.get(p) == d.lower() for p, d in expected.items()},
         actual_checksums={p: actual.get(p) for p in expected},
         versions=versions(log_text),
+        engine_limits=engine_limits(log_text),
         ranks=per_rank_counts(log_text.splitlines()),
     )

@@ -25,25 +25,31 @@ Calibration, against every seed run in DOMAIN §2–§3 and S14/S14c/S14d that n
 host (the cases of `test_every_seed_run_is_predicted_within_its_tolerance`):
 
 - reserve(200) = 2.35 GiB: recipe C, 8 GiB swap, swappiness 200, min MemAvailable 2.35 GiB with swap
-  not full. reserve(60) = 0.29 GiB: S14c's swappiness pair, same swap, margin 0.29 GiB at 60 and
-  2.71 GiB at 200 (that 2.71 is predicted 2.35: the lower of the two measurements at 200 is kept).
+  not full. reserve(60) = 0.29 GiB: S14c's swappiness pair, the same 10 GiB swap on both arms (seed
+  000 chapter 一 §2), margin 0.29 GiB at 60 and 2.71 GiB at 200 (that 2.71 is predicted 2.35: the
+  lower of the two measurements at 200 is kept).
   Linear in between, 0 below swappiness ≈ 40.
-- Recipe C's demand 33.73 GiB = 31.26 − 0.6 − 2.35 + 5.40 (RAM not available + swap peak of that run):
-  its per-worker graph RssAnon is booked at 6.03 GiB (derived from that total, not a per-process
-  measurement). The base's 7.28 GiB — the upper end of the TP=4 graph OOM victims' anon-rss (6.76–7.28,
-  S14 §3.7–§3.8), killed at the second of C′'s two 51-size capture rounds — cannot stand for C: it
-  predicts 38.73 GiB against the 38.66 GiB that 8 GiB swap gives, a global OOM for the run that kept
-  2.35 GiB. C′ keeps the base's figure and its measured peak (its transient is the rest). Both
-  starts carry the same transient: S14c measured the warm start's peak ΣRssAnon +1.8% over the cold
-  one ("无益"), so a warm start is modelled no lighter. The 4 GiB / swappiness 200 run is then
-  predicted at 0.93 GiB (swap full) against the 1.78 GiB measured: the two C runs differ by 0.83 GiB
-  in total demand, and the model keeps the heavier one.
+- Recipe C's demand 33.73 GiB = 31.26 − 0.6 − 2.35 + 5.40 (RAM not available + swap peak of that
+  run): its per-worker graph RssAnon is booked at 6.03 GiB (derived from that total, not a per-
+  process measurement). The base's 7.28 GiB — the upper end of the TP=4 graph OOM victims' anon-rss
+  (6.76–7.28, S14 §3.7–§3.8) — cannot stand for C: it predicts 38.73 GiB against the 38.66 GiB that
+  8 GiB swap gives, a global OOM for the run that kept 2.35 GiB. Not because C skips where they
+  died: C's own capture sizes died at the same point with the same anon-rss on the host without its
+  memory recipe (seed 000 chapter 四 §3); one victim's anon-rss at a kill is not four workers'
+  simultaneous share, and C's run, which survived, is the measurement of C's total. C′ keeps the
+  base's figure and its measured peak (its transient is the rest). Both starts carry the same
+  transient: S14c measured the warm start's peak ΣRssAnon +1.8% over the cold one ("无益"), so a warm
+  start is modelled no lighter. The 4 GiB / swappiness 200 run is then predicted at 0.93 GiB (swap
+  full) against the 1.78 GiB measured: the two C runs differ by 0.83 GiB in total demand, and the
+  model keeps the heavier one.
 - Recipe C′ (16 GiB swap, 66 MiB MemAvailable) and recipe B (6.1 GiB, swap untouched) are calibrated
   in their recipes' `memory:` sections; C′ at 4 GiB / swappiness 60 is the S14 global OOM.
 
-Runs left out because the record does not name their host or outcome as a number: the S14c arms that
-swapped out 7.4–8.8 GB during start (swap size unrecorded), and the graph-pool arm whose "OOM was
-unchanged" (the swap and swappiness of that arm are not recorded).
+The TP=4 graph arm that ran through on the 16 GiB swapfile (seed 000 chapter 四 §2, S14 §3.7.2:
+7.4–8.8 GB swapped out during the start) is in the table for its survival only: what the kernel
+swaps out with that much swap to spare is not the demand this model predicts. Left out because the
+record does not name its host: the graph-pool arm whose "OOM was unchanged" (the swap and swappiness
+of that arm are not recorded).
 
 Verdict per check: refuse (predicted OOM, or a hard host requirement missing), warn (runs, but below
 the recipe's own min MemAvailable bar, or a soft requirement such as ACS/boot parameters), admit.

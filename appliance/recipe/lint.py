@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from appliance.host_facts import MIB
+from appliance.observe.launch_proof import proves_path
 from appliance.recipe.recipe_model import GraphMode, Platform, Recipe, Reproducibility
 from appliance.recipe_terms import Finding as Finding  # re-exported: defined in a leaf for the plug-ins
 from appliance.recipe_terms import Severity as Severity
@@ -275,6 +276,30 @@ def _int8_sdot4_off(r: Recipe) -> list[Finding]:
                          "production sets =1 explicitly (decode 3.82–3.91×)")]
 
 
+# RCCL prints its transport lines (`via SHM`, `via NET/Socket`) and its `Missing "iommu=pt"` warning
+# only with NCCL_DEBUG=INFO (seed 000 一 §5: "`NCCL_DEBUG=INFO` 证明 RCCL 只用 SHM"). The diagnosis rows
+# built on those lines (appliance/diagnosis/signatures.py, `needs_env`) are blind without it.
+RCCL_DEBUG_ENV = ("NCCL_DEBUG", "INFO")
+
+
+def _rccl_debug(r: Recipe) -> list[Finding]:
+    """Decision: the recipes leave NCCL_DEBUG alone (it is not the production launch, and
+    INFO writes every channel of every rank at each start); the rows say they need it and lint says,
+    for every gfx906 recipe with more than one rank, that they cannot fire as it stands."""
+    name, wanted = RCCL_DEBUG_ENV
+    value = _env(r, name)
+    if r.platform is not Platform.GFX906 or r.workers < 2 or (value or "").upper() == wanted:
+        return []
+    return [Finding(rule="rccl-rows-need-nccl-debug", severity="info", field=f"env.vars.{name}",
+                    message=f"{name} is {'unset' if value is None else repr(value)}: RCCL prints no "
+                            "transport lines, so the diagnosis rows `via NET/Socket` (rccl_net_socket) "
+                            f"and `Missing \"iommu=pt\"` (rccl_iommu_pt_missing) cannot fire; set "
+                            f"{name}={wanted} for the first launch of this recipe on a host to see its "
+                            "transport",
+                    fact="seed 000 chapter 一 §5 / S11f §10: `NCCL_DEBUG=INFO` is how the record proved "
+                         "56/56 channels SHM and saw NCCL_SHM_DISABLE=1 fall to `via NET/Socket`")]
+
+
 def _mem_available_bar(r: Recipe) -> list[Finding]:
     if r.platform is not Platform.GFX906 or r.abstract:
         return []
@@ -322,11 +347,14 @@ def _proof(r: Recipe) -> list[Finding]:
     if r.abstract or r.platform not in GPU_PLATFORMS:
         return []
     out = []
-    if not r.expect.markers and not r.expect.checksums:
+    if not any(proves_path(m) for m in r.expect.markers):
+        mode = [m for m in r.expect.markers if not proves_path(m)]
         out.append(Finding(rule="proof-undeclared", severity="warning", field="expect.markers",
-                           message="no markers or checksums: `appliance compare` cannot prove this "
-                                   "recipe's path ran (declare a log line, e.g. a '… selected.' line, or a "
-                                   "file digest)",
+                           message=("only the mode " + ", ".join(repr(m) for m in mode) if mode
+                                    else "no markers") + ": `appliance compare` cannot prove this "
+                                   "recipe's kernel path ran and will not accept it as a candidate "
+                                   "(declare its attention backend, graph mode, all-reduce or '… "
+                                   "selected.' log line)",
                            fact="DOMAIN §7 (seed 004 §5.2): a log line proves the path was taken; the "
                                 "deployment is checked file by file"))
     if r.platform is Platform.GFX906 and not any("_C_stable_libtorch" in p for p in r.expect.checksums):
@@ -349,7 +377,7 @@ _RULES: tuple[Rule, ...] = (
     _dtype_auto, _bf16_gfx906, _debug_logging, _devices, _cache_root, _forbidden_env, _attention_backend,
     _custom_all_reduce, _runtime_rules, _default_full_graph, _graph_budget, _pinned_memlock,
     _torch_first, _gfx906_env, _int8_sdot4_off, _mem_available_bar, _reproducibility, _cgroup_limit,
-    _proof,
+    _proof, _rccl_debug,
 )
 RULE_IDS = (
     "dtype-auto", "dtype-bf16-gfx906", "debug-logging", "gpu-devices-unpinned", "devices-fewer-than-tp",
@@ -358,6 +386,6 @@ RULE_IDS = (
     "custom-all-reduce-gfx906", "default-full-graph-gfx906",
     "ready-budget-default-graph", "pinned-memory-memlock", "no-torch-first-wrapper", "gfx906-env",
     "graph-claims-bitwise", "eval-batch-not-fixed", "cgroup-memory-limit-allowed", "int8-sdot4-off",
-    "mem-available-bar", "proof-undeclared", "proof-libtorch-unpinned-gfx906",
+    "mem-available-bar", "proof-undeclared", "proof-libtorch-unpinned-gfx906", "rccl-rows-need-nccl-debug",
     *runtime_registry.lint_rule_ids(),
 )

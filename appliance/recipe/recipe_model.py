@@ -56,6 +56,10 @@ class ModelSpec(Strict):
     path: str = Field(description="Model path or id as the engine sees it (inside the container for docker).")
     served_name: str = Field(description="Stable served model name (DOMAIN §1: the same across slots).")
     host_path: str | None = Field(default=None, description="Host directory mounted at `path` (docker).")
+    checksum: str | None = Field(
+        default=None, description="A digest of the weights the operator declares (e.g. sha256 of the "
+        "safetensors index). Not the engine's: compared between the arms of a compare (seed 004 §1: "
+        "weights first among what must not differ), with the path.")
     aliases: tuple[str, ...] = Field(
         default=(), description="Other names clients may request the model by; the gateway rewrites them "
         "to `served_name` and lists them in GET /v1/models. Opt-in: without them any other name is a 404 "
@@ -86,6 +90,8 @@ class ModelSpec(Strict):
         data: dict[str, Any] = handler(self)
         if not self.aliases:
             data.pop("aliases", None)
+        if self.checksum is None:  # likewise: a recipe without a weights checksum hashes as before
+            data.pop("checksum", None)
         return data
 
 

@@ -13,11 +13,21 @@ from controller.gateway.slot import NoSlotPolicy
 from controller.settings import paths
 
 
-def _split_listen(listen: str) -> tuple[str, int]:
+def _split_listen(listen: str, flag: str = "--listen") -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
-        raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
+        raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint=flag)
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def control_address(control_listen: str | None, client_port: int) -> tuple[str, int] | None:
+    """Where the control listener binds: HOST:PORT as given, ``off`` for none, and by default
+    127.0.0.1 on the client port + 1 (any free port when the client port is 0)."""
+    if control_listen is None:
+        return "127.0.0.1", client_port + 1 if client_port else 0
+    if control_listen.strip().lower() == "off":
+        return None
+    return _split_listen(control_listen, "--control-listen")
 
 
 def gateway(
@@ -32,6 +42,10 @@ def gateway(
         str | None, typer.Option(help="Rewrite the `model` of JSON requests to this served name.")
     ] = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve clients on.")] = "0.0.0.0:8080",
+    control_listen: Annotated[str | None, typer.Option(
+        help="HOST:PORT of the control listener: the controller's /admin/ calls and /metrics scrapes, "
+        "never counted against the client connection caps (then /admin/ is not served on --listen). "
+        "Default: 127.0.0.1 on the --listen port + 1. `off`: none (/admin/ on --listen).")] = None,
     keys: Annotated[
         Path | None, typer.Option(help="Key store file (default: the appliance's keys.sqlite3).")
     ] = None,
@@ -97,6 +111,7 @@ def gateway(
         keys_db=keys or paths().keys_db,
         host=host,
         port=port,
+        control_listen=control_address(control_listen, port),
         upstream_url=upstream,
         served_model=served_model,
         admin_token_sha256=GatewayConfig.admin_hash_from_env(),
@@ -123,8 +138,10 @@ def gateway(
     )
     logsetup.configure(log_level)  # host-independent (controller/logsetup.py)
     admin = "open" if config.admin_token_sha256 else f"closed (set {ADMIN_TOKEN_ENV})"
+    control = config.control_listen
+    where = f"control on {control[0]}:{control[1]}" if control else "no control listener"
     typer.echo(
-        f"gateway on {host}:{port} → {upstream or 'no upstream yet'}; keys {config.keys_db}; "
+        f"gateway on {host}:{port} ({where}) → {upstream or 'no upstream yet'}; keys {config.keys_db}; "
         f"admin surface {admin}",
         err=True,
     )

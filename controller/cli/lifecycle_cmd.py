@@ -54,7 +54,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address of the admin API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the admin API.")] = CONTROLLER_PORT,
     gateway_url: Annotated[str | None, typer.Option(
-        help="Gateway to tell about engine slots (control token read from APPLIANCE_HOME/run).")] = None,
+        help="The gateway's control listener, to tell about engine slots (its --control-listen, "
+        "e.g. http://127.0.0.1:8081; control token read from APPLIANCE_HOME/run).")] = None,
     apply_recipe: Annotated[str | None, typer.Option("--apply", help="Apply this recipe at start-up unless "
                                                      "a running engine was adopted.")] = None,
     docker: Annotated[bool, typer.Option(help="Also supervise docker engines (if a daemon answers).")] = True,
@@ -132,6 +133,9 @@ def up(
     recipe: Annotated[str, typer.Option(help="Recipe to apply.")] = DEFAULT_RECIPE,
     port: Annotated[int, typer.Option(help="Controller API port (127.0.0.1).")] = CONTROLLER_PORT,
     gateway_port: Annotated[int, typer.Option(help="Gateway port.")] = GATEWAY_PORT,
+    gateway_control_port: Annotated[int | None, typer.Option(
+        help="Port of the gateway's control listener on 127.0.0.1 (the controller's admin calls, "
+        "scrapes). Default: the gateway port + 1.")] = None,
     gateway: Annotated[bool, typer.Option(help="Start the gateway in front of the engine.")] = True,
     follow: Annotated[bool, typer.Option(help="Show the start until ready.")] = True,
 ) -> None:
@@ -145,21 +149,31 @@ def up(
     env = {**os.environ, "APPLIANCE_HOME": str(home), "APPLIANCE_RECIPES": str(recipes_dir())}
     me = [sys.executable, "-m", "controller.cli.main"]
 
-    gateway_url: str | None = None
+    gateway_url: str | None = None  # where clients go
+    control_url: str | None = None  # where the controller goes: the gateway's control listener
     if gateway:
+        control_port = gateway_control_port if gateway_control_port is not None else gateway_port + 1
         gateway_url = f"http://127.0.0.1:{gateway_port}"
+        control_url = f"http://127.0.0.1:{control_port}"
         running = gateway_d.process()
         if running is None:
             control = admin_token.write_gateway_token(home / "run")
             gw_env = {**env, admin_token.HASH_ENV: admin_token.hash_token(control)}
             proc = gateway_d.start([*me, "gateway", "--listen", f"0.0.0.0:{gateway_port}",
+                                    "--control-listen", f"127.0.0.1:{control_port}",
                                     "--keys", str(paths.keys_db)], gw_env)
             typer.echo(f"gateway: started (pid {proc.pid}, log {gateway_d.log_file})")
-            if not _wait_http(lambda: _gateway_alive(gateway_port), 30):
+            if not _wait_http(lambda: _gateway_alive(gateway_port) and _gateway_alive(control_port), 30):
                 typer.echo(gateway_d.log_tail(), err=True)
-                raise fail(f"the gateway did not answer on port {gateway_port} (is the port taken?)")
+                raise fail(f"the gateway did not answer on ports {gateway_port} and {control_port} "
+                           "(is one taken?)")
         else:
             typer.echo(f"gateway: already running (pid {running.pid})")
+            if not _gateway_alive(control_port):
+                # A gateway started before the control listener existed, or on other ports: the
+                # controller's admin calls would find nothing there.
+                typer.echo(f"gateway: no control listener answers on port {control_port}; "
+                           "`appliance down` and `appliance up` again to restart it", err=True)
 
     if controller_d.process() is not None:
         running_port = _port_of(controller_d)  # the running controller's port wins over --port
@@ -170,8 +184,8 @@ def up(
     client = Client(f"http://127.0.0.1:{port}", token=token)
     if controller_d.process() is None and not client.alive():
         argv = [*me, "serve", "--port", str(port), "--apply", recipe]
-        if gateway_url:
-            argv += ["--gateway-url", gateway_url]
+        if control_url:
+            argv += ["--gateway-url", control_url]
         proc = controller_d.start(argv, env)
         typer.echo(f"controller: started (pid {proc.pid}, log {controller_d.log_file})")
         if not _wait_http(client.alive, 60):

@@ -265,7 +265,8 @@ async def _bench(
         started_at=started,
         finished_at=time.time(),
         settings=settings_of(
-            launch.recipe_doc, output_tokens=params.output_tokens, ignore_eos=params.ignore_eos
+            launch.recipe_doc, output_tokens=params.output_tokens, ignore_eos=params.ignore_eos,
+            logged=launch.proof.engine_limits,
         ),
         cards=cards_of(launch.recipe_doc, launch.cards),
         warmup=warm,

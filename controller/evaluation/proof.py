@@ -50,6 +50,7 @@ def proof_from_events(events: Iterable[dict[str, Any]]) -> ProofResult:
         markers=dict(latest.get("markers") or {}),
         checksums=dict(latest.get("checksums") or {}),
         forbidden=dict(latest.get("forbidden") or {}),
+        engine_limits={str(k): int(v) for k, v in (latest.get("engine_limits") or {}).items()},
     )
 
 

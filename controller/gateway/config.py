@@ -71,10 +71,14 @@ class GatewayConfig:
     # keeping descriptors for upstream connections and the key store). Over either: 429/503 + close.
     max_connections_per_client: int = 256
     max_connections: int = 4096
-    # Loopback connections beyond those caps, for the controller's admin calls and scrapers only
-    # (``/admin/``, ``/metrics``, ``/healthz``): a reverse proxy on the host makes every client
-    # 127.0.0.1, and its clients must not lock the controller out (``protocol.py``).
-    control_reserve_connections: int = 16
+    # The control listener: the controller's admin calls and scrapes, on an address clients (and a
+    # reverse proxy on the host) are never sent to, so they can never fill its connections. Its own
+    # cap; only /admin/, /metrics and /healthz there; /admin/ on the client listener is then 404
+    # (``protocol.py``). None: no control listener, the client listener serves /admin/ as well (the
+    # controller's calls then share the per-address cap with every loopback client). Port 0: any
+    # free port (tests).
+    control_listen: tuple[str, int] | None = None
+    max_control_connections: int = 32
     # --- request bodies (``jsonbody.py``) ---
     # From the request's headers to the end of its body. Past it: 408 and close. Without it a key
     # limited to 1 concurrent request held 20 connections for 49 s by trickling bodies. 60 s is

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 
 from controller.gateway.app import GatewayApp
 from controller.gateway.config import GatewayConfig
-from controller.gateway.protocol import ConnectionGuard, GuardedHttpToolsProtocol
+from controller.gateway.protocol import ConnectionGuard
 from controller.gateway.proxy import Tee
 from controller.gateway.server import build_server
 
 
 @dataclass(frozen=True)
 class RunningGateway:
-    url: str
+    url: str  # the client listener
     app: GatewayApp
     guard: ConnectionGuard  # the connection limits and counts of this server
+    control_url: str | None = None  # the control listener, if configured
 
 
 @asynccontextmanager
@@ -40,9 +41,13 @@ async def serve_in_loop(config: GatewayConfig, tee: Tee | None = None) -> AsyncI
                 task.result()  # raise the start-up error
             raise RuntimeError("gateway did not start within 5 s")
         port = server.servers[0].sockets[0].getsockname()[1]
-        protocol = server.config.http
-        assert isinstance(protocol, type) and issubclass(protocol, GuardedHttpToolsProtocol)
-        yield RunningGateway(url=f"http://{config.host}:{port}", app=app, guard=protocol.guard)
+        control_url = None
+        if server.control_sockets:
+            host, control_port = server.control_sockets[0].getsockname()[:2]
+            control_url = f"http://{host}:{control_port}"
+        yield RunningGateway(
+            url=f"http://{config.host}:{port}", app=app, guard=server.guard, control_url=control_url
+        )
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, timeout=config.graceful_shutdown_s + 5)

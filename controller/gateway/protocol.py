@@ -15,12 +15,16 @@ uvicorn has none of them for httptools, so they live in a small subclass of its 
   cap → 429 (per client) / 503 (in all) and close. uvicorn's ``limit_concurrency`` is not used: it
   answers only once a request's headers arrived, so idle sockets still held file descriptors, and
   the descriptors the key store needs to be re-read are what ran out (see ``connection_budget``).
-- the control reserve: a loopback client over a cap still gets one of ``control_reserve`` extra
-  connections, which may carry only the control and observer paths (``/admin/…``, ``/metrics``,
-  ``/healthz``; anything else on it: 429 and close). The controller calls the gateway from
-  127.0.0.1, and so do Prometheus on the host and a reverse proxy on the host for every client it
-  forwards: ~250 held requests through such a proxy filled the per-address cap, every
-  ``PUT /admin/upstream`` got 429 and the hold ended in 232 × 503 although the engine was ready.
+- the control listener: the controller's admin calls and scrapes have an address of their own
+  (``GatewayConfig.control_listen``, 127.0.0.1), told apart by the address a connection was accepted
+  on (``ConnectionGuard.listener_of``). Its connections are never counted against the client caps
+  (they have their own, ``max_control_connections``: 503 over it), and carry only ``/admin/…``,
+  ``/metrics`` and ``/healthz`` (anything else: 404 and close); while it exists, ``/admin/…`` on the
+  client listener is 404 and close too. The controller calls the gateway from 127.0.0.1, and so does
+  a reverse proxy on the host for every client it forwards: ~250 held requests through such a proxy
+  filled the per-address cap and every ``PUT /admin/upstream`` got 429. A reserve of extra loopback
+  connections on the one listener did not hold either: any loopback client could take the reserve
+  by sending ``GET /healthz`` on it, or by sending nothing at all.
 - request trailers (a chunked body's trailer section): never merged into the request's headers
   (uvicorn appends them to the header list the app reads, so a trailer could replace the
   ``Authorization`` the request was admitted with, and reach the upstream as a header). Their bytes
@@ -83,20 +87,32 @@ def client_closed(scope: Mapping[str, Any]) -> bool:
     return probe is not None and bool(probe())
 
 
-# Paths a control reserve connection may carry (see the module doc).
-_CONTROL_EXACT = frozenset({b"/metrics", b"/healthz"})
-_CONTROL_PREFIX = b"/admin/"
+# Paths the control listener serves (see the module doc).
+_OBSERVER_PATHS = frozenset({b"/metrics", b"/healthz"})
+_ADMIN_PREFIX = b"/admin/"
+
+
+def is_admin_path(raw_path: bytes) -> bool:
+    return raw_path == b"/admin" or raw_path.startswith(_ADMIN_PREFIX)
 
 
 def is_control_path(raw_path: bytes) -> bool:
-    return raw_path in _CONTROL_EXACT or raw_path.startswith(_CONTROL_PREFIX)
+    return raw_path in _OBSERVER_PATHS or is_admin_path(raw_path)
 
 
-def _is_loopback(host: str) -> bool:
+class Listener(enum.Enum):
+    CLIENT = "client"  # clients: the caps per address and in all
+    CONTROL = "control"  # the controller and scrapers: its own cap, control and observer paths only
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 scope id is not part of it
     except ValueError:
-        return False
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # a dual-stack socket reports IPv4 peers as ::ffff:a.b.c.d
+    return address
 
 # After answering a request the protocol refuses (408, 431), the connection stays half-open this long,
 # reading and dropping what the client still sends: closing with unread data makes the kernel send a
@@ -108,17 +124,18 @@ _LINGER_S = 2.0
 _FD_RESERVE = 64
 
 
-def connection_budget(configured: int, control_reserve: int = 0) -> int:
+def connection_budget(configured: int, control_connections: int = 0) -> int:
     """The most client connections this process can hold and still proxy every one of them: each
     may pair with an upstream connection, and ``_FD_RESERVE`` descriptors stay for the rest, plus
-    one for each control reserve connection (they never open an upstream connection)."""
+    one for each control listener connection (they never open an upstream connection)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return configured
-    return min(configured, max(8, (soft - _FD_RESERVE - control_reserve) // 2))
+    return min(configured, max(8, (soft - _FD_RESERVE - control_connections) // 2))
 
 
 _ERROR_TYPES = {
+    404: "not_found",
     408: "invalid_request_error",
     431: "invalid_request_error",
     429: "rate_limit_error",
@@ -136,11 +153,6 @@ def raw_response(status: int, message: str, extra: bytes = b"") -> bytes:
     return head + body
 
 
-class Admitted(enum.Enum):
-    CLIENT = "client"  # counted against the caps
-    RESERVE = "reserve"  # one of the control reserve: control and observer paths only
-
-
 class ConnectionGuard:
     """The limits and the connection counts, shared by every connection of one server."""
 
@@ -150,17 +162,35 @@ class ConnectionGuard:
         header_timeout_s: float,
         max_per_client: int,
         max_total: int,
-        control_reserve: int = 16,
+        max_control: int = 32,
     ) -> None:
         self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_s
         self.max_per_client = max_per_client
         self.max_total = max_total
-        self.control_reserve = control_reserve
+        self.max_control = max_control
+        # The control listener's bound (host, port)s, set once bound; none: there is no control
+        # listener, and the client listener serves the admin surface too (a gateway run without one).
+        self.control_endpoints: list[tuple[str, int]] = []
         self.total = 0
-        self.reserve_in_use = 0
+        self.control_open = 0
         self.by_client: dict[str, int] = {}
         self.refused: dict[int, int] = {}  # status → count (tests, logs)
+
+    def listener_of(self, sockname: object) -> Listener:
+        """Which listener accepted a connection whose local address is ``sockname``. Two listening
+        sockets of one process cannot overlap (the second bind fails), so the local port plus the
+        control address (or its wildcard) name exactly one of them."""
+        if not self.control_endpoints or not isinstance(sockname, tuple | list) or len(sockname) < 2:
+            return Listener.CLIENT
+        local = _ip(str(sockname[0]))
+        for host, port in self.control_endpoints:
+            if sockname[1] != port:
+                continue
+            bound = _ip(host)
+            if bound is not None and (bound.is_unspecified or bound == local):
+                return Listener.CONTROL
+        return Listener.CLIENT
 
     def over_cap(self, client: str) -> tuple[int, str] | None:
         """The status and message of the cap a new connection from ``client`` is over, if any."""
@@ -170,22 +200,25 @@ class ConnectionGuard:
             return 429, f"too many open connections from {client} (limit {self.max_per_client})"
         return None
 
-    def admit(self, client: str) -> Admitted | bytes:
-        """Count a new connection; the refusal to write instead if it is over a cap and not a
-        loopback client the control reserve still has room for."""
+    def admit(self, client: str, listener: Listener = Listener.CLIENT) -> bytes | None:
+        """Count a new connection; the refusal to write instead if it is over its listener's cap."""
+        if listener is Listener.CONTROL:
+            if self.control_open >= self.max_control:
+                return self._refuse(
+                    503, f"the control listener holds its maximum of {self.max_control} connections"
+                )
+            self.control_open += 1
+            return None
         over = self.over_cap(client)
-        if over is None:
-            self.total += 1
-            self.by_client[client] = self.by_client.get(client, 0) + 1
-            return Admitted.CLIENT
-        if self.reserve_in_use < self.control_reserve and _is_loopback(client):
-            self.reserve_in_use += 1
-            return Admitted.RESERVE
-        return self._refuse(*over)
+        if over is not None:
+            return self._refuse(*over)
+        self.total += 1
+        self.by_client[client] = self.by_client.get(client, 0) + 1
+        return None
 
-    def release(self, client: str, admitted: Admitted = Admitted.CLIENT) -> None:
-        if admitted is Admitted.RESERVE:
-            self.reserve_in_use -= 1
+    def release(self, client: str, listener: Listener = Listener.CLIENT) -> None:
+        if listener is Listener.CONTROL:
+            self.control_open -= 1
             return
         self.total -= 1
         left = self.by_client[client] - 1
@@ -210,8 +243,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._client_key: str | None = None  # set while counted in the guard
-        self._admitted = Admitted.CLIENT
-        self._reserve_refusal = (429, "")
+        self._listener = Listener.CLIENT
         self._awaiting_headers = True  # a request has begun (or may begin) and its headers are incomplete
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
@@ -236,23 +268,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         client = self.client[0] if self.client else "unknown"
-        admitted = self.guard.admit(client)
-        if isinstance(admitted, bytes):
+        listener = self.guard.listener_of(transport.get_extra_info("sockname"))
+        refusal = self.guard.admit(client, listener)
+        if refusal is not None:
             self._refused = True
-            transport.write(admitted)
+            transport.write(refusal)
             transport.close()
             return
         self._client_key = client
-        self._admitted = admitted
-        if admitted is Admitted.RESERVE:
-            # What a request other than a control one is told on this connection.
-            self._reserve_refusal = self.guard.over_cap(client) or (429, "too many open connections")
+        self._listener = listener
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         if self._client_key is not None:
-            self.guard.release(self._client_key, self._admitted)
+            self.guard.release(self._client_key, self._listener)
             self._client_key = None
         self._detach_cycles()
         super().connection_lost(exc)
@@ -328,12 +358,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if size > self.guard.max_header_bytes:
             self._refuse(431, f"request headers larger than {self.guard.max_header_bytes} bytes")
             return
-        if self._admitted is Admitted.RESERVE and not is_control_path(httptools.parse_url(self.url).path):
-            status, message = self._reserve_refusal
-            self._refuse(
-                status, f"{message}; the connections kept for the controller and scrapers carry only "
-                "/admin/, /metrics and /healthz",
-            )
+        misrouted = self._misrouted(httptools.parse_url(self.url).path)
+        if misrouted is not None:
+            self._refuse(404, misrouted)
             return
         super().on_headers_complete()
         self._in_body = True
@@ -368,6 +395,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 super().on_body(parts[0] if len(parts) == 1 else b"".join(parts))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _misrouted(self, path: bytes) -> str | None:
+        """Why this listener does not serve ``path`` (404 and close), or None (see the module doc)."""
+        if self._listener is Listener.CONTROL:
+            if not is_control_path(path):
+                return "the control listener serves only /admin/, /metrics and /healthz"
+        elif self.guard.control_endpoints and is_admin_path(path):
+            return "the admin surface is served on the gateway's control listener only"
+        return None
 
     def _in_request(self) -> bool:
         return (self.cycle is not None and not self.cycle.response_complete) or bool(self.pipeline)

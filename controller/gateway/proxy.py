@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -68,6 +69,8 @@ from controller.gateway.usage_meter import (
     Metering,
     RequestPlan,
     StreamMeter,
+    StreamPlan,
+    Usage,
     plan_request,
 )
 from controller.gateway.usage_request import is_json_media_type, may_stream
@@ -571,6 +574,32 @@ class Proxy:
             pass
 
     @staticmethod
+    async def _usage_before_head(
+        state: _RequestState, plan: StreamPlan, usage: Usage, resp: UpstreamConnection
+    ) -> None:
+        """The client left a planned stream before the engine's head came (during the prefill): as
+        ``_last_usage`` does mid-stream, half-close (vLLM aborts) and read, at most a second, what
+        the engine still sends: with continuous usage stats asked for, an answer it had begun
+        carries its running totals, which then win over ``Metering.settle``'s estimate."""
+        if state.reason != "client":
+            return  # a drain deadline or a shutdown: nobody waits for a count
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()
+        if not resp.write_eof():
+            return
+        try:
+            async with asyncio.timeout(1.0):
+                await resp.head()
+                if resp.content_type.split(b";", 1)[0].strip() != b"text/event-stream":
+                    return
+                meter = StreamMeter(plan, usage)
+                while chunk := await resp.read():
+                    meter.feed(chunk)
+        except (TimeoutError, UpstreamFailure, OSError):
+            pass
+
+    @staticmethod
     async def _watch(receive: Receive, state: _RequestState) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
@@ -614,11 +643,18 @@ class Proxy:
         method = scope["method"].encode("ascii")
         errors = self.metrics.upstream_errors
         resp: UpstreamConnection | None = None
+        on_cancel = None
         if metering is not None:
             metering.sent = True  # from here the engine may work for it: settle() charges then
+            if metering.plan is not None:
+                # A planned stream whose client leaves during the prefill: the engine's own count,
+                # if it sends one, is charged rather than the estimate (``_usage_before_head``).
+                on_cancel = partial(self._usage_before_head, state, metering.plan, metering.usage)
         for attempt in (1, 2):
             try:
-                resp = await pool.request(pool.origin(upstream.url), method, target, headers, body)
+                resp = await pool.request(
+                    pool.origin(upstream.url), method, target, headers, body, on_cancel
+                )
                 break
             except StaleConnection:
                 # A pooled connection closed before a byte of the answer came back. The upstream

@@ -49,14 +49,16 @@ against real sockets):
 - back-pressure: reading from the upstream pauses while more than ``_HIGH_WATER`` bytes wait for a
   client that reads slowly;
 - ``write_eof``: the half-close that tells vLLM the client is gone while the gateway still reads what
-  the engine already sent (``proxy._last_usage``).
+  the engine already sent (``proxy._last_usage``); ``request``'s ``on_cancel`` hook gets the
+  connection when the caller is cancelled while the head is still awaited (the client left during
+  the prefill), so that the caller can do the same before the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar, cast
 from urllib.parse import urlsplit
@@ -325,7 +327,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer = self._loop.call_later(idle_timeout_s, self._check_idle)
         self._transport.write(b"".join(parts))
 
-    async def _head(self) -> None:
+    async def head(self) -> None:
+        """Wait for the answer's status and headers (``UpstreamPool.request`` does; an ``on_cancel``
+        hook may wait again after a half-close). Raises the connection's failure if it came first."""
         while not self._head_done and self._error is None:
             await self._wait()
         if self._error is not None and not self._head_done:
@@ -438,6 +442,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.close()
 
 
+CancelHook = Callable[[UpstreamConnection], Awaitable[None]]
+
+
 class UpstreamPool:
     """Connections to upstreams, pooled per origin (see the module doc)."""
 
@@ -475,27 +482,42 @@ class UpstreamPool:
         return sum(len(conns) for conns in self._idle.values())
 
     async def request(
-        self, origin: Origin, method: bytes, target: bytes, headers: Headers, body: bytes
+        self,
+        origin: Origin,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: bytes,
+        on_cancel: CancelHook | None = None,
     ) -> UpstreamConnection:
         """Send a request and wait for the answer's status and headers. The caller reads the body
         and then calls ``release`` (read to the end) or ``close``; a failure here leaves nothing to
-        clean up. ``RefusedRequest``: the request cannot be written as it is (nothing was sent)."""
+        clean up. ``RefusedRequest``: the request cannot be written as it is (nothing was sent).
+        ``on_cancel``: awaited with the connection when the caller is cancelled after the request
+        was written and before its head arrived (the connection is closed after it, never pooled),
+        so that what the upstream still sends can be read; the hook bounds its own time."""
         try:
             check_request(method, target, headers)
         except UnsafeField as exc:
             raise RefusedRequest(str(exc)) from None
         await self._slots.acquire()
         conn: UpstreamConnection | None = None
+        sent = False
         try:  # from here on the slot is ours: released by close/release, or below
             conn = self._take_idle(origin)
             if conn is None:
                 conn = await self._connect(origin)
             conn._holds_slot = True
             conn._send(method, target, headers, body, self.idle_timeout_s)
-            await conn._head()
+            sent = True
+            await conn.head()
         except BaseException as exc:
             if conn is not None:
-                conn.close()
+                try:
+                    if sent and on_cancel is not None and isinstance(exc, asyncio.CancelledError):
+                        await on_cancel(conn)
+                finally:
+                    conn.close()
             else:
                 self._slots.release()
             if isinstance(exc, StaleConnection):

@@ -5,11 +5,14 @@
 #   token        create the admin token if none exists and print it once (only its sha256 is kept)
 #   anything else: `appliance ARGS` (e.g. `plan cpu-smollm2-docker`, `host plan NAME --host-root /host`)
 # Environment: APPLIANCE_HOME (the volume), APPLIANCE_ADMIN_PORT (8090), APPLIANCE_GATEWAY_PORT
-# (8080), APPLIANCE_APPLY (a recipe applied at start when no running engine was adopted).
+# (8080), APPLIANCE_GATEWAY_CONTROL_PORT (the gateway's control listener on 127.0.0.1, the
+# controller's admin calls and scrapes: the gateway port + 1), APPLIANCE_APPLY (a recipe applied at
+# start when no running engine was adopted).
 set -euo pipefail
 home=${APPLIANCE_HOME:-/var/lib/appliance}
 admin_port=${APPLIANCE_ADMIN_PORT:-8090}
 gateway_port=${APPLIANCE_GATEWAY_PORT:-8080}
+control_port=${APPLIANCE_GATEWAY_CONTROL_PORT:-$((gateway_port + 1))}
 
 prepare_home() {
   # Shared by the controller (root) and the gateway (uid 10001): group `appliance`, setgid so new
@@ -37,7 +40,7 @@ case "$role" in
     apply=()
     [ -n "${APPLIANCE_APPLY:-}" ] && apply=(--apply "$APPLIANCE_APPLY")
     exec appliance serve --host 127.0.0.1 --port "$admin_port" \
-      --gateway-url "http://127.0.0.1:$gateway_port" "${apply[@]}" "$@"
+      --gateway-url "http://127.0.0.1:$control_port" "${apply[@]}" "$@"
     ;;
   gateway)
     shift || true
@@ -56,7 +59,8 @@ PY
     unset token
     exec env APPLIANCE_ADMIN_TOKEN_SHA256="$hash" \
       setpriv --reuid=10001 --regid=10001 --clear-groups \
-      appliance gateway --listen "0.0.0.0:$gateway_port" --keys "$home/keys.sqlite3" "$@"
+      appliance gateway --listen "0.0.0.0:$gateway_port" --control-listen "127.0.0.1:$control_port" \
+      --keys "$home/keys.sqlite3" "$@"
     ;;
   token)
     prepare_home

@@ -194,9 +194,11 @@ def _write_recipes(into: Path, engine_port: int) -> None:
         "runtime:\n  image: appliance-test/exits-at-once:latest\n")
 
 
-def _prometheus_config(path: Path, admin: int, gateway: int, engine: int) -> None:
+def _prometheus_config(path: Path, admin: int, gateway_control: int, engine: int) -> None:
     text = (REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text()
-    for old, new in (("127.0.0.1:8090", admin), ("127.0.0.1:8080", gateway), ("127.0.0.1:8000", engine)):
+    # The gateway is scraped on its control listener.
+    for old, new in (("127.0.0.1:8090", admin), ("127.0.0.1:8081", gateway_control),
+                     ("127.0.0.1:8000", engine)):
         assert old in text
         text = text.replace(old, f"127.0.0.1:{new}")
     path.write_text(text)
@@ -226,10 +228,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     print(f"\n[compose] images ready in {took:.1f} s\n{out}")
     _exits_at_once_image(client)
     tmp = tmp_path_factory.mktemp("compose")
-    ports = [_free_port() for _ in range(4)]
-    admin, gateway, prom, engine = ports
+    ports = [_free_port() for _ in range(5)]
+    admin, gateway, prom, engine, gateway_control = ports
     _write_recipes(tmp / "recipes", engine)
-    _prometheus_config(tmp / "prometheus.yml", admin, gateway, engine)
+    _prometheus_config(tmp / "prometheus.yml", admin, gateway_control, engine)
     project = f"ctest{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -238,6 +240,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "APPLIANCE_VOLUME": PERSISTENT_VOLUME,
         "APPLIANCE_ADMIN_PORT": str(admin),
         "APPLIANCE_GATEWAY_PORT": str(gateway),
+        "APPLIANCE_GATEWAY_CONTROL_PORT": str(gateway_control),
         "PROMETHEUS_PORT": str(prom),
         "APPLIANCE_RECIPES_DIR": str(tmp / "recipes"),
         "APPLIANCE_PROMETHEUS_CONFIG": str(tmp / "prometheus.yml"),

@@ -26,7 +26,6 @@ from controller.gateway.config import GatewayConfig
 from controller.gateway.embedded import RunningGateway, serve_in_loop
 from controller.gateway.hold import HoldPlan
 from controller.gateway.keystore import KeyStore
-from controller.gateway.protocol import Admitted
 
 ADMIN = "connections-admin-token"
 pytestmark = pytest.mark.timeout(120)
@@ -335,54 +334,137 @@ async def test_paths_that_could_route_differently_upstream_are_refused(tmp_path:
 # -- issue 9: the control channel is never refused by a client cap ------------------------------
 
 
+def control_config(tmp_path: Path, **kw: Any) -> GatewayConfig:
+    """A gateway with a control listener on 127.0.0.1 (any free port) and a small client cap."""
+    return config(tmp_path, control_listen=("127.0.0.1", 0), max_connections_per_client=2,
+                  header_timeout_s=60.0, **kw)
+
+
+async def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send ``request`` on a fresh connection to ``url``; everything the server answers until it closes."""
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)
+    raw = await read_until_closed(reader)
+    writer.close()
+    return raw
+
+
 @both_loops
-async def test_the_controller_and_scrapers_get_through_a_full_per_address_cap(tmp_path: Path) -> None:
-    """Every connection 127.0.0.1 may hold is taken (as a reverse proxy on the host does with held
-    requests): a client request on one more is refused, but the controller's admin calls
-    (``PUT /admin/upstream``, ``PUT /admin/hold``) and a ``/metrics`` scrape succeed. Before: each got
-    429 "too many open connections from 127.0.0.1"."""
+async def test_the_controller_and_scrapers_get_through_on_the_control_listener(tmp_path: Path) -> None:
+    """The red team's probe: every connection 127.0.0.1 may hold on the client listener is taken,
+    some holding without a head, the others sending ``GET /healthz`` every 0.2 s, and more are
+    tried (refused at accept). The controller's admin calls (``PUT /admin/upstream``,
+    ``PUT /admin/hold``) and a ``/metrics`` scrape on the control listener succeed. Before: a
+    reserve of loopback connections on the one listener, which those clients held, and
+    ``PUT /admin/upstream`` got 429."""
     KeyStore(tmp_path / "keys.db").create("tests")
-    cfg = config(tmp_path, max_connections_per_client=4, header_timeout_s=60.0)
-    async with serve_in_loop(cfg) as gw:
-        held = [await asyncio.open_connection("127.0.0.1", port_of(gw)) for _ in range(4)]
-        await until(lambda: gw.guard.by_client.get("127.0.0.1") == 4, "the cap from 127.0.0.1 is full")
+    async with serve_in_loop(control_config(tmp_path)) as gw:
+        assert gw.control_url is not None and gw.control_url != gw.url
+        silent = await asyncio.open_connection("127.0.0.1", port_of(gw))  # no head, ever
+        chatty = await asyncio.open_connection("127.0.0.1", port_of(gw))
+        await until(lambda: gw.guard.by_client.get("127.0.0.1") == 2, "the cap from 127.0.0.1 is full")
+        stop = asyncio.Event()
 
-        # A client request over the cap is still refused, on the connection the reserve lent it.
-        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
-        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-        raw = await read_until_closed(reader)
-        writer.close()
-        assert status_of(raw) == 429 and "too many open connections from 127.0.0.1" in message_of(raw)
+        async def poll_healthz() -> int:
+            reader, writer = chatty
+            polls = 0
+            while not stop.is_set():
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                status, _ = await read_response(reader)
+                assert status == 200
+                polls += 1
+                await asyncio.sleep(0.2)
+            return polls
 
+        poller = asyncio.create_task(poll_healthz())
+        over = [await asyncio.open_connection("127.0.0.1", port_of(gw)) for _ in range(3)]
+        for reader, writer in over:
+            raw = await read_until_closed(reader)
+            writer.close()
+            assert status_of(raw) == 429 and "too many open connections from 127.0.0.1" in message_of(raw)
+
+        control_url = gw.control_url
         plan = HoldPlan("warm restart", 30.0, 10.0)
-        switched = await control.set_upstream(gw.url, ADMIN, None, None, drain_deadline_s=0.0, hold=plan)
+        switched = await control.set_upstream(control_url, ADMIN, None, None, drain_deadline_s=0.0, hold=plan)
         assert switched.upstream is None
-        renewed = await control.renew_hold(gw.url, ADMIN, plan)
+        renewed = await control.renew_hold(control_url, ADMIN, plan)
         assert renewed["hold"]["reason"] == "warm restart"
-        await control.set_upstream(gw.url, ADMIN, "http://127.0.0.1:9", "m", drain_deadline_s=0.0)
-        async with aiohttp.ClientSession() as s, s.get(f"{gw.url}/metrics") as r:
+        await control.set_upstream(control_url, ADMIN, "http://127.0.0.1:9", "m", drain_deadline_s=0.0)
+        async with aiohttp.ClientSession() as s, s.get(f"{control_url}/metrics") as r:
             assert r.status == 200
             assert "appliance_gateway" in await r.text()
-        assert gw.guard.by_client.get("127.0.0.1") == 4  # the reserve is not the clients' cap
-        for _, w in held:
+        stop.set()
+        assert await poller > 0
+        assert gw.guard.by_client.get("127.0.0.1") == 2  # the control calls never counted as clients
+        for _, w in (silent, chatty):
             w.close()
-        await until(lambda: gw.guard.reserve_in_use == 0, "the reserve connections released")
+        await until(lambda: gw.guard.control_open == 0, "the control connections released")
+        await until(lambda: gw.guard.total == 0, "the client connections released")
 
 
 @both_loops
-async def test_the_control_reserve_is_bounded_and_for_loopback_only(tmp_path: Path) -> None:
-    """Over the cap, a loopback client gets at most ``control_reserve_connections`` more; past them,
-    429 at accept as before. A remote address never gets one."""
-    cfg = config(tmp_path, max_connections_per_client=1, control_reserve_connections=1, header_timeout_s=60.0)
-    async with serve_in_loop(cfg) as gw:
-        held = [await asyncio.open_connection("127.0.0.1", port_of(gw)) for _ in range(2)]
-        await until(lambda: gw.guard.reserve_in_use == 1, "the reserve lent its one connection")
-        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
-        raw = await read_until_closed(reader)
-        writer.close()
-        assert status_of(raw) == 429
-        for _, w in held:
-            w.close()
-    assert gw.guard.admit("192.0.2.7") is Admitted.CLIENT
-    assert isinstance(gw.guard.admit("192.0.2.7"), bytes)  # a remote address over the cap: refused,
-    assert gw.guard.reserve_in_use == 0  # never lent the reserve
+async def test_the_control_listener_serves_only_control_paths(tmp_path: Path) -> None:
+    """On the control listener a client request (a valid key, a real upstream) is 404 and the
+    connection closes, nothing reaches the upstream; /healthz and /metrics answer. On the client
+    listener /admin/ is 404 while /metrics and /healthz still answer (compat)."""
+    key = KeyStore(tmp_path / "keys.db").create("tests")[1]
+    up = SyntheticUpstream(Shape(ttft_s=0.0, chunks=1, interval_s=0.0), model="m")
+    await up.start()
+    try:
+        async with serve_in_loop(control_config(tmp_path)) as gw:
+            assert gw.control_url is not None
+            await control.set_upstream(gw.control_url, ADMIN, up.url, "m", drain_deadline_s=0.0)
+            body = json.dumps({"model": "m", "max_tokens": 1}).encode()
+            for request in (
+                post(b"/v1/chat/completions", key, body),
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % key.encode(),
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            ):
+                raw = await raw_exchange(gw.control_url, request)
+                assert status_of(raw) == 404, raw
+                assert "control listener serves only" in message_of(raw)
+                assert b"connection: close" in raw.lower()
+            assert up.requests == []
+            async with aiohttp.ClientSession() as s:
+                for url in (gw.control_url, gw.url):
+                    async with s.get(f"{url}/healthz") as r:
+                        assert r.status == 200 and (await r.json())["ready"] is True
+                    async with s.get(f"{url}/metrics") as r:
+                        assert r.status == 200
+            raw = await raw_exchange(
+                gw.url,
+                b"GET /admin/upstream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n"
+                % ADMIN.encode(),
+            )
+            assert status_of(raw) == 404 and "control listener only" in message_of(raw)
+            with pytest.raises(control.GatewayControlError) as refused:
+                await control.get_upstream(gw.url, ADMIN)
+            assert refused.value.status == 404
+            # The client listener still proxies.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw))
+            writer.write(post(b"/v1/chat/completions", key, body))
+            status, _ = await read_response(reader)
+            writer.close()
+            assert status == 200 and len(up.requests) == 1
+    finally:
+        await up.stop()
+
+
+@both_loops
+async def test_the_control_listener_has_its_own_cap(tmp_path: Path) -> None:
+    """Connections on the control listener count against ``max_control_connections`` only: over
+    it, 503 at accept; the client listener's caps are untouched and still admit clients."""
+    KeyStore(tmp_path / "keys.db").create("tests")
+    async with serve_in_loop(control_config(tmp_path, max_control_connections=1)) as gw:
+        assert gw.control_url is not None
+        host, port = gw.control_url.split("://", 1)[1].rsplit(":", 1)
+        held = await asyncio.open_connection(host, int(port))
+        await until(lambda: gw.guard.control_open == 1, "the control listener's one connection")
+        raw = await raw_exchange(gw.control_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(raw) == 503 and "control listener holds its maximum of 1" in message_of(raw)
+        assert gw.guard.total == 0 and gw.guard.by_client == {}
+        async with aiohttp.ClientSession() as s, s.get(f"{gw.url}/healthz") as r:
+            assert r.status == 200
+        held[1].close()
+        await until(lambda: gw.guard.control_open == 0, "the control connection released")

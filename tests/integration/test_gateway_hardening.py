@@ -115,9 +115,7 @@ async def test_headers_must_arrive_in_time_and_idle_sockets_are_not_held(store: 
 
 
 async def test_connections_per_client_are_capped(store: KeyStore) -> None:
-    # No control reserve: a loopback client over the cap would get one of those instead
-    # (test_gateway_connections.py).
-    cfg = config(store, max_connections_per_client=3, control_reserve_connections=0)
+    cfg = config(store, max_connections_per_client=3)
     async with serve_in_loop(cfg) as gw:
         host, port = hostport(gw.url)
         held = [await asyncio.open_connection(host, port) for _ in range(3)]
@@ -139,7 +137,7 @@ async def test_connections_per_client_are_capped(store: KeyStore) -> None:
 
 
 async def test_connections_in_all_are_capped(store: KeyStore) -> None:
-    async with serve_in_loop(config(store, max_connections=2, control_reserve_connections=0)) as gw:
+    async with serve_in_loop(config(store, max_connections=2)) as gw:
         host, port = hostport(gw.url)
         held = [await asyncio.open_connection(host, port) for _ in range(2)]
         reader, writer = await asyncio.open_connection(host, port)
@@ -154,6 +152,8 @@ def test_connection_budget_follows_the_file_limit(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (200, 4096))
     assert protocol.connection_budget(4096) == (200 - 64) // 2
     assert protocol.connection_budget(10) == 10
+    # The control listener's connections never open an upstream one: one descriptor each.
+    assert protocol.connection_budget(4096, control_connections=32) == (200 - 64 - 32) // 2
     unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
     monkeypatch.setattr(resource, "getrlimit", lambda _which: unlimited)
     assert protocol.connection_budget(4096) == 4096
@@ -227,7 +227,8 @@ def low_fd_gateway(store: KeyStore) -> Iterator[str]:
     store.snapshot(create=True)  # the file exists before the gateway starts (reads never create it)
     proc = subprocess.Popen(
         [sys.executable, "-m", "controller.cli.main", "gateway", "--listen", f"127.0.0.1:{port}",
-         "--keys", str(store.path), "--header-timeout", "1", "--max-connections-per-client", "1000"],
+         "--control-listen", "127.0.0.1:0", "--keys", str(store.path), "--header-timeout", "1",
+         "--max-connections-per-client", "1000"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         preexec_fn=limit,

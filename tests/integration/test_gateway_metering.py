@@ -59,12 +59,15 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 class Upstream:
     """``prefill_s``: the wait before the first byte (non-stream: before the head); ``hang``: a
     stream stops after its last token and waits for the gateway to leave; ``rogue``: every answer
-    is an event stream without usage, whatever was asked."""
+    is an event stream without usage, whatever was asked; ``answer_at_eof``: a stream's head and its
+    first ``answer_at_eof`` events only once the gateway half-closed (vLLM aborting a request
+    it had begun: what it had generated goes out, with its running usage), then the end."""
 
     def __init__(self) -> None:
         self.prefill_s = 0.0
         self.hang = False
         self.rogue = False
+        self.answer_at_eof = 0
         self.requests: list[tuple[str, bytes]] = []
         self.eof_seen = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -120,6 +123,13 @@ class Upstream:
                          % len(body) + body)
             return True
         ctype = b"TEXT/EVENT-STREAM; charset=utf-8" if self.rogue else b"text/event-stream; charset=utf-8"
+        if self.answer_at_eof:
+            while await self._pause(reader, 30):  # the prefill, until the gateway half-closes
+                pass
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\nconnection: close\r\n\r\n")
+            writer.writelines(self._events(target, doc, n, steps)[:self.answer_at_eof])
+            await writer.drain()
+            return False  # the end of the connection ends the body
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         if not await self._pause(reader, self.prefill_s):
             return False
@@ -309,6 +319,27 @@ async def test_a_client_leaving_during_the_prefill_is_charged_the_prompt(tmp_pat
             up.eof_seen.clear()
         requests, prompt, completion = await _usage_of(gw, tmp_path, rec, 2)
         assert (requests, prompt, completion) == (2, 2 * 100, 0)  # "user" + 396 characters, / 4
+
+
+@both_loops
+async def test_a_client_leaving_during_the_prefill_is_charged_what_the_engine_counted(
+    tmp_path: Path,
+) -> None:
+    """The client leaves a stream before its head; the engine sends its head and running usage only
+    after the gateway's half-close (its abort). The engine's count (20 prompt tokens, 3 completion)
+    is charged, not the estimate. Before: the gateway closed the connection without reading, and
+    charged the estimate (100 prompt tokens, 0 completion)."""
+    rec, key = KeyStore(tmp_path / "keys.db").create("a", tpd_limit=100_000)
+    content = "w" * 396
+    async with _setup(tmp_path) as (up, gw):
+        up.answer_at_eof = 3
+        body = (b'{"model": "m", "messages": [{"role": "user", "content": "' + content.encode()
+                + b'"}], "max_tokens": 8, "stream": true}')
+        await _leave_after(gw, key, body, events=None)
+        await asyncio.wait_for(up.eof_seen.wait(), 5)  # the engine was told (it aborts)
+        sent = json.loads(up.requests[0][1])
+        assert sent["stream_options"]["continuous_usage_stats"] is True  # planned: usage asked for
+        assert await _usage_of(gw, tmp_path, rec, 1) == (1, PROMPT, 3)
 
 
 @both_loops

@@ -62,6 +62,8 @@ async def test_soak_leaks_no_upstream_connections(tmp_path: Path, upstream: Synt
             upstream.url,
             "--listen",
             f"127.0.0.1:{port}",
+            "--control-listen",  # any free port: the default (port + 1) may be taken here
+            "127.0.0.1:0",
             "--keys",
             str(store.path),
         ],

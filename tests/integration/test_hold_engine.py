@@ -55,9 +55,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
     (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", engine_port))
     (recipes / f"{EAGER}.yaml").write_text(engine_recipe(EAGER, "cpu-smollm2-eager", engine_port,
                                                          env=beside_cores()))
-    with gateway_process(home, free_port()) as gw:
+    with gateway_process(home, free_port(), free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe=RECIPE,
-                       extra_args=("--gateway-url", gw.url))
+                       extra_args=("--gateway-url", gw.control_url))
         with serving(c):
             yield c, gw, home
 

@@ -14,7 +14,7 @@ from appliance.host_facts import GIB, HostFacts
 from appliance.recipe.admission import Admission, admit, pressure_reserve_gib
 from appliance.recipe.recipe_model import Recipe
 from host_setup.facts import gather_facts
-from tests.unit.recipe_helpers import C_PRIME, HOSTS, B, C, host, shipped, with_changes
+from tests.unit.recipe_helpers import C_PRIME, HOSTS, REPO, B, C, host, shipped, with_changes
 
 
 def verdicts(a: Admission) -> dict[str, str]:
@@ -209,18 +209,24 @@ class SeedRun(NamedTuple):
 
 
 # Every seed run in DOMAIN §2–§3 and S14/S14c/S14d that names its recipe and its host (MemTotal 31.26
-# GiB throughout). Left out: the S14c arms that swapped out 7.4–8.8 GB (swap size not recorded) and the
-# graph-pool arm whose OOM was "unchanged" (swap and swappiness not recorded).
+# GiB throughout). Left out: the graph-pool arm whose OOM was "unchanged" (swap and swappiness not
+# recorded).
 SEED_RUNS = {
     # S14 §3.7.2, S14c §3.12.1: recipe C with the extra 4 GiB swapfile; the serving (warm) start.
     "C 8 GiB swap, swappiness 200": SeedRun(C, "warm", 8, 200, False, 2.35, 0.1, 5.40),
     # The same, without the extra swapfile: survived with swap 100% full, counted a miss. The two C runs
     # differ by 0.83 GiB in total demand (34.31 vs 33.48 GiB); the model keeps the heavier.
     "C 4 GiB swap, swappiness 200": SeedRun(C, "warm", 4, 200, False, 1.78, 0.9, 4.0),
-    # S14c: swappiness 60 → 200 with the same swap raised the margin 0.29 → 2.71 GiB. The arm's swap
-    # size is not recorded; C's 8 GiB stands in (both predictions only need swap to spare).
-    "S14c graph arm, swappiness 60": SeedRun(C, "warm", 8, 60, False, 0.29, 0.05),
-    "S14c graph arm, swappiness 200": SeedRun(C, "warm", 8, 200, False, 2.71, 0.4),
+    # S14c: swappiness 60 → 200 raised the margin 0.29 → 2.71 GiB "with the same 10 GiB swap" (seed 000
+    # chapter 一 §2, S14c row: "同样 10 GiB swap 下余量 0.29 → 2.71 GiB").
+    "S14c graph arm, 10 GiB swap, swappiness 60": SeedRun(C, "warm", 10, 60, False, 0.29, 0.05),
+    "S14c graph arm, 10 GiB swap, swappiness 200": SeedRun(C, "warm", 10, 200, False, 2.71, 0.4),
+    # Seed 000 chapter 四 §2 (S14 §3.7.2): with the 16 GiB swapfile /mnt/game/swapfile the TP=4 graph arm
+    # (capture sizes 1 2 4 8, before S14c's AOT reload and swappiness 200) ran through; it swapped out
+    # 7.4–8.8 GB during the start and ~0.4 GB stayed out after. Survival is what is asserted: the
+    # 7.4–8.8 GB is what the kernel moved with 16 GiB to spare, not the demand the model predicts
+    # (S14c: the AOT reload cut the swap-out need from 8.8 GiB to ~3 GiB without lowering the peak).
+    "C-config graph arm, 16 GiB swapfile, swappiness 60": SeedRun(C, "cold", 16, 60, False, None, 0.0),
     # S14c: C′ (default graph, 51 + 2 capture sizes, no warm restart) with 16 GiB swap: 66 MiB.
     "C' 16 GiB swap, swappiness 200": SeedRun(C_PRIME, "cold", 16, 200, False, 0.066, 0.05),
     # S14 §3.3.1: the TP=4 default graph on the reference host: a global OOM.
@@ -416,3 +422,15 @@ def test_a_warm_start_books_its_own_transient_when_the_recipe_gives_one() -> Non
     assert checks["memory-peak-cold"].numbers["transient_gib"] == 0.5
     numbers = checks["memory-peak-warm"].numbers
     assert (numbers["transient_gib"], numbers["demand_gib"]) == (1.0, 3.25)
+
+
+def test_c_books_its_own_runs_total_for_the_right_reason() -> None:
+    # Seed 000 chapter 四 §3: cutting the capture sizes from 51 to C's own 1 2 4 8 left the death point,
+    # its cause and the victims' anon-rss unchanged. C's 6.03 GiB cannot rest on "C never runs the round
+    # where they died"; it rests on C's own measured total (S14c §3.12.1).
+    text = (REPO / "recipes" / f"{C}.yaml").read_text()
+    memory = text[text.index("\nmemory:"):]
+    assert "never runs" not in memory
+    assert "chapter 四 §3" in memory and "same point" in memory
+    memory_model = shipped()[C].memory
+    assert memory_model is not None and memory_model.worker_anon_gib_graph == 6.03

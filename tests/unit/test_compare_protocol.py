@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from appliance.evaluation.accuracy import Kind, build_set
-from appliance.evaluation.bench_result import RequestRecord
+from appliance.evaluation.bench_result import ProofResult, RequestRecord
 from appliance.evaluation.gate import StepStatus, Verdict
 from controller.evaluation import compare as compare_mod
 from controller.evaluation.accuracy_run import set_sizes
@@ -55,7 +55,9 @@ class World:
         async def describe(s: dict[str, Any]) -> LaunchInfo:
             return LaunchInfo(launch_id=s["launch"]["id"], recipe=str(s["recipe"]), spec_hash="h",
                               cache_vintage="warm", cache_root="/c", engine_url="http://engine",
-                              recipe_doc=self.recipes[str(s["recipe"])])
+                              recipe_doc=self.recipes[str(s["recipe"])],
+                              # issue 33: an ACCEPT needs a seen marker proving the kernel path
+                              proof=ProofResult(markers={"CPU KV cache size:": True}))
 
         async def recipe(name: str) -> dict[str, Any] | None:
             return self.recipes[name]
@@ -201,3 +203,16 @@ async def test_a_small_gain_is_rerun_in_interleaved_rounds(
     assert len(out.baselines) == len(out.candidates) == 2
     assert world.applied == [BASE, CAND, BASE, CAND]  # A B A B
     assert out.baselines[1].smoke is None  # the smoke runs once, before the first measurement
+
+
+@pytest.mark.parametrize("model", [{"path": "/models/other"}, {"path": "/m", "checksum": "b" * 64}])
+async def test_different_weights_are_refused_unless_allowed(world: World, model: dict[str, str]) -> None:
+    # Seed 004 §1: the model weights and structure come first among what must not differ.
+    world.recipes[BASE] = {**world.recipes[BASE], "model": {"path": "/m", "checksum": "a" * 64}}
+    world.recipes[CAND] = {**world.recipes[CAND], "model": model}
+    with pytest.raises(CompareError, match=r"model: .* vs .*--allow-diff model"):
+        await compare(world.control(), BASE, CAND, PARAMS, None, options=OPTS)
+    assert world.applied == []
+    allowed = CompareOptions(accuracy_items=2, allow_diff=frozenset({"model"}))
+    out = await compare(world.control(), BASE, CAND, PARAMS, None, options=allowed)
+    assert set(out.gate.allowed_diffs) == {"model"}

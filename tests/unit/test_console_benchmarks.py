@@ -304,7 +304,7 @@ async def test_a_comparison_page_shows_both_arms_per_tier_and_per_gate_step_with
     base = _bench("b-pb", "cpu-smollm2", T0 + 10, durations=(8, 16, 32)).model_copy(
         update={"accuracy": acc(1.0)})
     cand = _bench("b-pc", "cpu-smollm2-eager", T0 + 20, durations=(4, 8, 16)).model_copy(
-        update={"accuracy": acc(0.0)})
+        update={"accuracy": acc(0.0), "proof": ProofResult(markers={"CPU KV cache size:": True})})
     cand.tiers[0].requests[0].text = "a different <text>"
     g = protocol_gate([base], [cand])
     assert g.verdict == Verdict.REJECT  # faster, but the accuracy veto

@@ -604,3 +604,15 @@ def test_the_fallback_finding_does_not_claim_no_signature_matched() -> None:
     alone = diagnose(FailureFacts(exit_code=1, log_tail=("(EngineCore pid=3) ERROR [core.py:708] EngineCore "
                                                           "failed to start.",)))
     assert alone.code is C.ENGINE_START_FAILED and "no known signature" in alone.summary
+
+
+def test_the_rccl_rows_say_they_need_nccl_debug_info() -> None:
+    # Seed 000 一 §5: RCCL prints `via …` transport lines and its `Missing "iommu=pt"` warning only with
+    # NCCL_DEBUG=INFO; an engine without it leaves these rows blind, and the table says so.
+    from appliance.diagnosis.signatures import blind_rows
+
+    rccl = {C.RCCL_NET_SOCKET, C.RCCL_IOMMU_PT_MISSING}
+    assert rccl <= set(blind_rows({}))
+    assert rccl <= set(blind_rows({"NCCL_DEBUG": "WARN"}))
+    assert not rccl & set(blind_rows({"NCCL_DEBUG": "INFO"}))
+    assert not rccl & set(blind_rows({"NCCL_DEBUG": "info"}))

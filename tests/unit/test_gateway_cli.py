@@ -79,3 +79,25 @@ def test_listen_parsing(listen: str, expected: tuple[str, int]) -> None:
 def test_listen_rejects_garbage() -> None:
     with pytest.raises(typer.BadParameter):
         gateway_cmd._split_listen("localhost")
+
+
+@pytest.mark.parametrize(
+    ("given", "client_port", "expected"),
+    [
+        (None, 8080, ("127.0.0.1", 8081)),  # default: loopback, the client port + 1
+        (None, 0, ("127.0.0.1", 0)),  # a free client port: a free control port too
+        ("127.0.0.1:9001", 8080, ("127.0.0.1", 9001)),
+        ("[::1]:9001", 8080, ("::1", 9001)),
+        ("off", 8080, None),
+        ("OFF", 8080, None),
+    ],
+)
+def test_control_listen_parsing(
+    given: str | None, client_port: int, expected: tuple[str, int] | None
+) -> None:
+    assert gateway_cmd.control_address(given, client_port) == expected
+
+
+def test_control_listen_rejects_garbage() -> None:
+    with pytest.raises(typer.BadParameter):
+        gateway_cmd.control_address("localhost", 8080)

@@ -73,14 +73,34 @@ def test_compare_json_loads_through_the_result_models() -> None:
     assert base[0].accuracy is not None and cand[0].accuracy is not None
 
 
+def test_the_stored_runs_no_longer_accept_a_candidate_that_proved_only_its_mode() -> None:
+    # Issue 33: the stored ACCEPT's candidate (cuda-smollm2-graph) declared only `enforce_eager=False`,
+    # which proves the mode, not the kernel path. Re-judged today the proof step refuses it; the
+    # recipe now declares its attention backend and graph mode (a new H200 run is the lead's).
+    base, cand, stored = _arms()
+    assert stored.verdict is Verdict.ACCEPT
+    again = gate(base, cand, Thresholds(), allowed_diffs=stored.allowed_diffs or None)
+    assert again.verdict is Verdict.REJECT
+    assert "only the mode: 'enforce_eager=False'" in again.steps[0].reasons[0]
+
+
 def test_the_stored_runs_re_judge_to_the_same_verdict_and_steps() -> None:
     base, cand, stored = _arms()
+    # As it would read with the path markers the recipe declares now (issue 33), all seen in its log.
+    path = {"Using FLASH_ATTN attention backend": True,
+            "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE": True}
+    cand = [r.model_copy(update={"proof": r.proof.model_copy(
+        update={"markers": {**r.proof.markers, **path}})}) for r in cand]
     again = gate(base, cand, Thresholds(), allowed_diffs=stored.allowed_diffs or None)
     assert again.verdict is stored.verdict is Verdict.ACCEPT and again.flags == stored.flags
-    assert again.reasons == stored.reasons
+    # Every step after the proof as stored (the proof's note now counts the path markers too).
+    assert again.reasons[1:] == stored.reasons[1:]
     assert [(s.name, s.status, s.reasons) for s in again.steps] == [
-        (s.name, s.status, s.reasons) for s in stored.steps]
-    _same(again.model_dump(mode="json"), stored.model_dump(mode="json"))
+        (s.name, s.status, s.reasons if s.name != "proof" else again.steps[0].reasons) for s in stored.steps]
+    a, b = again.model_dump(mode="json"), stored.model_dump(mode="json")
+    for d in (a, b):
+        d["reasons"], d["steps"] = d["reasons"][1:], d["steps"][1:]
+    _same(a, b)
     accuracy = again.steps[-1]
     assert "25.1 vs 24.6 points" in accuracy.reasons[0]
     assert "3 item(s) scored differently" in accuracy.reasons[0]

@@ -48,8 +48,14 @@ def test_helm_values_validate_against_the_chart_values_model(name: str) -> None:
     (model,) = engine["modelSpec"]
     assert model["replicaCount"] == 1
     assert "limitMemory" not in model  # DOMAIN §3
-    assert not {e["name"] for e in model["env"]} & {"HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
-                                                   "VLLM_API_KEY"}
+    env = {e["name"]: e["value"] for e in model["env"]}
+    assert not set(env) & {"CUDA_VISIBLE_DEVICES", "VLLM_API_KEY"}
+    # Seed 000 chapter 一 §8: HIP_VISIBLE_DEVICES always explicit — renumbered for the pod's own cards.
+    recipe = shipped()[name]
+    if recipe.platform.value == "gfx906":
+        assert env["HIP_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(recipe.workers))
+    else:
+        assert "HIP_VISIBLE_DEVICES" not in env
 
 
 def test_gfx906_values_carry_amd_gpus_and_caches_in_the_volume() -> None:

@@ -208,3 +208,52 @@ def test_an_engine_on_another_machine_is_not_proven_by_this_hosts_files(tmp_path
     assert remote.compile_cache == {"root": str(cache), "files": None, "on_this_host": False}
     assert remote.host == {"swap_total_bytes": None, "swappiness": None}
     assert remote.versions == local.versions  # the log is still read, through the runtime
+
+
+H200_RUNS = Path(__file__).resolve().parents[1] / "fixtures/engine_logs/gpu-h200-accept-2026-12-01d/runs"
+
+
+def _h200_log(recipe: str) -> str:
+    (run,) = sorted(H200_RUNS.glob(f"*-{recipe}-*"))[:1]
+    return (run / "engine.log").read_text()
+
+
+@pytest.mark.parametrize("recipe", ["cuda-smollm2-eager", "cuda-smollm2-graph", "cuda-smollm2-piecewise"])
+def test_each_cuda_recipes_path_markers_are_in_its_real_h200_log_and_in_no_sibling_s(recipe: str) -> None:
+    # Issue 33: markers prove the kernel path, not the mode. Every declared marker is a line vLLM 0.26
+    # really printed for that recipe on the H200, at least one proves more than the mode, and the
+    # set is not satisfied by a sibling's log (piecewise and full graphs share `enforce_eager=False`).
+    from appliance.observe.launch_proof import evaluate, proves_path
+    from tests.unit.recipe_helpers import shipped
+
+    markers = shipped()[recipe].expect.markers
+    assert any(proves_path(m) for m in markers)
+    assert all(evaluate(_h200_log(recipe), markers, {}, {}).markers.values())
+    for other in {"cuda-smollm2-eager", "cuda-smollm2-graph", "cuda-smollm2-piecewise"} - {recipe}:
+        assert not all(evaluate(_h200_log(other), markers, {}, {}).markers.values()), other
+
+
+def test_every_shipped_gpu_recipe_but_the_generic_one_declares_a_path_marker() -> None:
+    from appliance.observe.launch_proof import proves_path
+    from tests.unit.recipe_helpers import shipped
+
+    lacking = sorted(n for n, r in shipped().items()
+                     if r.platform.value != "cpu" and not r.abstract
+                     and not any(proves_path(m) for m in r.expect.markers))
+    assert lacking == ["cuda-generic"]  # an upstream image whose log lines are not on record here
+
+
+def test_the_effective_scheduler_limits_are_read_from_the_engines_own_log() -> None:
+    # Issue 33: record what the engine used, not None for a default. vLLM 0.26 on the H200 states
+    # max_num_batched_tokens at INFO; it states a defaulted max_num_seqs only at DEBUG.
+    from appliance.evaluation.arm_settings import ENGINE_DEFAULT, settings_of
+    from appliance.observe.launch_proof import evaluate
+
+    proof = evaluate(_h200_log("cuda-smollm2-graph"), (), {}, {})
+    assert proof.engine_limits == {"max_num_batched_tokens": 8192}
+    s = settings_of({"engine": {}}, output_tokens=64, ignore_eos=False, logged=proof.engine_limits)
+    assert s["max_num_batched_tokens"] == 8192
+    assert s["limits_source"]["max_num_batched_tokens"] == "engine log"
+    assert s["max_num_seqs"] == ENGINE_DEFAULT  # never None: None read as "equal" for any two defaults
+    recipe_set = settings_of({"engine": {"max_num_seqs": 8}}, output_tokens=64, ignore_eos=False)
+    assert recipe_set["max_num_seqs"] == 8

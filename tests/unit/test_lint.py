@@ -103,10 +103,18 @@ FIRES: list[Case] = [
     ("k8s-boot-params", "cpu-smollm2", lambda r: on_k8s(r, host__boot_params=("iommu=pt",)), "warning"),
     ("k8s-kernel-module", "cpu-smollm2", lambda r: on_k8s(r, host__kernel_module="hydcu"), "warning"),
     ("k8s-devices-vs-tp", "cuda-generic", lambda r: on_k8s(r, devices=(0, 1)), "info"),
+    # recipe B on a cluster: a pod has no device list, the plugin must hand it /dev/mkfd (seed 000 四 §2)
+    ("k8s-dcu-mkfd", B, lambda r: on_k8s(r), "warning"),
+    # The RCCL rows need NCCL_DEBUG=INFO (seed 000 一 §5): every shipped gfx906 TP recipe is told so;
+    # here a one-card recipe moved to gfx906 at TP=2.
+    ("rccl-rows-need-nccl-debug", "cuda-generic",
+     lambda r: with_changes(r, platform="gfx906", engine__tensor_parallel_size=2, devices=(0, 1)), "info"),
     ("proof-undeclared", "cuda-smollm2-graph", lambda r: with_changes(r, expect__markers=()), "warning"),
-    # No shipped gfx906 recipe pins it yet (the seed records no digest): start from a CUDA recipe moved.
-    ("proof-libtorch-unpinned-gfx906", "cuda-generic", lambda r: with_changes(r, platform="gfx906"),
-     "warning"),
+    # issue 33: the mode line alone proves no kernel path
+    ("proof-undeclared", "cuda-smollm2-graph",
+     lambda r: with_changes(r, expect__markers=("enforce_eager=False",)), "warning"),
+    # gfx906-base pins the seed's md5 (seed 000 S7c): drop the pin and the rule must fire.
+    ("proof-libtorch-unpinned-gfx906", B, lambda r: with_changes(r, expect__checksums={}), "warning"),
 ]
 
 
@@ -147,6 +155,10 @@ QUIET: list[Case] = [
     ("mem-available-bar", "cpu-smollm2", lambda r: r, ""),  # the 2 GB bar is the 31 GiB gfx906 host's
     ("k8s-memlock", C, lambda r: r, ""),  # on the local Docker daemon, memlock is set at creation
     ("k8s-devices-vs-tp", "gfx906-b-tp4-eager-k8s", lambda r: r, ""),  # 4 devices, TP=4
+    ("k8s-dcu-mkfd", "cuda-generic", lambda r: on_k8s(r), ""),  # NVIDIA: no mkfd
+    ("rccl-rows-need-nccl-debug", B, lambda r: set_env(r, NCCL_DEBUG="INFO"), ""),
+    ("rccl-rows-need-nccl-debug", B, lambda r: with_changes(r, engine__tensor_parallel_size=1, devices=(0,)),
+     ""),  # one rank: no all-reduce
     ("proof-undeclared", "cpu-smollm2", lambda r: with_changes(r, expect__markers=()), ""),  # CPU: no GPU
     ("proof-libtorch-unpinned-gfx906", B, lambda r: with_changes(
         r, expect__checksums={"/src/vllm/_C_stable_libtorch.abi3.so": "a" * 32}), ""),
@@ -168,16 +180,18 @@ def test_shipped_recipes_have_no_lint_errors(name: str) -> None:
 
 def test_shipped_findings_are_the_expected_warnings() -> None:
     found = {n: sorted(f.rule for f in lint(shipped()[n])) for n in SHIPPED}
-    pin = "proof-libtorch-unpinned-gfx906"  # the seed records no md5: the operator declares it (gfx906-base)
+    rccl = "rccl-rows-need-nccl-debug"  # issue 33: the RCCL rows need NCCL_DEBUG=INFO, no recipe sets it
     assert found == {
         "cpu-smollm2": [], "cpu-smollm2-docker": [], "cpu-smollm2-eager": ["eval-batch-not-fixed"],
-        "cuda-generic": [], "gfx906-a-tp2-graph": [pin],
+        "cuda-generic": ["proof-undeclared"],  # only enforce_eager=False: no path proof on record
+        "gfx906-a-tp2-graph": [rccl],
         "cuda-smollm2-graph": [], "cuda-smollm2-eager": [], "cuda-smollm2-piecewise": [],
-        B: ["eval-batch-not-fixed", pin], C: [pin], C_PRIME: ["default-full-graph-gfx906", pin],
-        "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed", pin],
+        B: ["eval-batch-not-fixed", rccl], C: [rccl], C_PRIME: ["default-full-graph-gfx906", rccl],
+        "gfx906-fp8-tp4-eager": ["eval-batch-not-fixed", rccl],
         # recipe B on a cluster — what the node and namespace must provide
-        "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-kernel-module",
-                                   "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs", pin],
+        "gfx906-b-tp4-eager-k8s": ["eval-batch-not-fixed", "k8s-boot-params", "k8s-dcu-mkfd",
+                                   "k8s-kernel-module", "k8s-memlock", "k8s-memory-limit", "k8s-pcie-acs",
+                                   rccl],
         # the tensor-parallel model's recipes: nothing to warn about (NVLink multicast off, devices = TP)
         "cpu-tp2": [],
         **{f"cuda-tp{tp}-{mode}{car}": [] for tp in (2, 4) for mode in ("eager", "graph", "piecewise")
@@ -195,4 +209,14 @@ def test_shipped_gfx906_recipes_keep_the_production_numbers() -> None:
 
 def test_findings_are_sorted_errors_first() -> None:
     bad = with_changes(shipped()[C], host__no_cgroup_memory_limit=False, engine__dtype="auto")
-    assert [f.severity for f in lint(bad)] == ["error", "warning", "warning"]
+    assert [f.severity for f in lint(bad)] == ["error", "warning", "info"]
+
+
+def test_gfx906_recipes_pin_the_seeds_libtorch_md5() -> None:
+    # Seed 000 S7c / chapter 一 §8: the fixed `_C_stable_libtorch` is md5 93bf7b4a…; every gfx906
+    # recipe inherits the pin from gfx906-base, so a rolled-back library fails the proof at ready.
+    for recipe in shipped().values():
+        if recipe.platform.value == "gfx906" and not recipe.abstract:
+            assert recipe.expect.checksums.get("/src/vllm/_C_stable_libtorch.abi3.so") == (
+                "93bf7b4a391ac97e2f67cc7141633cb1"
+            ), recipe.name

@@ -23,6 +23,9 @@ from appliance.evaluation.protocol import (
     needs_more_rounds,
 )
 
+# A declared path marker seen in the log (the H200 fixture's attention line): an ACCEPT needs one.
+PATH_PROVEN = ProofResult(markers={"Using FLASH_ATTN attention backend": True})
+
 
 def _run(
     recipe: str,
@@ -53,7 +56,7 @@ def _run(
         id=f"b-{recipe}-{k}", launch_id=f"l-{recipe}", recipe=recipe, spec_hash="0" * 16,
         cache_vintage="warm", cache_root="/c", engine_url="http://e", prompt_set="ps-v1",
         tier_rule="seed", output_tokens=128, ignore_eos=False, tiers=tiers,
-        proof=proof or ProofResult(), started_at=0, finished_at=1, smoke=smoke, accuracy=accuracy,
+        proof=proof or PATH_PROVEN, started_at=0, finished_at=1, smoke=smoke, accuracy=accuracy,
     )
 
 
@@ -129,9 +132,20 @@ def test_results_from_different_cards_are_not_gated_against_each_other() -> None
     assert "not gated against each other" in _step(g, "proof").reasons[0]
 
 
-def test_declaring_nothing_passes_the_proof_step_but_says_nothing_proves_the_path() -> None:
-    g = gate(*_arms())
-    assert "nothing proves its path ran" in _step(g, "proof").reasons[0]
+@pytest.mark.parametrize(
+    ("declared", "words"),
+    [({}, "(nothing)"), ({"enforce_eager=False": True}, "only the mode: 'enforce_eager=False'")],
+)
+def test_a_candidate_that_proves_no_kernel_path_cannot_be_accepted(
+    declared: dict[str, bool], words: str
+) -> None:
+    # Issue 33: the mode line cannot tell C from C′, nor an emulation kernel from its fallback.
+    g = gate(*_arms(proof=ProofResult(markers=declared)))
+    assert _step(g, "proof").status is StepStatus.FAIL and g.verdict is Verdict.REJECT
+    assert words in _step(g, "proof").reasons[0]
+    # One line proving the path (beside the mode) is enough.
+    ok = gate(*_arms(proof=ProofResult(markers={**declared, "'cudagraph_mode': <CUDAGraphMode.NONE": True})))
+    assert _step(ok, "proof").status is StepStatus.PASS and ok.verdict is Verdict.ACCEPT
 
 
 # ---- 2. smoke

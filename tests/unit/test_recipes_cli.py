@@ -81,7 +81,7 @@ def test_lint_shipped_exits_zero_and_shows_warnings(runner: CliRunner, app: type
     assert "default-full-graph-gfx906" in out
     code, out, _ = run(runner, app, "recipes", "lint", B, "--json")
     assert code == 0 and [f["rule"] for f in json.loads(out)[B]] == [
-        "proof-libtorch-unpinned-gfx906", "eval-batch-not-fixed"]
+        "eval-batch-not-fixed", "rccl-rows-need-nccl-debug"]
 
 
 def copy_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

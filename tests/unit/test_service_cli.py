@@ -256,3 +256,46 @@ def test_up_remembers_its_port_and_status_finds_it_without_appliance_api(
         assert remembered_api(tmp_path) is None and api_url() == DEFAULT_API
     finally:
         fake.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "control_port"), [((), 18081), (("--gateway-control-port", "19999"), 19999)]
+)
+def test_up_points_the_controller_at_the_gateways_control_listener(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...], control_port: int) -> None:
+    """`up` starts the gateway with a control listener on 127.0.0.1 (the gateway port + 1 unless
+    given) and hands the controller that address as its `--gateway-url`: its admin calls never
+    meet the client port's per-address cap. Before: `--gateway-url` was the client port."""
+    import psutil
+    from typer.testing import CliRunner
+
+    started: dict[str, list[str]] = {}
+    asked: list[int] = []
+
+    def fake_start(self: Daemon, argv: list[str], env: dict[str, str]) -> psutil.Process:
+        started[self.name] = argv
+        return psutil.Process()
+
+    def gateway_alive(port: int) -> bool:
+        asked.append(port)
+        return True
+
+    monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path))
+    monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
+    monkeypatch.delenv(admin_token.TOKEN_ENV, raising=False)
+    monkeypatch.setattr(Daemon, "start", fake_start)
+    monkeypatch.setattr(Daemon, "process", lambda self: None)
+    monkeypatch.setattr(Client, "alive", lambda self: "controller" in started)
+    monkeypatch.setattr(lifecycle_cmd, "_gateway_alive", gateway_alive)
+    monkeypatch.setattr(lifecycle_cmd, "_ensure_engine", lambda recipe: None)
+    monkeypatch.setattr(lifecycle_cmd, "_print_where", lambda *args: None)
+    app = typer.Typer()
+    lifecycle_cmd.register(app)
+    api_cmd.register(app)
+    up = CliRunner().invoke(app, ["up", "--port", "18090", "--gateway-port", "18080", "--no-follow", *extra])
+    assert up.exit_code == 0, up.output
+    gateway, controller = started["gateway"], started["controller"]
+    assert gateway[gateway.index("--listen") + 1] == "0.0.0.0:18080"
+    assert gateway[gateway.index("--control-listen") + 1] == f"127.0.0.1:{control_port}"
+    assert controller[controller.index("--gateway-url") + 1] == f"http://127.0.0.1:{control_port}"
+    assert set(asked) == {18080, control_port}  # `up` waits for both listeners

@@ -4,6 +4,7 @@ sockets: each test's server is a few lines of asyncio that answer exactly the by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
@@ -24,6 +25,7 @@ from controller.gateway.upstream_client import (
     ReadTimeout,
     RefusedRequest,
     StaleConnection,
+    UpstreamConnection,
     UpstreamPool,
     may_retry,
 )
@@ -385,6 +387,81 @@ async def test_closing_an_unread_answer_closes_the_connection_and_half_close_sti
         resp.close()  # the client went away: the upstream sees the end at once
         await asyncio.wait_for(srv.eof_seen.wait(), 2.0)
         assert p.idle_count == 0
+        await p.close()
+
+
+@both_loops
+async def test_a_request_cancelled_before_its_head_hands_the_connection_to_its_hook() -> None:
+    """Cancelled while the head is awaited (the client left during the prefill): the ``on_cancel``
+    hook gets the connection, may half-close it and read the answer the upstream sends only then;
+    afterwards the connection is closed, never pooled, and its slot is free again. Before there was
+    no hook: the connection was closed unread."""
+    async def answers_at_eof(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        await read_request(state, reader)  # returns at EOF: the gateway half-closed
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 4\r\n\r\nlast")
+        await writer.drain()
+
+    got: list[tuple[int, bytes, bytes]] = []
+
+    async def hook(conn: UpstreamConnection) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()
+        assert conn.write_eof()
+        await asyncio.wait_for(conn.head(), 2.0)
+        got.append((conn.status, conn.content_type, await conn.read_all()))
+
+    async with serve(answers_at_eof) as srv:
+        p = pool(limit=1)
+        origin = p.origin(srv.url)
+        request = asyncio.create_task(p.request(origin, b"POST", b"/", [], b"{}", on_cancel=hook))
+        for _ in range(200):
+            if srv.requests:
+                break
+            await asyncio.sleep(0.01)
+        assert srv.requests and not request.done()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert got == [(200, b"text/event-stream", b"last")]
+        assert p.idle_count == 0
+        # The slot came back: with a limit of 1, another request gets a connection.
+        srv_requests = len(srv.requests)
+        nxt = asyncio.create_task(p.request(origin, b"POST", b"/", [], b"{}"))
+        for _ in range(200):
+            if len(srv.requests) > srv_requests:
+                break
+            await asyncio.sleep(0.01)
+        assert len(srv.requests) > srv_requests
+        nxt.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await nxt
+        await p.close()
+
+    # Cancelled before anything was written (waiting for a slot): the hook is not called.
+    async with serve(answers_at_eof) as srv:
+        p = pool(limit=1)
+        origin = p.origin(srv.url)
+        first = asyncio.create_task(p.request(origin, b"POST", b"/", [], b"{}"))
+        for _ in range(200):
+            if srv.requests:
+                break
+            await asyncio.sleep(0.01)
+        calls: list[UpstreamConnection] = []
+
+        async def record(conn: UpstreamConnection) -> None:
+            calls.append(conn)
+
+        waiting = asyncio.create_task(p.request(origin, b"POST", b"/", [], b"{}", on_cancel=record))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert calls == []
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
         await p.close()
 
 

@@ -26,6 +26,7 @@ from appliance.runtimes.k8s.spec import (
     cluster_target,
     gpu_resource,
     model_path,
+    pod_device_env,
 )
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def helm_values(spec: LaunchSpec, recipe: Recipe | None = None, *,
         vllm_config["extraArgs"] = extra
     env = [{"name": k, "value": _cache_path(spec, v) if k in CACHE_DIR_ENV else v}
            for k, v in spec.env.items() if k not in DEVICE_ENV and k != ENGINE_KEY_ENV]
+    env += [{"name": k, "value": v} for k, v in pod_device_env(spec)]
     model = model_path(spec)
     repo, tag = split_image(target.image_ref)
     gpu = gpu_resource(spec)

@@ -62,6 +62,7 @@ from appliance.runtimes.k8s.spec import (
     gpu_resource,
     model_path,
     pod_argv,
+    pod_device_env,
 )
 
 if TYPE_CHECKING:
@@ -162,7 +163,8 @@ def _cache_mounts(spec: LaunchSpec) -> list[dict[str, Any]]:
 def _env(spec: LaunchSpec) -> list[dict[str, Any]]:
     # A recipe's own VLLM_API_KEY goes into the Secret's key file instead (never a manifest value).
     return [{"name": k, "value": v} for k, v in spec.env.items()
-            if k not in DEVICE_ENV and k != ENGINE_KEY_ENV]
+            if k not in DEVICE_ENV and k != ENGINE_KEY_ENV] + [
+        {"name": k, "value": v} for k, v in pod_device_env(spec)]
 
 
 def _resources(spec: LaunchSpec, target: KubernetesLaunch) -> dict[str, Any]:

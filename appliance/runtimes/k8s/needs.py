@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # (listed with the generic lint rules in appliance/recipe/lint.py). The docker-only ones (k8s-group-add,
 # k8s-device-paths) appear only as comments when a docker recipe is rendered for a cluster.
 LINT_RULES = ("k8s-memlock", "k8s-memory-limit", "k8s-swap", "k8s-swappiness", "k8s-pcie-acs",
-              "k8s-boot-params", "k8s-kernel-module")
+              "k8s-boot-params", "k8s-kernel-module", "k8s-dcu-mkfd")
 # The device nodes the GPU device plugins hand to a container with its cards.
 PLUGIN_DEVICES = ("/dev/kfd", "/dev/dri")
 
@@ -94,6 +94,17 @@ def needs(recipe: Recipe) -> list[Need]:
             node=f"kernel module {h.kernel_module} loaded (keep the boot entry pinned to a kernel that has "
                  f"it) and the GPU device plugin running",
             fact="DOMAIN §1: 5.15.0-194 has no hydcu module; rebooting into it leaves the host with no GPU"))
+    if recipe.platform.value == "gfx906" and getattr(recipe.runtime, "kind", None) == "kubernetes":
+        # A docker gfx906 recipe lists /dev/mkfd itself (runtime.device_paths, k8s-device-paths below
+        # when rendered for a cluster); a kubernetes section has no device list, so the need is named here.
+        out.append(Need(
+            rule="k8s-dcu-mkfd", field="runtime",
+            message="the Hygon DCU stack needs /dev/mkfd beside /dev/kfd and /dev/dri (the docker recipe "
+                    "mounts all three); AMD's GPU device plugin hands a pod only /dev/kfd and /dev/dri",
+            node="a DCU device plugin (or CDI spec) that hands /dev/mkfd to the pod with its cards",
+            fact="seed 000 chapter 四 §2: DTK's tools read /dev/mkfd on the reference host (hy-smi "
+                 "failing to read mkfd reports VRAM 0%); gfx906-base's device_paths: /dev/kfd, /dev/mkfd, "
+                 "/dev/dri"))
     out += _docker_only(recipe)
     return out
 

@@ -97,3 +97,16 @@ def pod_argv(spec: LaunchSpec, image_given: bool) -> tuple[str, ...]:
 
 def gpu_resource(spec: LaunchSpec) -> str | None:
     return GPU_RESOURCE.get(spec.platform)
+
+
+def pod_device_env(spec: LaunchSpec) -> list[tuple[str, str]]:
+    """The device variables the spec sets, renumbered for the pod: the plugin hands the pod its
+    `tensor_parallel_size` cards, which the runtime numbers 0…n−1 inside the container. The host's
+    indices would name cards the pod does not have, but the variable must not be dropped either:
+    seed 000 chapter 一 §8 — HIP_VISIBLE_DEVICES is always given explicitly, never unset (unset = every
+    card the runtime can see). NVIDIA's plugin sets the visible cards through the container runtime
+    itself, so only the gfx906 rule is carried."""
+    if spec.platform != "gfx906":
+        return []
+    cards = ",".join(str(i) for i in range(spec.tensor_parallel_size))
+    return [(k, cards) for k in DEVICE_ENV if k in spec.env]
