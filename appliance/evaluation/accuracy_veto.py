@@ -38,7 +38,7 @@ def accuracy_step(
     why_not: str | None = None,
     sources: dict[str, str] | None = None,
 ) -> GateStep:
-    """`sources`: whose token streams stand for each arm ("own", or the eager twin; issue 33 item 1)."""
+    """`sources`: whose token streams stand for each arm ("own", or the eager twin)."""
     if base is None or cand is None:
         why = [why_not or "accuracy was not measured"]
         return GateStep(name=ACCURACY, status=StepStatus.SKIPPED, reasons=why)

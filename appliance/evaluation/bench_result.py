@@ -179,7 +179,7 @@ class BenchResult(BaseModel):
     mode: str | None = None
     output_limits: dict[str, int] = Field(default_factory=dict)
     # Why this arm was not benched (the compare stopped early after a failed proof or smoke); then
-    # `tiers` is empty and every later step is skipped (issue 33 item 9).
+    # `tiers` is empty and every later step is skipped .
     stopped: str | None = None
 
     @property

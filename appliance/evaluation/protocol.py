@@ -20,12 +20,12 @@ DOMAIN §7 (seeds 003/004 §5): a candidate goes through
    percentage points in any of the four kinds rejects, whatever the throughput said (the final
    veto; appliance/evaluation/accuracy_veto.py, which also fails closed where the veto is vacuous).
 
-Token-stream evidence (issue 33 item 1; seed 000 §一.6 S14d, §一.7): an arm whose text varies across
+Token-stream evidence (seed 000 §一.6 S14d, §一.7): an arm whose text varies across
 restarts (a graph arm) never feeds a gate that reads the token stream. The smoke length check, the
 like-for-like length hold and the accuracy veto read its eager twin's records instead (`tokens`),
 and the evidence says so; its failures, throughput, latency and SLA stay its own.
 
-Stopping early (issue 33 item 9): a compare whose proof or smoke failed ends before the tiers are
+Stopping early : a compare whose proof or smoke failed ends before the tiers are
 benched; the arm not benched carries `stopped`, and the steps after the smoke are skipped.
 
 A FAIL anywhere rejects; otherwise a HOLD makes the verdict noise (not accepted); a candidate that
@@ -87,7 +87,7 @@ class Thresholds(BaseModel):
 
 class Tokens(BaseModel):
     """Whose token streams stand for an arm in the token-stream gates (smoke length, length hold,
-    accuracy): the arm's own (`source` "own"), or its eager twin's runs (issue 33 item 1)."""
+    accuracy): the arm's own (`source` "own"), or its eager twin's runs ."""
 
     source: str = OWN
     why: str = ""
@@ -269,7 +269,7 @@ def early_stop(
     th: Thresholds,
 ) -> str | None:
     """Why a compare stops right after this arm's proof and smoke, before its tiers are benched
-    (issue 33 item 9: on gfx906 every switch costs 230–1645 s). `control_smoke`: the baseline's
+    (on gfx906 every switch costs 230–1645 s). `control_smoke`: the baseline's
     smoke, when the length check can be made now (both arms' own streams)."""
     problems = [f"proof: {p}" for p in proof_problems]
     if smoke is not None:
@@ -427,7 +427,7 @@ def score_step(
         "length_sources": sources,
         "length_delta": length_delta,
         "length_tolerance": th.length_tolerance,
-        # Issue 33 item 2: each arm's own output-length distribution (its representative run),
+        # each arm's own output-length distribution (its representative run),
         # per tier and overall, with how many requests ran into the cap instead of EOS.
         "output_lengths": {"baseline": b_rep.length_distribution(), "candidate": c_rep.length_distribution()},
         "mode": {"baseline": b_rep.mode, "candidate": c_rep.mode},

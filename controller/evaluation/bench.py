@@ -76,7 +76,7 @@ class LaunchInfo:
 
 @dataclass(frozen=True)
 class BenchParams:
-    # None: each tier's declared official max output, stopping at EOS (issue 33 item 2). A number is
+    # None: each tier's declared official max output, stopping at EOS . A number is
     # the FAST MODE (a small fixed cap, for tests), and every result says so.
     output_tokens: int | None = None
     requests_per_tier: int = FIRST_N

@@ -10,7 +10,7 @@ both arms are warm (DOMAIN §7: same cache vintage). The benches and the verdict
 transaction at the end: a compare that cannot finish (an arm never ready, a context that fits no
 tier) stores nothing; a candidate failing requests is a finished compare with a reject verdict.
 
-Issue 33: an arm whose text varies across restarts gets its smoke length, length hold and accuracy
+an arm whose text varies across restarts gets its smoke length, length hold and accuracy
 evidence from its eager twin (appliance/evaluation/eager_twin.py; the other arm when it qualifies,
 so no extra switch; a third recipe is switched to once, after round 1); a failed proof or smoke
 stops the compare before the next tiers are benched (the baseline's failure before the candidate is

@@ -50,7 +50,7 @@ class CompareBody(BaseModel):
     candidate: str = Field(min_length=1, max_length=200, pattern=_NAME)
     requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
     concurrency: int = Field(default=5, ge=1, le=256)
-    # None: each tier's declared max output (issue 33 item 2); a number is the fast mode's cap.
+    # None: each tier's declared max output ; a number is the fast mode's cap.
     output_tokens: int | None = Field(default=None, ge=1, le=32768)
     full: bool = False  # the full run: 100 prompts per tier, three rounds (seed 003 §1120)
     ignore_eos: bool = False  # natural stops by default (DOMAIN §7: the gate checks the lengths)

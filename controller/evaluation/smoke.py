@@ -2,7 +2,7 @@
 
 The request has its own prompt of the first request's length ("smoke:8-16K"), never the measured
 request's tokens: with prefix caching on, those would make round 1's first measured request a
-cache hit (issue 33 item 8; seed 004 §163: the single request only rules out crashes). Its output
+cache hit (seed 004 §163: the single request only rules out crashes). Its output
 limit is the tier's, like the measured requests'.
 
 DOMAIN §7 (seed 004 §5.3): failed = 0, the API still alive after it, output length equal to the

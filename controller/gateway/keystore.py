@@ -12,7 +12,9 @@ file apart, and a missing file is an error, never silently recreated (an empty s
 accident would look like "no keys changed").
 
 Files are created 0600 from the start (``O_CREAT | O_EXCL`` with the mode, not chmod afterwards);
-SQLite creates its ``-wal``/``-shm`` files with the main file's mode.
+SQLite creates its ``-wal``/``-shm`` files with the main file's mode. The schema is numbered
+migrations (``SCHEMA``, controller/sqlite_db.py): an old file is upgraded on first open, one written by
+a newer appliance refused.
 """
 
 from __future__ import annotations
@@ -23,42 +25,58 @@ import re
 import secrets
 import sqlite3
 import time
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from controller.sqlite_db import Schema, SchemaTooNew, file_uri, prepare_file
 
 KEY_PREFIX = "sk-app-"
 ID_HEX_LEN = 12
 _KEY_RE = re.compile(r"^sk-app-([0-9a-f]{12})-[A-Za-z0-9_-]{20,200}$")
 _ID_RE = re.compile(r"^[0-9a-f]{12}$")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS keys (
+# The schema's history (controller/sqlite_db.py: numbered migrations, never edited once shipped).
+# v1: the first key store (keys with request limits; a version row that triggers bump on every change).
+_V1 = (
+    """CREATE TABLE IF NOT EXISTS keys (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
     key_sha256 TEXT NOT NULL UNIQUE,
     created REAL NOT NULL,
     revoked REAL,
     rpm_limit INTEGER,
-    max_concurrent INTEGER,
-    tpm_limit INTEGER,
-    tpd_limit INTEGER
-);
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta (k, v) VALUES ('version', 0);
-CREATE TRIGGER IF NOT EXISTS keys_version_ins AFTER INSERT ON keys
-    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
-CREATE TRIGGER IF NOT EXISTS keys_version_upd AFTER UPDATE ON keys
-    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
-CREATE TRIGGER IF NOT EXISTS keys_version_del AFTER DELETE ON keys
-    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END;
-"""
+    max_concurrent INTEGER
+)""",
+    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO meta (k, v) VALUES ('version', 0)",
+    """CREATE TRIGGER IF NOT EXISTS keys_version_ins AFTER INSERT ON keys
+    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END""",
+    """CREATE TRIGGER IF NOT EXISTS keys_version_upd AFTER UPDATE ON keys
+    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END""",
+    """CREATE TRIGGER IF NOT EXISTS keys_version_del AFTER DELETE ON keys
+    BEGIN UPDATE meta SET v = v + 1 WHERE k = 'version'; END""",
+)
+
+# v2: token quotas per key (prompt + completion tokens per minute and per day).
+_V2 = (
+    "ALTER TABLE keys ADD COLUMN tpm_limit INTEGER",
+    "ALTER TABLE keys ADD COLUMN tpd_limit INTEGER",
+)
 
 
-# Columns added after the first release: a store created before them gets them on first open.
-_ADDED_COLUMNS = (("tpm_limit", "INTEGER"), ("tpd_limit", "INTEGER"))
+def _unversioned(conn: sqlite3.Connection) -> int:
+    """The key store shipped twice before it counted its schema (user_version 0 in both): v1 files, and
+    v2 files (created so, or v1 files whose columns the old code added on open). Their columns say
+    which; the file is stamped with it on first open and never probed again."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(keys)")}
+    if not columns:
+        return 0
+    return 2 if {"tpm_limit", "tpd_limit"} <= columns else 1
+
+
+SCHEMA = Schema("key store", (_V1, _V2), unversioned=_unversioned)
 
 # The limits a key may carry, with the largest value each accepts: "absurd" is refused (an SQLite
 # overflow was a 500), "no limit" is None. A million requests a minute and 10 000 in flight are far
@@ -186,7 +204,7 @@ class KeyStore:
         # mode=rw: opening never creates the file. A deleted store must be an error, not a new
         # empty file that a reader would take for "the same store, nothing changed".
         if self._uri_cache is None:
-            self._uri_cache = "file:" + urllib.parse.quote(str(self.path.absolute())) + "?mode=rw"
+            self._uri_cache = file_uri(self.path, "rw")
         return self._uri_cache
 
     @contextmanager
@@ -207,31 +225,16 @@ class KeyStore:
             conn.close()
 
     def _init(self) -> None:
-        """Create the file (0600) and the schema if missing. Only called before the first use: a store
+        """Create the file (0600: the file holds only hashes, but names and limits are still the
+        operator's business) and bring its schema up to date, if needed (controller/sqlite_db.py;
+        a file written by a newer appliance is refused). Only called before the first use: a store
         that disappears later stays missing (``KeyStoreUnavailable``)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            # The file holds only hashes, but names and limits are still the operator's business:
-            # created with its final mode, so it is never readable by others, not even for a moment.
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.close(fd)
-        except FileExistsError:
-            pass
-        try:
-            conn = sqlite3.connect(self._uri(), timeout=5.0, uri=True)
+            prepare_file(self.path, SCHEMA, timeout=5.0)
         except sqlite3.OperationalError as exc:
             raise KeyStoreUnavailable(f"key store {self.path} cannot be opened: {exc}") from exc
-        try:
-            # WAL: the gateway's once-a-second read never waits for a CLI write, nor blocks it.
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            have = {r[1] for r in conn.execute("PRAGMA table_info(keys)")}
-            for column, kind in _ADDED_COLUMNS:
-                if column not in have:
-                    conn.execute(f"ALTER TABLE keys ADD COLUMN {column} {kind}")
-            conn.commit()
-        finally:
-            conn.close()
+        except SchemaTooNew as exc:
+            raise KeyStoreUnavailable(str(exc)) from exc
         self._initialised = True
 
     def identity(self) -> FileIdentity:

@@ -5,7 +5,8 @@ Its own file, not a table in the key store: the gateway watches the key file's s
 notice a revoke (``auth.KeyCache``), and usage written every few seconds would make it re-read the
 keys every second. Growth is bounded: one row per key per hour, rows older than the retention are
 deleted by the gateway's writer; created 0600 like the key store (key ids and traffic are the
-operator's business).
+operator's business). The schema is numbered migrations (``SCHEMA``, controller/sqlite_db.py): the
+writer upgrades an old file on first write; a file written by a newer appliance is refused.
 
 The gateway writes (``usage.UsageLedger`` hands over batches, in a worker thread, off the request
 path); the CLI (``appliance usage``) and the controller's ``GET /usage`` read.
@@ -14,20 +15,21 @@ path); the CLI (``appliance usage``) and the controller's ``GET /usage`` read.
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
-import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller.gateway.quota import BucketState
+from controller.sqlite_db import Schema, SchemaTooNew, check_version, connect_file, prepare_file
 
 HOUR_S = 3600
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS usage_hourly (
+# The schema's history (controller/sqlite_db.py: numbered migrations, never edited once shipped).
+# v1: the first usage store: hourly sums per key, and the token-quota levels kept across restarts.
+_V1 = (
+    """CREATE TABLE IF NOT EXISTS usage_hourly (
     key_id TEXT NOT NULL,
     hour INTEGER NOT NULL,
     requests INTEGER NOT NULL DEFAULT 0,
@@ -36,16 +38,25 @@ CREATE TABLE IF NOT EXISTS usage_hourly (
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     duration_s REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (key_id, hour)
-);
-CREATE INDEX IF NOT EXISTS usage_hour ON usage_hourly (hour);
-CREATE TABLE IF NOT EXISTS quota_state (
+)""",
+    "CREATE INDEX IF NOT EXISTS usage_hour ON usage_hourly (hour)",
+    """CREATE TABLE IF NOT EXISTS quota_state (
     key_id TEXT NOT NULL,
     window TEXT NOT NULL,
     level REAL NOT NULL,
     stamp REAL NOT NULL,
     PRIMARY KEY (key_id, window)
-);
-"""
+)""",
+)
+
+
+def _unversioned(conn: sqlite3.Connection) -> int:
+    """The usage store shipped v1 before it counted its schema (user_version 0): such a file has its
+    tables; it is stamped 1 on first open by a writer."""
+    return 1 if _has_table(conn, "usage_hourly") else 0
+
+
+SCHEMA = Schema("usage store", (_V1,), unversioned=_unversioned)
 
 
 class UsageStoreError(Exception):
@@ -112,20 +123,28 @@ class UsageStore:
         self.path = path
         self._initialised = False
 
-    def _uri(self, mode: str) -> str:
-        return "file:" + urllib.parse.quote(str(self.path.absolute())) + f"?mode={mode}"
-
     @contextmanager
     def _connect(self, write: bool) -> Iterator[sqlite3.Connection]:
         try:
             if write and not self._initialised:
-                self._init()
-            conn = sqlite3.connect(self._uri("rw" if write else "ro"), timeout=5.0, uri=True)
-            if write:
-                # WAL + NORMAL: no fsync per commit; a power cut can lose the last seconds of usage,
-                # never corrupt the file. Usage is written every few seconds, off the request path.
-                conn.execute("PRAGMA synchronous=NORMAL")
-        except (sqlite3.Error, OSError) as exc:
+                # Created 0600, WAL (a CLI or API read never waits for the gateway's write, nor blocks
+                # it), schema brought up to date (controller/sqlite_db.py).
+                prepare_file(self.path, SCHEMA, timeout=5.0)
+                self._initialised = True
+            conn = connect_file(self.path, "rw" if write else "ro", timeout=5.0)
+            try:
+                if write:
+                    # WAL + NORMAL: no fsync per commit; a power cut can lose the last seconds of usage,
+                    # never corrupt the file. Usage is written every few seconds, off the request path.
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                else:
+                    # A reader does not migrate (the gateway's writer does) but never reads a file whose
+                    # schema it does not know.
+                    check_version(conn, SCHEMA, self.path)
+            except BaseException:
+                conn.close()
+                raise
+        except (sqlite3.Error, OSError, SchemaTooNew) as exc:
             raise UsageStoreError(f"usage store {self.path} cannot be opened: {exc}") from exc
         try:
             with conn:
@@ -134,23 +153,6 @@ class UsageStore:
             raise UsageStoreError(f"usage store {self.path}: {exc}") from exc
         finally:
             conn.close()
-
-    def _init(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.close(fd)
-        except FileExistsError:
-            pass
-        conn = sqlite3.connect(self._uri("rw"), timeout=5.0, uri=True)
-        try:
-            # WAL: a CLI or API read never waits for the gateway's write, nor blocks it.
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            conn.commit()
-        finally:
-            conn.close()
-        self._initialised = True
 
     # -- the gateway's writer --------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 # compare.sh — the acceptance gate's whole protocol on the lent H200 for the eager/graph pair:
 #   appliance compare cuda-smollm2-eager cuda-smollm2-graph --json
 # (proof → smoke → first five per tier → re-runs of a small gain → median score → accuracy with the
-# last word; one discarded warm-up request per tier on both arms). Issue 33: the standard mode — every
+# last word; one discarded warm-up request per tier on both arms). the standard mode — every
 # measured request carries its tier's declared max output (1024 tokens, appliance/evaluation/
 # bench_tiers.py) and stops at EOS, not the old 64-token cap; the graph arm declares
 # varies-across-restarts, so its smoke length, length hold and accuracy come from its eager twin
