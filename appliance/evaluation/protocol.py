@@ -25,7 +25,7 @@ restarts (a graph arm) never feeds a gate that reads the token stream. The smoke
 like-for-like length hold and the accuracy veto read its eager twin's records instead (`tokens`),
 and the evidence says so; its failures, throughput, latency and SLA stay its own.
 
-Stopping early : a compare whose proof or smoke failed ends before the tiers are
+Stopping early: a compare whose proof or smoke failed ends before the tiers are
 benched; the arm not benched carries `stopped`, and the steps after the smoke are skipped.
 
 A FAIL anywhere rejects; otherwise a HOLD makes the verdict noise (not accepted); a candidate that
