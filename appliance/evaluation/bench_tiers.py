@@ -11,7 +11,7 @@ positions and weights and the long tier ends at the last input length that still
 the scaled 4–8K tier would start below `MIN_TIER_INPUT_TOKENS`, no tier fits: the bench refuses
 with that reason instead of measuring prompts too short to mean anything.
 
-Output lengths : every tier declares the task's maximum output (`Tier.max_output`),
+Output lengths: every tier declares the task's maximum output (`Tier.max_output`),
 and the measured requests carry it and stop at EOS, so the output-length parity of seed 004 §6
 (775 vs 887 tokens over a tier's first five) can show. The seeds do not record the number the
 official `run_throughput.sh` passed (003 §639 runs it without showing its arguments); what they do

@@ -3,7 +3,7 @@ own client: greedy chat completions that stop naturally, one at a time (a fixed 
 so the two arms see the same schedule; DOMAIN §7: eager's reproducibility holds for a fixed batch).
 A failed request scores 0 and is recorded with its error.
 
-What is scored is what the model answered : the content, or the reasoning text
+What is scored is what the model answered: the content, or the reasoning text
 when the content is empty and the recipe runs a reasoning parser (the reference recipes run qwen3's,
 which moves everything before `</think>` out of `message.content`). A reasoning recipe's items get
 `REASONING_BUDGET_TOKENS` more than the answer budgets, so a thinking model is not cut off before
