@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_model import DeploymentCheck
 
 RESULT_PREFIX = "APPLIANCE-DEPLOYMENT "
@@ -201,3 +202,14 @@ def version_summary(facts: DeploymentFacts) -> str:
         mem = f", {d.total_memory_bytes / 2**30:.0f} GiB" if d.total_memory_bytes is not None else ""
         parts.append(f"GPU{d.index} {d.name} ({arch}{mem})")
     return "; ".join(parts) if parts else "no versions reported"
+
+
+def probe_argv(spec: LaunchSpec, script: str) -> tuple[str, ...]:
+    """The probe's command where the engine runs: the engine's own interpreter (the process
+    runtime's `python`, else argv[0] of an engine started as `python …`), behind the same sourcing
+    wrapper as the engine (DOMAIN §2: the DTK env scripts first)."""
+    python = spec.runtime.engine_python()
+    if python is None:
+        head = spec.argv[0] if spec.argv else ""
+        python = head if os.path.basename(head).startswith("python") else "python3"
+    return spec.model_copy(update={"argv": (python, "-c", script)}).command()
