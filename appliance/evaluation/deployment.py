@@ -171,7 +171,8 @@ def evaluate(check: DeploymentCheck | None, facts: DeploymentFacts) -> list[str]
     if facts.vllm_error is not None or facts.vllm_dir is None:
         out.append(f"vllm does not import in the engine's interpreter: {facts.vllm_error or 'no path'}")
     elif not (_same_dir(facts.vllm_dir, check.import_root)
-              or (facts.vllm_file is not None and _same_dir(os.path.dirname(facts.vllm_file), check.import_root))):
+              or (facts.vllm_file is not None
+                  and _same_dir(os.path.dirname(facts.vllm_file), check.import_root))):
         out.append(f"vllm imports from {os.path.dirname(facts.vllm_file or facts.vllm_dir)}, "
                    f"expected {check.import_root}")
     for rel in check.files:

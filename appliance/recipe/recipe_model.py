@@ -294,7 +294,8 @@ class DeploymentCheck(Strict):
     def _relative(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         bad = [f for f in value if not f or f.startswith("/") or ".." in f.split("/")]
         if bad:
-            raise ValueError(f"deployment files are relative to the source and site roots, without '..': {bad}")
+            raise ValueError(
+                f"deployment files are relative to the source and site roots, without '..': {bad}")
         return value
 
     @model_validator(mode="after")
