@@ -312,3 +312,14 @@ def test_without_a_declaration_the_versions_are_still_recorded_and_judge_nothing
     assert events[1]["data"]["versions"] == "vllm 0.26.0"
     proof = proof_from_events(events)
     assert proof.problems == [] and "deployment_declared" not in proof.model_dump()
+
+
+def test_appliance_launches_shows_the_versions_and_the_deployment_verdict() -> None:
+    from controller.cli.launch_view import launch_lines
+
+    events = _on_ready(ExecRuntime(RESULT_PREFIX + GOOD.model_copy(update={
+        "versions": {"vllm": "0.26.0"}}).model_dump_json()), CHECK)
+    lines = launch_lines({"id": "L1", "events": [{**e, "at": 0.0} for e in events]})
+    block = [line for line in lines if line.startswith("deployment") or line.startswith("  v")]
+    assert block[0].startswith("deployment as declared")
+    assert block[1:] == ["  versions: vllm 0.26.0", "  vllm:     /src/vllm/__init__.py"]
