@@ -30,7 +30,7 @@ from controller.api.gpu import gpu_router
 from controller.api.keys import keys_router
 from controller.api.usage import usage_router
 from controller.api_context import ApiContext
-from controller.evaluation.proof import ready_hook, recipe_expectations
+from controller.evaluation.proof import ready_hook, recipe_deployment, recipe_expectations
 from controller.gateway.control import ControlGateway
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Runtime
@@ -163,7 +163,8 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes),
         unavailable_runtimes={kind: gap.reason for kind, gap in missing.items()},
         process_peaks=watch.process_peaks,
-        on_ready=ready_hook(runtimes, recipe_expectations(preflight.recipe), events.note), events=events,
+        on_ready=ready_hook(runtimes, recipe_expectations(preflight.recipe), events.note,
+                            recipe_deployment(preflight.recipe, str(cfg.home))), events=events,
     )
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from appliance.evaluation.accuracy import AccuracyResult
 from appliance.evaluation.bench_tiers import SEED_TIERS, Tier, weighted_score
@@ -126,12 +127,31 @@ class ProofResult(BaseModel):
     forbidden: dict[str, bool] = Field(default_factory=dict)  # must-not-appear marker → seen
     # The scheduler limits the engine logged (appliance/observe/launch_proof.engine_limits).
     engine_limits: dict[str, int] = Field(default_factory=dict)
+    # Seed 004 §7's deployment check (controller/evaluation/deployment.py): whether the recipe
+    # declared one, and the `deployment-proof` record (facts, versions, problems) once it landed.
+    deployment_declared: bool = False
+    deployment: dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_deployment(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A result without a deployment check dumps exactly as before (stored results, fixtures).
+        data: dict[str, Any] = handler(self)
+        if not self.deployment_declared:
+            data.pop("deployment_declared", None)
+        if self.deployment is None:
+            data.pop("deployment", None)
+        return data
 
     @property
     def problems(self) -> list[str]:
         out = [f"log marker not seen: {m!r}" for m, seen in self.markers.items() if not seen]
         out += [f"checksum mismatch: {p}" for p, ok in self.checksums.items() if not ok]
         out += [f"must-not-appear marker seen: {m!r}" for m, seen in self.forbidden.items() if seen]
+        if self.deployment is not None:
+            out += [f"deployment: {p}" for p in self.deployment.get("problems") or []]
+        elif self.deployment_declared:
+            out.append("deployment: the declared deployment check has no result on the launch "
+                       "(the probe had not landed or could not be recorded)")
         return out
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from appliance.engine_names import ENGINE_KEY_ENV
+from appliance.host_facts import HOME_PLACEHOLDER
 from appliance.recipe.key_chars import ERROR_TYPE as KEY_CHARS_ERROR
 from appliance.recipe.key_chars import key_problem
 from appliance.recipe_terms import Platform as Platform  # re-exported: defined in a leaf for the plug-ins
@@ -270,6 +271,48 @@ class TierSlo(Strict):
     tpot_ms: float | None = Field(default=None, gt=0)
 
 
+class DeploymentCheck(Strict):
+    """Seed 004 §7's deployment check, run in the engine's own interpreter once it is ready: each
+    patched file compiles (`python3 -m py_compile`), the installed copy is byte-identical to the
+    source (`cmp -s "$SRC/$F" "$SITE/$F"`), and `import vllm` resolves to the expected directory
+    (`cd /tmp && python3 -c "import vllm; print(vllm.__file__)"`). One GDN deployment copied three
+    files and left the installed platforms/rocm.py old: it failed at import before the candidate ran."""
+
+    files: tuple[str, ...] = Field(
+        default=(), description="Patched files, relative to both roots (e.g. vllm/envs.py).")
+    source_root: str | None = Field(
+        default=None, description="Where the patched sources are (required with files).")
+    site_root: str | None = Field(
+        default=None, description="Where they are installed; unset: the directory the engine imports "
+        "vllm from (the parent of the imported package), so the copy compared is the one that runs.")
+    import_root: str = Field(
+        description="The directory `import vllm` must resolve to in the engine's interpreter "
+        "(the package directory, e.g. /src/vllm); ${APPLIANCE_HOME} is substituted.")
+
+    @field_validator("files")
+    @classmethod
+    def _relative(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [f for f in value if not f or f.startswith("/") or ".." in f.split("/")]
+        if bad:
+            raise ValueError(
+                f"deployment files are relative to the source and site roots, without '..': {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _source_for_files(self) -> DeploymentCheck:
+        if self.files and self.source_root is None:
+            raise ValueError("deployment files need a source_root to compare against")
+        return self
+
+    def expanded(self, home: str) -> DeploymentCheck:
+        """With ${APPLIANCE_HOME} substituted (the only placeholder recipes may use)."""
+        def sub(text: str | None) -> str | None:
+            return None if text is None else text.replace(HOME_PLACEHOLDER, home.rstrip("/") or "/")
+        return self.model_copy(update={
+            "source_root": sub(self.source_root), "site_root": sub(self.site_root),
+            "import_root": sub(self.import_root) or self.import_root})
+
+
 class Expectations(Strict):
     ready_budget_s: int = Field(ge=10, description="How long a start may take before it is a failure.")
     stall_window_s: int = Field(
@@ -308,6 +351,9 @@ class Expectations(Strict):
         default_factory=dict,
         description="Optional absolute SLO targets per benchmark tier (4-8K, 8-16K, 16-32K), for goodput.",
     )
+    deployment: DeploymentCheck | None = Field(
+        default=None, description="Seed 004 §7's file-by-file deployment check, run in the engine's "
+        "own interpreter after ready; a mismatch fails the proof (controller/evaluation/deployment.py).")
 
     @field_validator("checksums")
     @classmethod
@@ -318,6 +364,14 @@ class Expectations(Strict):
                 f"checksums must be md5 (32 hex characters) or sha256 (64 hex characters) digests: {bad}"
             )
         return {p: d.lower() for p, d in value.items()}
+
+    @model_serializer(mode="wrap")
+    def _omit_no_deployment(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A recipe without a deployment check dumps (and so diffs and hashes) exactly as before.
+        data: dict[str, Any] = handler(self)
+        if self.deployment is None:
+            data.pop("deployment", None)
+        return data
 
     @field_validator("slo")
     @classmethod

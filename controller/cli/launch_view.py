@@ -94,6 +94,7 @@ def launch_lines(record: dict[str, Any], compile_lines: Sequence[str] = ()) -> l
             out.append(f"  GPU {card} during {phase}: {_gib(peak.get('used_max_bytes'))} of "
                        f"{_gib(peak.get('total_bytes'))}{busy_text}")
     out += _rank_lines((r.get("engine") or {}).get("ranks") or {})
+    out += _deployment_lines(r.get("events") or [])
     ooms = r.get("oom") or []
     if ooms:
         victims = sorted({str(o.get("task") or o.get("victim") or "?") for o in ooms})
@@ -122,4 +123,23 @@ def _rank_lines(ranks: dict[str, Any]) -> list[str]:
         out.append(f"  rank {rank}: pid {v.get('pid') or '-'}, furthest {v.get('furthest') or '-'}, "
                    f"compile cache {v.get('cache_outcome') or 'unknown'}, "
                    f"RssAnon peak {_gib(v.get('anon_peak_bytes'))}")
+    return out
+
+
+def _deployment_lines(events: Sequence[dict[str, Any]]) -> list[str]:
+    """The latest `deployment-proof` event (controller/evaluation/deployment.py): the versions seed
+    004 §11 asks to record, and the deployment check's verdict."""
+    found = [e for e in events if e.get("kind") == "deployment-proof"]
+    if not found:
+        return []
+    event = found[-1]
+    d = event.get("data") or {}
+    facts = d.get("facts") or {}
+    problems = d.get("problems") or []
+    verdict = ("MISMATCH" if problems else
+               "as declared" if d.get("declared") else "not declared (versions only)")
+    out = [f"deployment {verdict}  (probe landed {_when(event.get('at'))}, {d.get('probe_s', '-')} s)",
+           f"  versions: {d.get('versions') or '-'}",
+           f"  vllm:     {facts.get('vllm_file') or facts.get('vllm_error') or facts.get('error') or '-'}"]
+    out += [f"  problem:  {p}" for p in problems]
     return out

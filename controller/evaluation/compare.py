@@ -56,6 +56,7 @@ from controller.evaluation.bench import (
 )
 from controller.evaluation.cards import read_cards
 from controller.evaluation.client import EngineClient
+from controller.evaluation.deployment import PROBE_TIMEOUT_S
 from controller.evaluation.smoke import SMOKE_TIER, LogReader, run_smoke
 from controller.evaluation.store import EvalStore
 
@@ -128,6 +129,17 @@ class Control:
                 )
             await asyncio.sleep(self.poll_s)
 
+    async def deployment_landed(self, info: LaunchInfo, s: dict[str, Any]) -> LaunchInfo:
+        """The arm's record once its declared deployment probe has landed (it runs in the engine's
+        interpreter after ready: seconds), bounded by the probe's own timeout; after that the proof
+        step fails on the missing result (ProofResult.problems), never passes without it."""
+        deadline = time.monotonic() + PROBE_TIMEOUT_S + 30.0
+        while (info.proof.deployment_declared and info.proof.deployment is None
+               and time.monotonic() < deadline):
+            await asyncio.sleep(self.poll_s)
+            info = await self.describe(s)
+        return info
+
     async def switch(self, recipe: str, *, warm: bool, timeout_s: float, progress: Progress) -> LaunchInfo:
         s = await self.status()
         current = (s.get("launch") or {}).get("id")
@@ -142,6 +154,7 @@ class Control:
             await self.restart()
             s = await self.wait_ready(recipe, timeout_s, info.launch_id)
             info = await self.describe(s)
+        info = await self.deployment_landed(info, s)
         progress(
             {
                 "phase": "arm-ready",

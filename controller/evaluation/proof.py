@@ -24,9 +24,12 @@ from appliance.evaluation.bench_result import ProofResult
 from appliance.observe.launch_proof import DEFAULT_FORBIDDEN_MARKERS, LaunchProof, digest_algorithm, evaluate
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
+from appliance.recipe.recipe_model import DeploymentCheck
 from appliance.runtimes.base import Placement
 from appliance.runtimes.registry import for_spec
-from controller.runtime.base import EngineFiles, EngineHandle, EngineRuntimeError, Runtime
+from controller.evaluation.deployment import DEPLOYMENT_EVENT, deployment_record
+from controller.evaluation.deployment import summary as deployment_summary
+from controller.runtime.base import EngineExec, EngineFiles, EngineHandle, EngineRuntimeError, Runtime
 from controller.supervisor.preflight import UnknownRecipe, caches_elsewhere
 
 log = logging.getLogger("appliance.evaluation.proof")
@@ -41,9 +44,12 @@ MAX_LISTED_ARTIFACTS = 50
 def proof_from_events(events: Iterable[dict[str, Any]]) -> ProofResult:
     """The latest `kernel-proof` event of a launch record; empty when the recipe declares nothing."""
     latest: dict[str, Any] | None = None
+    deployment: dict[str, Any] | None = None
     for event in events:
         if event.get("kind") == PROOF_EVENT:
             latest = event.get("data") or {}
+        elif event.get("kind") == DEPLOYMENT_EVENT:
+            deployment = event.get("data") or {}
     if latest is None:
         return ProofResult()
     return ProofResult(
@@ -51,6 +57,8 @@ def proof_from_events(events: Iterable[dict[str, Any]]) -> ProofResult:
         checksums=dict(latest.get("checksums") or {}),
         forbidden=dict(latest.get("forbidden") or {}),
         engine_limits={str(k): int(v) for k, v in (latest.get("engine_limits") or {}).items()},
+        deployment_declared=bool(latest.get("deployment_declared")),
+        deployment=deployment,
     )
 
 
@@ -195,14 +203,34 @@ def ready_hook(
     runtimes: dict[str, Runtime],
     expectations: Callable[[str], Declared],
     note: Note,
+    deployment: Callable[[str], DeploymentCheck | None] | None = None,
 ) -> ReadyHook:
     """The supervisor's on-ready hook. `expectations(recipe)` → (markers, checksums[, forbidden
-    markers]) of the recipe; the default must-not-appear markers are always checked."""
+    markers]) of the recipe; the default must-not-appear markers are always checked.
+    `deployment(recipe)` → its `expect.deployment` (home substituted): after the kernel-path proof,
+    the deployment probe runs in the engine's interpreter and lands as a `deployment-proof` event."""
 
     async def on_ready(launch_id: str, spec: LaunchSpec, handle: EngineHandle) -> None:
         runtime = runtimes.get(handle.runtime)
         if runtime is None:
             return
+        check: DeploymentCheck | None = None
+        if deployment is not None:
+            try:
+                check = await asyncio.to_thread(deployment, spec.recipe)
+            except (RecipeError, UnknownRecipe, KeyError, OSError, ValueError):
+                check = None
+        await kernel_proof(launch_id, spec, handle, runtime, check is not None)
+        if deployment is None or (check is None and not isinstance(runtime, EngineExec)):
+            return  # nothing declared and nothing this runtime can read: no record to make
+        record = await asyncio.to_thread(deployment_record, runtime, spec, handle, check)
+        note(DEPLOYMENT_EVENT, deployment_summary(record), launch_id, record)
+        if record["problems"]:
+            note(WARNING_EVENT, "; ".join(record["problems"]), launch_id, {"problems": record["problems"]})
+
+    async def kernel_proof(
+        launch_id: str, spec: LaunchSpec, handle: EngineHandle, runtime: Runtime, deployment_declared: bool
+    ) -> None:
         forbidden: tuple[str, ...] = ()
         try:
             declared = await asyncio.to_thread(expectations, spec.recipe)
@@ -223,7 +251,10 @@ def ready_hook(
             f"{_cache_summary(proof.compile_cache)}; "
             f"loads/compiles per rank { ({k: (v.loads, v.compiles) for k, v in proof.ranks.items()}) }"
         )
-        note(PROOF_EVENT, summary, launch_id, proof.model_dump(mode="json"))
+        # Whether a deployment-proof event is to follow: a bench that reads the record before it
+        # lands fails the proof instead of passing without it (ProofResult.problems).
+        note(PROOF_EVENT, summary, launch_id, {**proof.model_dump(mode="json"),
+                                               "deployment_declared": deployment_declared})
         if problems:
             note(WARNING_EVENT, "; ".join(problems), launch_id, {"problems": problems})
 
@@ -238,5 +269,15 @@ def recipe_expectations(
     def lookup(name: str) -> Declared:
         expect = recipe_of(name).expect
         return tuple(expect.markers), dict(expect.checksums), tuple(expect.forbidden_markers)
+
+    return lookup
+
+
+def recipe_deployment(recipe_of: Callable[[str], Any], home: str) -> Callable[[str], DeploymentCheck | None]:
+    """A recipe's `expect.deployment` with ${APPLIANCE_HOME} substituted (None: none declared)."""
+
+    def lookup(name: str) -> DeploymentCheck | None:
+        check: DeploymentCheck | None = recipe_of(name).expect.deployment
+        return check.expanded(home) if check is not None else None
 
     return lookup

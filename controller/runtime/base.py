@@ -9,6 +9,7 @@ daemon). Methods are synchronous (the docker SDK is); the async supervisor drive
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -155,6 +156,17 @@ class ProvenanceSource(Protocol):
 class EngineFiles(Protocol):
     def engine_file(self, handle: EngineHandle, path: str) -> bytes:
         """A file as the engine sees it (inside its container); raises on any failure to read."""
+        ...
+
+
+@runtime_checkable
+class EngineExec(Protocol):
+    def engine_exec(
+        self, spec: LaunchSpec, handle: EngineHandle, argv: Sequence[str], timeout_s: float
+    ) -> tuple[int | None, str]:
+        """Run `argv` where the engine runs (its host or its container), with its environment, for at
+        most `timeout_s`: (exit code, or None when it ran out of time; stdout and stderr). Raises
+        EngineRuntimeError when it cannot be run at all. Never touches the engine itself."""
         ...
 
 

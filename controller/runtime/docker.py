@@ -479,6 +479,22 @@ class DockerRuntime:
         """A file as the engine sees it inside its container (EngineFiles)."""
         return _container_file(self.client.containers.get(handle.ref), path)
 
+    def engine_exec(
+        self, spec: LaunchSpec, handle: EngineHandle, argv: Sequence[str], timeout_s: float
+    ) -> tuple[int | None, str]:
+        """Run `argv` inside the engine's container (EngineExec): `docker exec`, which gets the
+        container's environment. The SDK's exec has no timeout of its own, so coreutils `timeout`
+        bounds it inside the container (exit 124: out of time; its KILL 5 s later if TERM is ignored)."""
+        bounded = ["timeout", "-k", "5", str(max(1, math.ceil(timeout_s))), *argv]
+        try:
+            result = self.client.containers.get(handle.ref).exec_run(bounded, stdout=True, stderr=True)
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise EngineRuntimeError(f"cannot exec in container {handle.ref}: {exc}") from exc
+        output = result.output or b""
+        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+        code = result.exit_code
+        return (None if code in (124, 137) else code), text
+
     @staticmethod
     def engine_key_of(ref: str) -> str | None:
         """The key of container `ref`'s engine, for a CLI without a runtime object

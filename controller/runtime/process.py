@@ -38,8 +38,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -400,6 +402,23 @@ class ProcessRuntime:
         found = shutil.which(python, path=env.get("PATH"))
         versions = package_versions(Path(found), env) if found else {}
         return Provenance(interpreter=found or python, packages=versions)
+
+    def engine_exec(
+        self, spec: LaunchSpec, handle: EngineHandle, argv: Sequence[str], timeout_s: float
+    ) -> tuple[int | None, str]:
+        """Run `argv` on this host with the engine's environment (EngineExec), from the temporary
+        directory (seed 004 §7: `cd /tmp`, so no working directory shadows the engine's packages)."""
+        try:
+            proc = subprocess.run(
+                list(argv), env=engine_env(spec.env), cwd=tempfile.gettempdir(), capture_output=True,
+                text=True, errors="replace", timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            return None, out.decode(errors="replace") if isinstance(out, bytes) else out
+        except OSError as exc:
+            raise EngineRuntimeError(f"cannot run {argv[0]!r}: {exc}") from exc
+        return proc.returncode, proc.stdout + proc.stderr
 
     @staticmethod
     def engine_key_of(ref: str) -> str | None:

@@ -350,3 +350,19 @@ def test_a_failed_accuracy_request_voids_the_accuracy_step_instead_of_scoring_ze
     step = _step(g, "accuracy")
     assert step.status is StepStatus.FAIL and g.verdict is Verdict.REJECT
     assert "baseline accuracy request(s) failed (summarization #2): no valid reference" in step.reasons
+
+
+def test_a_deployment_mismatch_or_a_missing_deployment_result_fails_the_proof_step() -> None:
+    # Seed 004 §7: files compiled, byte-identical to the source, vllm imported from the expected root.
+    mismatch = PATH_PROVEN.model_copy(update={"deployment_declared": True, "deployment": {
+        "problems": ["installed file differs from its source: /site/vllm/platforms/rocm.py"]}})
+    base, cand = _arms(proof=mismatch)
+    step = _step(gate(base, cand), "proof")
+    assert step.status is StepStatus.FAIL
+    assert step.reasons == [
+        "candidate proof: deployment: installed file differs from its source: /site/vllm/platforms/rocm.py"]
+    base, cand = _arms(proof=PATH_PROVEN.model_copy(update={"deployment_declared": True}))
+    assert _step(gate(base, cand), "proof").status is StepStatus.FAIL
+    clean = PATH_PROVEN.model_copy(update={"deployment_declared": True, "deployment": {"problems": []}})
+    base, cand = _arms(proof=clean)
+    assert _step(gate(base, cand), "proof").status is StepStatus.PASS

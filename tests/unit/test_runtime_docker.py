@@ -7,6 +7,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.models.containers
 import pydantic
 import pytest
 import requests
@@ -372,3 +373,54 @@ def test_wrong_runtime_kind_is_rejected() -> None:
 def test_make_runtime_rejects_unknown_kinds(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="unknown runtime kind 'podman'"):
         make_runtime("podman", tmp_path)
+
+
+# -- the exec seam (seed 004 §7's deployment probe runs in the engine's container) -----------------
+
+
+class ExecContainer(FakeContainer):
+    def __init__(self, exit_code: int, output: bytes) -> None:
+        super().__init__(None)
+        self.exit_code, self.output = exit_code, output
+        self.execs: list[list[str]] = []
+
+    def exec_run(self, cmd: list[str], **kwargs: Any) -> Any:
+        self.execs.append(cmd)
+        return docker.models.containers.ExecResult(self.exit_code, self.output)
+
+
+class ExecContainers(FakeContainers):
+    def __init__(self, container: ExecContainer | None) -> None:
+        super().__init__(None)
+        self.container = container
+
+    def get(self, ref: str) -> FakeContainer:
+        if self.container is None:
+            raise docker.errors.NotFound(f"No such container: {ref}")
+        return self.container
+
+
+def _exec_client(container: ExecContainer | None) -> FakeClient:
+    client = FakeClient()
+    client.containers = ExecContainers(container)
+    return client
+
+
+def _handle() -> EngineHandle:
+    return EngineHandle(launch_id="L1", runtime="docker", ref="c0ffee", recipe="r", spec_hash="h",
+                        log_path="", started_at=0.0)
+
+
+def test_engine_exec_runs_in_the_container_bounded_by_timeout_and_returns_its_output() -> None:
+    container = ExecContainer(0, b"APPLIANCE-DEPLOYMENT {}\n")
+    code, out = runtime(_exec_client(container)).engine_exec(
+        gfx906_spec(), _handle(), ["python", "-c", "print(1)"], 119.5)
+    assert (code, out) == (0, "APPLIANCE-DEPLOYMENT {}\n")
+    assert container.execs == [["timeout", "-k", "5", "120", "python", "-c", "print(1)"]]
+
+
+def test_engine_exec_reports_a_timeout_and_a_gone_container() -> None:
+    code, _ = runtime(_exec_client(ExecContainer(124, b""))).engine_exec(gfx906_spec(), _handle(), ["x"], 5)
+    assert code is None
+    with pytest.raises(EngineRuntimeError, match="cannot exec in container c0ffee"):
+        runtime(_exec_client(None)).engine_exec(gfx906_spec(), _handle(), ["x"], 5)
