@@ -78,6 +78,9 @@ say "collect"
 "${APP[@]}" launches --json > "$R/launches.json" 2>&1
 for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null); do
   mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null
+  # the launch record with its events: the kernel proof and the deployment probe (versions, devices)
+  "${APP[@]}" launches "$id" --json > "$R/launch-$id.json" 2>/dev/null
+  "${APP[@]}" launches "$id" > "$R/launch-$id.txt" 2>/dev/null
 done
 timeout 30 "${APP[@]}" down > "$R/down.txt" 2>&1
 find "$R" -type f -size +4M -exec truncate -s 4M {} +
