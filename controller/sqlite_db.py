@@ -1,6 +1,6 @@
 """The appliance's one SQLite discipline, for every store: the launch store (controller/store.py) and
 the evaluation store (controller/evaluation/store.py), which share `Paths.db`, and the gateway's key
-store and usage store (controller/gateway/keystore.py, usage_store.py), which each have a file of
+store and usage store (controller/gateway/keystore.py, usage/store.py), which each have a file of
 their own.
 
 - Schema changes are numbered migrations (`Schema`): `PRAGMA user_version` counts the migrations a

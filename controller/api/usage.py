@@ -3,7 +3,7 @@
     GET /usage?since=24h&until=&key=NAME_OR_ID&key=…
 
 Rows (one per key per hour: requests, errors, prompt/completion/total tokens, time) and totals per
-key. A range that cannot be read or is reversed is a 422 naming the field (``usage_report``).
+key. A range that cannot be read or is reversed is a 422 naming the field (``gateway.usage.report``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from controller.gateway.keystore import KeyStore
-from controller.gateway.usage_report import RangeError, parse_range, report, resolve_keys
-from controller.gateway.usage_store import UsageStore, UsageStoreError
+from controller.gateway.usage.report import RangeError, parse_range, report, resolve_keys
+from controller.gateway.usage.store import UsageStore, UsageStoreError
 from controller.settings import paths
 
 

@@ -18,7 +18,7 @@ from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
 from controller.cli.options import JsonOpt
 from controller.cli.startup_display import StartView, eta_phase_line, follow_start
-from controller.gateway.hold_text import status_line
+from controller.gateway.hold.text import status_line
 from controller.settings import (
     CONTROLLER_PORT,
 )

@@ -20,8 +20,8 @@ from controller.api.usage import usage_path
 from controller.cli.keys_cmd import ApiOpt, KeysOpt, _api
 from controller.cli.options import JsonOpt
 from controller.gateway.keystore import KeyStore
-from controller.gateway.usage_report import RangeError, parse_range, report, resolve_keys
-from controller.gateway.usage_store import UsageStore, UsageStoreError
+from controller.gateway.usage.report import RangeError, parse_range, report, resolve_keys
+from controller.gateway.usage.store import UsageStore, UsageStoreError
 from controller.settings import paths
 
 _COLUMNS = ("hour_utc", "key_id", "key_name", "requests", "errors", "prompt_tokens", "completion_tokens",

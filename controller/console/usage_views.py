@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 from controller.console.charts import PALETTE, Series, line_chart
 from controller.gateway.keystore import LIMIT_BOUNDS, KeyRecord
-from controller.gateway.usage_store import HOUR_S, UsageStore, UsageStoreError, hour_of
+from controller.gateway.usage.store import HOUR_S, UsageStore, UsageStoreError, hour_of
 
 MAX_SERIES = 8
 RANGES_DAYS = (1, 7, 30)

@@ -24,7 +24,7 @@ from controller import admin_token
 from controller.api_context import ApiContext
 from controller.console import charts
 from controller.gateway import control
-from controller.gateway.hold_text import status_line
+from controller.gateway.hold.text import status_line
 from controller.store import LaunchRecord, redact_spec
 from controller.supervisor.driver import Driver
 from controller.supervisor.gateway_link import NoGateway

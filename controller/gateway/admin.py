@@ -6,7 +6,7 @@
          new requests go to ``url`` at once (or get 503/queue when null); the call returns after
          requests on the previous upstream ended or were aborted at the deadline.
          With ``"url": null`` and a ``"hold": {"reason", "wait_s", "expected_ready_s"}``, new
-         requests are held (``hold.py``) instead of refused, until the next upstream is set; with
+         requests are held (``hold/queue.py``) instead of refused, until the next upstream is set; with
          ``"url": null`` and no hold, any held requests get 503 with ``"detail"`` (why: the
          diagnosis' one line, "stopped") at once.
     PUT  /admin/hold       {"reason", "wait_s", "expected_ready_s"}: renew the hold (a later
@@ -37,7 +37,7 @@ from controller.gateway.asgi import (
     send_json,
 )
 from controller.gateway.auth import AdminAuth
-from controller.gateway.hold import MAX_WAIT_S, Hold, HoldPlan
+from controller.gateway.hold.queue import MAX_WAIT_S, Hold, HoldPlan
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.slot import Slot, Upstream
 

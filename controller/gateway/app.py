@@ -30,14 +30,14 @@ from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error
 from controller.gateway.auth import AdminAuth, KeyCache
 from controller.gateway.config import GatewayConfig, MetricsAccess
 from controller.gateway.gc_pauses import settle_heap
-from controller.gateway.hold import Hold, bind_metrics
+from controller.gateway.hold.queue import Hold, bind_metrics
 from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.proxy import Proxy, Tee
 from controller.gateway.slot import Slot
-from controller.gateway.usage import Accounting
-from controller.gateway.usage_store import UsageStore
+from controller.gateway.usage.accounting import Accounting
+from controller.gateway.usage.store import UsageStore
 
 log = logging.getLogger(__name__)
 

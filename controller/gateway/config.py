@@ -42,7 +42,7 @@ class GatewayConfig:
     queue_max: int = 64
     queue_timeout_s: float = 30.0
     retry_after_s: int = 5
-    # --- holding requests while the controller switches engines on purpose (``hold.py``) ---
+    # --- holding requests while the controller switches engines on purpose (``hold/queue.py``) ---
     # Most requests held at once, and per key (one client cannot take the whole queue); over: 503.
     hold_max: int = 256
     hold_per_key_max: int = 64
@@ -92,7 +92,7 @@ class GatewayConfig:
     # --- observability surface ---
     metrics_access: MetricsAccess = MetricsAccess.LOOPBACK
     metrics_token_sha256: str | None = None
-    # --- usage and token quotas (``usage.py``) ---
+    # --- usage and token quotas (``usage/accounting.py``) ---
     # Usage per key per hour; default: usage.sqlite3 beside the key store.
     usage_db: Path | None = None
     usage_flush_s: float = 2.0  # how often pending sums are written (and quota levels saved)
@@ -100,7 +100,7 @@ class GatewayConfig:
     usage_max_pending: int = 10_000  # key x hour sums held while the store cannot be written
     # Token quotas: take each request's worst case (max_tokens x n) from its key's buckets when it
     # is admitted, refunded to what the engine counted when it ends, so concurrent requests cannot
-    # overshoot the quota together (``quota.py``). Off: charged when each ends (may overshoot).
+    # overshoot the quota together (``usage/quota.py``). Off: charged when each ends (may overshoot).
     quota_reserve: bool = False
     graceful_shutdown_s: float = 30.0
     log_level: str = "warning"

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from controller.gateway.hold import HoldPlan
+from controller.gateway.hold.queue import HoldPlan
 
 # The admin calls wait for a drain, so their HTTP timeout is the drain deadline plus this margin.
 _MARGIN_S = 10.0

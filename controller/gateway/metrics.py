@@ -29,7 +29,7 @@ Metric (type; labels): meaning
 - appliance_gateway_gc_pause_seconds (histogram; generation): the process's garbage collection
   pauses (``gc_pauses``; observed in the gateway's own process only)
 - appliance_gateway_gc_frozen_objects (gauge): start-up objects kept out of collection (``gc_pauses``)
-- usage per key, token quotas and the usage store: ``usage_metrics``
+- usage per key, token quotas and the usage store: ``usage.metrics``
 
 The hold's series (``hold.bind_metrics`` wires them to the hold: requests held while the controller
 switches engines):
@@ -53,7 +53,7 @@ from prometheus_client.registry import Collector
 
 from controller.gateway.gc_pauses import PauseMeter
 from controller.gateway.upstream_client import IDEMPOTENT_METHODS
-from controller.gateway.usage_metrics import UsageMetrics
+from controller.gateway.usage.metrics import UsageMetrics
 
 PREFIX = "appliance_gateway_"
 

@@ -41,15 +41,14 @@ from controller.gateway.asgi import (
 )
 from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.config import GatewayConfig
-from controller.gateway.hold import Hold
-from controller.gateway.hold_sse import wait_for_release
+from controller.gateway.hold.queue import Hold
+from controller.gateway.hold.sse import wait_for_release
 from controller.gateway.hop_headers import HOP_BY_HOP, end_to_end
 from controller.gateway.jsonbody import BodyError, ModelNotFound, alias_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.protocol import CLIENT_GONE, DISCONNECT_HOOK, DisconnectHook, client_closed
-from controller.gateway.ratelimit_headers import ratelimit_headers
 from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
 from controller.gateway.upstream_client import (
     BrokenResponse,
@@ -63,8 +62,8 @@ from controller.gateway.upstream_client import (
     UpstreamPool,
     may_retry,
 )
-from controller.gateway.usage import Accounting
-from controller.gateway.usage_meter import (
+from controller.gateway.usage.accounting import Accounting
+from controller.gateway.usage.meter import (
     BodyMeter,
     Metering,
     RequestPlan,
@@ -73,7 +72,8 @@ from controller.gateway.usage_meter import (
     Usage,
     plan_request,
 )
-from controller.gateway.usage_request import is_json_media_type, may_stream
+from controller.gateway.usage.ratelimit_headers import ratelimit_headers
+from controller.gateway.usage.request import is_json_media_type, may_stream
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class Proxy:
         return await loop.run_in_executor(self._body_pool, alias_model, body, served, depth, aliases)
 
     async def _plan_request(self, body: bytes, path: str) -> RequestPlan:
-        """What the meter reads of a JSON body (``usage_meter.plan_request``: whether the engine
+        """What the meter reads of a JSON body (``usage.meter.plan_request``: whether the engine
         will stream it, read as the engine reads it) and the body asking the engine for usage."""
         if len(body) <= self.config.inline_json_bytes or self._body_pool is None:
             return plan_request(body, path)
@@ -395,7 +395,7 @@ class Proxy:
         # Checked and aliased for the upstream that is current now; ``_forward`` redoes it in the rare
         # case that the slot changed while the request waited for one.
         served: Upstream | None = None
-        # As the engine reads it (``usage_request.is_json_media_type``): any case, parameters.
+        # As the engine reads it (``usage.request.is_json_media_type``): any case, parameters.
         json_body = bool(body) and is_json_media_type(content_type)
         if json_body:
             served = self.slot.current

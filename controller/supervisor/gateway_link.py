@@ -22,7 +22,7 @@ from controller.gateway.control import GatewayControlError
 
 # Re-exported: the GatewayLink protocol's own type (what `current()` answers).
 from controller.gateway.control import GatewayUpstream as GatewayUpstream
-from controller.gateway.hold import HoldPlan as HoldPlan
+from controller.gateway.hold.queue import HoldPlan as HoldPlan
 
 
 def same_upstream(current: GatewayUpstream | None, url: str, served_model: str,

@@ -40,7 +40,7 @@ class GatewaySync:
         self._next_check = 0.0
         self._unreachable = False
         # The reason of the hold the gateway was last told to keep (None: none); renewed while a
-        # switch goes on, so that the gateway's lease does not lapse (controller/gateway/hold.py).
+        # switch goes on, so that the gateway's lease does not lapse (controller/gateway/hold/queue.py).
         self.holding: str | None = None
         # What the status shows of it: reason, bound, requests held (None until the gateway said),
         # seconds to the expected ready time (as of `at`, the controller's clock).

@@ -1,4 +1,4 @@
-"""The path of a planned switch and the gateway's hold across it (hold_plan.py, controller/gateway/hold.py).
+"""The path of a planned switch and the gateway's hold across it (hold_plan.py, gateway/hold/queue.py).
 
 Owns what the driver used to keep beside the machine for a switch: the bound the current hold
 promised (a renewal never shortens it) and when it is renewed next; which path a switch takes

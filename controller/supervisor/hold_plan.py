@@ -1,6 +1,6 @@
 """How long the gateway holds new requests while the supervisor switches the engine on purpose.
 
-The gateway's hold (controller/gateway/hold.py) is bounded per request by ``wait_s``; by default it
+The gateway's hold (controller/gateway/hold/queue.py) is bounded per request by ``wait_s``; by default it
 comes from the variant's own history: its expected ready time (the median of earlier launches that
 reached ready, warm ones first: a planned restart reuses the compile cache, ARCHITECTURE "Warm-cache
 restart") plus a margin for the drain, the stop and the preflight, capped. Without any history, the

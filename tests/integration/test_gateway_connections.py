@@ -24,7 +24,7 @@ from controller.gateway import control
 from controller.gateway.auth import hash_admin_token
 from controller.gateway.config import GatewayConfig
 from controller.gateway.embedded import RunningGateway, serve_in_loop
-from controller.gateway.hold import HoldPlan
+from controller.gateway.hold.queue import HoldPlan
 from controller.gateway.keystore import KeyStore
 
 ADMIN = "connections-admin-token"

@@ -268,7 +268,7 @@ async def test_usage_per_key_equals_the_engines_token_counters(engine: str, tmp_
     """A mixed load of two keys (non-streamed, streamed with and without usage asked, completions,
     streams the client abandons mid-generation): the per-key usage the gateway stored, summed, is the
     engine's own prompt and generation token counters' increase over the same interval."""
-    from controller.gateway.usage_store import UsageStore
+    from controller.gateway.usage.store import UsageStore
 
     store = KeyStore(tmp_path / "keys.db")
     rec_a, key_a = store.create("a")

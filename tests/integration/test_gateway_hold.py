@@ -22,7 +22,7 @@ from controller.gateway.auth import hash_admin_token
 from controller.gateway.config import GatewayConfig
 from controller.gateway.control import ControlGateway, set_upstream
 from controller.gateway.embedded import serve_in_loop
-from controller.gateway.hold import HoldPlan, Outcome
+from controller.gateway.hold.queue import HoldPlan, Outcome
 from controller.gateway.keystore import KeyStore
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig

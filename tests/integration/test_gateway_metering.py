@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from controller.gateway.config import GatewayConfig
 from controller.gateway.embedded import RunningGateway, serve_in_loop
 from controller.gateway.keystore import KeyRecord, KeyStore
-from controller.gateway.usage_store import UsageStore
+from controller.gateway.usage.store import UsageStore
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = 20  # the upstream's prompt tokens per prompt

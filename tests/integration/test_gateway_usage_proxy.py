@@ -17,7 +17,7 @@ from bench.synthetic_upstream import Shape, SyntheticUpstream
 from controller.gateway.config import GatewayConfig
 from controller.gateway.embedded import serve_in_loop
 from controller.gateway.keystore import KeyStore
-from controller.gateway.usage_store import UsageStore
+from controller.gateway.usage.store import UsageStore
 
 pytestmark = pytest.mark.timeout(120)
 CHUNKS = 6

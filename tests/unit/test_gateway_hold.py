@@ -1,4 +1,4 @@
-"""The gateway's hold (controller/gateway/hold.py): bounded in count, per key and in time; released in
+"""The gateway's hold (controller/gateway/hold/queue.py): bounded in count, per key and in time; released in
 arrival order; answered with the controller's reason when the switch fails; a client that goes away
 is dropped at once. Waits here are a few tenths of a second of real time (outcomes only, no timing)."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from controller.gateway.hold import Hold, HoldPlan, Outcome, Refused, Released, bind_metrics
-from controller.gateway.hold_sse import SseAfterHold, wants_stream
+from controller.gateway.hold.queue import Hold, HoldPlan, Outcome, Refused, Released, bind_metrics
+from controller.gateway.hold.sse import SseAfterHold, wants_stream
 from controller.gateway.metrics import GatewayMetrics
 
 PLAN = HoldPlan("warm restart", wait_s=30.0, expected_ready_s=35.0)

@@ -11,9 +11,7 @@ import pytest
 
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
-from controller.gateway.quota import TokenQuotas
-from controller.gateway.ratelimit_headers import duration, ratelimit_headers
-from controller.gateway.usage_meter import (
+from controller.gateway.usage.meter import (
     OBSERVE,
     BodyMeter,
     Metering,
@@ -22,7 +20,9 @@ from controller.gateway.usage_meter import (
     Usage,
     plan_request,
 )
-from controller.gateway.usage_request import (
+from controller.gateway.usage.quota import TokenQuotas
+from controller.gateway.usage.ratelimit_headers import duration, ratelimit_headers
+from controller.gateway.usage.request import (
     is_json_media_type,
     lax_bool,
     lax_int,

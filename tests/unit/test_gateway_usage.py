@@ -1,4 +1,4 @@
-"""Usage metering (``usage_meter``), token quotas (``quota``), the usage store and the accounting
+"""Usage metering (``usage.meter``), token quotas (``quota``), the usage store and the accounting
 between them. The streams are real bytes from vLLM 0.32's OpenAI server (the CPU engine, smollm2),
 in tests/fixtures/usage/: one stream asked for the final usage event only (``-u``), one for running
 totals on every event too (``-uc``), as the gateway asks."""
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from controller.gateway.keystore import KeyRecord
-from controller.gateway.quota import TokenQuotas
-from controller.gateway.usage import Accounting
-from controller.gateway.usage_meter import (
+from controller.gateway.usage.accounting import Accounting
+from controller.gateway.usage.meter import (
     BodyMeter,
     StreamMeter,
     StreamPlan,
@@ -24,8 +23,9 @@ from controller.gateway.usage_meter import (
     ask_for_usage,
     parse_usage,
 )
-from controller.gateway.usage_metrics import MAX_KEY_LABELS, UsageMetrics
-from controller.gateway.usage_store import HourUsage, UsageStore
+from controller.gateway.usage.metrics import MAX_KEY_LABELS, UsageMetrics
+from controller.gateway.usage.quota import TokenQuotas
+from controller.gateway.usage.store import HourUsage, UsageStore
 
 FIX = Path(__file__).parent.parent / "fixtures" / "usage"
 STREAM_U = (FIX / "vllm-0.32-stream-u.bin").read_bytes()

@@ -10,9 +10,7 @@ import json
 import pytest
 
 from controller.gateway.keystore import KeyRecord
-from controller.gateway.quota import TokenQuotas
-from controller.gateway.ratelimit_headers import ratelimit_headers
-from controller.gateway.usage_meter import (
+from controller.gateway.usage.meter import (
     _MAX_BODY,
     OBSERVE,
     BodyMeter,
@@ -23,7 +21,9 @@ from controller.gateway.usage_meter import (
     plan_request,
     with_stream_options,
 )
-from controller.gateway.usage_request import is_json_media_type, parse_body
+from controller.gateway.usage.quota import TokenQuotas
+from controller.gateway.usage.ratelimit_headers import ratelimit_headers
+from controller.gateway.usage.request import is_json_media_type, parse_body
 
 ASK_BOTH = {"include_usage": True, "continuous_usage_stats": True}
 USAGE = b'"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2}'

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from controller import store as launch_store
-from controller.gateway import keystore, usage_store
+from controller.gateway import keystore
 from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.keystore import KeyRecord, KeyStore, KeyStoreUnavailable
-from controller.gateway.usage_store import HourUsage, UsageStore, UsageStoreError
+from controller.gateway.usage import store as usage_store
+from controller.gateway.usage.store import HourUsage, UsageStore, UsageStoreError
 from controller.sqlite_db import prepare_file
 from controller.store import Store, StoreError
 

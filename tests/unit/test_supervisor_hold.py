@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.observe.ready_eta import PastLaunch, StartState
-from controller.gateway.hold_text import status_line
+from controller.gateway.hold.text import status_line
 from controller.runtime.base import ExitInfo
 from controller.supervisor.hold_plan import HoldPolicy, expected_ready_s, plan
 from controller.supervisor.machine import STOPPED_DETAIL, Machine, State, transition

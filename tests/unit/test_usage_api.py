@@ -21,8 +21,8 @@ from controller.api.usage import usage_router
 from controller.cli.main import _register, app
 from controller.cli.usage_cmd import csv_cell
 from controller.gateway.keystore import KeyStore
-from controller.gateway.usage_report import RangeError, parse_range
-from controller.gateway.usage_store import HourUsage, UsageStore, hour_of
+from controller.gateway.usage.report import RangeError, parse_range
+from controller.gateway.usage.store import HourUsage, UsageStore, hour_of
 
 H = {"Authorization": "Bearer ok"}
 NOW = 1_800_001_800.0  # half past an hour
@@ -99,7 +99,7 @@ def _seed_usage(store: KeyStore) -> tuple[str, str]:
 
 
 def test_usage_rows_and_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("controller.gateway.usage_report.time.time", lambda: NOW)
+    monkeypatch.setattr("controller.gateway.usage.report.time.time", lambda: NOW)
     store = KeyStore(tmp_path / "k.db")
     a, b = _seed_usage(store)
     c = client(store)
@@ -136,7 +136,7 @@ def test_range_spellings() -> None:
 
 
 def test_cli_usage_and_keys_update(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("controller.gateway.usage_report.time.time", lambda: NOW)
+    monkeypatch.setattr("controller.gateway.usage.report.time.time", lambda: NOW)
     _register()
     store = KeyStore(tmp_path / "keys.sqlite3")
     a, _ = _seed_usage(store)
@@ -163,7 +163,7 @@ def test_cli_usage_and_keys_update(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_cli_usage_csv_neutralises_formula_key_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       name: str) -> None:
     # OWASP CSV injection: a cell starting with = + - @ TAB CR gets a leading ' (read as text).
-    monkeypatch.setattr("controller.gateway.usage_report.time.time", lambda: NOW)
+    monkeypatch.setattr("controller.gateway.usage.report.time.time", lambda: NOW)
     _register()
     store = KeyStore(tmp_path / "keys.sqlite3")
     k, _ = store.create(name)

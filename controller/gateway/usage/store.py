@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.gateway.quota import BucketState
+from controller.gateway.usage.quota import BucketState
 from controller.sqlite_db import Schema, SchemaTooNew, check_version, connect_file, prepare_file
 
 HOUR_S = 3600

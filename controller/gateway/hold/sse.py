@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from controller.gateway.asgi import Message, Scope, Send, error_body, send_error
-from controller.gateway.hold import Hold, Outcome, Refused, Released
+from controller.gateway.hold.queue import Hold, Outcome, Refused, Released
 from controller.gateway.slot import Slot, Upstream
 
 EVENT_STREAM = b"text/event-stream"

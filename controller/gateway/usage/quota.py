@@ -2,7 +2,7 @@
 
 A bucket holds up to the limit and refills continuously (the minute bucket at limit/60 per second,
 the day bucket at limit/86400). A request is let in while its key's buckets are above zero; when it
-ends, the tokens the engine reports (prompt + completion, ``usage_meter``) are taken out, which may
+ends, the tokens the engine reports (prompt + completion, ``usage.meter``) are taken out, which may
 take a bucket below zero: a stream is never cut for its quota, the next request waits instead.
 A refused request gets ``Retry-After``: the seconds until the emptiest bucket is back above zero.
 
@@ -15,7 +15,7 @@ n × prompts; a request without ``max_tokens`` takes whatever is left), and the 
 engine counted is given back when it ends (``settle``). Concurrent requests then stop at the level.
 Answers to keys with limits carry where the key stands (``standing`` → ``ratelimit_headers``).
 
-Wall-clock time, not monotonic: the levels are saved with the usage (``usage_store``) and restored
+Wall-clock time, not monotonic: the levels are saved with the usage (``usage.store``) and restored
 at start-up, refilled for the time the gateway was down, so a restart does not hand out a new day.
 Pure bookkeeping with an injected clock (tests drive time by hand); the event loop is its only
 caller, so no locks.

@@ -1,5 +1,5 @@
 """How the status (CLI and console Now page) says the gateway's hold during a planned switch:
-"holding 3 requests (restart), each up to 75 s; ready in ~35 s" (controller/gateway/hold.py).
+"holding 3 requests (restart), each up to 75 s; ready in ~35 s" (controller/gateway/hold/queue.py).
 Plain text from the status' ``hold`` object; no imports, so the CLI can use it cheaply."""
 
 from __future__ import annotations

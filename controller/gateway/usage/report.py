@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from controller.gateway.keystore import KeyRecord
-from controller.gateway.usage_store import UsageRow
+from controller.gateway.usage.store import UsageRow
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -1,5 +1,5 @@
 """Per-key usage: what the proxy reports when a request ends, summed per key per hour in memory,
-counted in Prometheus, charged to the token quotas, and written to ``usage_store`` off the request
+counted in Prometheus, charged to the token quotas, and written to ``usage.store`` off the request
 path.
 
 The request path does dictionary arithmetic only (``Accounting.record``). A writer task hands the
@@ -9,7 +9,7 @@ key × hour): past that, a request's usage is dropped, and the drop is counted
 (``appliance_gateway_usage_dropped_total``, alert ``ApplianceGatewayUsageLost``) and logged, never silent.
 A failing store never fails a request.
 
-Metrics: ``usage_metrics``.
+Metrics: ``usage.metrics``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Callable
 
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import LimitExceeded
-from controller.gateway.quota import TokenQuotas
-from controller.gateway.usage_meter import Usage
-from controller.gateway.usage_metrics import UsageMetrics
-from controller.gateway.usage_request import RequestFacts
-from controller.gateway.usage_store import HourUsage, UsageStore, UsageStoreError, hour_of
+from controller.gateway.usage.meter import Usage
+from controller.gateway.usage.metrics import UsageMetrics
+from controller.gateway.usage.quota import TokenQuotas
+from controller.gateway.usage.request import RequestFacts
+from controller.gateway.usage.store import HourUsage, UsageStore, UsageStoreError, hour_of
 
 log = logging.getLogger(__name__)
 

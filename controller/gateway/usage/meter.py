@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.gateway.usage_request import RequestFacts, lax_bool, parse_body
+from controller.gateway.usage.request import RequestFacts, lax_bool, parse_body
 
 # The routes whose streams accept ``stream_options`` in vLLM's OpenAI server.
 STREAM_USAGE_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -437,7 +437,7 @@ class Metering:
     def settle(self) -> None:
         """The request reached the engine but no count reached the gateway (the client left
         during the prefill or before a non-streamed body, the answer broke off before its usage):
-        charge what is known of it, the prompt, estimated from its text (``usage_request``)."""
+        charge what is known of it, the prompt, estimated from its text (``usage.request``)."""
         usage = self.usage
         if not self.sent or usage.seen:
             return
