@@ -8,6 +8,7 @@ The rig is test_console.py's (the real controller app over test_api.py's fakes).
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import time
@@ -90,6 +91,38 @@ async def test_the_follow_endpoint_needs_a_session(client: httpx.AsyncClient, ri
     assert r.status_code == 401 and "client-secret" not in r.text
     r = await client.get("/launches/L1/log", headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 200 and r.text == "hello\n" + access
+
+
+SCRAPE = 'INFO:     127.0.0.1:42144 - "GET /metrics HTTP/1.1" 200 OK\n'
+
+
+async def test_the_log_page_hides_access_lines_by_default_and_offers_the_whole_log_for_download(
+    client: httpx.AsyncClient, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 36 item 5: once Prometheus scrapes, the log is mostly access lines
+    body = "(APIServer pid=1) INFO 12-01 10:00:00 [x] Starting vLLM server\n" + SCRAPE * 50 + "the end\n"
+    _launch_with_log(rig, "L1", body + f"api_key={KEY}\n")
+    monkeypatch.setattr(rig.driver, "engine_key", lambda launch_id: KEY if launch_id == "L1" else None)
+    await login(client)
+    page = (await client.get("/console/launches/L1/log")).text
+    assert "Starting vLLM server" in page and "the end" in page and "GET /metrics" not in page
+    assert 'id="access-hidden">(50 hidden)' in page
+    assert 'href="/console/launches/L1/log?access=1"' in page
+    # the follow script gets the server's own pattern, to hide access lines in what it appends
+    pattern = re.search(r'data-access-pattern="([^"]+)"', page)
+    assert pattern and re.match(html.unescape(pattern.group(1)), SCRAPE)
+    shown = (await client.get("/console/launches/L1/log", params={"access": "1"})).text
+    assert shown.count("GET /metrics") == 50 and "data-access-pattern" not in shown
+    assert 'href="/console/launches/L1/log">Hide HTTP access lines' in shown
+    # the download: every line, redacted, as a file
+    assert 'href="/console/launches/L1/log/download"' in page
+    got = await client.get("/console/launches/L1/log/download")
+    assert got.status_code == 200
+    assert got.text.startswith(body) and KEY not in got.text
+    assert got.headers["content-disposition"] == 'attachment; filename="L1.log"'
+    assert (await client.get("/console/launches/nope/log/download")).status_code == 404
+    client.cookies.clear()
+    assert (await client.get("/console/launches/L1/log/download")).status_code == 401
 
 
 # ---- Stop / Restart with the same confirm + CSRF discipline as Apply
