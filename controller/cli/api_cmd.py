@@ -12,6 +12,7 @@ import re
 import time
 from datetime import datetime
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
@@ -335,7 +336,7 @@ def launches(
     launch_id: Annotated[str | None, typer.Argument(
         help="Show this launch (a unique prefix of its ID is enough): phases, cache, memory, diagnosis; "
         "with --json the full record.")] = None,
-    limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many (newest first).")] = 20,
     recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
@@ -356,7 +357,7 @@ def launches(
         for line in explained:
             typer.echo(line, err=True)
         return
-    query = f"/launches?limit={limit}" + (f"&recipe={recipe}" if recipe else "")
+    query = f"/launches?limit={limit}" + (f"&recipe={quote(recipe, safe='')}" if recipe else "")
     rows = _call(client.get, query)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
