@@ -553,7 +553,7 @@ def fingerprint(
 
 def benchmarks(
     recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
-    limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="How many (newest first).")] = 20,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
