@@ -358,7 +358,8 @@ def test_a_refused_connection_says_to_start_the_controller(monkeypatch: pytest.M
                      ["keys", "list"]):
             result = runner.invoke(main.app, [*args, "--api", url])
             assert result.exit_code == 1, (args, result.output)
-            assert "is the controller running? `appliance up` starts it" in result.stderr, (args, result.stderr)
+            hint = "is the controller running? `appliance up` starts it"
+            assert hint in result.stderr, (args, result.stderr)
 
 
 def test_recipes_list_has_a_header_the_running_recipe_and_this_hosts_verdict(

@@ -26,7 +26,8 @@ if not main.app.registered_commands and not main.app.registered_groups:
 
 @pytest.fixture
 async def client(rig: Rig) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=rig.app), base_url="http://127.0.0.1") as c:
+    transport = httpx.ASGITransport(app=rig.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         yield c
 
 
