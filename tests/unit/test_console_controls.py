@@ -157,6 +157,40 @@ async def test_stop_and_restart_are_confirmed_and_need_the_csrf_token(
     assert (await client.get("/console/engine/explode")).status_code == 404
 
 
+async def test_restart_and_stop_confirm_pages_say_the_consequence(
+    client: httpx.AsyncClient, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 36 item 4: Restart shows its path, the hold bound and the ETA from history; Stop says
+    # clients get 503 until the next apply, and how many requests are in flight now
+    await login(client)
+    csrf = _form_token((await client.get("/console/engine/restart")).text, "csrf")
+    assert (await client.post("/console/recipes/cpu-smollm2/apply", data={"csrf": csrf})).status_code == 303
+    await rig.step(1)
+    rig.runtime.current().healthy = True
+    for _ in range(3):
+        await rig.step(20)
+    assert rig.driver.machine.state is State.READY
+    page = (await client.get("/console/engine/restart")).text
+    path = re.search(r'id="switch-path"><strong>Path: (\w+)\.</strong>', page)
+    assert path and path.group(1) == "hold"  # a restart drains first
+    eta = re.search(r'id="restart-eta">Hold bound: each new request waits up to ([\d.]+) s\. '
+                    r"Expected ready in ~([\d.]+) s \(from 1 earlier launch\)", page)
+    assert eta, page
+    plan = rig.driver.switch_plan("cpu-smollm2", rig.driver.view.launch.spec.spec_hash, restart=True)
+    assert float(eta.group(1)) == plan["wait_s"] and float(eta.group(2)) == plan["expected_ready_s"]
+
+    stop = (await client.get("/console/engine/stop")).text
+    assert "Clients get 503 + Retry-After from the gateway until the next Apply or Restart" in stop
+    assert "Requests in flight now: unknown." in stop  # the test gateway does not count them
+
+    async def counting(self: ConsoleData) -> dict[str, object]:
+        return {"attached": True, "upstream": "http://e", "in_flight": 3, "note": None}
+
+    monkeypatch.setattr(ConsoleData, "gateway", counting)
+    stop = (await client.get("/console/engine/stop")).text
+    assert "3 requests in flight now: they finish before the engine stops." in stop
+
+
 # ---- the Now page: one truth for the state line, current MemAvailable and headroom
 
 
