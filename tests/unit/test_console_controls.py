@@ -176,7 +176,9 @@ async def test_restart_and_stop_confirm_pages_say_the_consequence(
     eta = re.search(r'id="restart-eta">Hold bound: each new request waits up to ([\d.]+) s\. '
                     r"Expected ready in ~([\d.]+) s \(from 1 earlier launch\)", page)
     assert eta, page
-    plan = rig.driver.switch_plan("cpu-smollm2", rig.driver.view.launch.spec.spec_hash, restart=True)
+    launch = rig.driver.view.launch
+    assert launch is not None
+    plan = rig.driver.switch_plan("cpu-smollm2", launch.spec.spec_hash, restart=True)
     assert float(eta.group(1)) == plan["wait_s"] and float(eta.group(2)) == plan["expected_ready_s"]
 
     stop = (await client.get("/console/engine/stop")).text
