@@ -64,6 +64,32 @@ def _phrase(status: int | None) -> str:
         return f"an answer the client does not know (HTTP {status})"
 
 
+def detail_words(detail: Any) -> str:
+    """An error detail as a sentence: FastAPI's validation errors (a list of {loc, msg, ...}) become
+    `limit: Input should be greater than or equal to 1`, not the raw JSON they arrive as."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list) and detail and all(isinstance(d, dict) and "msg" in d for d in detail):
+        return "; ".join(_one_error(d) for d in detail)
+    return json.dumps(detail)
+
+
+def _one_error(error: dict[str, Any]) -> str:
+    # `loc` starts with where the value came from (query, body, path): the name after it is what a
+    # reader typed, as an option or a field.
+    where = [str(x) for x in error.get("loc") or () if x not in ("query", "body", "path")]
+    return f"{'.'.join(where)}: {error['msg']}" if where else str(error["msg"])
+
+
+def unreachable(base: str, exc: BaseException) -> str:
+    """Why the controller at `base` did not answer; a refused connection means none is listening."""
+    reason = getattr(exc, "reason", exc)
+    text = f"cannot reach the controller at {base}: {reason}"
+    if isinstance(reason, ConnectionRefusedError):
+        text += "; is the controller running? `appliance up` starts it"
+    return text
+
+
 @dataclass
 class Client:
     base: str
@@ -91,10 +117,9 @@ class Client:
                 detail = json.loads(raw).get("detail", raw)
             except (ValueError, AttributeError):
                 detail = raw
-            raise ApiError(exc.code, detail if isinstance(detail, str) else json.dumps(detail)) from exc
+            raise ApiError(exc.code, detail_words(detail)) from exc
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError(None, f"cannot reach the controller at {self.base}: {reason}") from exc
+            raise ApiError(None, unreachable(self.base, exc)) from exc
 
     def get(self, path: str) -> Any:
         return json.loads(self._request("GET", path)[0])

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -305,6 +305,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
         app.include_router(router)
     # the operator console (controller/console/), own log-in
     app.include_router(console_router(ctx, evals=evals))
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        """A browser pointed at the controller's port lands on the console (it was a bare 404)."""
+        return RedirectResponse("/console/", status.HTTP_307_TEMPORARY_REDIRECT)
+
     return app
 
 

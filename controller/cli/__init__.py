@@ -24,5 +24,6 @@ Modules by role:
   anything runs.
 - ``startup_display``: The CLI's start-up display, fed by the controller API's event stream (the JSON
   calls and their client are controller/api_client.py, shared with the evaluation's controls).
+- ``token_cmd``: `appliance token rotate`: a new admin token when the old one is lost (or leaked).
 - ``usage_cmd``: `appliance usage`: tokens, requests, errors and time per gateway key per hour.
 """

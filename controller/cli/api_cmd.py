@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from datetime import datetime
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
+from appliance.observe.log_filter import LineFollower, LogFilter, SinceError, parse_since
 from controller.api_client import ApiError, Client, api_url
 from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
@@ -332,7 +336,7 @@ def launches(
     launch_id: Annotated[str | None, typer.Argument(
         help="Show this launch (a unique prefix of its ID is enough): phases, cache, memory, diagnosis; "
         "with --json the full record.")] = None,
-    limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many (newest first).")] = 20,
     recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
@@ -353,7 +357,7 @@ def launches(
         for line in explained:
             typer.echo(line, err=True)
         return
-    query = f"/launches?limit={limit}" + (f"&recipe={recipe}" if recipe else "")
+    query = f"/launches?limit={limit}" + (f"&recipe={quote(recipe, safe='')}" if recipe else "")
     rows = _call(client.get, query)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -370,12 +374,24 @@ def logs(
     launch_id: Annotated[str | None, typer.Option("--launch", help="Which launch (default: the current "
                                                   "or latest).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of the existing log to show.")] = 50,
+    lines: Annotated[int, typer.Option(
+        "--lines", "-n", "--tail", min=0, help="Lines of the existing log to show (the last N, after "
+        "the filters).")] = 50,
+    access: Annotated[bool, typer.Option(
+        "--access", help="Show the HTTP access lines too (hidden by default: once Prometheus scrapes, "
+        "most of the log is `GET /metrics` and `/health`).")] = False,
+    since: Annotated[str | None, typer.Option(
+        help="Only lines from this time on: a duration (30s, 10m, 2h, 1d) or a time in the log's own "
+        "clock (HH:MM, MM-DD HH:MM).")] = None,
+    grep: Annotated[str | None, typer.Option(
+        help="Only lines matching this regular expression (Python syntax, case-sensitive).")] = None,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
-    """The engine's log (stdout+stderr), through the controller. With --json: one object
-    {launch_id, lines, next_offset}; with --follow too, one more per new chunk (JSON Lines)."""
+    """The engine's log (stdout+stderr), through the controller, without the HTTP access lines unless
+    --access. With --json: one object {launch_id, lines, next_offset}; with --follow too, one more per
+    new chunk (JSON Lines)."""
+    keep = _log_filter(access, since, grep)
     client = _client(api)
     if launch_id is None:
         current = (_call(client.get, "/status").get("launch") or {}).get("id")
@@ -392,7 +408,12 @@ def logs(
         if next_offset == offset or not chunk:
             break
         offset = next_offset
-    shown = text.splitlines()[-lines:] if lines > 0 else []
+    follower = LineFollower(keep)
+    if follow and text and not text.endswith("\n"):
+        # the engine is mid-line: the follower finishes that line before filtering it
+        text, _, follower.partial = text.rpartition("\n")
+    kept = keep.lines(text.splitlines())
+    shown = kept[-lines:] if lines > 0 else []
     if as_json:
         typer.echo(json.dumps({"launch_id": launch_id, "lines": shown, "next_offset": offset}))
     else:
@@ -402,8 +423,22 @@ def logs(
         time.sleep(1.0)
         chunk, headers = _call(client.text, f"/launches/{launch_id}/log?offset={offset}")
         offset = int(headers.get("x-next-offset", offset))
-        if chunk and as_json:
-            typer.echo(json.dumps({"launch_id": launch_id, "lines": chunk.splitlines(),
-                                   "next_offset": offset}))
-        elif chunk:
-            typer.echo(chunk, nl=False)
+        new = follower.feed(chunk) if chunk else []
+        if new and as_json:
+            typer.echo(json.dumps({"launch_id": launch_id, "lines": new, "next_offset": offset}))
+        else:
+            for line in new:
+                typer.echo(line)
+
+
+def _log_filter(access: bool, since: str | None, grep: str | None) -> LogFilter:
+    """The `logs` options as a filter; a bad --since or --grep is a usage error (exit 2) in words."""
+    try:
+        when = parse_since(since, datetime.now()) if since is not None else None
+    except SinceError as exc:
+        raise fail(str(exc), 2) from exc
+    try:
+        pattern = re.compile(grep) if grep is not None else None
+    except re.error as exc:
+        raise fail(f"--grep {grep!r} is not a regular expression: {exc}", 2) from exc
+    return LogFilter(access=access, since=when, grep=pattern)

@@ -553,7 +553,7 @@ def fingerprint(
 
 def benchmarks(
     recipe: Annotated[str | None, typer.Option(help="Only this recipe.")] = None,
-    limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="How many (newest first).")] = 20,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -570,14 +570,15 @@ def benchmarks(
     if as_json:
         typer.echo(json.dumps({"benchmarks": rows, "comparisons": cmps, "fingerprints": fps}, indent=2))
         return
+    # Units in the header: the score is the seed's weighted tokens/s, the latencies milliseconds.
     typer.echo(
-        f"{'bench':18} {'recipe':24} {'cache':5} {'score':>9} {'p99 TTFT':>9} {'p99 TPOT':>9} "
-        f"{'decode':>7} {'failed':>6}"
+        f"{'bench':18} {'recipe':24} {'cache':5} {'score tok/s':>11} {'p99 TTFT ms':>11} {'p99 TPOT ms':>11} "
+        f"{'decode ms':>9} {'failed':>6}"
     )
     for r in rows:
         typer.echo(
-            f"{r['id']:18} {r['recipe']:24} {r['cache_vintage'] or '-':5} {r['score']:>9.3f} "
-            f"{_fmt(r['p99_ttft_ms']):>9} {_fmt(r['p99_tpot_ms']):>9} {_fmt(r['decode_ms_median']):>7} "
+            f"{r['id']:18} {r['recipe']:24} {r['cache_vintage'] or '-':5} {r['score']:>11.3f} "
+            f"{_fmt(r['p99_ttft_ms']):>11} {_fmt(r['p99_tpot_ms']):>11} {_fmt(r['decode_ms_median']):>9} "
             f"{r['failed']:>6}"
         )
     for c in cmps:

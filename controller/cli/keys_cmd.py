@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from appliance import settings
-from controller.api_client import ApiError
+from controller.api_client import ApiError, detail_words, unreachable
 from controller.cli.options import JsonOpt
 from controller.gateway.keystore import LIMIT_BOUNDS, KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import paths
@@ -58,7 +58,7 @@ def _api(base: str, method: str, path: str, body: dict[str, Any] | None = None) 
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2 if exc.code in (401, 403, 404, 422) else 1) from exc
     except urllib.error.URLError as exc:
-        typer.echo(f"error: cannot reach {base}: {exc.reason}", err=True)
+        typer.echo(f"error: {unreachable(base, exc)}", err=True)
         raise typer.Exit(1) from exc
 
 
@@ -67,7 +67,13 @@ def _detail(raw: str) -> str:
         detail = json.loads(raw).get("detail", raw)
     except (ValueError, AttributeError):
         return raw
-    return detail if isinstance(detail, str) else json.dumps(detail)
+    return detail_words(detail)
+
+
+def _store_error(exc: KeyStoreError) -> typer.Exit:
+    """A store refusal in words; exit 2 for an unknown key (as every unknown name or id), else 1."""
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2 if isinstance(exc, KeyNotFound) else 1)
 
 
 def _shown(text: str) -> str:
@@ -186,8 +192,7 @@ def update(
         try:
             out = KeyStore(keys or paths().keys_db).update(key_id, limits).as_dict()
         except KeyStoreError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+            raise _store_error(exc) from exc
     if as_json:
         typer.echo(json.dumps(out))
         return
@@ -208,9 +213,8 @@ def revoke(
     else:
         try:
             out = KeyStore(keys or paths().keys_db).revoke(key_id).as_dict()
-        except KeyNotFound as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+        except KeyStoreError as exc:
+            raise _store_error(exc) from exc
     if as_json:
         typer.echo(json.dumps(out))
         return

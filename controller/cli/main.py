@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from controller.cli.options import flags_show_no_type
+
 DISTRIBUTION = "llm-appliance"  # pyproject.toml [project] name
 
 app = typer.Typer(
@@ -15,6 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+flags_show_no_type()
 
 
 def package_version() -> str:
@@ -53,11 +56,12 @@ def _register() -> None:
         keys_cmd,
         lifecycle_cmd,
         recipes_cmd,
+        token_cmd,
         usage_cmd,
     )
 
     for module in (recipes_cmd, doctor_cmd, engine_cmd, lifecycle_cmd, api_cmd, host_cmd, gateway_cmd,
-                   keys_cmd, evaluation_cmd, gpu_cmd, usage_cmd):
+                   keys_cmd, evaluation_cmd, gpu_cmd, usage_cmd, token_cmd):
         module.register(app)
 
 

@@ -6,10 +6,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
 JSON_HELP = "Print machine-readable JSON (a flag: no value)."
 
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP, metavar="")]
+
+
+def flags_show_no_type() -> None:
+    """Every flag's help without a type: typer 0.29 shows `<bool>` beside each flag (`--help`
+    included, which no metavar can reach), read as "takes a value". A flag takes none, so its type
+    column stays empty; options that take a value keep theirs. Applied once, by `main`."""
+    option = typer.core.TyperOption
+    if getattr(option.display_type_rich, "_flag_aware", False):
+        return
+    shown = option.display_type_rich
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
+        if self.is_flag and self.metavar is None:
+            return None
+        return shown(self, ctx)
+
+    display_type_rich._flag_aware = True  # type: ignore[attr-defined]
+    option.display_type_rich = display_type_rich  # type: ignore[method-assign]

@@ -30,6 +30,7 @@ from appliance.recipe.render import RenderError, render
 from appliance.runtimes import registry as runtime_registry
 from appliance.runtimes.base import Placement
 from appliance.runtimes.k8s.kubernetes import render_with_image
+from controller.api_client import ApiError, Client, api_url
 from controller.catalogue import Catalogue
 from controller.cli.options import JsonOpt
 from controller.settings import paths, recipes_dir
@@ -83,20 +84,56 @@ def _print_json(data: Any) -> None:
 
 
 @recipes_app.command("list")
-def list_cmd(as_json: JsonOpt = False) -> None:
-    """Every recipe with its platform, runtime, TP and mode (abstract bases marked)."""
+def list_cmd(host_root: HostRootOpt = Path("/"), as_json: JsonOpt = False) -> None:
+    """Every recipe with its platform, runtime, TP and mode (abstract bases marked), the one the
+    controller runs now, and this host's verdict on each (lint and admission, as `plan` decides)."""
     with _bad_input():
         recipes = _recipes()
+        facts = _facts(host_root)
+    running = _running_recipe()
+    verdicts = _verdicts(recipes, facts, host_root)
     rows = [{"name": r.name, "platform": r.platform.value, "runtime": r.runtime.kind, "tp": r.workers,
              "mode": r.engine.mode.value, "abstract": r.abstract, "extends": r.extends,
-             "description": r.description} for r in recipes.values()]
+             "description": r.description, "running": r.name == running,
+             "verdict": verdicts.get(r.name)} for r in recipes.values()]
     if as_json:
         _print_json(rows)
         return
+    typer.echo(f"  {'RECIPE':<34} {'PLATFORM':<8} {'RUNTIME':<10} {'TP':<3} {'MODE':<6} THIS HOST")
     for row in rows:
-        tag = " (abstract)" if row["abstract"] else ""
-        typer.echo(f"{row['name']:<34} {row['platform']:<7} {row['runtime']:<8} TP={row['tp']:<2} "
-                   f"{row['mode']:<6}{tag}")
+        mark = "*" if row["running"] else " "
+        verdict = "abstract" if row["abstract"] else (row["verdict"] or "?")
+        typer.echo(f"{mark} {row['name']:<34} {row['platform']:<8} {row['runtime']:<10} {row['tp']!s:<3} "
+                   f"{row['mode']:<6} {verdict}")
+    typer.echo("* running now" if running else "(no recipe running, or no controller answering)")
+
+
+def _running_recipe() -> str | None:
+    """The recipe the controller serves now; None when none runs or no controller answers (a listing
+    works without one)."""
+    try:
+        s = Client(api_url(), timeout_s=2.0).get("/status")
+    except ApiError:
+        return None
+    recipe = s.get("recipe") if isinstance(s, dict) and s.get("launch") else None
+    return str(recipe) if recipe else None
+
+
+def _verdicts(recipes: dict[str, Recipe], facts: HostFacts, host_root: Path) -> dict[str, str]:
+    """admit / warn / refuse per launchable recipe on this host; a lint error is a refusal (it
+    refuses the launch). The running engine's own memory is the controller's to count (as in `plan`)."""
+    cards = HealthReader(host_root).sample()
+    gpu_memory = GpuMemoryLink(GpuReader(host_root)).view()
+    out = {}
+    for name, recipe in recipes.items():
+        if recipe.abstract:
+            continue
+        try:
+            out[name] = "refuse" if has_errors(lint(recipe)) else str(
+                admit(recipe, facts, cards, gpu_memory=gpu_memory).verdict)
+        except (RecipeError, RenderError):  # one broken recipe does not hide the others' verdicts
+            out[name] = "error"
+    return out
 
 
 @recipes_app.command("show")

@@ -14,10 +14,14 @@ def test_flatten_dots_nested_keys_and_keeps_leaves() -> None:
     assert flatten({"a": {"b": 1, "c": {}}, "d": [1, 2]}) == {"a.b": 1, "a.c": {}, "d": [1, 2]}
 
 
-def test_named_unknown_recipe_says_which_exist() -> None:
-    with pytest.raises(RecipeError, match=r"no recipe named 'nope' in .*; known: .*cpu-smollm2") as exc:
+def test_named_unknown_recipe_suggests_near_names_without_listing_all() -> None:
+    with pytest.raises(RecipeError, match=r"no recipe named 'nope' in .*`appliance recipes list`") as exc:
         Catalogue(RECIPES_DIR).named("nope")
-    assert exc.value.rule == "unknown-recipe"
+    assert exc.value.rule == "unknown-recipe" and "cpu-smollm2" not in str(exc.value)
+    with pytest.raises(RecipeError) as near:
+        Catalogue(RECIPES_DIR).named("cpu-smolm2")
+    # issue 36 item 8: the suggestion, not the directory's every name after it
+    assert "(did you mean 'cpu-smollm2'" in str(near.value) and "cuda-generic" not in str(near.value)
 
 
 def test_launchable_refuses_abstract_and_missing() -> None:

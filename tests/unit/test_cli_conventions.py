@@ -240,3 +240,152 @@ def test_recipes_show_says_what_the_rendered_launch_binds(recipes_app: typer.Typ
         argv = rendered["argv"]
         assert argv[argv.index("--host") + 1] == shown["engine"]["host"], name
         assert shown["launch"]["binds"] == f"{shown['engine']['host']}:{rendered['port']}", name
+
+
+# --- issue 36 item 8: the rules, each checked across every command ------------------------------
+
+
+def _all_commands() -> dict[tuple[str, ...], Any]:
+    return dict(_commands(typer.main.get_command(main.app)))
+
+
+def test_no_help_shows_a_type_beside_a_flag() -> None:
+    # `--help <bool>` read as "takes a value"; every flag, --help included, now shows none
+    runner = CliRunner()
+    for path in [(), *_all_commands()]:
+        result = runner.invoke(main.app, [*path, "--help"], terminal_width=200)
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, (path, result.output)
+    # options that take a value keep their type
+    assert "<str>" in runner.invoke(main.app, ["logs", "--help"], terminal_width=200).output
+
+
+# Each command that takes a name or an id, with an unknown one. The API-backed ones get the API's 404.
+UNKNOWN: dict[tuple[str, ...], list[str]] = {
+    ("plan",): ["nope"],
+    ("recipes", "show"): ["nope"],
+    ("recipes", "render"): ["nope"],
+    ("recipes", "lint"): ["nope"],
+    ("recipes", "diff"): ["nope", "cpu-smollm2"],
+    ("host", "plan"): ["nope"],
+    ("host", "apply"): ["nope"],
+    ("keys", "update"): ["0123456789ab", "--rpm", "5"],
+    ("keys", "revoke"): ["0123456789ab"],
+    ("apply",): ["nope"],
+    ("launches",): ["nope"],
+    ("logs",): ["--launch", "nope"],
+    ("gpu", "reset-done"): ["7"],
+}
+# Arguments that are not a name the appliance keeps: files to read, and compare's two arms, which are
+# checked by the controller only after the admin token (its unknown name is apply's 404 above).
+NOT_NAMES = {("doctor",), ("compare",)}
+
+
+class _NotFound:
+    base = "http://127.0.0.1:1"
+    token = "t"
+
+    def get(self, path: str) -> Any:
+        if path == "/status":
+            return {"state": "idle", "launch": None}
+        if path.startswith("/recipes"):
+            return [{"name": "cpu-smollm2"}]
+        raise ApiError(404, f"nothing at {path}")
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        raise ApiError(404, f"nothing at {path}")
+
+    def text(self, path: str) -> tuple[str, dict[str, str]]:
+        raise ApiError(404, f"nothing at {path}")
+
+
+def test_every_unknown_name_or_id_exits_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from controller.cli import gpu_cmd
+
+    with_arguments = {p for p, cmd in _all_commands().items()
+                      if any(x.param_type_name == "argument" for x in cmd.params)}
+    assert with_arguments == set(UNKNOWN) - {("logs",)} | NOT_NAMES, "a new command takes a name: add it here"
+    monkeypatch.setenv("APPLIANCE_RECIPES", str(RECIPES_DIR))
+    monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path))
+    monkeypatch.setattr(api_cmd, "_client", lambda api: _NotFound())
+    monkeypatch.setattr(gpu_cmd, "Client", lambda base: _NotFound(), raising=False)
+    KeyStore(tmp_path / "keys.sqlite3").create("someone", None, None)
+    runner = CliRunner()
+    for path, args in UNKNOWN.items():
+        extra = ["--host-root", str(HOSTS / "reference")] if path[0] == "host" else []
+        result = runner.invoke(main.app, [*path, *args, *extra])
+        assert result.exit_code == 2, (path, result.output)
+        assert "Traceback" not in result.output, path
+
+
+def test_an_unknown_recipe_gets_the_near_names_not_the_whole_directory(recipes_app: typer.Typer) -> None:
+    result = CliRunner().invoke(recipes_app, ["recipes", "show", "cpu-smolm2"])
+    assert result.exit_code == 2
+    assert "(did you mean 'cpu-smollm2'" in result.stderr
+    assert "cuda-generic" not in result.stderr and "known:" not in result.stderr  # no 31-name dump
+    assert "`appliance recipes list`" in result.stderr
+
+
+def test_validation_errors_read_as_words_not_pydantic_json() -> None:
+    from controller.api_client import detail_words
+
+    raw = [{"type": "greater_than_equal", "loc": ["query", "limit"], "msg": "Input should be greater than "
+            "or equal to 1", "input": "-3", "ctx": {"ge": 1}}]
+    assert detail_words(raw) == "limit: Input should be greater than or equal to 1"
+    assert detail_words("plain") == "plain"
+
+
+@pytest.mark.parametrize("args", [["launches", "--limit", "-3"], ["benchmarks", "--limit", "0"],
+                                  ["logs", "-n", "-5"]])
+def test_a_count_below_its_floor_is_a_usage_error(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api_cmd, "_client", lambda api: pytest.fail("asked the API"))
+    result = CliRunner().invoke(main.app, args)
+    assert result.exit_code == 2, result.output
+    assert '"loc"' not in result.output and "Traceback" not in result.output
+
+
+def test_a_refused_connection_says_to_start_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        monkeypatch.setenv("APPLIANCE_ADMIN_TOKEN", "t" * 32)
+        runner = CliRunner()
+        for args in (["status"], ["launches"], ["stop"], ["logs"], ["gpu", "status"],
+                     ["keys", "list"]):
+            result = runner.invoke(main.app, [*args, "--api", url])
+            assert result.exit_code == 1, (args, result.output)
+            hint = "is the controller running? `appliance up` starts it"
+            assert hint in result.stderr, (args, result.stderr)
+
+
+def test_recipes_list_has_a_header_the_running_recipe_and_this_hosts_verdict(
+    recipes_app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recipes_cmd, "_running_recipe", lambda: "cpu-smollm2")
+    result = CliRunner().invoke(recipes_app, ["recipes", "list", "--host-root", str(HOSTS / "reference")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["RECIPE", "PLATFORM", "RUNTIME", "TP", "MODE", "THIS", "HOST"]
+    running = [x for x in lines[1:-1] if x.startswith("*")]
+    assert len(running) == 1 and running[0].split()[1] == "cpu-smollm2" and lines[-1] == "* running now"
+    verdict = {x[2:].split()[0]: x.split()[-1] for x in lines[1:-1]}
+    assert verdict["cpu-smollm2"] == "admit" and "abstract" in verdict.values()
+    assert set(verdict.values()) <= {"admit", "warn", "refuse", "abstract"}
+    rows = json.loads(CliRunner().invoke(recipes_app, ["recipes", "list", "--json", "--host-root",
+                                                        str(HOSTS / "reference")]).stdout)
+    assert {r["name"]: r["running"] for r in rows}["cpu-smollm2"] is True
+    monkeypatch.setattr(recipes_cmd, "_running_recipe", lambda: None)
+    idle = CliRunner().invoke(recipes_app, ["recipes", "list", "--host-root", str(HOSTS / "reference")])
+    assert not any(x.startswith("*") for x in idle.stdout.splitlines())
+
+
+def test_benchmarks_headers_carry_units(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main.app, ["benchmarks", "--db", str(tmp_path / "e.sqlite3")])
+    assert result.exit_code == 0, result.output
+    header = result.stdout.splitlines()[0]
+    for column in ("score tok/s", "p99 TTFT ms", "p99 TPOT ms", "decode ms"):
+        assert column in header, header

@@ -8,6 +8,7 @@ The rig is test_console.py's (the real controller app over test_api.py's fakes).
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import time
@@ -92,6 +93,38 @@ async def test_the_follow_endpoint_needs_a_session(client: httpx.AsyncClient, ri
     assert r.status_code == 200 and r.text == "hello\n" + access
 
 
+SCRAPE = 'INFO:     127.0.0.1:42144 - "GET /metrics HTTP/1.1" 200 OK\n'
+
+
+async def test_the_log_page_hides_access_lines_by_default_and_offers_the_whole_log_for_download(
+    client: httpx.AsyncClient, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 36 item 5: once Prometheus scrapes, the log is mostly access lines
+    body = "(APIServer pid=1) INFO 12-01 10:00:00 [x] Starting vLLM server\n" + SCRAPE * 50 + "the end\n"
+    _launch_with_log(rig, "L1", body + f"api_key={KEY}\n")
+    monkeypatch.setattr(rig.driver, "engine_key", lambda launch_id: KEY if launch_id == "L1" else None)
+    await login(client)
+    page = (await client.get("/console/launches/L1/log")).text
+    assert "Starting vLLM server" in page and "the end" in page and "GET /metrics" not in page
+    assert 'id="access-hidden">(50 hidden)' in page
+    assert 'href="/console/launches/L1/log?access=1"' in page
+    # the follow script gets the server's own pattern, to hide access lines in what it appends
+    pattern = re.search(r'data-access-pattern="([^"]+)"', page)
+    assert pattern and re.match(html.unescape(pattern.group(1)), SCRAPE)
+    shown = (await client.get("/console/launches/L1/log", params={"access": "1"})).text
+    assert shown.count("GET /metrics") == 50 and "data-access-pattern" not in shown
+    assert 'href="/console/launches/L1/log">Hide HTTP access lines' in shown
+    # the download: every line, redacted, as a file
+    assert 'href="/console/launches/L1/log/download"' in page
+    got = await client.get("/console/launches/L1/log/download")
+    assert got.status_code == 200
+    assert got.text.startswith(body) and KEY not in got.text
+    assert got.headers["content-disposition"] == 'attachment; filename="L1.log"'
+    assert (await client.get("/console/launches/nope/log/download")).status_code == 404
+    client.cookies.clear()
+    assert (await client.get("/console/launches/L1/log/download")).status_code == 401
+
+
 # ---- Stop / Restart with the same confirm + CSRF discipline as Apply
 
 
@@ -122,6 +155,42 @@ async def test_stop_and_restart_are_confirmed_and_need_the_csrf_token(
     now = (await client.get("/console/?notice=restarting")).text
     assert "Restart accepted" in now and 'href="/console/engine/stop"' in now
     assert (await client.get("/console/engine/explode")).status_code == 404
+
+
+async def test_restart_and_stop_confirm_pages_say_the_consequence(
+    client: httpx.AsyncClient, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 36 item 4: Restart shows its path, the hold bound and the ETA from history; Stop says
+    # clients get 503 until the next apply, and how many requests are in flight now
+    await login(client)
+    csrf = _form_token((await client.get("/console/engine/restart")).text, "csrf")
+    assert (await client.post("/console/recipes/cpu-smollm2/apply", data={"csrf": csrf})).status_code == 303
+    await rig.step(1)
+    rig.runtime.current().healthy = True
+    for _ in range(3):
+        await rig.step(20)
+    assert rig.driver.machine.state is State.READY
+    page = (await client.get("/console/engine/restart")).text
+    path = re.search(r'id="switch-path"><strong>Path: (\w+)\.</strong>', page)
+    assert path and path.group(1) == "hold"  # a restart drains first
+    eta = re.search(r'id="restart-eta">Hold bound: each new request waits up to ([\d.]+) s\. '
+                    r"Expected ready in ~([\d.]+) s \(from 1 earlier launch\)", page)
+    assert eta, page
+    launch = rig.driver.view.launch
+    assert launch is not None
+    plan = rig.driver.switch_plan("cpu-smollm2", launch.spec.spec_hash, restart=True)
+    assert float(eta.group(1)) == plan["wait_s"] and float(eta.group(2)) == plan["expected_ready_s"]
+
+    stop = (await client.get("/console/engine/stop")).text
+    assert "Clients get 503 + Retry-After from the gateway until the next Apply or Restart" in stop
+    assert "Requests in flight now: unknown." in stop  # the test gateway does not count them
+
+    async def counting(self: ConsoleData) -> dict[str, object]:
+        return {"attached": True, "upstream": "http://e", "in_flight": 3, "note": None}
+
+    monkeypatch.setattr(ConsoleData, "gateway", counting)
+    stop = (await client.get("/console/engine/stop")).text
+    assert "3 requests in flight now: they finish before the engine stops." in stop
 
 
 # ---- the Now page: one truth for the state line, current MemAvailable and headroom

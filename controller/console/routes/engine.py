@@ -23,8 +23,15 @@ def register(router: APIRouter, pages: Pages) -> None:
         session = current(request)
         if action not in engine_actions:
             return not_found(request)
+        launch = driver.view.launch
+        recipe = driver.view.recipe
+        # The consequence, as Apply's confirm page says it: a restart's path, hold bound and the ready
+        # time expected from this variant's history; a stop's 503s and the requests in flight now.
+        switch = (driver.switch_plan(recipe, launch.spec.spec_hash if launch else None, restart=True)
+                  if action == "restart" and recipe is not None else None)
+        gateway = await pages.data.gateway() if action == "stop" else None
         return page(request, "engine_action.html", session, action=action, status=driver.status(),
-                    launch=driver.view.launch.launch_id if driver.view.launch else None)
+                    launch=launch.launch_id if launch else None, switch=switch, gateway=gateway)
 
     @router.post("/engine/{action}")
     async def engine_action(request: Request, action: str) -> Response:

@@ -4,10 +4,13 @@ engine log (the tail, redacted) with the text endpoint the log page's follow mod
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, status
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
+from appliance.observe.log_filter import ACCESS_LINE, is_access_line
 from controller.api_context import LogUnavailable, read_launch_log
 from controller.console.auth import COOKIE
 from controller.console.routes.pages import Pages, secure
@@ -55,7 +58,8 @@ def register(router: APIRouter, pages: Pages) -> None:
         return tail, offset, cut
 
     @router.get("/launches/{launch_id}/log")
-    async def launch_log(request: Request, launch_id: str) -> Response:
+    async def launch_log(request: Request, launch_id: str, access: bool = False) -> Response:
+        """The log's tail; HTTP access lines (Prometheus' scrapes, probes) hidden unless `access`."""
         session = current(request)
         record = await asyncio.to_thread(ctx.store.get_launch, launch_id)
         if record is None:
@@ -68,8 +72,39 @@ def register(router: APIRouter, pages: Pages) -> None:
                         error=f"The engine log cannot be read: {exc}",
                         stored_tail=record.log_tail, live=False)
         live = driver.view.is_current(launch_id)
+        hidden = 0
+        if not access:
+            lines = text.split("\n")
+            kept = [x for x in lines if not is_access_line(x)]
+            hidden, text = len(lines) - len(kept), "\n".join(kept)
         return page(request, "log.html", session, r=record, text=text, offset=offset, cut=cut,
-                    stored_tail=record.log_tail if not text else None, live=live)
+                    stored_tail=record.log_tail if not text else None, live=live, access=access,
+                    hidden=hidden, access_pattern=ACCESS_LINE.pattern)
+
+    @router.get("/launches/{launch_id}/log/download")
+    async def launch_log_download(request: Request, launch_id: str) -> Response:
+        """The whole log as a file (redacted as everywhere, every line kept), read chunk by chunk."""
+        session, _ = sessions.lookup(request.cookies.get(COOKIE))
+        if session is None:
+            return secure(Response("log in first", status.HTTP_401_UNAUTHORIZED, media_type="text/plain"))
+        try:  # the first chunk here, so an unknown launch is a 404 and not a broken download
+            first, offset = await asyncio.to_thread(read_launch_log, ctx, launch_id, 0)
+        except LogUnavailable as exc:
+            return secure(Response(str(exc), exc.code, media_type="text/plain"))
+
+        async def chunks() -> AsyncIterator[bytes]:
+            text, at = first, offset
+            while text:
+                yield text.encode()
+                text, next_at = await asyncio.to_thread(read_launch_log, ctx, launch_id, at)
+                if next_at == at:
+                    break
+                at = next_at
+
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", launch_id)
+        disposition = f'attachment; filename="{name}.log"'
+        return secure(StreamingResponse(chunks(), media_type="text/plain; charset=utf-8",
+                                        headers={"Content-Disposition": disposition}))
 
     @router.get("/launches/{launch_id}/log.txt")
     async def launch_log_text(request: Request, launch_id: str, offset: int = 0) -> Response:

@@ -68,12 +68,33 @@ function followLog(button) {
   const state = document.getElementById("follow-state");
   let offset = Number(button.dataset.offset || "0");
   let timer = null;
+  // With access lines hidden, only whole lines are judged (a chunk may end inside one): `carry` is the
+  // unfinished last line; its first `shown` characters are on the page already (the tail ended in it).
+  // The pattern is the server's own (appliance/observe/log_filter.py), handed over in the page.
+  const hide = button.dataset.accessPattern ? new RegExp(button.dataset.accessPattern) : null;
+  const initial = log.textContent;
+  let carry = initial.slice(initial.lastIndexOf("\n") + 1);
+  let shown = carry.length;
+  function kept(text) {
+    if (!hide) return text;
+    const all = carry + text;
+    const cut = all.lastIndexOf("\n");
+    if (cut < 0) { carry = all; return ""; }
+    let out = "";
+    for (const line of all.slice(0, cut).split("\n")) {
+      const skip = shown;
+      shown = 0;
+      if (!hide.test(line)) out += line.slice(skip) + "\n";
+    }
+    carry = all.slice(cut + 1);
+    return out;
+  }
   async function poll() {
     try {
       const r = await fetch(button.dataset.logUrl + "?offset=" + offset, {credentials: "same-origin"});
       if (r.status === 401) { window.location.assign("/console/login?next=" + window.location.pathname); return; }
       if (!r.ok) { state.textContent = "the log cannot be read now (" + r.status + "); still trying"; return; }
-      const text = await r.text();
+      const text = kept(await r.text());
       offset = Number(r.headers.get("X-Next-Offset") || offset);
       if (text) {
         // the log box scrolls by itself; it stays at the end unless the reader scrolled up
