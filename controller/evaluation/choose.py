@@ -101,7 +101,7 @@ class ChoiceMetrics(Protocol):
 @dataclass
 class Chooser:
     store: ChoiceStore
-    seam: ChoiceSeam
+    seam: ChoiceSeam | None = None  # set by each start: the gate's settings are the choice's own
     metrics: ChoiceMetrics | None = None
     clock: Callable[[], float] = time.time
     task: asyncio.Task[ChoiceRecord] | None = None
@@ -144,12 +144,14 @@ class Chooser:
             self.metrics.choice_started()
         return record
 
-    def start(self, record: ChoiceRecord) -> asyncio.Task[ChoiceRecord]:
+    def start(self, record: ChoiceRecord, seam: ChoiceSeam | None = None) -> asyncio.Task[ChoiceRecord]:
         """Run a claimed record in the background (the API's POST /choices)."""
+        if seam is not None:
+            self.seam = seam
         self.task = asyncio.get_running_loop().create_task(self.run(record), name=f"choice {record.id}")
         return self.task
 
-    def resume(self) -> asyncio.Task[ChoiceRecord] | None:
+    def resume(self, seam: ChoiceSeam | None = None) -> asyncio.Task[ChoiceRecord] | None:
         """After a controller restart: the choice that was running continues from its next candidate."""
         record = self.store.running()
         if record is None:
@@ -157,7 +159,7 @@ class Chooser:
         log.info("resuming choice %s after a restart", record.id)
         if self.metrics is not None:
             self.metrics.choice_started()
-        return self.start(resumed(record))
+        return self.start(resumed(record), seam)
 
     def _publish(self, record: ChoiceRecord, event: dict[str, Any]) -> None:
         self.events.setdefault(record.id, []).append({"at": self.clock(), **event})
@@ -180,12 +182,18 @@ class Chooser:
         publish({"phase": "end", "state": record.state, "champion": record.champion})
         return record
 
+    @property
+    def _seam(self) -> ChoiceSeam:
+        if self.seam is None:
+            raise RuntimeError("a choice runs with a seam: Chooser.start(record, seam)")
+        return self.seam
+
     async def _tournament(self, record: ChoiceRecord, publish: Progress) -> ChoiceRecord:
         while (line := next_candidate(record)) is not None:
             elapsed = self.clock() - record.started_at
             if over_budget(record, elapsed, line.recipe):
                 return stop_at_budget(record, elapsed, self.clock())
-            now_hash = await self.seam.spec_hash(line.recipe)
+            now_hash = await self._seam.spec_hash(line.recipe)
             if now_hash != line.spec_hash:
                 why = (f"edited during the choice: spec hash {line.spec_hash} → {now_hash}; not run "
                        "(start a new choice to gate the new version)")
@@ -201,7 +209,7 @@ class Chooser:
                      "eta_s": line.eta_s, "elapsed_s": elapsed, "left_s": left})
             t0 = self.clock()
             try:
-                out = await self.seam.gate(record.champion, line.recipe, publish)
+                out = await self._seam.gate(record.champion, line.recipe, publish)
             except ArmFailed as exc:
                 took = self.clock() - t0
                 if exc.recipe != line.recipe:  # the champion itself did not start: nothing to gate against
@@ -222,7 +230,8 @@ class Chooser:
             self.store.save(record)
             status = record.line(line.recipe).status
             publish({"phase": "judged", "recipe": line.recipe, "status": status, "champion": record.champion})
-        return ended(record, "done", self.clock(), f"every planned candidate was gated; champion {record.champion}")
+        why = f"every planned candidate was gated; champion {record.champion}"
+        return ended(record, "done", self.clock(), why)
 
     async def _finish(self, record: ChoiceRecord, publish: Progress) -> ChoiceRecord:
         """Promote the champion when told (never one that needs the full run), else go back."""
@@ -237,10 +246,10 @@ class Chooser:
         if target is None:
             return record.model_copy(update=update)
         try:
-            if await self.seam.serving() != target:
+            if await self._seam.serving() != target:
                 publish({"phase": "switch-back" if target == record.serving_before else "promote",
                          "recipe": target})
-                await self.seam.switch_to(target)
+                await self._seam.switch_to(target)
         except GateError as exc:
             why = f"{update.get('ended_why', record.ended_why)}; could not switch to {target}: {exc}"
             return record.model_copy(update={"ended_why": why})
