@@ -169,12 +169,9 @@ class Chooser:
         def publish(event: dict[str, Any]) -> None:
             self._publish(record, event)
 
-        try:
-            record = await self._tournament(record, publish)
-        except asyncio.CancelledError:
-            # The controller is stopping: the record stays `running` and resumes at the next start.
-            self.store.save(record)
-            raise
+        # A cancel (the controller stopping) leaves the record as last saved, `running`: it resumes at
+        # the next start. Nothing is saved here: `record` is the one handed in, older than the store's.
+        record = await self._tournament(record, publish)
         record = await self._finish(record, publish)
         self.store.save(record)
         if self.metrics is not None:
