@@ -20,7 +20,8 @@ PLAN = {"recipes": "cpu-smollm2*", "platform": "cpu", "dry_run": True}
 
 async def test_choices_need_the_admin_token(client: httpx.AsyncClient) -> None:
     assert (await client.post("/choices", json=PLAN)).status_code == 401
-    assert (await client.post("/choices", json=PLAN, headers={"Authorization": "Bearer no"})).status_code == 403
+    wrong = await client.post("/choices", json=PLAN, headers={"Authorization": "Bearer no"})
+    assert wrong.status_code == 403
 
 
 async def test_the_plan_lists_every_recipe_of_the_platform_with_why(client: httpx.AsyncClient) -> None:
