@@ -110,7 +110,7 @@ class ChoiceRecord(BaseModel):
     ended_at: float | None = None
     ended_why: str | None = None
     lines: list[Line]
-    settings: dict[str, object] = Field(default_factory=dict)  # the gate's knobs as asked (resume reuses them)
+    settings: dict[str, object] = Field(default_factory=dict)  # the gate's knobs as asked (resume uses them)
     versions: dict[str, str] = Field(default_factory=dict)
     cards: dict[str, object] = Field(default_factory=dict)
 

@@ -50,7 +50,7 @@ def test_the_baseline_is_the_eager_recipe_with_the_largest_margin() -> None:
 
 
 def test_a_refused_baseline_is_bad_input_with_its_reason() -> None:
-    with pytest.raises(ChoiceInputError, match="x-tp8.*refused.*predicted peak"):
+    with pytest.raises(ChoiceInputError, match=r"x-tp8.*refused.*predicted peak"):
         choose_baseline(ENTRIES, "x-tp8")
 
 
@@ -119,12 +119,12 @@ def test_the_budget_cuts_the_plan_and_a_budget_under_one_arm_is_bad_input() -> N
     assert [x.status for x in record.lines] == [
         "baseline", "planned", "planned", "not-tried", "refused"]
     assert record.line("x-graph-small").why == "budget: expected 260 s, 80 s of 600 s left at its turn"
-    with pytest.raises(ChoiceInputError, match="too small for one arm: x-eager-small .* take 260 s"):
+    with pytest.raises(ChoiceInputError, match=r"too small for one arm: x-eager-small .* take 260 s"):
         _plan(budget_s=100.0)
 
 
 def test_a_pattern_matching_nothing_is_bad_input_naming_what_there_is() -> None:
-    with pytest.raises(ChoiceInputError, match="'nope-\\*' matches no recipe of platform cuda"):
+    with pytest.raises(ChoiceInputError, match=r"'nope-\*' matches no recipe of platform cuda"):
         _plan(pattern="nope-*")
 
 
