@@ -88,6 +88,8 @@ def choose(
     promote: Annotated[bool, typer.Option("--promote", help="Apply the champion at the end.")] = False,
     fast: Annotated[bool, typer.Option("--fast", help="FAST MODE: capped outputs (tests only).")] = False,
     platform: Annotated[str | None, typer.Option(help="cpu, cuda or gfx906 (default: this host's).")] = None,
+    accuracy: Annotated[bool, typer.Option("--accuracy/--no-accuracy", help="The accuracy veto.")] = True,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds an arm may take to become ready.")] = 3600,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     plan_only: Annotated[bool, typer.Option("--plan", help="Show the plan and stop.")] = False,
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Follow until the record.")] = True,
@@ -97,7 +99,8 @@ def choose(
     """Every recipe of this host's platform → lint → admission → the gate as a tournament (eager
     baseline first, compiled modes after, smaller memory margin last) → a decision record."""
     client = Client(api_url(api))
-    body: dict[str, Any] = {"recipes": recipes, "promote": promote, "fast": fast}
+    body: dict[str, Any] = {"recipes": recipes, "promote": promote, "fast": fast, "accuracy": accuracy,
+                            "ready_timeout_s": ready_timeout}
     body |= {k: v for k, v in (("baseline", baseline), ("budget", budget), ("platform", platform)) if v}
     planned = _post(client, {**body, "dry_run": True})
     if not as_json or plan_only:

@@ -93,6 +93,7 @@ class ChoiceBody(BaseModel):
     fast: bool = False  # FAST MODE: outputs capped, small accuracy sets (tests; named in the record)
     requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
     concurrency: int = Field(default=5, ge=1, le=256)
+    accuracy: bool = True  # off: every gate says its accuracy step was not run (a HOLD at best)
     accuracy_items: int = Field(default=ITEMS_PER_KIND, ge=1, le=200)
     max_rounds: int = Field(default=3, ge=1, le=10)
     ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
@@ -148,7 +149,7 @@ def evaluation_router(
     def seam_for(b: ChoiceBody) -> DriverSeam:
         params = BenchParams(output_tokens=FAST_OUTPUT_TOKENS if b.fast else None,
                              requests_per_tier=b.requests_per_tier, concurrency=b.concurrency)
-        options = CompareOptions(thresholds=Thresholds(max_rounds=b.max_rounds),
+        options = CompareOptions(thresholds=Thresholds(max_rounds=b.max_rounds), accuracy=b.accuracy,
                                  accuracy_items=1 if b.fast else b.accuracy_items)
         return DriverSeam(driver_control(driver, store, preflight), preflight, evals, params, options,
                           b.ready_timeout_s)
