@@ -192,6 +192,9 @@ class _EvaluationCollector(Collector):
         yield from fams.values()
 
 
+CHOICE_OUTCOMES = ("done", "stopped-budget", "failed", "interrupted", "none-admitted")
+
+
 class ControllerMetrics:
     """The controller's metrics in a registry of their own (one per instance: a unit test gets clean
     series, and two controllers in one process do not share counters)."""
@@ -343,6 +346,22 @@ class ControllerMetrics:
                                      "GPU busy, 0..1 (NVML utilization.gpu / amdgpu gpu_busy_percent).",
                                      ["gpu", "vendor"], registry=r)
 
+        # --- choices (`appliance choose`, controller/evaluation/choose.py)
+        self.choice_candidates_total = Counter(
+            "appliance_choice_candidates",
+            "Candidates a choice tried, by outcome (the gate's verdict, failed-start, stale, error).",
+            ["outcome"], registry=r,
+        )
+        self.choice_runs_total = Counter(
+            "appliance_choice_runs",
+            "Choices that ended, by how (done, stopped-budget, failed, none-admitted: no recipe admitted).",
+            ["outcome"], registry=r,
+        )
+        self.choice_duration = Gauge(
+            "appliance_choice_duration_seconds", "How long the latest choice took, start to end.", registry=r,
+        )
+        self.choice_running = Gauge("appliance_choice_running", "1 while a choice runs.", registry=r)
+
         self._engine_processes = _EngineProcessCollector()
         r.register(self._engine_processes)
         self._evaluation = _EvaluationCollector()
@@ -355,6 +374,8 @@ class ControllerMetrics:
             self.engine_state.labels(s).set(0)
         for reason in MissReason:
             self.compile_cache_misses_total.labels(reason.value)
+        for outcome in CHOICE_OUTCOMES:  # present at 0, so `increase()` sees the first one
+            self.choice_runs_total.labels(outcome)
         for scope in OomScope:
             self.oom_kills_total.labels(scope.value)
             self.oom_last_kill.labels(scope.value).set(0)
@@ -515,6 +536,18 @@ class ControllerMetrics:
                 self.gpu_utilization.labels(*labels).set(s.busy_percent / 100.0)
 
     # --- evaluation and exposition -------------------------------------------------------------
+
+    def record_choice_candidate(self, outcome: str) -> None:
+        self.choice_candidates_total.labels(outcome).inc()
+
+    def choice_started(self) -> None:
+        self.choice_running.set(1)
+
+    def choice_ended(self, outcome: str, seconds: float | None) -> None:
+        self.choice_running.set(0)
+        self.choice_runs_total.labels(outcome).inc()
+        if seconds is not None:
+            self.choice_duration.set(seconds)
 
     def set_evaluation_source(self, source: EvaluationSource | None) -> None:
         """Where the benchmark gauges come from (the evaluation store's latest rows per recipe)."""

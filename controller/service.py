@@ -220,6 +220,8 @@ async def serve(cfg: ServiceConfig) -> None:
     if cfg.apply_on_start and driver.view.state is State.IDLE:
         driver.submit(Apply(cfg.apply_on_start))
     tasks = [asyncio.create_task(driver.run(stop), name="supervisor")]
+    for hook in getattr(app.state, "on_start", ()):  # e.g. a choice a restart cut off resumes
+        hook()
     if cfg.watch_host:
         tasks.append(asyncio.create_task(watch.run_sampler(stop), name="host-sampler"))
     if cfg.watch_kmsg:

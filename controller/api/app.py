@@ -300,7 +300,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         )
 
     evals = EvalStore(store.path)  # one handle on the evaluation tables: the API and the console read it
-    app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home), evals))
+    # What `serve` runs once its loop runs (a choice cut off by a restart resumes): app.state.on_start.
+    app.state.on_start = []
+    app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home), evals,
+                                         on_start=app.state.on_start))
     for router in ctx.extra_routers:
         app.include_router(router)
     # the operator console (controller/console/), own log-in

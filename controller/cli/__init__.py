@@ -6,6 +6,8 @@ Modules by role:
   the controller's API (`--api`, $APPLIANCE_API, default http://127.0.0.1:8090); mutations need the admin
   token in $APPLIANCE_ADMIN_TOKEN. `follow_outcome` / `end_of_follow` (a start phase by phase, then its
   outcome) are shared with `up` (controller/cli/lifecycle_cmd.py).
+- ``choose_cmd``: `appliance choose` and `appliance choices [ID]`: choosing a recipe for this host with
+  evidence (the plan with its ETA, confirmation, progress, the decision record).
 - ``doctor_cmd``: `appliance doctor FILE…`: the supervisor's pure diagnosis, run over saved engine logs or
   dmesg text.
 - ``engine_cmd``: `appliance engine …`: install and inspect the embedded default engine (vLLM on the CPU).

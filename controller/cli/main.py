@@ -47,6 +47,7 @@ def _register() -> None:
     # Imported here so that `appliance --help` stays fast and one broken group names itself.
     from controller.cli import (
         api_cmd,
+        choose_cmd,
         doctor_cmd,
         engine_cmd,
         evaluation_cmd,
@@ -61,7 +62,7 @@ def _register() -> None:
     )
 
     for module in (recipes_cmd, doctor_cmd, engine_cmd, lifecycle_cmd, api_cmd, host_cmd, gateway_cmd,
-                   keys_cmd, evaluation_cmd, gpu_cmd, usage_cmd, token_cmd):
+                   keys_cmd, evaluation_cmd, choose_cmd, gpu_cmd, usage_cmd, token_cmd):
         module.register(app)
 
 

@@ -9,6 +9,12 @@ Modules by role:
   batch). A failed request scores 0 and is recorded with its error.
 - ``bench``: `appliance bench`: the tiered benchmark and the single-stream protocol against one engine.
 - ``bench_key``: The running launch's engine API key, for a bench/fingerprint/compare run from the CLI.
+- ``choice_seam``: The real side of a choice: the survey of every recipe of the host's platform (lint →
+  admission → render), the arms' cost from the launch history, and the gate through the supervisor.
+- ``choice_store``: Choice records (`appliance choose`), in the launch store's SQLite file; one runs at a
+  time.
+- ``choose``: `appliance choose` / `POST /choices`: the tournament's runner over a declared seam
+  (`ChoiceSeam`), saved after every step, resumed after a restart, back to the serving recipe at the end.
 - ``cards``: What this host can read about the cards a recipe runs on: names and power caps.
 - ``client``: The one benchmark client (DOMAIN §7: "always the same client"): aiohttp against the engine's
   OpenAI-compatible API, directly or through the gateway with a key.

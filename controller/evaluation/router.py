@@ -6,10 +6,14 @@
     POST /compare                         {"baseline", "candidate", ...}: 202, runs in the controller
     GET  /compare/{id}                    state, verdict, reasons
     GET  /compare/{id}/events             progress as server-sent events, until the verdict
+    POST /choices                         {"recipes", "baseline", "budget", ...}: plan (dry_run) or run
+                                          the tournament (controller/evaluation/choose.py); 202
+    GET  /choices, /choices/{id}          decision records (?format=markdown: the table)
+    GET  /choices/{id}/events?after=N     the choice's progress so far (polled by `appliance choose`)
 
-`POST /compare` switches recipes, so it carries the API's admin dependency (handed in by
-create_app: the same guard as every other mutating route). One compare at a time: a second gets
-409. The compare drives the supervisor in-process (controller/evaluation/controls.py).
+`POST /compare` and `POST /choices` switch recipes, so they carry the API's admin dependency (handed in
+by create_app: the same guard as every other mutating route). One compare or choice at a time: a
+second gets 409. The compare drives the supervisor in-process (controller/evaluation/controls.py).
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.evaluation.accuracy import ITEMS_PER_KIND, MAX_DROP_POINTS
 from appliance.evaluation.bench_result import BenchResult
 from appliance.evaluation.bench_tiers import FIRST_N, FULL_REQUESTS, NoTierFits
 from appliance.evaluation.protocol import Thresholds
+from appliance.evaluation.tournament import ChoiceInputError, ChoiceRecord, markdown, parse_duration, plan
 from controller.evaluation.bench import BenchParams
+from controller.evaluation.choice_seam import DriverSeam, costs, survey
+from controller.evaluation.choice_store import ChoiceStore
+from controller.evaluation.choose import ChoiceBusy, Chooser
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, CompareOptions, compare
 from controller.evaluation.controls import driver_control
@@ -70,6 +78,27 @@ class CompareBody(BaseModel):
     ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
 
 
+FAST_OUTPUT_TOKENS = 64  # the fast mode's cap (the CLI's `--fast`): named as such in every record
+
+
+class ChoiceBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    recipes: str = Field(default="*", min_length=1, max_length=400, pattern=r"^[a-z0-9*?\[\]!._,-]+$")
+    baseline: str | None = Field(default=None, min_length=1, max_length=200, pattern=_NAME)
+    budget: str | None = Field(default=None, min_length=1, max_length=20)  # 90s, 45m, 2h, 1h30m
+    platform: Literal["cpu", "cuda", "gfx906"] | None = None  # None: this host's (its GPUs' vendor)
+    promote: bool = False
+    dry_run: bool = False  # the plan and its ETA only: nothing is claimed or switched
+    fast: bool = False  # FAST MODE: outputs capped, small accuracy sets (tests; named in the record)
+    requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
+    concurrency: int = Field(default=5, ge=1, le=256)
+    accuracy: bool = True  # off: every gate says its accuracy step was not run (a HOLD at best)
+    accuracy_items: int = Field(default=ITEMS_PER_KIND, ge=1, le=200)
+    max_rounds: int = Field(default=3, ge=1, le=10)
+    ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
+
+
 @dataclass
 class CompareJob:
     id: str
@@ -105,12 +134,33 @@ def evaluation_router(
     preflight: Preflight,
     require_admin: Callable[..., Any],
     evals: EvalStore | None = None,
+    on_start: list[Callable[[], Any]] | None = None,
 ) -> APIRouter:
+    """`on_start`: where the router puts what the service runs once its loop runs (resuming a choice
+    that a controller restart cut off)."""
     # create_app hands in the one EvalStore it shares with the console's Benchmarks pages
     evals = evals or EvalStore(store.path)
     driver.metrics.set_evaluation_source(evals.latest_by_recipe)
     router = APIRouter(tags=["evaluation"])
     jobs: dict[str, CompareJob] = {}
+    choices = ChoiceStore(store.path)
+    chooser = Chooser(choices, metrics=driver.metrics)
+
+    def seam_for(b: ChoiceBody) -> DriverSeam:
+        params = BenchParams(output_tokens=FAST_OUTPUT_TOKENS if b.fast else None,
+                             requests_per_tier=b.requests_per_tier, concurrency=b.concurrency)
+        options = CompareOptions(thresholds=Thresholds(max_rounds=b.max_rounds), accuracy=b.accuracy,
+                                 accuracy_items=1 if b.fast else b.accuracy_items)
+        return DriverSeam(driver_control(driver, store, preflight), preflight, evals, params, options,
+                          b.ready_timeout_s)
+
+    def resume() -> None:
+        record = choices.running()
+        if record is not None:
+            chooser.resume(seam_for(ChoiceBody.model_validate(record.settings, strict=False)))
+
+    if on_start is not None:
+        on_start.append(resume)
 
     @router.get("/benchmarks")
     async def benchmarks(
@@ -195,6 +245,8 @@ def evaluation_router(
             raise HTTPException(422, "baseline and candidate are the same recipe")
         if any(j.state == "running" for j in jobs.values()):
             raise HTTPException(status.HTTP_409_CONFLICT, "a compare is already running")
+        if chooser.task is not None and not chooser.task.done():
+            raise HTTPException(status.HTTP_409_CONFLICT, "a choice is running (its gates switch recipes)")
         job = CompareJob(id=f"cmpjob-{uuid.uuid4().hex[:12]}", body=body)
         jobs[job.id] = job
         job.task = asyncio.get_running_loop().create_task(run(job), name=f"compare {job.id}")
@@ -238,4 +290,86 @@ def evaluation_router(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    @router.post(
+        "/choices",
+        status_code=status.HTTP_202_ACCEPTED,
+        dependencies=[Depends(require_admin)],
+        responses={409: {}, 422: {}},
+    )
+    async def start_choice(body: ChoiceBody) -> dict[str, Any]:
+        if any(j.state == "running" for j in jobs.values()):
+            raise HTTPException(status.HTTP_409_CONFLICT, "a compare is running")
+        try:
+            budget_s = parse_duration(body.budget) if body.budget else None
+            platform, entries = await asyncio.to_thread(survey, preflight, body.platform)
+            arm_costs = await asyncio.to_thread(costs, store, evals, entries)
+        except ChoiceInputError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        serving = driver.status()
+        before = str(serving.get("recipe")) if serving.get("state") == "ready" else None
+        extra = {"settings": body.model_dump(mode="json"), "versions": _versions(store, serving)}
+        if body.dry_run:
+            try:
+                shown = plan(choice_id="plan", platform=platform, entries=entries, pattern=body.recipes,
+                             baseline=body.baseline, costs=arm_costs, budget_s=budget_s,
+                             started_at=chooser.clock(), serving_before=before, promote=body.promote,
+                             fast=body.fast)
+            except ChoiceInputError as exc:
+                raise HTTPException(422, str(exc)) from exc
+            return {**shown.model_copy(update=extra).model_dump(mode="json"), "state": "plan"}
+        try:
+            record = chooser.begin(entries, platform=platform, pattern=body.recipes, baseline=body.baseline,
+                                   costs=arm_costs, budget_s=budget_s, serving_before=before,
+                                   promote=body.promote, fast=body.fast, extra=extra)
+        except ChoiceInputError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        except ChoiceBusy as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"choice {exc} is already running") from exc
+        chooser.start(record, seam_for(body))
+        return record.model_dump(mode="json")
+
+    @router.get("/choices")
+    async def list_choices(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> list[dict[str, Any]]:
+        records = await asyncio.to_thread(choices.list, limit)
+        return [_summary(r) for r in records]
+
+    async def _choice(choice_id: str) -> ChoiceRecord:
+        record = await asyncio.to_thread(choices.get, choice_id)
+        if record is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no choice {choice_id!r}")
+        return record
+
+    @router.get("/choices/{choice_id}", response_model=None)
+    async def get_choice(
+        choice_id: str, format: Literal["json", "markdown"] = "json"
+    ) -> dict[str, Any] | PlainTextResponse:
+        record = await _choice(choice_id)
+        if format == "markdown":
+            return PlainTextResponse(markdown(record), media_type="text/markdown; charset=utf-8")
+        return record.model_dump(mode="json")
+
+    @router.get("/choices/{choice_id}/events")
+    async def choice_events(
+        choice_id: str, after: Annotated[int, Query(ge=0)] = 0
+    ) -> dict[str, Any]:
+        record = await _choice(choice_id)
+        events = chooser.events.get(choice_id, [])
+        return {"state": record.state, "events": events[after:], "next": len(events)}
+
     return router
+
+
+def _versions(store: Store, serving: dict[str, Any]) -> dict[str, str]:
+    """The serving launch's interpreter and package versions (what the choice ran on)."""
+    launch_id = (serving.get("launch") or {}).get("id")
+    record = store.get_launch(str(launch_id)) if launch_id else None
+    if record is None:
+        return {}
+    return {**record.packages, **({"interpreter": record.interpreter} if record.interpreter else {})}
+
+
+def _summary(r: ChoiceRecord) -> dict[str, Any]:
+    return {"id": r.id, "state": r.state, "platform": r.platform, "pattern": r.pattern,
+            "baseline": r.baseline, "champion": r.champion, "started_at": r.started_at,
+            "ended_at": r.ended_at, "fast": r.fast,
+            "tried": sum(x.status in ("won", "lost", "failed-start", "error", "stale") for x in r.lines)}

@@ -1,0 +1,380 @@
+"""Choosing a recipe for this host: the pure rules of `appliance choose` (the runner is
+controller/evaluation/choose.py). Pure: recipes, admissions, launch history and time come in as values.
+
+The candidate order rule (seed 000's A → B → C, seed 004's discipline), said in every record as `RULE`:
+
+- the **baseline** is the safest admitted recipe: eager, the largest predicted host-memory margin
+  (the smallest `margin_gib` over its cold and warm starts, appliance/recipe/admission.py); the
+  operator may name another (`--baseline`), which must itself be admitted;
+- the **candidates** follow, eager before compiled modes (graph), and within a mode the larger
+  memory margin first, the smaller margin last (a tie: by name);
+- the champion starts as the baseline; each candidate runs the whole gate against the current
+  champion and a win (ACCEPT, or ACCEPT-PENDING-FULL, which then needs the full run before promotion)
+  makes it champion.
+
+Every recipe of the host's platform is a line of the record: refused ones with their lint or
+admission reason, not-tried ones with why (the pattern, the budget), a failed start with its
+diagnosis (skipped, never retried into the budget), a recipe edited during the choice as stale.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from statistics import median
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.evaluation.gate import Verdict
+from appliance.host_facts import HostFacts
+from appliance.recipe.admission import Admission
+
+RULE = (
+    "baseline: the admitted eager recipe with the largest predicted host-memory margin (or the one named); "
+    "candidates: eager before compiled modes, within a mode the larger memory margin first, the smaller "
+    "last (ties by name); each runs the whole gate against the current champion, a win makes it champion"
+)
+WINS = frozenset({Verdict.ACCEPT.value, Verdict.ACCEPT_PENDING_FULL.value})
+# What one arm costs when the launch store has no history of it yet (a guess, said as such in the plan).
+DEFAULT_READY_S = 300.0
+DEFAULT_BENCH_S = 600.0
+
+Status = Literal[
+    "baseline", "planned", "running", "won", "lost", "failed-start", "error", "stale", "refused", "not-tried"
+]
+State = Literal["running", "done", "stopped-budget", "failed", "interrupted"]
+
+
+class ChoiceInputError(ValueError):
+    """Bad input to a choice (a pattern matching nothing, a refused baseline, a budget too small):
+    refused before anything is switched."""
+
+
+class Entry(BaseModel):
+    """One recipe of the host's platform as the survey saw it (lint → admission → render)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    recipe: str
+    mode: str | None = None
+    spec_hash: str | None = None
+    admitted: bool = False
+    admission: str | None = None  # admit / warn / refuse (None: never reached admission)
+    margin_gib: float | None = None
+    reason: str | None = None  # why it is refused (lint, admission, render, load)
+    numbers: dict[str, float | int | str | None] = Field(default_factory=dict)
+
+
+class Line(BaseModel):
+    """One recipe's line in the decision record."""
+
+    recipe: str
+    status: Status
+    why: str = ""
+    mode: str | None = None
+    spec_hash: str | None = None
+    admission: str | None = None
+    margin_gib: float | None = None
+    numbers: dict[str, float | int | str | None] = Field(default_factory=dict)
+    against: str | None = None  # the champion it was gated against
+    comparison_id: str | None = None  # the stored compare record (GET /comparisons, `appliance compare`)
+    verdict: str | None = None
+    reasons: list[str] = Field(default_factory=list)
+    eta_s: float | None = None
+    took_s: float | None = None
+
+
+class ChoiceRecord(BaseModel):
+    """The decision record (`appliance choices ID`): what was tried, against what, and why."""
+
+    id: str
+    state: State = "running"
+    platform: str
+    pattern: str
+    rule: str = RULE
+    baseline: str
+    champion: str
+    champion_why: str = "the baseline: no candidate has beaten it yet"
+    # The winning gate's verdict (accept-pending-full: promotion needs the full run first).
+    champion_verdict: str | None = None
+    serving_before: str | None = None
+    promote: bool = False
+    promoted: str | None = None
+    restored: str | None = None
+    fast: bool = False
+    budget_s: float | None = None
+    eta_s: float = 0.0
+    started_at: float
+    ended_at: float | None = None
+    ended_why: str | None = None
+    lines: list[Line]
+    settings: dict[str, object] = Field(default_factory=dict)  # the gate's knobs as asked (resume uses them)
+    versions: dict[str, str] = Field(default_factory=dict)
+    cards: dict[str, object] = Field(default_factory=dict)
+
+    def line(self, recipe: str) -> Line:
+        return next(x for x in self.lines if x.recipe == recipe)
+
+
+class ArmCost(BaseModel):
+    """What one arm is expected to cost, from the launch history (cold and warm ready, bench)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cold_ready_s: float
+    warm_ready_s: float
+    bench_s: float
+    from_history: bool
+
+    @property
+    def total_s(self) -> float:
+        # A candidate arm starts cold once then restarts warm (compare.py: both arms are warm), is
+        # benched; the champion is switched back to warm and benched again.
+        return self.cold_ready_s + self.warm_ready_s + self.bench_s * 2 + self.warm_ready_s
+
+
+def host_platform(facts: HostFacts) -> str:
+    """The platform whose recipes this host runs: its GPUs' vendor, else the CPU."""
+    vendors = {g.vendor for g in facts.gpus}
+    if "nvidia" in vendors:
+        return "cuda"
+    if vendors & {"amd", "hygon"}:
+        return "gfx906"
+    return "cpu"
+
+
+def margin_of(admission: Admission) -> tuple[float | None, dict[str, float | int | str | None]]:
+    """The smallest predicted host-memory margin over the recipe's starts, and that check's numbers."""
+    peaks = [c for c in admission.checks if c.name.startswith("memory-peak-")
+             and isinstance(c.numbers.get("margin_gib"), (int, float))]
+    if not peaks:
+        return None, {}
+    worst = min(peaks, key=lambda c: float(c.numbers["margin_gib"] or 0.0))
+    return float(worst.numbers["margin_gib"] or 0.0), dict(worst.numbers)
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `45m`, `2h`, `1h30m` or plain seconds → seconds (ChoiceInputError otherwise)."""
+    s = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        return float(s)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", s)
+    if not parts or "".join(n + u for n, u in parts) != s:
+        raise ChoiceInputError(f"budget {text!r}: say it like 90s, 45m, 2h or 1h30m")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def _sort_key(e: Entry) -> tuple[int, float, str]:
+    return (0 if e.mode == "eager" else 1, -(e.margin_gib if e.margin_gib is not None else float("-inf")),
+            e.recipe)
+
+
+def order(entries: Iterable[Entry]) -> list[Entry]:
+    """The admitted entries in the rule's order (module doc)."""
+    return sorted((e for e in entries if e.admitted), key=_sort_key)
+
+
+def matching(entries: Sequence[Entry], pattern: str) -> list[Entry]:
+    """The entries whose name matches the shell pattern (several may be given, comma-separated)."""
+    pats = [p.strip() for p in pattern.split(",") if p.strip()]
+    return [e for e in entries if any(fnmatch.fnmatchcase(e.recipe, p) for p in pats)]
+
+
+def choose_baseline(entries: Sequence[Entry], named: str | None) -> Entry:
+    """The named baseline (it must be admitted) or the rule's: the eager admitted recipe with the
+    largest margin. ChoiceInputError with the reason when there is none."""
+    if named is not None:
+        found = next((e for e in entries if e.recipe == named), None)
+        if found is None:
+            raise ChoiceInputError(f"baseline {named!r} is not among the recipes chosen from")
+        if not found.admitted:
+            raise ChoiceInputError(f"baseline {named!r} is refused on this host: {found.reason}")
+        return found
+    eager = [e for e in order(entries) if e.mode == "eager"]
+    if not eager:
+        admitted = order(entries)
+        if not admitted:
+            raise ChoiceInputError("no recipe is admitted on this host: nothing to choose from")
+        raise ChoiceInputError(
+            "no admitted eager recipe to be the baseline (seed 000: the safe baseline runs eager); "
+            "name one with --baseline"
+        )
+    return eager[0]
+
+
+def arm_cost(history: Sequence[tuple[str | None, float]], bench_history: Sequence[float]) -> ArmCost:
+    """Median cold and warm ready seconds (`history`: (start state, ready_s) of earlier launches of the
+    variant) and the median bench seconds of its earlier benches; defaults where none is known."""
+    cold = [s for st, s in history if st == "cold"]
+    warm = [s for st, s in history if st == "warm"]
+    known = bool(history or bench_history)
+    warm_s = median(warm) if warm else (median(cold) if cold else DEFAULT_READY_S)
+    return ArmCost(
+        cold_ready_s=median(cold) if cold else warm_s,
+        warm_ready_s=warm_s,
+        bench_s=median(bench_history) if bench_history else DEFAULT_BENCH_S,
+        from_history=known,
+    )
+
+
+def plan(
+    *,
+    choice_id: str,
+    platform: str,
+    entries: Sequence[Entry],
+    pattern: str,
+    baseline: str | None,
+    costs: Mapping[str, ArmCost],
+    budget_s: float | None,
+    started_at: float,
+    serving_before: str | None = None,
+    promote: bool = False,
+    fast: bool = False,
+) -> ChoiceRecord:
+    """The plan of a choice: every entry a line, the baseline, the candidates in order with their
+    ETA; refused, unmatched and over-budget ones with why. ChoiceInputError for bad input."""
+    chosen = matching(entries, pattern)
+    if not chosen:
+        names = ", ".join(sorted(e.recipe for e in entries)) or "none"
+        raise ChoiceInputError(f"the pattern {pattern!r} matches no recipe of platform {platform} ({names})")
+    base = choose_baseline(chosen, baseline)
+    candidates = [e for e in order(chosen) if e.recipe != base.recipe]
+    if budget_s is not None and candidates:
+        first = costs[candidates[0].recipe].total_s
+        if budget_s < first:
+            raise ChoiceInputError(
+                f"budget {budget_s:.0f} s is too small for one arm: {candidates[0].recipe} is expected to "
+                f"take {first:.0f} s against {base.recipe}"
+            )
+    chosen_names = {e.recipe for e in chosen}
+    lines: list[Line] = []
+    eta = 0.0
+
+    def line(e: Entry, status: Status, why: str, eta_s: float | None = None) -> Line:
+        return Line(recipe=e.recipe, status=status, why=why, mode=e.mode, spec_hash=e.spec_hash,
+                    admission=e.admission, margin_gib=e.margin_gib, numbers=e.numbers, eta_s=eta_s)
+
+    lines.append(line(base, "baseline", "named with --baseline" if baseline else
+                      "the safest admitted recipe: eager, the largest memory margin"))
+    for rank, e in enumerate(candidates, start=1):
+        cost = costs[e.recipe].total_s
+        if budget_s is not None and eta + cost > budget_s:
+            lines.append(line(e, "not-tried", f"budget: expected {cost:.0f} s, "
+                              f"{max(0.0, budget_s - eta):.0f} s of {budget_s:.0f} s left at its turn", cost))
+            continue
+        eta += cost
+        lines.append(line(e, "planned", f"candidate {rank} by the rule", cost))
+    for e in sorted(entries, key=lambda x: x.recipe):
+        if e.recipe in chosen_names and e.admitted:
+            continue
+        if e.recipe not in chosen_names:
+            lines.append(line(e, "not-tried", f"not matched by the pattern {pattern!r}"))
+        else:
+            lines.append(line(e, "refused", e.reason or "refused"))
+    return ChoiceRecord(
+        id=choice_id, platform=platform, pattern=pattern, baseline=base.recipe, champion=base.recipe,
+        serving_before=serving_before, promote=promote, fast=fast, budget_s=budget_s, eta_s=eta,
+        started_at=started_at, lines=lines,
+    )
+
+
+def next_candidate(record: ChoiceRecord) -> Line | None:
+    """The next planned line, or None when the tournament is over."""
+    return next((x for x in record.lines if x.status == "planned"), None)
+
+
+def judged(record: ChoiceRecord, recipe: str, verdict: str, comparison_id: str | None,
+           reasons: Sequence[str], took_s: float) -> ChoiceRecord:
+    """The record after `recipe`'s gate against the champion: a win makes it champion."""
+    out = record.model_copy(deep=True)
+    x = out.line(recipe)
+    won = verdict in WINS
+    x.status = "won" if won else "lost"
+    x.verdict, x.comparison_id, x.reasons = verdict, comparison_id, list(reasons)
+    x.against, x.took_s = record.champion, took_s
+    x.why = (f"beat {record.champion} ({verdict})" if won else f"did not beat {record.champion} ({verdict})")
+    if won:
+        out.champion, out.champion_verdict = recipe, verdict
+        out.champion_why = f"won its gate against {record.champion} ({verdict}, comparison {comparison_id})"
+    return out
+
+
+def skipped(
+    record: ChoiceRecord, recipe: str, status: Status, why: str, took_s: float | None = None
+) -> ChoiceRecord:
+    """The record with `recipe` skipped (a failed start, an error, a stale spec), never retried."""
+    out = record.model_copy(deep=True)
+    x = out.line(recipe)
+    x.status, x.why, x.against, x.took_s = status, why, record.champion, took_s
+    return out
+
+
+def over_budget(record: ChoiceRecord, elapsed_s: float, recipe: str) -> bool:
+    """Whether `recipe`'s expected cost no longer fits what is left of the budget."""
+    if record.budget_s is None:
+        return False
+    return elapsed_s + (record.line(recipe).eta_s or 0.0) > record.budget_s
+
+
+def stop_at_budget(record: ChoiceRecord, elapsed_s: float, now: float) -> ChoiceRecord:
+    """The budget is spent: the rest is not tried, the champion so far stands."""
+    out = record.model_copy(deep=True)
+    for x in out.lines:
+        if x.status == "planned":
+            x.status = "not-tried"
+            x.why = f"budget: {elapsed_s:.0f} s of {record.budget_s or 0:.0f} s spent before its turn"
+    why = f"the budget stopped it with the champion so far ({out.champion})"
+    return ended(out, "stopped-budget", now, why)
+
+
+def ended(record: ChoiceRecord, state: State, now: float, why: str) -> ChoiceRecord:
+    out = record.model_copy(update={"state": state, "ended_at": now, "ended_why": why})
+    return out
+
+
+def resumed(record: ChoiceRecord) -> ChoiceRecord:
+    """After a controller restart: a candidate whose gate was cut off runs again (a compare stores
+    nothing until its verdict, so nothing of it is counted twice)."""
+    out = record.model_copy(deep=True)
+    for x in out.lines:
+        if x.status == "running":
+            x.status, x.why = "planned", "its gate was cut off by a controller restart: run again"
+    return out
+
+
+def markdown(record: ChoiceRecord) -> str:
+    """The decision record as a Markdown table anyone can read later."""
+    head = [
+        f"# Choice {record.id} ({record.state})",
+        "",
+        f"- platform: {record.platform}; recipes: `{record.pattern}`"
+        + ("; FAST MODE (capped outputs: not a full measurement)" if record.fast else ""),
+        f"- champion: **{record.champion}** — {record.champion_why}",
+        f"- baseline: {record.baseline}; serving before: {record.serving_before or 'nothing'}",
+        f"- rule: {record.rule}",
+        f"- budget: {_secs(record.budget_s)}; expected: {_secs(record.eta_s)}; "
+        f"took: {_secs((record.ended_at or record.started_at) - record.started_at)}",
+    ]
+    if record.ended_why:
+        head.append(f"- ended: {record.ended_why}")
+    if record.promote or record.promoted or record.restored:
+        head.append(f"- promoted: {record.promoted or 'no'}; returned to: {record.restored or '-'}")
+    rows = ["", "| recipe | mode | admission | margin GiB | status | against | verdict | comparison | ETA "
+            "| took | why |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in record.lines:
+        margin = "-" if x.margin_gib is None else f"{x.margin_gib:.2f}"
+        rows.append(
+            f"| {x.recipe} | {x.mode or '-'} | {x.admission or '-'} | {margin} | {x.status} "
+            f"| {x.against or '-'} "
+            f"| {x.verdict or '-'} | {x.comparison_id or '-'} | {_secs(x.eta_s)} | {_secs(x.took_s)} "
+            f"| {x.why.replace('|', '/')} |"
+        )
+    return "\n".join(head + rows) + "\n"
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"

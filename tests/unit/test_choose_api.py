@@ -1,0 +1,92 @@
+"""`POST /choices`, `GET /choices[/{id}]` on the admin API: auth, the plan's shape over the shipped
+recipes on the reference host's fixture tree, bad input as 422 with the reason, one at a time (409),
+the record as JSON and Markdown. The driver is test_api.py's rig (fake runtime/prober at the
+declared seams, so an arm never gets ready here: the gate fails its start, which the record says)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.unit import test_api as _api
+from tests.unit.test_api import AUTH, Rig
+
+home, rig, client = _api.home, _api.rig, _api.client
+
+PLAN = {"recipes": "cpu-smollm2*", "platform": "cpu", "dry_run": True}
+
+
+async def test_choices_need_the_admin_token(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/choices", json=PLAN)).status_code == 401
+    wrong = await client.post("/choices", json=PLAN, headers={"Authorization": "Bearer no"})
+    assert wrong.status_code == 403
+
+
+async def test_the_plan_lists_every_recipe_of_the_platform_with_why(client: httpx.AsyncClient) -> None:
+    r = await client.post("/choices", json=PLAN, headers=AUTH)
+    assert r.status_code == 202, r.text
+    plan = r.json()
+    assert plan["state"] == "plan" and plan["platform"] == "cpu"
+    lines = {x["recipe"]: x for x in plan["lines"]}
+    # every launchable cpu recipe is a line; only the pattern's were planned
+    assert {"cpu-smollm2", "cpu-smollm2-eager", "cpu-tp2"} <= set(lines)
+    assert lines["cpu-tp2"]["status"] == "not-tried" and "pattern" in lines["cpu-tp2"]["why"]
+    assert plan["baseline"] == "cpu-smollm2-eager" and lines["cpu-smollm2-eager"]["status"] == "baseline"
+    assert lines["cpu-smollm2"]["status"] == "planned" and lines["cpu-smollm2"]["eta_s"] > 0
+    assert "eager before compiled modes" in plan["rule"]
+    assert (await client.get("/choices")).json() == []  # a plan claims nothing
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"recipes": "nothing-*"}, "matches no recipe of platform cpu"),
+        ({"recipes": "cpu-smollm2*", "baseline": "cpu-no-such"}, "not among the recipes"),
+        ({"recipes": "cpu-smollm2*", "budget": "5s"}, "too small for one arm"),
+        ({"recipes": "cpu-smollm2*", "budget": "two hours"}, "say it like"),
+    ],
+)
+async def test_bad_input_is_422_with_the_reason(client: httpx.AsyncClient, body: dict[str, object],
+                                                words: str) -> None:
+    r = await client.post("/choices", json={**body, "platform": "cpu"}, headers=AUTH)
+    assert r.status_code == 422 and words in r.json()["detail"], r.text
+
+
+async def test_bad_bodies_are_422(client: httpx.AsyncClient) -> None:
+    for body in ({"recipes": "../x"}, {"force": True}, {"platform": "tpu"}):
+        assert (await client.post("/choices", json=body, headers=AUTH)).status_code == 422
+
+
+async def test_a_choice_runs_in_the_controller_one_at_a_time_and_leaves_a_record(
+    rig: Rig, client: httpx.AsyncClient
+) -> None:
+    body = {"recipes": "cpu-smollm2,cpu-smollm2-eager", "platform": "cpu", "ready_timeout_s": 0.5,
+            "fast": True}
+    started = await client.post("/choices", json=body, headers=AUTH)
+    assert started.status_code == 202, started.text
+    cid = started.json()["id"]
+    second = await client.post("/choices", json=body, headers=AUTH)
+    assert second.status_code == 409 and cid in second.json()["detail"]
+    compare = {"baseline": "cpu-smollm2", "candidate": "cpu-smollm2-eager"}
+    assert (await client.post("/compare", json=compare, headers=AUTH)).status_code == 409
+    for _ in range(400):
+        record = (await client.get(f"/choices/{cid}")).json()
+        if record["state"] != "running":
+            break
+        await asyncio.sleep(0.05)
+    # the fake runtime never gets ready: the champion's start fails, said in the record
+    assert record["state"] == "failed", record
+    assert record["ended_why"].startswith("the champion cpu-smollm2-eager failed to start: ")
+    lines = {x["recipe"]: x for x in record["lines"]}
+    assert lines["cpu-smollm2"]["status"] == "error" and "not gated" in lines["cpu-smollm2"]["why"]
+    assert record["fast"] is True
+    listed = (await client.get("/choices")).json()
+    assert [r["id"] for r in listed] == [cid]
+    md = await client.get(f"/choices/{cid}?format=markdown")
+    assert md.headers["content-type"].startswith("text/markdown") and "FAST MODE" in md.text
+    assert "| cpu-smollm2 |" in md.text
+    events = (await client.get(f"/choices/{cid}/events")).json()
+    assert events["state"] == "failed" and events["events"][-1]["phase"] == "end"
+    assert (await client.get("/choices/choice-nope")).status_code == 404

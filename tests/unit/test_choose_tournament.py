@@ -1,0 +1,157 @@
+"""The pure rules of a choice (appliance/evaluation/tournament.py), by equality."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.evaluation.tournament import (
+    ArmCost,
+    ChoiceInputError,
+    ChoiceRecord,
+    Entry,
+    arm_cost,
+    choose_baseline,
+    judged,
+    margin_of,
+    markdown,
+    order,
+    parse_duration,
+    plan,
+    resumed,
+    stop_at_budget,
+)
+from appliance.recipe.admission import Admission, Check
+
+COST = ArmCost(cold_ready_s=100, warm_ready_s=20, bench_s=60, from_history=True)  # total 260 s
+
+
+def e(name: str, mode: str, margin: float | None, admitted: bool = True, reason: str | None = None) -> Entry:
+    return Entry(recipe=name, mode=mode, spec_hash=f"h-{name}", admitted=admitted,
+                 admission="admit" if admitted else "refuse", margin_gib=margin, reason=reason)
+
+
+ENTRIES = [
+    e("x-graph-small", "graph", 1.0),
+    e("x-eager-big", "eager", 9.0),
+    e("x-graph-big", "graph", 5.0),
+    e("x-eager-small", "eager", 2.0),
+    e("x-tp8", "graph", -3.0, admitted=False, reason="admission: predicted peak exceeds RAM + swap"),
+]
+
+
+def test_the_order_is_eager_first_then_compiled_larger_margin_first() -> None:
+    assert [x.recipe for x in order(ENTRIES)] == [
+        "x-eager-big", "x-eager-small", "x-graph-big", "x-graph-small"]
+
+
+def test_the_baseline_is_the_eager_recipe_with_the_largest_margin() -> None:
+    assert choose_baseline(ENTRIES, None).recipe == "x-eager-big"
+    assert choose_baseline(ENTRIES, "x-graph-big").recipe == "x-graph-big"
+
+
+def test_a_refused_baseline_is_bad_input_with_its_reason() -> None:
+    with pytest.raises(ChoiceInputError, match=r"x-tp8.*refused.*predicted peak"):
+        choose_baseline(ENTRIES, "x-tp8")
+
+
+def test_no_admitted_eager_recipe_means_no_default_baseline() -> None:
+    with pytest.raises(ChoiceInputError, match="no admitted eager recipe"):
+        choose_baseline([e("g", "graph", 3.0)], None)
+    with pytest.raises(ChoiceInputError, match="no recipe is admitted"):
+        choose_baseline([e("g", "graph", 3.0, admitted=False)], None)
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("90s", 90), ("45m", 2700), ("2h", 7200), ("1h30m", 5400), ("30", 30)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2 hours", "h", "1d", "-5m"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ChoiceInputError):
+        parse_duration(text)
+
+
+def test_arm_cost_from_history_and_defaults() -> None:
+    history: list[tuple[str | None, float]] = [("cold", 100.0), ("warm", 20.0), ("warm", 30.0), (None, 999.0)]
+    assert arm_cost(history, [50.0, 70.0]) == ArmCost(
+        cold_ready_s=100, warm_ready_s=25, bench_s=60, from_history=True)
+    assert arm_cost([], []) == ArmCost(cold_ready_s=300, warm_ready_s=300, bench_s=600, from_history=False)
+    assert COST.total_s == 100 + 20 + 60 * 2 + 20
+
+
+def test_margin_is_the_smallest_over_the_starts() -> None:
+    def check(name: str, margin: float) -> Check:
+        return Check(name=name, verdict="admit", message="", numbers={"margin_gib": margin}, fact="")
+
+    checks = (check("memory-peak-cold", 2.5), check("memory-peak-warm", 4.0), check("memlock", -1))
+    adm = Admission(recipe="r", verdict="admit", checks=checks)
+    assert margin_of(adm) == (2.5, {"margin_gib": 2.5})
+    assert margin_of(Admission(recipe="r", verdict="warn", checks=())) == (None, {})
+
+
+def _plan(**kw: object) -> ChoiceRecord:
+    args: dict[str, object] = dict(choice_id="c1", platform="cuda", entries=ENTRIES, pattern="x-*",
+                                   baseline=None, costs={x.recipe: COST for x in ENTRIES}, budget_s=None,
+                                   started_at=1000.0, serving_before="x-eager-big")
+    args.update(kw)
+    return plan(**args)  # type: ignore[arg-type]
+
+
+def test_the_plan_lists_every_recipe_with_why() -> None:
+    record = _plan(pattern="x-eager-*,x-graph-big,x-tp8")
+    assert [(x.recipe, x.status, x.eta_s) for x in record.lines] == [
+        ("x-eager-big", "baseline", None),
+        ("x-eager-small", "planned", 260.0),
+        ("x-graph-big", "planned", 260.0),
+        ("x-graph-small", "not-tried", None),
+        ("x-tp8", "refused", None),
+    ]
+    assert record.line("x-graph-small").why == "not matched by the pattern 'x-eager-*,x-graph-big,x-tp8'"
+    assert record.line("x-tp8").why == "admission: predicted peak exceeds RAM + swap"
+    assert (record.baseline, record.champion, record.eta_s) == ("x-eager-big", "x-eager-big", 520.0)
+
+
+def test_the_budget_cuts_the_plan_and_a_budget_under_one_arm_is_bad_input() -> None:
+    record = _plan(budget_s=600.0)
+    assert [x.status for x in record.lines] == [
+        "baseline", "planned", "planned", "not-tried", "refused"]
+    assert record.line("x-graph-small").why == "budget: expected 260 s, 80 s of 600 s left at its turn"
+    with pytest.raises(ChoiceInputError, match=r"too small for one arm: x-eager-small .* take 260 s"):
+        _plan(budget_s=100.0)
+
+
+def test_a_pattern_matching_nothing_is_bad_input_naming_what_there_is() -> None:
+    with pytest.raises(ChoiceInputError, match=r"'nope-\*' matches no recipe of platform cuda"):
+        _plan(pattern="nope-*")
+
+
+def test_a_win_makes_the_champion_and_a_loss_keeps_it() -> None:
+    record = _plan()
+    won = judged(record, "x-eager-small", "accept", "cmp-1", ["faster"], 250.0)
+    assert (won.champion, won.champion_verdict) == ("x-eager-small", "accept")
+    assert won.line("x-eager-small").model_dump(include={"status", "against", "comparison_id", "took_s"}) == {
+        "status": "won", "against": "x-eager-big", "comparison_id": "cmp-1", "took_s": 250.0}
+    lost = judged(won, "x-graph-big", "hold", "cmp-2", ["noise"], 1.0)
+    assert lost.champion == "x-eager-small" and lost.line("x-graph-big").against == "x-eager-small"
+    assert lost.line("x-graph-big").status == "lost"
+
+
+def test_budget_stop_and_resume() -> None:
+    record = _plan()
+    stopped = stop_at_budget(record, 700.0, 2000.0)
+    assert stopped.state == "stopped-budget" and stopped.ended_at == 2000.0
+    assert {x.status for x in stopped.lines} == {"baseline", "not-tried", "refused"}
+    cut = record.model_copy(deep=True)
+    cut.line("x-eager-small").status = "running"
+    again = resumed(cut)
+    assert again.line("x-eager-small").status == "planned"
+    assert "controller restart" in again.line("x-eager-small").why
+
+
+def test_markdown_has_a_row_per_recipe_and_names_fast_mode() -> None:
+    text = markdown(_plan(fast=True))
+    assert "FAST MODE" in text
+    assert sum(line.startswith("| x-") for line in text.splitlines()) == len(ENTRIES)
