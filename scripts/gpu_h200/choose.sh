@@ -4,7 +4,7 @@
 # every cuda recipe → lint → admission (the H200's cards and host memory) → the gate as a tournament
 # (eager baseline, then piecewise and graph by the rule in appliance/evaluation/tournament.py), each
 # gate the whole protocol of compare.sh (standard mode: declared output lengths, natural stops). The
-# expected result (issue 34): graph wins on throughput with its accuracy evidence from its eager twin,
+# expected result: graph wins on throughput with its accuracy evidence from its eager twin,
 # piecewise between. The host goes back to the eager recipe that was serving (no --promote).
 # Sent like compare.sh (docs/gpu-h200.md): the kit from gpu-kit's setup.sh, the code in .gpuwt/:
 #   bash .gpuwt/scripts/gpu_h200/choose.sh
