@@ -18,7 +18,8 @@ RUN = ROOT / "tests/fixtures/gateway_bench/h200-isolation-2026-12-02"
 HEADING = "### The own upstream client against aiohttp, isolated on the H200 host"
 # The JSON names the aiohttp arm by where its exported tree lay on the device host.
 AIOHTTP = "gateway@/work/main/.benchbase"
-NAMES = {"direct": "direct", "gateway": "gateway (own client)", "nginx": "nginx", AIOHTTP: "gateway (aiohttp)"}
+NAMES = {"direct": "direct", "gateway": "gateway (own client)", "nginx": "nginx",
+         AIOHTTP: "gateway (aiohttp)"}
 CELLS = [("plain", 1), ("plain", 64), ("stream", 1), ("stream", 64)]
 
 
@@ -111,7 +112,8 @@ def test_the_decisions_other_claims_are_what_the_json_says() -> None:
     own, aio = cells[("stream", 64, "gateway")], cells[("stream", 64, AIOHTTP)]
     assert (f"streaming throughput at 64 is {own['thr_ratio']:.3f}× direct against aiohttp's "
             f"{aio['thr_ratio']:.3f}×") in section
-    lower = sum(cells[(m, n, "gateway")]["cpu_s_per_1k"] < cells[(m, n, AIOHTTP)]["cpu_s_per_1k"] for m, n in CELLS)
+    lower = sum(cells[(m, n, "gateway")]["cpu_s_per_1k"] < cells[(m, n, AIOHTTP)]["cpu_s_per_1k"]
+                for m, n in CELLS)
     assert lower == 4 and "consistent in 4/4 CPU cells" in section
     assert "one run of 2 rounds" in section and _report()["args"]["rounds"] == 2
     # The added-TTFT sentence: "lower in three cells of four" for the p50 and for the p99.

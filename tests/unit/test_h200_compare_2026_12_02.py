@@ -43,7 +43,8 @@ def _arms() -> tuple[list[BenchResult], list[BenchResult], GateResult]:
 def _twin(base: list[BenchResult]) -> Tokens:
     """The graph arm's token-stream evidence as compare derived it: its eager twin is the baseline
     recipe itself, so the twin's runs are the baseline's (compare.json keeps no third arm)."""
-    return Tokens(source=EAGER, why="derived: same model, dtype, platform and sampling, mode eager", runs=base)
+    why = "derived: same model, dtype, platform and sampling, mode eager"
+    return Tokens(source=EAGER, why=why, runs=base)
 
 
 def _step(g: GateResult, name: str) -> Any:
@@ -80,7 +81,8 @@ def test_compare_json_loads_through_the_result_models() -> None:
 
 def test_the_stored_runs_re_judge_to_the_same_verdict_and_steps() -> None:
     base, cand, stored = _arms()
-    again = gate(base, cand, Thresholds(), allowed_diffs=stored.allowed_diffs or None, cand_tokens=_twin(base))
+    again = gate(base, cand, Thresholds(), allowed_diffs=stored.allowed_diffs or None,
+                 cand_tokens=_twin(base))
     assert again.verdict is stored.verdict is Verdict.ACCEPT and again.flags == stored.flags
     assert [(s.name, s.status) for s in again.steps] == [(s.name, s.status) for s in stored.steps]
     assert again.reasons == stored.reasons
@@ -110,7 +112,8 @@ def test_the_evidence_says_the_graph_arms_lengths_and_accuracy_came_from_its_eag
     assert smoke.evidence["output_tokens"] == {"baseline": CAP, "candidate": CAP}
     assert f"candidate smoke length from its eager twin {EAGER}" in smoke.reasons[1]
     assert score.evidence["length_sources"] == twin
-    assert f"candidate output lengths for the length hold come from its eager twin {EAGER}" in score.reasons[1]
+    assert (f"candidate output lengths for the length hold come from its eager twin {EAGER}"
+            in score.reasons[1])
     assert accuracy.evidence["sources"] == twin
     assert accuracy.reasons[0].startswith("accuracy 29.6 vs 29.6 points")
     assert "0 item(s) scored differently" in accuracy.reasons[0] and accuracy.evidence["flipped"] == []
@@ -172,7 +175,7 @@ def test_every_launchs_deployment_proof_has_no_problem_and_the_versions_named(na
     assert data["versions"] == version_summary(facts) == (
         "vllm 0.26.0; torch 2.11.0+cu130; cuda 13.0; GPU0 NVIDIA H200 (cc 9.0, 140 GiB)")
     assert record["packages"]["vllm"] == "0.26.0"
-    # The probe runs after ready (off the ready path's timing): it landed 5.4-5.8 s after it.
+    # The probe runs after ready, off the ready path: it took 5.4-5.8 s and landed 5.6-5.9 s after ready.
     ready = next(e for e in record["events"] if e["kind"] in ("ready", "warmup-ready"))
     assert 5.0 < proofs[0]["at"] - ready["at"] < 6.0
     assert 5.0 < data["probe_s"] < 6.0
