@@ -275,6 +275,7 @@ UNKNOWN: dict[tuple[str, ...], list[str]] = {
     ("launches",): ["nope"],
     ("logs",): ["--launch", "nope"],
     ("gpu", "reset-done"): ["7"],
+    ("choices",): ["nope"],
 }
 # Arguments that are not a name the appliance keeps: files to read, and compare's two arms, which are
 # checked by the controller only after the admin token (its unknown name is apply's 404 above).
@@ -302,7 +303,7 @@ class _NotFound:
 def test_every_unknown_name_or_id_exits_2(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from controller.cli import gpu_cmd
+    from controller.cli import choose_cmd, gpu_cmd
 
     with_arguments = {p for p, cmd in _all_commands().items()
                       if any(x.param_type_name == "argument" for x in cmd.params)}
@@ -311,6 +312,7 @@ def test_every_unknown_name_or_id_exits_2(
     monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path))
     monkeypatch.setattr(api_cmd, "_client", lambda api: _NotFound())
     monkeypatch.setattr(gpu_cmd, "Client", lambda base: _NotFound(), raising=False)
+    monkeypatch.setattr(choose_cmd, "Client", lambda base: _NotFound())
     KeyStore(tmp_path / "keys.sqlite3").create("someone", None, None)
     runner = CliRunner()
     for path, args in UNKNOWN.items():
