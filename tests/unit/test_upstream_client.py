@@ -242,6 +242,32 @@ async def test_a_pooled_connection_closed_by_the_upstream_is_stale_and_the_pool_
 
 
 @both_loops
+async def test_a_stale_connection_drops_its_idle_peers_that_are_still_open() -> None:
+    """The upstream restarted: every idle connection to it is dead, though the peers' closes may not
+    have arrived yet. Here they never do (the server keeps them open): only the drop removes them."""
+    async def answer_then_close_on_the_next(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"x"))
+        await writer.drain()
+        if await read_request(state, reader) is not None:
+            writer.transport.abort()
+
+    async with serve(answer_then_close_on_the_next) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        first, second = await asyncio.gather(*(p.request(origin, b"GET", b"/", [], b"") for _ in "ab"))
+        for resp in (first, second):
+            assert await resp.read_all() == b"x"
+            resp.release()
+        assert p.idle_count == 2
+        with pytest.raises(StaleConnection):
+            await p.request(origin, b"GET", b"/", [], b"")
+        assert p.idle_count == 0
+        await p.close()
+    assert srv.connections == 2
+
+
+@both_loops
 async def test_an_idle_connection_the_upstream_closes_leaves_the_pool() -> None:
     async def answer_then_hang_up(state: Server, reader: R, writer: W) -> None:
         await read_request(state, reader)
@@ -283,6 +309,7 @@ async def test_nothing_listening_is_connect_refused() -> None:
         with pytest.raises(ConnectRefused) as info:
             await p.request(p.origin(f"http://127.0.0.1:{port}"), b"GET", b"/", [], b"")
         assert isinstance(info.value.os_error, OSError)
+        assert str(info.value) == str(info.value.os_error)  # what the OS said is the message
         await p.close()
 
 
@@ -378,6 +405,7 @@ async def test_closing_an_unread_answer_closes_the_connection_and_half_close_sti
         await asyncio.wait_for(srv.eof_seen.wait(), 2.0)
         assert await resp.read_all() == b"last"
         resp.close()
+        assert resp.write_eof() is False  # closed: nothing to half-close
         await p.close()
 
     async with serve(endless) as srv:
