@@ -242,6 +242,32 @@ async def test_a_pooled_connection_closed_by_the_upstream_is_stale_and_the_pool_
 
 
 @both_loops
+async def test_a_stale_connection_drops_its_idle_peers_that_are_still_open() -> None:
+    """The upstream restarted: every idle connection to it is dead, though the peers' closes may not
+    have arrived yet. Here they never do (the server keeps them open): only the drop removes them."""
+    async def answer_then_close_on_the_next(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"x"))
+        await writer.drain()
+        if await read_request(state, reader) is not None:
+            writer.transport.abort()
+
+    async with serve(answer_then_close_on_the_next) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        first, second = await asyncio.gather(*(p.request(origin, b"GET", b"/", [], b"") for _ in "ab"))
+        for resp in (first, second):
+            assert await resp.read_all() == b"x"
+            resp.release()
+        assert p.idle_count == 2
+        with pytest.raises(StaleConnection):
+            await p.request(origin, b"GET", b"/", [], b"")
+        assert p.idle_count == 0
+        await p.close()
+    assert srv.connections == 2
+
+
+@both_loops
 async def test_an_idle_connection_the_upstream_closes_leaves_the_pool() -> None:
     async def answer_then_hang_up(state: Server, reader: R, writer: W) -> None:
         await read_request(state, reader)
@@ -283,6 +309,7 @@ async def test_nothing_listening_is_connect_refused() -> None:
         with pytest.raises(ConnectRefused) as info:
             await p.request(p.origin(f"http://127.0.0.1:{port}"), b"GET", b"/", [], b"")
         assert isinstance(info.value.os_error, OSError)
+        assert str(info.value) == str(info.value.os_error)  # what the OS said is the message
         await p.close()
 
 
@@ -294,8 +321,9 @@ async def test_silence_is_a_read_timeout_before_the_head_and_mid_body() -> None:
 
     async with serve(silent) as srv:
         p = pool(idle_timeout_s=0.2)
-        with pytest.raises(ReadTimeout):
+        with pytest.raises(ReadTimeout) as info:
             await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        assert str(info.value) == "the upstream sent nothing for 0.2 s"
         await p.close()
 
     # Mid-body: the clock the timeout measures silence with is the test's, so "a byte comes more often
@@ -327,6 +355,64 @@ async def test_silence_is_a_read_timeout_before_the_head_and_mid_body() -> None:
         resp.close()
         await sends.put(b"")
         await p.close()
+
+
+@both_loops
+async def test_the_idle_check_fails_at_the_deadline_and_otherwise_rearms_for_what_is_left() -> None:
+    """``_check_idle`` called by hand on the test's clock (the loop's timer, 30 s away, never fires
+    here): before the deadline it re-arms for the rest, at the deadline exactly it fails, while
+    reading is paused for a slow client it re-arms from now, after the end of the answer it does
+    nothing (the connection stays poolable)."""
+    release = asyncio.Event()
+
+    async def head_then_wait(state: Server, reader: R, writer: W) -> None:
+        while await read_request(state, reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+            await writer.drain()
+            await release.wait()
+            release.clear()
+            writer.write(b"ok")
+            await writer.drain()
+
+    clock = FakeClock()
+    loop = asyncio.get_running_loop()
+    async with serve(head_then_wait) as srv:
+        p = pool(idle_timeout_s=30.0, clock=clock)
+        origin = p.origin(srv.url)
+        resp = await p.request(origin, b"GET", b"/", [], b"")
+        start = clock.now  # the head's bytes came at this instant
+        clock.now = start + 10.0
+        resp._check_idle()
+        timer = resp._timer
+        assert timer is not None and 19.0 < timer.when() - loop.time() <= 20.0  # 30 − 10 s left
+        # Paused for a slow client: silence does not count; the next check is a whole period away.
+        resp._paused = True
+        clock.now = start + 100.0
+        resp._check_idle()
+        timer = resp._timer
+        assert timer is not None and 29.0 < timer.when() - loop.time() <= 30.0
+        assert resp._last_data == start + 100.0
+        resp._paused = False
+        clock.now = start + 130.0  # exactly the deadline from the pause's restart
+        resp._check_idle()
+        with pytest.raises(ReadTimeout):
+            await resp.read()
+        resp.close()
+
+        # After a complete answer a late check changes nothing: the connection is pooled and reused.
+        resp = await p.request(origin, b"GET", b"/", [], b"")
+        release.set()
+        assert await resp.read_all() == b"ok"
+        clock.now += 1000.0
+        resp._check_idle()
+        resp.release()
+        again = await p.request(origin, b"GET", b"/", [], b"")
+        assert again.reused
+        release.set()
+        assert await again.read_all() == b"ok"
+        again.release()
+        await p.close()
+    assert srv.connections == 2
 
 
 @both_loops
@@ -378,6 +464,7 @@ async def test_closing_an_unread_answer_closes_the_connection_and_half_close_sti
         await asyncio.wait_for(srv.eof_seen.wait(), 2.0)
         assert await resp.read_all() == b"last"
         resp.close()
+        assert resp.write_eof() is False  # closed: nothing to half-close
         await p.close()
 
     async with serve(endless) as srv:
