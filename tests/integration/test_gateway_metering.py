@@ -272,8 +272,12 @@ async def test_responses_and_messages_are_counted(tmp_path: Path) -> None:
         assert await _usage_of(gw, tmp_path, rec, 4) == (4, 4 * PROMPT, 4 * 6)
 
 
-async def _leave_after(gw: RunningGateway, key: str, body: bytes, events: int | None) -> None:
-    """Send ``body`` raw and leave after ``events`` streamed events (None: before any byte)."""
+async def _leave_after(
+    gw: RunningGateway, key: str, body: bytes, events: int | None, up: Upstream | None = None
+) -> None:
+    """Send ``body`` raw and leave after ``events`` streamed events (None: before any byte, once
+    ``up`` has received the request: it is in its prefill)."""
+    arrived = len(up.requests) if up is not None else 0
     host, port = gw.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
@@ -287,7 +291,15 @@ async def _leave_after(gw: RunningGateway, key: str, body: bytes, events: int | 
             assert data, "the gateway closed first"
             got += data
     else:
-        await asyncio.sleep(0.3)  # the request is upstream, in its prefill
+        # Leave once the request reached the upstream, not after a guessed delay (a loaded host can
+        # take longer than any guess to get it there).
+        assert up is not None, "leaving before any byte needs the upstream to watch"
+        for _ in range(1000):  # bounded: 10 s
+            if len(up.requests) > arrived:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the request never reached the upstream")
     writer.close()
 
 
@@ -314,7 +326,7 @@ async def test_a_client_leaving_during_the_prefill_is_charged_the_prompt(tmp_pat
         for stream in (b"true", b"false"):
             body = (b'{"model": "m", "messages": [{"role": "user", "content": "' + content.encode()
                     + b'"}], "stream": ' + stream + b"}")
-            await _leave_after(gw, key, body, events=None)
+            await _leave_after(gw, key, body, events=None, up=up)
             await asyncio.wait_for(up.eof_seen.wait(), 5)  # the engine was told (it aborts)
             up.eof_seen.clear()
         requests, prompt, completion = await _usage_of(gw, tmp_path, rec, 2)
@@ -335,7 +347,7 @@ async def test_a_client_leaving_during_the_prefill_is_charged_what_the_engine_co
         up.answer_at_eof = 3
         body = (b'{"model": "m", "messages": [{"role": "user", "content": "' + content.encode()
                 + b'"}], "max_tokens": 8, "stream": true}')
-        await _leave_after(gw, key, body, events=None)
+        await _leave_after(gw, key, body, events=None, up=up)
         await asyncio.wait_for(up.eof_seen.wait(), 5)  # the engine was told (it aborts)
         sent = json.loads(up.requests[0][1])
         assert sent["stream_options"]["continuous_usage_stats"] is True  # planned: usage asked for
