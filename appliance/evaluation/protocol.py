@@ -197,15 +197,7 @@ def smoke_step(
         status = StepStatus.FAIL if fails else StepStatus.SKIPPED
         return GateStep(name=SMOKE, status=status, reasons=fails or ["only one arm ran its smoke request"])
     for label, s in (("baseline", base), ("candidate", cand)):
-        if not s.request.ok:
-            fails.append(f"{label} smoke request failed: {s.request.error}")
-        if not s.alive_after:
-            fails.append(f"{label} engine did not answer after the smoke request")
-        if s.new_error_lines:
-            fails.append(
-                f"{label} engine log has {len(s.new_error_lines)} new error line(s) since ready: "
-                f"{s.new_error_lines[0][:200]!r}"
-            )
+        fails += smoke_failures(s, label)
         if not s.log_checked:
             notes.append(f"{label} engine log could not be read: no log check")
     b_tok, c_tok = base_tokens or base, cand_tokens or cand
