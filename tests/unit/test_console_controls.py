@@ -178,7 +178,7 @@ async def test_restart_and_stop_confirm_pages_say_the_consequence(
     assert eta, page
     launch = rig.driver.view.launch
     assert launch is not None
-    plan = rig.driver.switch_plan("cpu-smollm2", launch.spec.spec_hash, restart=True)
+    plan = rig.driver.switch_plan("cpu-smollm2", launch.spec.spec_hash)
     assert float(eta.group(1)) == plan["wait_s"] and float(eta.group(2)) == plan["expected_ready_s"]
 
     stop = (await client.get("/console/engine/stop")).text
