@@ -38,6 +38,7 @@ It fits when all of these hold (the numbers go into the answer, so `apply` can s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,12 +146,13 @@ def same_card_fit(cards: Sequence[int], util: float, gpu: GpuMemoryView,
             numbers[f"gpu{index}_free_gib"] = None
             return False, (f"same-card blue/green needs GPU {index}'s free memory, and NVML did not report "
                            "it"), numbers
-        need = util * card.total_bytes + CUDA_CONTEXT_GIB * GIB
+        # Whole bytes, rounded up: the safe side of vLLM's float `utilization × total`.
+        need = math.ceil(util * card.total_bytes) + math.ceil(CUDA_CONTEXT_GIB * GIB)
         left = card.free_bytes - need
         numbers |= {f"gpu{index}_free_gib": round(card.free_bytes / GIB, 2),
                     f"gpu{index}_total_gib": round(card.total_bytes / GIB, 2),
                     f"gpu{index}_need_gib": round(need / GIB, 2), f"gpu{index}_left_gib": round(left / GIB, 2)}
-        ok = left >= margin_gib * GIB
+        ok = left >= math.ceil(margin_gib * GIB)
         line = (f"GPU {index} free now {card.free_bytes / GIB:.2f} GiB − need {need / GIB:.2f} GiB "
                 f"({util} × {card.total_bytes / GIB:.2f} GiB + {CUDA_CONTEXT_GIB:.2f} GiB CUDA context) = "
                 f"{left / GIB:.2f} GiB, {'≥' if ok else 'under'} the margin {margin_gib:.2f} GiB")
