@@ -151,7 +151,8 @@ def same_card_fit(cards: Sequence[int], util: float, gpu: GpuMemoryView,
         left = card.free_bytes - need
         numbers |= {f"gpu{index}_free_gib": round(card.free_bytes / GIB, 2),
                     f"gpu{index}_total_gib": round(card.total_bytes / GIB, 2),
-                    f"gpu{index}_need_gib": round(need / GIB, 2), f"gpu{index}_left_gib": round(left / GIB, 2)}
+                    f"gpu{index}_need_gib": round(need / GIB, 2),
+                    f"gpu{index}_left_gib": round(left / GIB, 2)}
         ok = left >= math.ceil(margin_gib * GIB)
         line = (f"GPU {index} free now {card.free_bytes / GIB:.2f} GiB − need {need / GIB:.2f} GiB "
                 f"({util} × {card.total_bytes / GIB:.2f} GiB + {CUDA_CONTEXT_GIB:.2f} GiB CUDA context) = "

@@ -217,7 +217,8 @@ async def test_a_restart_that_fits_on_the_same_card_goes_blue_green_without_a_ho
     rig.driver.submit(Apply("test-recipe"))
     await rig.run_until(lambda: rig.driver.machine.state is State.READY, 120)
     plan = rig.driver.switch_plan("test-recipe", "0123456789abcdef")
-    assert plan["path"] == "blue_green" and "same-card blue/green: GPU 0 free now 96.20 GiB" in str(plan["why"])
+    assert plan["path"] == "blue_green"
+    assert "same-card blue/green: GPU 0 free now 96.20 GiB" in str(plan["why"])
     fit = plan["fit"]
     assert isinstance(fit, dict) and fit["gpu_placement"] == "same_card" and fit["gpu0_free_gib"] == 96.2
     assert rig.driver.submit(Restart()) is None
