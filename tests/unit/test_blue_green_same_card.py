@@ -233,6 +233,8 @@ async def test_a_restart_that_fits_on_the_same_card_goes_blue_green_without_a_ho
     assert (path.data["path"], path.data["gpu_placement"], path.data["gpu0_free_gib"],
             path.data["gpu0_need_gib"], path.data["gpu_margin_gib"]) == ("blue_green", "same_card", 96.2,
                                                                           42.63, 4.0)
+    record = rig.store.get_launch("L2")
+    assert record is not None and path in record.events  # `launches L2 --json`, the console's launch page
     await rig.driver.shutdown()
 
 
