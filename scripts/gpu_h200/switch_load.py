@@ -10,6 +10,8 @@ never from argv or the environment. Writes OUT.json: the samples and the totals 
 longest); appliance/evaluation/samecard_switch.py judges them against the launch records.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -20,8 +22,8 @@ import urllib.request
 
 
 def one(url: str, key: str, body: bytes, timeout_s: float) -> tuple[int | None, str | None]:
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST",
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             resp.read()
