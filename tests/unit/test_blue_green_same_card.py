@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 from appliance.host_facts import GIB, HostFacts
 from appliance.observe.gpu_mem import GpuSample
@@ -17,9 +19,15 @@ from appliance.recipe.gpu_kv_admission import CUDA_CONTEXT_GIB, CardMemory, GpuM
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_model import Recipe
 from appliance.recipe.render import render
+from controller.api_client import Client
+from controller.evaluation.compare import Control
+from controller.evaluation.controls import driver_control, http_control
+from controller.store import Store
 from controller.supervisor.blue_green import SAME_CARD_MARGIN_GIB, BesideCheck, decide
+from controller.supervisor.driver import Driver
 from controller.supervisor.gpu_memory_check import GpuMemoryLink
 from controller.supervisor.machine import State
+from controller.supervisor.preflight import Preflight
 from controller.supervisor.signals import Apply, Restart
 from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
 from tests.unit.supervisor_helpers import make_handle, make_spec
@@ -272,3 +280,32 @@ async def test_a_restart_without_blue_green_drains_first_even_when_it_would_fit(
                         and rig.driver.view.launch.launch_id == "L2", 300)
     assert [h.reason for h in rig.gateway.holds if h is not None] == ["restart"]
     await rig.driver.shutdown()
+
+
+# --- the compare measures an arm alone on its card ------------------------------------------------
+
+
+async def test_the_compare_waits_for_the_replaced_engine_to_be_gone_and_restarts_arms_without_blue_green(
+) -> None:
+    statuses = [{"recipe": "g", "state": "ready", "launch": {"id": "L2"}, "blue_green": {"old": "stopping"}},
+                {"recipe": "g", "state": "ready", "launch": {"id": "L2"}, "blue_green": None}]
+    seen: list[dict[str, Any]] = []
+
+    async def status() -> dict[str, Any]:
+        seen.append(statuses[min(len(seen), len(statuses) - 1)])
+        return seen[-1]
+
+    async def nothing(*args: Any) -> Any:
+        raise AssertionError("not called")
+
+    control = Control(apply=nothing, restart=nothing, status=status, describe=nothing, poll_s=0.0)
+    assert await control.wait_ready("g", 60, "L1") is statuses[1] and len(seen) == 2
+
+    submitted: list[object] = []
+    driver = SimpleNamespace(submit=lambda obs: submitted.append(obs))
+    await driver_control(cast(Driver, driver), cast(Store, None), cast(Preflight, None)).restart()
+    assert submitted == [Restart(blue_green=False)]
+    posted: list[tuple[str, object]] = []
+    client = SimpleNamespace(post=lambda path, body=None: posted.append((path, body)))
+    await http_control(cast(Client, client)).restart()
+    assert posted == [("/restart", {"blue_green": False})]
