@@ -287,8 +287,8 @@ async def test_a_restart_without_blue_green_drains_first_even_when_it_would_fit(
 
 async def test_the_compare_waits_for_the_replaced_engine_to_be_gone_and_restarts_arms_without_blue_green(
 ) -> None:
-    statuses = [{"recipe": "g", "state": "ready", "launch": {"id": "L2"}, "blue_green": {"old": "stopping"}},
-                {"recipe": "g", "state": "ready", "launch": {"id": "L2"}, "blue_green": None}]
+    ready: dict[str, Any] = {"recipe": "g", "state": "ready", "launch": {"id": "L2"}}
+    statuses = [{**ready, "blue_green": {"old": "stopping"}}, {**ready, "blue_green": None}]
     seen: list[dict[str, Any]] = []
 
     async def status() -> dict[str, Any]:
