@@ -13,6 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from appliance.host_facts import GIB, HostFacts
 from appliance.observe.gpu_mem import GpuSample
 from appliance.recipe.gpu_kv_admission import CUDA_CONTEXT_GIB, CardMemory, GpuMemoryView
@@ -22,6 +24,7 @@ from appliance.recipe.render import render
 from controller.api_client import Client
 from controller.evaluation.compare import Control
 from controller.evaluation.controls import driver_control, http_control
+from controller.service import ServiceConfig, build
 from controller.store import Store
 from controller.supervisor.blue_green import SAME_CARD_MARGIN_GIB, BesideCheck, decide
 from controller.supervisor.driver import Driver
@@ -30,10 +33,11 @@ from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
 from controller.supervisor.signals import Apply, Restart
 from tests.unit.recipe_helpers import fixed_facts, shipped, with_changes
-from tests.unit.supervisor_helpers import make_handle, make_spec
+from tests.unit.supervisor_helpers import FakeClock, FakeRuntime, make_handle, make_spec
 from tests.unit.test_gpu_kv_admission import Reader
 from tests.unit.test_supervisor_driver import Rig, make_rig
 
+ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 150754820096  # the recorded H200 (NVML total)
 GRAPH = "cuda-smollm2-graph"  # gpu_memory_utilization 0.3
 MARGIN = math.ceil(SAME_CARD_MARGIN_GIB * GIB)
@@ -309,3 +313,22 @@ async def test_the_compare_waits_for_the_replaced_engine_to_be_gone_and_restarts
     client = SimpleNamespace(post=lambda path, body=None: posted.append((path, body)))
     await http_control(cast(Client, client)).restart()
     assert posted == [("/restart", {"blue_green": False})]
+
+
+def test_the_service_hands_blue_green_the_same_card_memory_reader_preflight_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = FakeRuntime(FakeClock())
+    svc = build(ServiceConfig(home=tmp_path, recipes_dir=ROOT / "recipes", docker=False),
+                runtimes={"process": runtime})
+    beside = svc.driver.host.beside
+    assert isinstance(beside, BesideCheck) and beside.gpu_memory is not None
+    preflight = svc.driver.host.preflight
+    assert isinstance(preflight, Preflight)
+    link = preflight.gpu_memory
+    assert isinstance(link, GpuMemoryLink)
+    # Blue/green reads the cards with the serving engine running: nothing counted back.
+    monkeypatch.setattr(link, "reader", Reader([card(0, TOTAL // 2)], held={0: GIB}))
+    view = beside.gpu_memory()
+    assert view.replaces_running is False and view.held is None
+    assert view.cards is not None and view.cards[0].free_bytes == TOTAL // 2
