@@ -131,7 +131,8 @@ def same_card_fit(cards: Sequence[int], util: float, gpu: GpuMemoryView,
                   margin_gib: float) -> tuple[bool, str, Numbers]:
     """Same-card blue/green: every card of the new launch must keep `margin_gib` free after vLLM's
     request (utilization × total) and the new engine's CUDA context are taken from what NVML says is
-    free now (the serving engine's share is already out of it). Unreadable: does not fit."""
+    free now (the serving engine's share is already out of it). Unreadable: does not fit. A launch's
+    card index is taken as NVML's index of the same number (gpu_kv_admission.py's `index_space`)."""
     numbers: Numbers = {"gpu_placement": "same_card", "gpu_utilization": util,
                         "cuda_context_gib": CUDA_CONTEXT_GIB, "gpu_margin_gib": margin_gib}
     if gpu.cards is None:
