@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -41,6 +39,8 @@ from controller.settings import paths
 from controller.watch.gpu import GpuReader
 from controller.watch.procreader import ProcReader
 from controller.watch.sampler import HostSampler, Watermarks
+from tests.integration.prometheus_harness import PROMETHEUS, Prometheus, get_json, static_jobs
+from tests.integration.prometheus_harness import free_port as _free_port
 
 # The controller metrics this test exports (one registry of its own, as the controller builds).
 metrics = ControllerMetrics()
@@ -49,7 +49,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "monitoring" / "grafana" / "dashboards"
 RULES = ROOT / "monitoring" / "prometheus" / "rules" / "appliance.rules.yml"
 FIX = ROOT / "tests" / "fixtures"
-PROMETHEUS = shutil.which("prometheus")
 MODEL_DIR = paths().models / "smollm2-135m-instruct"
 SERVED = "smollm2"
 ENGINE_READY_BUDGET_S = 600  # cold start ≈ 90 s alone (MEASURED.md); the machine is shared
@@ -61,81 +60,6 @@ pytestmark = [
     pytest.mark.timeout(900),
     pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (scripts/setup-system.sh)"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _get_json(url: str, timeout: float = 10) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:  # 400 with a JSON error body for a bad query
-        return json.loads(exc.read())
-
-
-class Prometheus:
-    """A real Prometheus on a loopback port with a temp data dir, stopped by its PID."""
-
-    def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        scrape = "\n".join(
-            f"  - job_name: {job}\n    metrics_path: /metrics\n    static_configs:\n"
-            f"      - targets: [\"{target}\"]"
-            for job, target in targets.items()
-        )
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            f"rule_files:\n  - {RULES}\nscrape_configs:\n{scrape}\n"
-        )
-        self.log = (workdir / "prometheus.log").open("wb")
-        assert PROMETHEUS is not None
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        self.logpath = workdir / "prometheus.log"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.logpath.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("prometheus not ready in 60 s")
-
-    def query(self, expr: str) -> dict[str, Any]:
-        q = urllib.parse.urlencode({"query": expr})
-        result: dict[str, Any] = _get_json(f"{self.url}/api/v1/query?{q}")
-        return result
-
-    def wait_targets_up(self, jobs: set[str], timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            res = self.query("up == 1")
-            if jobs <= {r["metric"]["job"] for r in res["data"]["result"]}:
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"targets not up: {self.query('up')}")
-
-    def stop(self) -> None:
-        self.proc.terminate()  # by the Popen handle: the process this object started
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.log.close()
 
 
 def _exprs(dashboard: str) -> list[tuple[str, str]]:
@@ -299,7 +223,7 @@ def exporters() -> Iterator[dict[str, str]]:
 def prom_appliance(
     exporters: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Prometheus]:
-    prom = Prometheus(tmp_path_factory.mktemp("prom-appliance"), exporters)
+    prom = Prometheus(tmp_path_factory.mktemp("prom-appliance"), static_jobs(exporters), RULES)
     try:
         prom.wait_targets_up(set(exporters))
         time.sleep(3)  # a few scrapes of the untouched state
@@ -324,7 +248,7 @@ def test_engine_serving_queries_parse_without_an_engine(prom_appliance: Promethe
 
 
 def test_alert_rules_load_and_evaluate_healthy(prom_appliance: Prometheus) -> None:
-    res = _get_json(prom_appliance.url + "/api/v1/rules")
+    res = get_json(prom_appliance.url + "/api/v1/rules")
     rules = [r for g in res["data"]["groups"] for r in g["rules"]]
     assert len(rules) >= 10
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
@@ -401,7 +325,7 @@ def _complete(addr: str, prompt: str) -> None:
 def test_engine_serving_dashboard_against_the_real_engine(
     engine: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    prom = Prometheus(tmp_path_factory.mktemp("prom-engine"), {"vllm-engine": engine})
+    prom = Prometheus(tmp_path_factory.mktemp("prom-engine"), static_jobs({"vllm-engine": engine}), RULES)
     try:
         prom.wait_targets_up({"vllm-engine"})
         time.sleep(2)
