@@ -343,17 +343,17 @@ def test_elapsed_against_the_ready_budget_stops_at_ready() -> None:
 
 # Exported series that no dashboard shows, each with why.
 NOT_ON_A_DASHBOARD = {
-    "appliance_gpu_health_blind_facts": "a diagnosis detail: `appliance gpu` and the GPU health verdict show it",
-    "appliance_gpu_kernel_event_fatal_timestamp_seconds": "feeds the fatal-event alert; the events panel shows them",
+    "appliance_gpu_health_blind_facts": "a diagnosis detail: the GPU health verdict sums it up",
+    "appliance_gpu_kernel_event_fatal_timestamp_seconds": "the fatal-event alert; the events panel",
     "appliance_oom_last_kill_timestamp_seconds": "the OOM annotations and kill panels show the same events",
     "appliance_choice_candidates": "a choice's record (`appliance choose`), one run at a time",
     "appliance_choice_duration_seconds": "a choice's record (`appliance choose`)",
     "appliance_choice_running": "a choice's record (`appliance choose`)",
     "appliance_bench_last_timestamp_seconds": "the evaluation dashboard shows the bench results themselves",
-    "appliance_gateway_upstream_retries": "a transport detail of the gateway's pool (upstream errors are shown)",
+    "appliance_gateway_upstream_retries": "a detail of the gateway's pool (upstream errors are shown)",
     "appliance_gateway_gc_frozen_objects": "a start-up constant of the gateway process",
     "appliance_gateway_gc_pause_seconds": "a gateway benchmark's concern (bench/), not an operator's",
-    "appliance_choice_runs": "a choice's record (`appliance choose`); alerted on when no candidate was admitted",
+    "appliance_choice_runs": "a choice's record (`appliance choose`); alerted on",
     "appliance_engine_ready": "the same fact as appliance_engine_state{state=\"ready\"}, which is shown",
     "appliance_gateway_usage_store_errors": "alerted on (ApplianceGatewayUsageStoreFailing), with the fix",
     "appliance_gpu_health_finding": "alerted on by finding; the GPU health verdict panel sums them up",
