@@ -320,7 +320,7 @@ class Client:
 
     def run(self) -> None:
         i = 0
-        # The same prompt again and again: the prefix cache hits, so its panel has a ratio.
+        # The same prompt again and again: the prefix cache is asked, so its panel has a ratio.
         while not self.stop.wait(0.2):
             self.one(i % 2 == 1, "What is the capital of France?")
             i += 1
@@ -386,7 +386,7 @@ def _series_after_traffic(a: Appliance) -> None:
 
     for expr in ('sum(rate(appliance_gateway_ttft_seconds_count[15s])) > 0',
                  "sum(rate(vllm:request_success_total[15s])) > 0",
-                 "sum(rate(vllm:prefix_cache_hits_total[15s])) > 0",
+                 "sum(rate(vllm:prefix_cache_queries_total[15s])) > 0",
                  "appliance_engine_process_rss_bytes"):
         until(f"Prometheus to see {expr}", seen(expr), 240, 1.0)
 
