@@ -168,6 +168,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         process_peaks=watch.process_peaks,
         on_ready=ready_hook(runtimes, recipe_expectations(preflight.recipe), events.note,
                             recipe_deployment(preflight.recipe, str(cfg.home))), events=events,
+        scrape_targets=paths.prometheus_targets,
     )
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)

@@ -57,6 +57,7 @@ class GatewayApp:
         self.keys = KeyCache(
             KeyStore(config.keys_db), refresh_s=config.key_refresh_s, max_stale_s=config.key_max_stale_s
         )
+        self.metrics.key_info.source = self.keys.names  # read at each scrape
         self.slot = Slot(
             config.no_slot_policy, config.queue_max, config.queue_timeout_s, config.retry_after_s
         )

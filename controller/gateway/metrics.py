@@ -26,6 +26,7 @@ Metric (type; labels): meaning
 - appliance_gateway_upstream_switches_total (counter): upstream changes through the admin surface
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
 - appliance_gateway_keys_loaded (gauge): keys in the gateway's cache (revoked ones included)
+- appliance_gateway_key_info (gauge; key_id, name): 1 per key in that cache, its name (``key_info``)
 - appliance_gateway_gc_pause_seconds (histogram; generation): the process's garbage collection
   pauses (``gc_pauses``; observed in the gateway's own process only)
 - appliance_gateway_gc_frozen_objects (gauge): start-up objects kept out of collection (``gc_pauses``)
@@ -52,6 +53,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller.gateway.gc_pauses import PauseMeter
+from controller.gateway.key_info import KeyInfo
 from controller.gateway.upstream_client import IDEMPOTENT_METHODS
 from controller.gateway.usage.metrics import UsageMetrics
 
@@ -177,6 +179,8 @@ class GatewayMetrics:
             PREFIX + "drain_aborted", "Requests cut off at a drain deadline.", registry=r
         )
         self.keys_loaded = Gauge(PREFIX + "keys_loaded", "Keys in the gateway's cache.", registry=r)
+        self.key_info = KeyInfo()  # key names for the dashboards' key_id legends (key_info.py)
+        r.register(self.key_info)
         self.gc_pauses = PauseMeter(r, PREFIX)
         self.usage = UsageMetrics(r)
         self.hold_active = Gauge(
