@@ -131,6 +131,8 @@ class KeyRecord:
     max_concurrent: int | None
     tpm_limit: int | None = None  # prompt + completion tokens per minute
     tpd_limit: int | None = None  # prompt + completion tokens per day
+    # The model names the key may use (a served name allows its aliases); None: every model.
+    models: frozenset[str] | None = None
 
     @property
     def active(self) -> bool:

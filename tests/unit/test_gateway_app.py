@@ -150,7 +150,9 @@ async def test_health_metrics_and_404(store: KeyStore) -> None:
     r = await call(app, "GET", "/metrics", headers=observer)
     text = r.body.decode()
     assert r.status == 200
-    assert 'appliance_gateway_requests_total{key_id="none",route="/v1/models",status="401"} 1.0' in text
+    # The model label is "unknown" for a request no engine took: a 401 here.
+    assert ('appliance_gateway_requests_total{key_id="none",model="unknown",route="/v1/models",'
+            'status="401"} 1.0') in text
     assert "appliance_gateway_upstream_ready 1.0" in text
     assert (await call(app, "GET", "/nope")).status == 404
 
