@@ -30,8 +30,8 @@ from controller.gateway.admin import Admin, engine_view, upstream_view
 from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from controller.gateway.auth import AdminAuth, KeyCache
 from controller.gateway.config import GatewayConfig, MetricsAccess
-from controller.gateway.gc_pauses import settle_heap
 from controller.gateway.engines import DEFAULT, Engine, Engines
+from controller.gateway.gc_pauses import settle_heap
 from controller.gateway.hold.queue import Hold, bind_outcomes
 from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
@@ -61,7 +61,8 @@ class GatewayApp:
         )
         # Each engine its own slot and hold, with the same bounds (``engines.py``).
         self.engines = Engines(
-            lambda: Slot(config.no_slot_policy, config.queue_max, config.queue_timeout_s, config.retry_after_s),
+            lambda: Slot(config.no_slot_policy, config.queue_max, config.queue_timeout_s,
+                         config.retry_after_s),
             lambda: Hold(config.hold_max, config.hold_per_key_max, config.hold_tick_s),
         )
         self.engines.on_create = self._wire

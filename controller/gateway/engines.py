@@ -88,7 +88,9 @@ class Engines:
         """The engine that claims ``model`` (a served name or an alias)."""
         return self._by_model.get(model)
 
-    def conflict(self, name: str, served_model: str | None, aliases: frozenset[str]) -> tuple[str, str] | None:
+    def conflict(
+        self, name: str, served_model: str | None, aliases: frozenset[str]
+    ) -> tuple[str, str] | None:
         """(a name, the other engine claiming it) if engine ``name`` may not claim these names."""
         wanted = aliases | {served_model} if served_model is not None else frozenset[str]()
         for model in sorted(wanted):
@@ -102,7 +104,8 @@ class Engines:
         for model in engine.names:
             if self._by_model.get(model) is engine:
                 del self._by_model[model]
-        engine.served_model, engine.aliases = served_model, aliases if served_model is not None else frozenset()
+        engine.served_model = served_model
+        engine.aliases = aliases if served_model is not None else frozenset()
         for model in engine.names:
             self._by_model[model] = engine
 

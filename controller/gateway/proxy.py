@@ -3,9 +3,10 @@
 The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
 body, find a JSON body's top-level model (``jsonbody``: no full parse, no re-serialisation; large
 bodies in a worker thread), pick the engine serving it (``engines``: a dict lookup on that name) and
-its upstream, one request on a pooled connection of that engine (``upstream_client``). Per chunk: one ``read``, two clock reads, two histogram observations when
-streaming, one ASGI ``send`` with the bytes exactly as they arrived (no parsing, no re-framing, so the
-client receives byte for byte what the engine sent).
+its upstream, one request on a pooled connection of that engine (``upstream_client``). Per chunk:
+one ``read``, two clock reads, two histogram observations when streaming, one ASGI ``send`` with
+the bytes exactly as they arrived (no parsing, no re-framing, so the client receives byte for byte
+what the engine sent).
 
 When the client goes away, the request's task is cancelled: the upstream connection is then closed at
 once, whether we were waiting for the first token or in the middle of a stream, and vLLM aborts the
@@ -292,7 +293,8 @@ class Proxy:
         if len(ref.body) <= self.config.inline_json_bytes or self._body_pool is None:
             return ref.aliased(upstream.served_model, upstream.aliases)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._body_pool, ref.aliased, upstream.served_model, upstream.aliases)
+        return await loop.run_in_executor(
+            self._body_pool, ref.aliased, upstream.served_model, upstream.aliases)
 
     async def _prepare_body(self, body: bytes, upstream: Upstream | None) -> bytes:
         """The JSON body to forward to ``upstream`` (model aliased); ``BodyError`` if it cannot be

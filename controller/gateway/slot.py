@@ -154,7 +154,8 @@ class Slot:
                     # A set(None) may race with the wake-up; loop until a slot is really there.
         except TimeoutError:
             why = f" ({self.detail})" if self.detail else ""
-            return NoSlot(f"no engine became ready within {self.queue_timeout_s:g} s{why}", self.retry_after_s)
+            return NoSlot(f"no engine became ready within {self.queue_timeout_s:g} s{why}",
+                          self.retry_after_s)
         finally:
             self._waiting -= 1
         return self._current

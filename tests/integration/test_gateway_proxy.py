@@ -357,7 +357,8 @@ async def test_limits_and_revoke_without_restart(store: KeyStore, upstream: Synt
         assert status == 401
         async with s.get(f"{gw.url}/metrics") as r:
             text = await r.text()
-        assert f'key_id="{record.id}",route="/v1/chat/completions",status="429"' in text
+        # Refused before its body (and so its model) was read: no engine took it.
+        assert f'key_id="{record.id}",model="unknown",route="/v1/chat/completions",status="429"' in text
         assert key not in text
 
 

@@ -35,6 +35,7 @@ async def call(
     path: str,
     body: bytes | list[bytes] = b"",
     headers: dict[str, str] | None = None,
+    query: bytes = b"",
 ) -> Reply:
     reply = Reply()
     parts = body if isinstance(body, list) else [body]
@@ -61,7 +62,7 @@ async def call(
         "method": method,
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query,
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
     }
     await asyncio.wait_for(app(scope, receive, send), timeout=5)
