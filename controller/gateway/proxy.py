@@ -503,7 +503,8 @@ class Proxy:
             if engine is None:
                 await send_bytes(send, 404, ModelNotFound(name).body(), JSON, [rid])
                 return 404
-        if not model_allowed(key.models, engine, name):
+        listing = route == MODELS_ROUTE and scope["method"] == "GET"  # filtered, never refused
+        if not listing and not model_allowed(key.models, engine, name):
             await send_bytes(send, 403, model_not_allowed(name or engine.label), JSON, [rid])
             return 403
         if ref is not None:
