@@ -374,7 +374,7 @@ class Proxy:
         finally:
             if self.accounting is not None:
                 self.accounting.record(
-                    key, status, metering.usage, perf_counter() - t0, metering.reserved)
+                    key, status, metering.usage, perf_counter() - t0, metering.reserved, metering.model)
         self.metrics.count_request(route, status, key.id, metering.model)
         self.metrics.route_histograms(route, metering.model)[0].observe(perf_counter() - t0)
 

@@ -31,7 +31,7 @@ LAUNCH_FILES = [f"launches-v{n}.sqlite3" for n in range(1, launch_store.SCHEMA_V
 KEY_FILES = ["keys-v1.sqlite3", "keys-v2.sqlite3", "keys-v1-opened-by-v2.sqlite3", "keys-v2-stamped.sqlite3"]
 # Today's versions, spelled out: a new migration must come with its old file (first test below).
 KEY_VERSION = 3
-USAGE_VERSION = 1
+USAGE_VERSION = 2
 USAGE_FILES = ["usage-v1.sqlite3", "usage-v1-stamped.sqlite3"]
 FIXTURE_KEYS: dict[str, dict[str, str]] = json.loads((FIXTURES / "keys.json").read_text())
 
@@ -190,13 +190,16 @@ def test_a_newer_key_store_is_refused(tmp_path: Path) -> None:
 # -- usage -------------------------------------------------------------------------------------
 
 
-def test_an_old_usage_store_reads_then_upgrades_and_still_sums(tmp_path: Path) -> None:
-    path = copy("usage-v1.sqlite3", tmp_path)
-    assert version_of(path) == 0
+@pytest.mark.parametrize("name", USAGE_FILES)
+def test_an_old_usage_store_reads_then_upgrades_and_still_sums(name: str, tmp_path: Path) -> None:
+    path = copy(name, tmp_path)
+    old_version = 1 if name == "usage-v1-stamped.sqlite3" else 0
+    assert version_of(path) == old_version
     store = UsageStore(path)
     # A reader (the CLI, GET /usage) reads an old file as it is, without writing it.
     rows = store.query()
-    assert version_of(path) == 0
+    assert version_of(path) == old_version
+    assert {r.model for r in rows} == {""}  # recorded before models were
     assert [(r.key_id, r.hour) for r in rows] == [("0123456789ab", 3600), ("0123456789ab", 7200),
                                                   ("ba9876543210", 7200)]
     assert sum(r.requests for r in rows) == 6
@@ -211,6 +214,10 @@ def test_an_old_usage_store_reads_then_upgrades_and_still_sums(tmp_path: Path) -
     assert (again["0123456789ab", 7200].requests, again["0123456789ab", 3600].errors) == (3, 1)
     assert again["0123456789ab", 7200].prompt_tokens + again["0123456789ab", 7200].completion_tokens == 38
     assert [(q.key_id, q.window, q.level) for q in store.quota_states()] == [("0123456789ab", "minute", 42.0)]
+    # v2 keeps the model apart: a sum for a model is its own row, beside the old ones (model "").
+    store.write({("0123456789ab", "smollm2", 7200): HourUsage(requests=1, prompt_tokens=1, completion_tokens=1)})
+    by_model = {(r.model, r.hour): r.requests for r in store.query(key_ids=["0123456789ab"])}
+    assert by_model == {("", 3600): 3, ("", 7200): 3, ("smollm2", 7200): 1}
 
 
 def test_a_newer_usage_store_is_refused_by_readers_and_the_writer(tmp_path: Path) -> None:
