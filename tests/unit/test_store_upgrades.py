@@ -215,7 +215,8 @@ def test_an_old_usage_store_reads_then_upgrades_and_still_sums(name: str, tmp_pa
     assert again["0123456789ab", 7200].prompt_tokens + again["0123456789ab", 7200].completion_tokens == 38
     assert [(q.key_id, q.window, q.level) for q in store.quota_states()] == [("0123456789ab", "minute", 42.0)]
     # v2 keeps the model apart: a sum for a model is its own row, beside the old ones (model "").
-    store.write({("0123456789ab", "smollm2", 7200): HourUsage(requests=1, prompt_tokens=1, completion_tokens=1)})
+    store.write({("0123456789ab", "smollm2", 7200): HourUsage(requests=1, prompt_tokens=1,
+                                                               completion_tokens=1)})
     by_model = {(r.model, r.hour): r.requests for r in store.query(key_ids=["0123456789ab"])}
     assert by_model == {("", 3600): 3, ("", 7200): 3, ("smollm2", 7200): 1}
 
