@@ -277,6 +277,9 @@ class Admin:
         engine.hold.fail(f"engine {name!r} was removed")
         engine.slot.detail = f"engine {name!r} was removed"
         _, result = await engine.slot.switch(None, None, deadline_s)
+        if engine.pool is not None:  # its idle connections would otherwise stay open for good
+            await engine.pool.close()
+            engine.pool = None
         self.metrics.switches.inc()
         self.publish_ready()
         self.metrics.drain_aborted.inc(result.aborted)

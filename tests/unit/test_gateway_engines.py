@@ -229,8 +229,11 @@ async def test_delete_drains_an_engine_and_its_names_answer_404_afterwards() -> 
     async with rig() as (app, _, beta, _, key):
         running = asyncio.create_task(post(app, key, "/v1/completions", {"model": "beta", "prompt": "x"}))
         await beta.slow_started.wait()
+        removed = app.engines.get("b")
+        assert removed is not None and removed.pool is not None
         r = await call(app, "DELETE", "/admin/upstream", headers=ADMIN_H,
                        query=b"engine=b&drain_deadline_s=0")
+        assert removed.pool is None  # its connections closed with it
         assert r.status == 200 and r.json()["removed"] == "b" and r.json()["aborted"] == 1
         status, body = await running
         assert status == 503 and "aborted" in body["error"]["message"]
