@@ -35,6 +35,7 @@ async def call(
     path: str,
     body: bytes | list[bytes] = b"",
     headers: dict[str, str] | None = None,
+    query: bytes = b"",
 ) -> Reply:
     reply = Reply()
     parts = body if isinstance(body, list) else [body]
@@ -61,7 +62,7 @@ async def call(
         "method": method,
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query,
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
     }
     await asyncio.wait_for(app(scope, receive, send), timeout=5)
@@ -150,7 +151,9 @@ async def test_health_metrics_and_404(store: KeyStore) -> None:
     r = await call(app, "GET", "/metrics", headers=observer)
     text = r.body.decode()
     assert r.status == 200
-    assert 'appliance_gateway_requests_total{key_id="none",route="/v1/models",status="401"} 1.0' in text
+    # The model label is "unknown" for a request no engine took: a 401 here.
+    assert ('appliance_gateway_requests_total{key_id="none",model="unknown",route="/v1/models",'
+            'status="401"} 1.0') in text
     assert "appliance_gateway_upstream_ready 1.0" in text
     assert (await call(app, "GET", "/nope")).status == 404
 
