@@ -17,6 +17,7 @@ from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
 from controller.supervisor.driver import Driver
 from controller.supervisor.preflight import Preflight
+from controller.watch.load_sampler import LoadSampler
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ApiContext:
     listen_host: str | None = None  # the address the API is bound to: also an accepted Host
     extra_hosts: tuple[str, ...] = ()  # more accepted Host names (besides loopback, $APPLIANCE_ADMIN_HOSTS)
     max_body_bytes: int = MAX_BODY_BYTES
+    load: LoadSampler | None = None  # the gateway's and engine's load, sampled (GET /load, the Now page)
 
 
 class LogUnavailable(Exception):
@@ -60,3 +62,17 @@ def read_launch_log(ctx: ApiContext, launch_id: str, offset: int) -> tuple[str, 
     # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
     key = ctx.driver.engine_key(launch_id)
     return redact_keys(text, [key] if key else []), next_offset
+
+
+def load_view(ctx: ApiContext, now: float) -> dict[str, Any]:
+    """`GET /load` and the Now page's load: the sampler's report with the engine's uptime since ready
+    (the ready launch's `ready_at`; None while no engine is ready)."""
+    view = ctx.driver.view
+    launch = view.ready_launch()
+    report = ctx.load.report() if ctx.load is not None else {
+        "sampled_at": None, "now": {}, "errors": {}, "series": {}, "sources": {},
+        "problems": {"sampler": "this controller samples no load"}, "gateway_attached": False}
+    ready_at = launch.ready_at if launch is not None else None
+    return {**report, "state": view.state.value, "recipe": view.recipe,
+            "launch_id": launch.launch_id if launch is not None else None, "ready_at": ready_at,
+            "uptime_s": round(now - ready_at, 1) if ready_at is not None else None}

@@ -38,7 +38,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api_context import ApiContext, LogUnavailable, read_launch_log
+from controller.api_context import ApiContext, LogUnavailable, load_view, read_launch_log
 from controller.api_guard import (
     SQLITE_INT_MAX,
     AdminTokenFirst,
@@ -246,6 +246,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/status", tags=["status"])
     async def get_status() -> dict[str, Any]:
         return driver.status()
+
+    @app.get("/load", tags=["status"])
+    async def get_load() -> dict[str, Any]:
+        """How busy it is now: req/s, output tokens/s, TTFT and TPOT p50/p99, in flight, queued, KV
+        cache, error answers of the last minutes, uptime since ready; a series per figure for the last
+        ~15 minutes (controller/watch/load_sampler.py, appliance/observe/load_figures.py)."""
+        return load_view(ctx, driver.clock.now())
 
     @app.get("/launches", tags=["launches"], response_model=list[LaunchSummary])
     async def launches(
