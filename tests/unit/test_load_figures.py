@@ -18,7 +18,14 @@ from appliance.observe.load_figures import (
     errors_at,
     figures_at,
 )
-from appliance.observe.load_scrape import Hist, histogram_increase, histogram_quantile, increase, parse
+from appliance.observe.load_scrape import (
+    Hist,
+    LabelKey,
+    histogram_increase,
+    histogram_quantile,
+    increase,
+    parse,
+)
 from controller.gateway.metrics import GatewayMetrics
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs" / "vllm_metrics.txt"
@@ -74,8 +81,8 @@ def test_a_counter_that_went_down_was_reset_and_counts_from_zero() -> None:
 
 
 def test_a_series_absent_from_the_older_scrape_counts_from_zero() -> None:
-    old = {(("status", "200"),): 5.0}
-    new = {(("status", "200"),): 6.0, (("status", "429"),): 2.0}
+    old: dict[LabelKey, float] = {(("status", "200"),): 5.0}
+    new: dict[LabelKey, float] = {(("status", "200"),): 6.0, (("status", "429"),): 2.0}
     assert increase(old, new) == 3.0
 
 
@@ -84,10 +91,10 @@ def test_a_family_missing_from_the_newer_scrape_is_no_figure() -> None:
 
 
 def test_a_histogram_reset_takes_the_newer_one_whole() -> None:
-    old = {(): Hist((1.0, INF), (50.0, 60.0))}
-    new = {(): Hist((1.0, INF), (3.0, 4.0))}
+    old: dict[LabelKey, Hist] = {(): Hist((1.0, INF), (50.0, 60.0))}
+    new: dict[LabelKey, Hist] = {(): Hist((1.0, INF), (3.0, 4.0))}
     assert histogram_increase(old, new) == Hist((1.0, INF), (3.0, 4.0))
-    grown = {(): Hist((1.0, INF), (53.0, 64.0))}
+    grown: dict[LabelKey, Hist] = {(): Hist((1.0, INF), (53.0, 64.0))}
     assert histogram_increase(old, grown) == Hist((1.0, INF), (3.0, 4.0))
 
 
