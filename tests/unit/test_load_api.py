@@ -18,6 +18,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from controller import admin_token
 from controller.api.app import create_app
 from controller.api_context import ApiContext
 from controller.cli import api_cmd
@@ -25,7 +26,7 @@ from controller.cli.load_lines import load_lines, sparkline
 from controller.gateway.metrics import GatewayMetrics
 from controller.service import ready_engine
 from controller.watch.load_sampler import LoadSampler
-from tests.unit.test_api import AUTH, Rig, home  # noqa: F401  (the fixture)
+from tests.unit.test_api import AUTH, TOKEN, Rig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs" / "vllm_metrics.txt"
 GATEWAY = "http://127.0.0.1:9"  # never dialled: the fake fetch answers
@@ -60,6 +61,13 @@ def exporters() -> Exporters:
 
 
 @pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv(admin_token.HASH_ENV, raising=False)
+    admin_token.write_hash(tmp_path, TOKEN)
+    return tmp_path
+
+
+@pytest.fixture
 def loaded(home: Path, exporters: Exporters) -> tuple[Rig, LoadSampler]:
     rig = Rig(home)
     sampler = LoadSampler(GATEWAY, ready_engine(rig.driver), fetch=exporters.fetch, clock=rig.clock.now)
@@ -85,7 +93,7 @@ async def _ready(rig: Rig, client: httpx.AsyncClient) -> None:
 async def test_load_before_any_sample_and_without_an_engine(
     loaded: tuple[Rig, LoadSampler], client: httpx.AsyncClient, exporters: Exporters,
 ) -> None:
-    rig, sampler = loaded
+    _, sampler = loaded
     body = (await client.get("/load")).json()
     assert body["sampled_at"] is None and body["uptime_s"] is None and body["state"] == "idle"
     await sampler.sample_once()
@@ -217,7 +225,8 @@ def test_status_of_a_controller_without_load_still_answers() -> None:
         c.server.server_close()
 
 
-def test_status_watch_redraws_until_interrupted(controller: _Controller, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_watch_redraws_until_interrupted(controller: _Controller,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     naps: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -225,7 +234,7 @@ def test_status_watch_redraws_until_interrupted(controller: _Controller, monkeyp
         if len(naps) >= 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(api_cmd.time, "sleep", sleep)
+    monkeypatch.setattr("controller.cli.api_cmd.time.sleep", sleep)
     out = CliRunner().invoke(cli_app, ["status", "--watch", "--every", "7", "--api", controller.url])
     assert out.exit_code == 0, out.output
     assert controller.calls == 3 and naps == [7.0, 7.0, 7.0]
