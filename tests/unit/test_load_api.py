@@ -243,3 +243,46 @@ def test_status_watch_redraws_until_interrupted(controller: _Controller,
     # the patched sleep interrupts at once now: one JSON line, then Ctrl-C ends it
     assert lines.exit_code == 0 and len(lines.output.splitlines()) == 1
     assert json.loads(lines.output)["load"]["now"]["requests"] == 12.0
+
+
+# -- the console's Now page
+
+
+async def test_the_now_page_shows_each_figure_with_a_sparkline_and_the_fragment_redraws_it(
+    loaded: tuple[Rig, LoadSampler], client: httpx.AsyncClient, exporters: Exporters,
+) -> None:
+    from tests.unit.test_console import login
+
+    rig, sampler = loaded
+    assert (await client.get("/console/load")).status_code == 401  # no session, no figures
+    await login(client)
+    await _ready(rig, client)
+    await sampler.sample_once()
+    rig.clock.t += 5
+    for _ in range(4):
+        exporters.gateway.count_request("/v1/completions", 200, "k1")
+    exporters.gateway.count_request("/v1/completions", 503, "k1")
+    exporters.tokens(108.0)
+    await sampler.sample_once()
+    page = (await client.get("/console/")).text
+    assert 'id="load" data-load-url="/console/load"' in page
+    row = re.search(r'<tr id="load-output_tokens_per_s">.*?</tr>', page, re.S)
+    assert row is not None and '<td class="figure">20.0</td>' in row.group(0)
+    assert row.group(0).count("<svg") == 1 and "<polyline" in row.group(0)
+    assert page.count('class="spark"') == 10  # one per figure
+    assert "5xx 1" in page and "rates over the last 5 s" in page
+    # a measured zero is 0 (what nobody measured reads —: test_load_lines_say_what_was_not_measured)
+    held = re.search(r'<tr id="load-gateway_held">.*?</tr>', page, re.S)
+    assert held is not None and '<td class="figure">0</td>' in held.group(0)
+    fragment = await client.get("/console/load")
+    assert fragment.status_code == 200 and fragment.text.count('class="spark"') == 10
+    assert "content-security-policy" in fragment.headers
+
+
+def test_a_sparkline_with_one_point_or_none_says_so() -> None:
+    from controller.console.charts import sparkline as svg_spark
+
+    assert "no data yet" in svg_spark([], title="x")
+    assert "no data yet" in svg_spark([(1.0, 3.0)], title="x")
+    drawn = svg_spark([(0.0, 1.0), (5.0, None), (10.0, 2.0), (15.0, 0.0)], title="x")
+    assert drawn.count("<polyline") == 2  # split at the gap
