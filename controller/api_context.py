@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from appliance.engine_secret import redact as redact_keys
+from appliance.recipe.running_plan import running_plan
 from controller.api_guard import MAX_BODY_BYTES
 from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
+from controller.supervisor.blue_green import serving_footprint
 from controller.supervisor.driver import Driver
-from controller.supervisor.preflight import Preflight
+from controller.supervisor.machine import State
+from controller.supervisor.preflight import PlanReport, Preflight
 from controller.watch.load_sampler import LoadSampler
 
 
@@ -76,3 +79,19 @@ def load_view(ctx: ApiContext, now: float) -> dict[str, Any]:
     return {**report, "state": view.state.value, "recipe": view.recipe,
             "launch_id": launch.launch_id if launch is not None else None, "ready_at": ready_at,
             "uptime_s": round(now - ready_at, 1) if ready_at is not None else None}
+
+
+def running_view(ctx: ApiContext, report: PlanReport) -> dict[str, Any] | None:
+    """When `report`'s recipe is the one serving now: what a restart of it would start from (MemAvailable
+    now plus what the engine holds; appliance/recipe/running_plan.py). None for any other recipe.
+    Blocking (the engine's process tree): call it from a worker thread."""
+    view = ctx.driver.view
+    launch = view.launch
+    if (launch is None or launch.handle is None or view.state is not State.READY
+            or launch.spec.recipe != report.recipe.name):
+        return None
+    engine_gib = serving_footprint(ctx.driver.runtimes, launch.handle)
+    target = report.recipe.expect.min_mem_available_gib or 0.0
+    plan = running_plan(report.admission, launch.launch_id, report.facts.mem_available_gib, engine_gib,
+                        cold=bool(report.cache_empty), target_gib=target)
+    return plan.model_dump(mode="json")

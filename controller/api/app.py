@@ -38,7 +38,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api_context import ApiContext, LogUnavailable, load_view, read_launch_log
+from controller.api_context import ApiContext, LogUnavailable, load_view, read_launch_log, running_view
 from controller.api_guard import (
     SQLITE_INT_MAX,
     AdminTokenFirst,
@@ -179,7 +179,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def show_recipe(name: str) -> dict[str, Any]:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
+        running = await asyncio.to_thread(running_view, ctx, report)
         return {
+            # The recipe serving now: what a restart of it would start from (MemAvailable + its engine).
+            "running": running,
             # unauthenticated: a recipe's own key (env VLLM_API_KEY, `--api-key` in extra_args) is redacted
             "recipe": redact_recipe_data(report.recipe.model_dump(mode="json")),
             "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
@@ -210,6 +213,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "cache_warnings": warnings,
             "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
             "would_replace": current.spec.recipe if current else None,
+            # This recipe serves now: a restart starts from MemAvailable plus what its engine holds.
+            "running": await asyncio.to_thread(running_view, ctx, report),
             "state": driver.view.state.value,
             "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
         }

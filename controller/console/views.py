@@ -419,19 +419,24 @@ class ConsoleData:
             admission = admit(r, facts)
             findings = lint(r)
             errors = sum(f.severity == "error" for f in findings)
-            # Why Apply is greyed out: what the preflight would refuse it for (admission, then lint).
-            refused = [f"{c.name}: {c.message}" for c in admission.checks if c.verdict == "refuse"]
+            # A runtime this controller does not offer (a cluster recipe, no cluster) refuses it first.
+            gap = self.ctx.preflight.runtime_check(r)
+            # Why Apply is greyed out: what the preflight would refuse it for (runtime, admission, lint).
+            refused = [gap.summary] if gap is not None else []
+            refused += [f"{c.name}: {c.message}" for c in admission.checks if c.verdict == "refuse"]
             if errors:
                 refused.append(f"{errors} lint error{'s' if errors != 1 else ''}")
             rows.append({
                 "name": r.name, "description": r.description.strip().splitlines()[0] if r.description else "",
                 "platform": r.platform.value, "tp": r.engine.tensor_parallel_size,
                 "mode": r.engine.mode.value, "runtime": r.runtime.kind,
-                "verdict": admission.verdict, "checks": admission.checks,
+                "verdict": "refuse" if gap is not None else admission.verdict, "checks": admission.checks,
+                # what the verdict cell says: "needs a cluster" rather than a host verdict that does not apply
+                "verdict_label": gap.summary.split(":", 1)[0] if gap is not None else admission.verdict,
                 "errors": errors,
                 "warnings": sum(f.severity == "warning" for f in findings),
                 "infos": sum(f.severity == "info" for f in findings),
-                "apply_refused": "; ".join(refused) if admission.verdict == "refuse" or errors else None,
+                "apply_refused": "; ".join(refused) if refused else None,
                 "default": r.name == self.ctx.default_recipe,
             })
         return rows
