@@ -89,9 +89,15 @@ def test_status_and_the_now_page_show_the_load_of_the_real_engine(
         now = (s.get("load") or {}).get("now") or {}
         return bool((now.get("requests") or 0) > 0 and (now.get("output_tokens_per_s") or 0) > 0)
 
-    c.wait(loaded, SAMPLED_S, "status --json to show the requests")
-    load = seen["load"]
-    print(json.dumps({k: load[k] for k in ("now", "errors", "uptime_s", "sources", "problems")}, indent=1))
+    try:
+        c.wait(loaded, SAMPLED_S, "status --json to show the requests")
+    finally:
+        load = seen.get("load") or {}
+        print(json.dumps({k: load.get(k) for k in ("now", "errors", "uptime_s", "sources", "problems")},
+                         indent=1))
+        with urllib.request.urlopen(status["launch"]["engine_url"] + "/metrics", timeout=30) as resp:
+            print("\n".join(line for line in resp.read().decode().splitlines()
+                             if "time_to_first_token_seconds" in line and "_bucket" not in line))
     now = load["now"]
     assert now["requests_per_s"] > 0 and now["output_tokens_per_s"] > 0
     assert now["ttft_p50_s"] is not None and now["ttft_p50_s"] > 0
