@@ -4,7 +4,6 @@ kept as a tooltip), and an expected first-start compile-cache miss not drawn red
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import httpx
 import pytest
@@ -65,5 +64,6 @@ async def test_the_launches_table_says_why_not_the_log_line(client: httpx.AsyncC
     assert cell is not None and "first start of this variant" in cell.group(1)
     assert RAW not in cell.group(1)  # the raw line is only the tooltip
     detail = (await client.get("/console/launches/L1")).text
-    assert "first start of this variant" in detail and "<summary>the log line that shows it</summary>" in detail
+    assert "first start of this variant" in detail
+    assert "<summary>the log line that shows it</summary>" in detail
     assert "vLLM hash <code>?</code>" not in detail
