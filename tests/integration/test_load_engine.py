@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
 
 from bench.hold_bench import GatewayProcess, gateway_process
 from tests.integration.controller_harness import (
@@ -78,6 +79,10 @@ def test_status_and_the_now_page_show_the_load_of_the_real_engine(
     c, gw = stack
     status = c.wait_ready()
     model = status["launch"]["served_model_name"]
+    # The engine is scraped from its ready on, every few seconds: requests sent before its first scrape
+    # would be in every later scrape's base (a rate cannot see what happened before it began).
+    c.wait(lambda: (c.get("/load").get("sources") or {}).get("engine") == status["launch"]["id"], SAMPLED_S,
+           "the sampler to scrape the ready engine")
     for _ in range(3):
         _complete(gw, model)
 
@@ -123,9 +128,11 @@ def test_status_and_the_now_page_show_the_load_of_the_real_engine(
     ui.shot("now-load")
     first = ui.text("load-uptime")
     marker = browser.find_element(By.ID, "load-uptime")
+    browser.execute_script("window.loadPageMark = 1")  # gone if the page were reloaded
     # the panel is swapped for a fresh rendering once per sample (console.js), without a reload
     ui.wait(lambda: ui.text("load-uptime") != first, 60, "the load panel to be redrawn")
-    assert browser.execute_script("return document.getElementById('load-uptime') !== arguments[0]", marker)
+    assert expected_conditions.staleness_of(marker)(browser)  # a new element: swapped, not reloaded
+    assert browser.execute_script("return window.loadPageMark") == 1  # the same page, not a reload
     ui.shot("now-load-redrawn")
     ui.read_log()
     assert ui.errors == [], ui.errors
