@@ -18,6 +18,8 @@ the offending field in `detail[].loc`).
     POST /restart | /stop
     GET  /status                   state, phase, progress (fraction of the ready budget), eta (expected
                                    ready time from earlier launches, likely-stall flag), diagnosis
+    GET  /load                     how busy it is: req/s, output tokens/s, TTFT/TPOT p50/p99, in flight,
+                                   queued, KV cache, 4xx/429/5xx, uptime since ready; ~15 min of series
     GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset= (admin)
     GET  /events                   server-sent events: state, phase and supervisor events
 """
