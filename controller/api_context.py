@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from appliance.engine_secret import redact as redact_keys
+from appliance.recipe.running_plan import running_plan
 from controller.api_guard import MAX_BODY_BYTES
 from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
+from controller.supervisor.blue_green import serving_footprint
 from controller.supervisor.driver import Driver
-from controller.supervisor.preflight import Preflight
+from controller.supervisor.machine import State
+from controller.supervisor.preflight import PlanReport, Preflight
+from controller.watch.load_sampler import LoadSampler
 
 
 @dataclass
@@ -30,6 +34,7 @@ class ApiContext:
     listen_host: str | None = None  # the address the API is bound to: also an accepted Host
     extra_hosts: tuple[str, ...] = ()  # more accepted Host names (besides loopback, $APPLIANCE_ADMIN_HOSTS)
     max_body_bytes: int = MAX_BODY_BYTES
+    load: LoadSampler | None = None  # the gateway's and engine's load, sampled (GET /load, the Now page)
 
 
 class LogUnavailable(Exception):
@@ -60,3 +65,33 @@ def read_launch_log(ctx: ApiContext, launch_id: str, offset: int) -> tuple[str, 
     # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
     key = ctx.driver.engine_key(launch_id)
     return redact_keys(text, [key] if key else []), next_offset
+
+
+def load_view(ctx: ApiContext, now: float) -> dict[str, Any]:
+    """`GET /load` and the Now page's load: the sampler's report with the engine's uptime since ready
+    (the ready launch's `ready_at`; None while no engine is ready)."""
+    view = ctx.driver.view
+    launch = view.ready_launch()
+    report = ctx.load.report() if ctx.load is not None else {
+        "sampled_at": None, "now": {}, "errors": {}, "series": {}, "sources": {},
+        "problems": {"sampler": "this controller samples no load"}, "gateway_attached": False}
+    ready_at = launch.ready_at if launch is not None else None
+    return {**report, "state": view.state.value, "recipe": view.recipe,
+            "launch_id": launch.launch_id if launch is not None else None, "ready_at": ready_at,
+            "uptime_s": round(now - ready_at, 1) if ready_at is not None else None}
+
+
+def running_view(ctx: ApiContext, report: PlanReport) -> dict[str, Any] | None:
+    """When `report`'s recipe is the one serving now: what a restart of it would start from (MemAvailable
+    now plus what the engine holds; appliance/recipe/running_plan.py). None for any other recipe.
+    Blocking (the engine's process tree): call it from a worker thread."""
+    view = ctx.driver.view
+    launch = view.launch
+    if (launch is None or launch.handle is None or view.state is not State.READY
+            or launch.spec.recipe != report.recipe.name):
+        return None
+    engine_gib = serving_footprint(ctx.driver.runtimes, launch.handle)
+    target = report.recipe.expect.min_mem_available_gib or 0.0
+    plan = running_plan(report.admission, launch.launch_id, report.facts.mem_available_gib, engine_gib,
+                        cold=bool(report.cache_empty), target_gib=target)
+    return plan.model_dump(mode="json")

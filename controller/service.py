@@ -52,6 +52,7 @@ from controller.supervisor.probes import HttpProber
 from controller.supervisor.provenance import provenance_for
 from controller.supervisor.signals import Apply
 from controller.watch.gpu import GpuReader
+from controller.watch.load_sampler import EngineTarget, LoadSampler
 from controller.watch.recipe_target import recipe_mem_target
 from host_setup.facts import HostFactsError
 
@@ -124,6 +125,7 @@ class Service:
     app: FastAPI
     metrics: ControllerMetrics
     gpu_health: GpuHealthLink
+    load: LoadSampler
 
 
 def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Service:
@@ -139,7 +141,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     # Only the docker runtime's own answer feeds the docker-socket grant check (compose.yaml).
     docker_note = docker_gap.reason if docker_gap is not None and docker_gap.fault else None
     gateway, gateway_note = make_gateway(cfg, paths)
-    preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
+    preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,),
+                          runtime_kinds=frozenset(runtimes),
+                          runtime_gaps={kind: gap.reason for kind, gap in missing.items()})
     watch = HostWatchLink(store, metrics=metrics)
     gpu_health = GpuHealthLink(metrics=metrics)
     preflight.gpu = gpu_health
@@ -183,11 +187,21 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         log.warning("%s", blind)
         driver.note("grant", blind)
     guard = AdminGuard(cfg.home)
+    load = LoadSampler(cfg.gateway_url, ready_engine(driver))
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard), gpu_router(guard, gpu_health),
                                                usage_router(guard)),
-                                listen_host=cfg.host))
-    return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health)
+                                listen_host=cfg.host, load=load))
+    return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health, load)
+
+
+def ready_engine(driver: Driver) -> Callable[[], EngineTarget | None]:
+    """The engine the load sampler scrapes: the ready launch only (a starting engine does not listen
+    yet, and its counters are not the load clients put on the appliance)."""
+    def target() -> EngineTarget | None:
+        launch = driver.view.ready_launch()
+        return EngineTarget(launch.launch_id, launch.spec.base_url) if launch is not None else None
+    return target
 
 
 def running_pids_of(watch: HostWatchLink) -> Callable[[], frozenset[int] | None]:
@@ -233,6 +247,7 @@ async def serve(cfg: ServiceConfig) -> None:
     if cfg.watch_host:
         tasks.append(asyncio.create_task(gpu_watch.run(stop), name="gpu-watch"))
         tasks.append(asyncio.create_task(svc.gpu_health.run(stop), name="gpu-health"))
+    tasks.append(asyncio.create_task(svc.load.run(stop), name="load-sampler"))
     try:
         await server.serve()
     finally:

@@ -18,6 +18,8 @@ the offending field in `detail[].loc`).
     POST /restart | /stop
     GET  /status                   state, phase, progress (fraction of the ready budget), eta (expected
                                    ready time from earlier launches, likely-stall flag), diagnosis
+    GET  /load                     how busy it is: req/s, output tokens/s, TTFT/TPOT p50/p99, in flight,
+                                   queued, KV cache, 4xx/429/5xx, uptime since ready; ~15 min of series
     GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset= (admin)
     GET  /events                   server-sent events: state, phase and supervisor events
 """
@@ -38,7 +40,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api_context import ApiContext, LogUnavailable, read_launch_log
+from controller.api_context import ApiContext, LogUnavailable, load_view, read_launch_log, running_view
 from controller.api_guard import (
     SQLITE_INT_MAX,
     AdminTokenFirst,
@@ -190,7 +192,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def show_recipe(name: str) -> dict[str, Any]:
         await known_recipe(name)
         report = await asyncio.to_thread(preflight.report, name)
+        running = await asyncio.to_thread(running_view, ctx, report)
         return {
+            # The recipe serving now: what a restart of it would start from (MemAvailable + its engine).
+            "running": running,
             # unauthenticated: a recipe's own key (env VLLM_API_KEY, `--api-key` in extra_args) is redacted
             "recipe": redact_recipe_data(report.recipe.model_dump(mode="json")),
             "rendered": redact_spec(report.spec).model_dump(mode="json") if report.spec else None,
@@ -221,6 +226,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             "cache_warnings": warnings,
             "warm_restart_flow": report.recipe.expect.warm_restart and bool(report.cache_empty),
             "would_replace": current.spec.recipe if current else None,
+            # This recipe serves now: a restart starts from MemAvailable plus what its engine holds.
+            "running": await asyncio.to_thread(running_view, ctx, report),
             "state": driver.view.state.value,
             "switch": driver.switch_plan(report.recipe.name, report.spec.spec_hash if report.spec else None),
         }
@@ -261,6 +268,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.get("/status", tags=["status"])
     async def get_status() -> dict[str, Any]:
         return driver.status()
+
+    @app.get("/load", tags=["status"])
+    async def get_load() -> dict[str, Any]:
+        """How busy it is now: req/s, output tokens/s, TTFT and TPOT p50/p99, in flight, queued, KV
+        cache, error answers of the last minutes, uptime since ready; a series per figure for the last
+        ~15 minutes (controller/watch/load_sampler.py, appliance/observe/load_figures.py)."""
+        return load_view(ctx, driver.clock.now())
 
     @app.get("/launches", tags=["launches"], response_model=list[LaunchSummary])
     async def launches(

@@ -6,7 +6,9 @@ dependency; the gateway process sees the change within about a second (key store
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, status
@@ -20,6 +22,7 @@ from controller.gateway.keystore import (
     KeyStore,
     KeyStoreError,
 )
+from controller.gateway.usage.store import UsageStore, UsageStoreError
 from controller.settings import paths
 
 MAX_RPM_LIMIT = LIMIT_BOUNDS["rpm_limit"]
@@ -69,14 +72,26 @@ class KeyOut(BaseModel):
     tpm_limit: int | None = None
     tpd_limit: int | None = None
     models: list[str] | None = None
+    # The start of the last hour the key sent a request in (the usage store keeps hours); None: no
+    # request in the hours kept. Only `GET /keys` fills it.
+    last_used: float | None = None
 
     @classmethod
-    def of(cls, record: KeyRecord) -> KeyOut:
-        return cls(**record.as_dict())
+    def of(cls, record: KeyRecord, last_used: float | None = None) -> KeyOut:
+        return cls(**record.as_dict(), last_used=last_used)
 
 
 class KeyCreated(KeyOut):
     key: str = Field(description="The key itself. Shown only in this response; only its hash is stored.")
+
+
+def last_used(keys_db: Path) -> dict[str, int]:
+    """When each key last sent a request, to the hour, from the gateway's usage file beside the key
+    store (computed from usage, not kept on the key); {} when the usage cannot be read."""
+    try:
+        return UsageStore(keys_db.with_name("usage.sqlite3")).last_used()
+    except (UsageStoreError, sqlite3.Error, OSError):
+        return {}
 
 
 def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None) -> APIRouter:
@@ -103,7 +118,9 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
 
     @router.get("", response_model=list[KeyOut])
     def list_keys(include_revoked: bool = True) -> list[KeyOut]:
-        return [KeyOut.of(r) for r in _store().list(include_revoked=include_revoked)]
+        keys = _store()
+        used = last_used(keys.path)
+        return [KeyOut.of(r, used.get(r.id)) for r in keys.list(include_revoked=include_revoked)]
 
     @router.patch("/{key_id}", response_model=KeyOut)
     def update_key(key_id: str, body: KeyUpdate) -> KeyOut:

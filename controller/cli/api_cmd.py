@@ -14,12 +14,14 @@ from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
+import click
 import typer
 
 from appliance.observe.log_filter import LineFollower, LogFilter, SinceError, parse_since
 from controller.api_client import ApiError, Client, api_url
 from controller.catalogue import did_you_mean
 from controller.cli.launch_view import LaunchLookupError, launch_lines, resolve_launch
+from controller.cli.load_lines import load_lines
 from controller.cli.options import JsonOpt
 from controller.cli.startup_display import StartView, eta_phase_line, follow_start
 from controller.gateway.hold.text import status_line
@@ -260,12 +262,47 @@ def stop(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
     typer.echo(f"stopping (state {answer['state']})")
 
 
-def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
-    """State, phase, progress through the ready budget, the ETA from earlier launches, last diagnosis."""
-    s = _call(_client(api).get, "/status")
-    if as_json:
-        typer.echo(json.dumps(s, indent=2))
-        return
+WatchOpt = Annotated[bool, typer.Option("--watch", "-w", metavar="",
+                                         help="Redraw in place every --every seconds until Ctrl-C.")]
+EveryOpt = Annotated[float, typer.Option("--every", min=1.0, max=3600.0, help="Seconds between redraws "
+                                         "with --watch.")]
+
+
+def status(as_json: JsonOpt = False, api: ApiOpt = None, watch: WatchOpt = False,
+           every: EveryOpt = 2.0) -> None:
+    """State, phase, progress through the ready budget, the ETA from earlier launches, last diagnosis,
+    and the load now: req/s, output tokens/s, TTFT/TPOT, in flight, queued, KV cache, errors, uptime.
+    With --json: the status with its `load`; with --watch and --json, one JSON line per redraw."""
+    client = _client(api)
+    while True:
+        s = _call(client.get, "/status")
+        s["load"] = _load(client)
+        if as_json:
+            typer.echo(json.dumps(s, indent=None if watch else 2))
+        else:
+            if watch:
+                click.clear()  # in place: the terminal's screen is redrawn, not scrolled
+            _print_status(s)
+        if not watch:
+            return
+        try:
+            time.sleep(every)
+        except KeyboardInterrupt:
+            return
+
+
+def _load(client: Client) -> dict[str, Any] | None:
+    """`GET /load`, or None from a controller that has none (older than the load sampler)."""
+    try:
+        load: dict[str, Any] = client.get("/load")
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise fail(str(exc), _exit_code(exc)) from exc
+    return load
+
+
+def _print_status(s: dict[str, Any]) -> None:
     typer.echo(f"state:      {s['state']}" + (f"  (recipe {s['recipe']})" if s.get("recipe") else ""))
     launch = s.get("launch")
     if launch:
@@ -323,6 +360,9 @@ def status(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
         typer.echo(f"log tail ({len(tail)} lines of the failed launch):")
         for line in tail:
             typer.echo(f"  | {line}")
+    if s.get("load") is not None:
+        for line in load_lines(s["load"]):
+            typer.echo(line)
 
 
 def compile_cache_lines(cc: dict[str, Any] | None) -> list[str]:

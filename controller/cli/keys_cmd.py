@@ -16,7 +16,9 @@ from typing import Annotated, Any
 import typer
 
 from appliance import settings
+from controller.api.keys import last_used
 from controller.api_client import ApiError, detail_words, unreachable
+from controller.cli.key_ref import KeyRefError, candidate_lines, resolve
 from controller.cli.options import JsonOpt
 from controller.gateway.keystore import LIMIT_BOUNDS, KeyNotFound, KeyStore, KeyStoreError
 from controller.settings import paths
@@ -119,6 +121,11 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def _hour(ts: float | None) -> str:
+    """The hour a key was last used in (the usage store keeps hours, not requests)."""
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
 @keys_app.command("create")
 def create(
     name: Annotated[str, typer.Option("--name", help="Who or what the key is for.")],
@@ -167,16 +174,19 @@ def list_keys(
     if api:
         rows: list[dict[str, Any]] = _api(api, "GET", f"/keys?include_revoked={str(all_keys).lower()}")
     else:
-        rows = [r.as_dict() for r in KeyStore(keys or paths().keys_db).list(include_revoked=all_keys)]
+        store = KeyStore(keys or paths().keys_db)
+        used = last_used(store.path)
+        rows = [{**r.as_dict(), "last_used": used.get(r.id)}
+                for r in store.list(include_revoked=all_keys)]
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'RPM':>6} {'CONC':>5} "
-               f"{'TOK/MIN':>9} {'TOK/DAY':>11} MODELS")
+    typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'LAST USED (HOUR)':<16} {'RPM':>6} "
+               f"{'CONC':>5} {'TOK/MIN':>9} {'TOK/DAY':>11} MODELS")
     for r in rows:
         typer.echo(
             f"{r['id']:<13} {_shown(r['name'])[:24]:<24} {_when(r['created']):<19} {_when(r['revoked']):<19} "
-            f"{r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5} "
+            f"{_hour(r.get('last_used')):<16} {r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5} "
             f"{r.get('tpm_limit') or '-':>9} {r.get('tpd_limit') or '-':>11} "
             f"{_shown(','.join(r.get('models') or ['(all)']))}"
         )
@@ -185,9 +195,27 @@ def list_keys(
 _NONE_HELP = " 0 removes the limit."
 
 
+def _resolve(ref: str, keys: Path | None, api: str | None) -> str:
+    """The id of the key `ref` names (id, name, or a unique id prefix: controller/cli/key_ref.py); an
+    unknown or ambiguous one exits 2 with the candidates."""
+    if api:
+        rows: list[dict[str, Any]] = _api(api, "GET", "/keys?include_revoked=true")
+    else:
+        rows = [r.as_dict() for r in KeyStore(keys or paths().keys_db).list(include_revoked=True)]
+    try:
+        return resolve(ref, rows)
+    except KeyRefError as exc:
+        typer.echo(f"error: {_shown(str(exc))}", err=True)
+        for line in candidate_lines(exc):
+            typer.echo(_shown(line), err=True)
+        raise typer.Exit(2) from exc
+
+
 @keys_app.command("update")
 def update(
-    key_id: Annotated[str, typer.Argument(help="The key's id (from `appliance keys list`).")],
+    key_ref: Annotated[str, typer.Argument(
+        metavar="KEY", help="The key's id, its name, or a prefix of its id only one key has "
+                            "(`appliance keys list`).")],
     rpm: Annotated[int | None, typer.Option("--rpm", min=0, max=LIMIT_BOUNDS["rpm_limit"],
                                             help="Requests per minute." + _NONE_HELP)] = None,
     max_concurrent: Annotated[int | None, typer.Option(
@@ -214,6 +242,7 @@ def update(
     if not limits and not change_models:
         raise typer.BadParameter("name at least one of --rpm, --max-concurrent, --tpm, --tpd, --models, "
                                  "--all-models", param_hint="limits")
+    key_id = _resolve(key_ref, keys, api)
     if api:
         out: dict[str, Any] = _api(api, "PATCH", f"/keys/{key_id}",
                                    {**limits, "models": names} if change_models else limits)
@@ -231,7 +260,7 @@ def update(
     if change_models:
         changed["models"] = ",".join(names) if names is not None else "all"
     shown = ", ".join(f"{k}={_shown(str(v)) if v is not None else 'none'}" for k, v in changed.items())
-    typer.echo(f"updated {key_id}: {shown}")
+    typer.echo(f"updated {key_id} ({_shown(out['name'])}): {shown}")
 
 
 @keys_app.command("revoke")

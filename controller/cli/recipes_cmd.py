@@ -269,17 +269,19 @@ def plan_cmd(
     # another variant is named here, before anything starts (warnings: they do not fail the plan).
     others = compile_cache.other_variants(_recipes(), facts, spec)
     warnings = compile_cache.plan_warnings(spec, others, read_earlier_on_root(paths().db, spec.cache_root))
+    # The recipe serving now: the controller knows what its engine holds (this host's plan only).
+    running = _running_plan(recipe.name) if host_root == Path("/") else None
     if as_json:
         _print_json({
             "recipe": recipe.name, "host_root": str(host_root), "facts": facts.model_dump(mode="json"),
             "lint": [f.model_dump() for f in findings], "admission": admission.model_dump(mode="json"),
             "launch": spec.model_dump(mode="json"), "cache_root": spec.cache_root, "cache_warnings": warnings,
             "gpu_health": [c.model_dump(mode="json") for c in cards], "gpu_health_blind": reader.blind_note,
-            "ok": not failed,
+            "running": running, "ok": not failed,
         })
     else:
         typer.echo(_plan_text(recipe, host_root, facts, findings, admission, shown_fmt, launch_text,
-                              cards, reader.blind_note))
+                              cards, reader.blind_note, running))
         typer.echo(f"\ncompile cache root: {spec.cache_root}")
         for warning in warnings:
             typer.echo(f"  WARNING {warning}")
@@ -287,8 +289,20 @@ def plan_cmd(
         raise typer.Exit(EXIT_FINDINGS)
 
 
+def _running_plan(name: str) -> dict[str, Any] | None:
+    """What a restart of `name` would start from, when the controller serves it now (GET /recipes/NAME's
+    `running`: MemAvailable plus what its engine holds); None when it does not, or no controller answers."""
+    try:
+        shown = Client(api_url(), timeout_s=5.0).get(f"/recipes/{name}")
+    except ApiError:
+        return None
+    running = shown.get("running") if isinstance(shown, dict) else None
+    return running if isinstance(running, dict) else None
+
+
 def _plan_text(recipe: Recipe, root: Path, facts: HostFacts, findings: list[Finding], admission: Admission,
-               fmt: str, launch: str, cards: list[CardHealth] | None = None, blind: str | None = None) -> str:
+               fmt: str, launch: str, cards: list[CardHealth] | None = None, blind: str | None = None,
+               running: dict[str, Any] | None = None) -> str:
     memlock = "unknown" if facts.memlock_soft_bytes is None else (
         "unlimited" if facts.memlock_soft_bytes == UNLIMITED else f"{facts.memlock_soft_bytes / MIB:.0f} MiB")
     gpus = ", ".join(sorted({f"{g.vendor}/{g.driver or 'no driver'}" for g in facts.gpus})) or "none"
@@ -311,6 +325,11 @@ def _plan_text(recipe: Recipe, root: Path, facts: HostFacts, findings: list[Find
         "",
         f"admission: {admission.verdict.upper()}",
     ]
+    if running is not None:
+        # The checks below predict a start on this host as if nothing ran; the engine of this recipe
+        # holds memory now, so MemAvailable is already lower than they assume.
+        lines.insert(-1, f"running now: {running['text']}")
+        lines.insert(-1, "  (the memory checks below predict a start on an empty host)")
     for c in admission.checks:
         lines.append(f"  {c.verdict:<6} {c.name}: {c.message}")
         if c.verdict != "admit":

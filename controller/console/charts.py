@@ -444,3 +444,40 @@ def strip_chart(strips: Sequence[Strip], *, title: str, width: int = 880, row_h:
                          f'fill="{escape(color)}" fill-opacity="0.7"><title>{escape(d.tip)}</title></circle>')
         p.append("</g>")
     return _svg(frame, title)
+
+
+def sparkline(points: Sequence[tuple[float, float | None]], *, title: str, width: int = 160, height: int = 28,
+              color: str = PALETTE[0]) -> Markup:
+    """A figure's recent course in a line the height of a table row: no axes, scaled from 0 to its own
+    maximum (the exact value sits beside it), gaps where nothing was measured. The title (a tooltip and
+    the accessible name) says the range."""
+    frame = _Frame(width, height, left=1, right=1, top=2, bottom=2)
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points if y is not None]
+    if not ys or len(xs) < 2:
+        frame.parts.append(f'<text x="{width / 2}" y="{height / 2 + 4}" text-anchor="middle" '
+                           'class="empty">no data yet</text>')
+        return _svg_spark(frame, title)
+    x0, x1 = min(xs), max(xs)
+    top = max(ys) if max(ys) > 0 else 1.0
+
+    def px(x: float) -> float:
+        return frame.left + (x - x0) / (x1 - x0 or 1.0) * frame.plot_w
+
+    def py(y: float) -> float:
+        return frame.top + frame.plot_h - max(0.0, min(1.0, y / top)) * frame.plot_h
+
+    frame.parts.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{_num(py(0))}" '
+                       f'y2="{_num(py(0))}" stroke="#e5e7eb" stroke-width="1"/>')
+    for path in _paths(_fold(points, x0, x1, frame.plot_w, max), px, py):
+        frame.parts.append(f'<polyline fill="none" stroke="{escape(color)}" stroke-width="1.4" '
+                           f'points="{path}"/>')
+    return _svg_spark(frame, title)
+
+
+def _svg_spark(frame: _Frame, title: str) -> Markup:
+    return Markup(
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="spark" viewBox="0 0 {frame.width} {frame.height}" '
+        f'width="{frame.width}" height="{frame.height}" role="img" aria-label="{escape(title)}">'
+        f"<title>{escape(title)}</title>{''.join(frame.parts)}</svg>"
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from markupsafe import Markup
@@ -39,6 +39,8 @@ class UsageView:
     chart: Markup
     totals: dict[str, KeyTotals]  # key id → totals over the range
     error: str | None = None
+    # key id → the start of the last hour it sent a request in (whatever the range; hours kept)
+    last_used: dict[str, int] = field(default_factory=dict)
 
 
 def _hour_label(t: float) -> str:
@@ -51,6 +53,7 @@ def usage_view(usage_db: Path, keys: Sequence[KeyRecord], days: int, now: float 
     since = hour_of(now - days * 86400) + HOUR_S
     try:
         rows = UsageStore(usage_db).query(None, since, now + HOUR_S)
+        last_used = UsageStore(usage_db).last_used()
     except UsageStoreError as exc:
         return UsageView(days, Markup(""), {}, f"usage cannot be read: {exc}")
     per_key: dict[str, dict[int, int]] = {}
@@ -74,7 +77,7 @@ def usage_view(usage_db: Path, keys: Sequence[KeyRecord], days: int, now: float 
     chart = line_chart(series, title=f"Tokens per hour by key, last {days} day(s)",
                        x_range=(since, hour_of(now) + HOUR_S), x_format=_hour_label) if series else Markup("")
     totals = {k: KeyTotals(*v) for k, v in sums.items()}
-    return UsageView(days, chart, totals)
+    return UsageView(days, chart, totals, last_used=last_used)
 
 
 def optional_quota(text: str, field: str, what: str) -> int | None:

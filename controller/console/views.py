@@ -290,12 +290,46 @@ def _phase_bars(record: LaunchRecord) -> list[charts.Bar]:
         end = record.ended_at - record.started_at
     if end is None:
         end = max(s for _, s, _ in seen)
+    # A miss with nothing to reuse (a first start of the variant, a cache emptied on purpose) is what
+    # was expected: drawn like any phase, not red as a miss that should have been a hit.
+    expected = miss_expected(record.compile_cache)
     bars: list[charts.Bar] = []
     for i, (name, start, detail) in enumerate(seen):
         stop = seen[i + 1][1] if i + 1 < len(seen) else max(end, start)
-        color = "#dc2626" if "miss" in name else "#059669" if "hit" in name else charts.PALETTE[0]
-        bars.append(charts.Bar(_phase_label(name), start, stop, color, detail[:160]))
+        miss = "miss" in name
+        color = ((charts.PALETTE[0] if expected else "#dc2626") if miss
+                 else "#059669" if "hit" in name else charts.PALETTE[0])
+        label = _phase_label(name) + (" (expected: nothing to reuse)" if miss and expected else "")
+        bars.append(charts.Bar(label, start, stop, color, detail[:160]))
     return bars
+
+
+# Why the compile cache missed, in words (controller/supervisor/compile_cache.py's reasons): what the
+# Launches table says instead of the raw log line that proved it (kept as the tooltip).
+MISS_WORDS = {
+    "cold_first": "cold: the first start of this variant, nothing to reuse yet (expected)",
+    "cache_emptied": "cold: the cache was emptied on purpose (expected)",
+    "env": "missed: an environment variable the compile key covers changed",
+    "flag": "missed: an engine flag the compile key covers changed",
+    "version": "missed: the vLLM or torch version changed",
+    "model": "missed: the model changed",
+    "unknown": "missed: no recorded factor differs from the earlier launch",
+}
+EXPECTED_MISSES = frozenset({"cold_first", "cache_emptied"})
+
+
+def miss_expected(compile_cache: dict[str, Any]) -> bool:
+    return (compile_cache.get("miss") or {}).get("reason") in EXPECTED_MISSES
+
+
+def cache_words(cache: str | None, compile_cache: dict[str, Any]) -> str | None:
+    """The cache outcome of a launch in words: why it missed, or that the log proved a hit."""
+    if cache == "hit":
+        return "warm: the log shows the compiled artifacts loaded"
+    if cache == "miss":
+        reason = (compile_cache.get("miss") or {}).get("reason")
+        return MISS_WORDS.get(str(reason), "cold: compiled from scratch")
+    return None
 
 
 def oom_markers(ooms: list[OomMark], engine_pids: set[int]) -> list[charts.Marker]:
@@ -419,19 +453,24 @@ class ConsoleData:
             admission = admit(r, facts)
             findings = lint(r)
             errors = sum(f.severity == "error" for f in findings)
-            # Why Apply is greyed out: what the preflight would refuse it for (admission, then lint).
-            refused = [f"{c.name}: {c.message}" for c in admission.checks if c.verdict == "refuse"]
+            # A runtime this controller does not offer (a cluster recipe, no cluster) refuses it first.
+            gap = self.ctx.preflight.runtime_check(r)
+            # Why Apply is greyed out: what the preflight would refuse it for (runtime, admission, lint).
+            refused = [gap.summary] if gap is not None else []
+            refused += [f"{c.name}: {c.message}" for c in admission.checks if c.verdict == "refuse"]
             if errors:
                 refused.append(f"{errors} lint error{'s' if errors != 1 else ''}")
             rows.append({
                 "name": r.name, "description": r.description.strip().splitlines()[0] if r.description else "",
                 "platform": r.platform.value, "tp": r.engine.tensor_parallel_size,
                 "mode": r.engine.mode.value, "runtime": r.runtime.kind,
-                "verdict": admission.verdict, "checks": admission.checks,
+                "verdict": "refuse" if gap is not None else admission.verdict, "checks": admission.checks,
+                # what the verdict cell says: "needs a cluster" rather than a host verdict that does not apply
+                "verdict_label": gap.summary.split(":", 1)[0] if gap is not None else admission.verdict,
                 "errors": errors,
                 "warnings": sum(f.severity == "warning" for f in findings),
                 "infos": sum(f.severity == "info" for f in findings),
-                "apply_refused": "; ".join(refused) if admission.verdict == "refuse" or errors else None,
+                "apply_refused": "; ".join(refused) if refused else None,
                 "default": r.name == self.ctx.default_recipe,
             })
         return rows
@@ -448,6 +487,8 @@ class ConsoleData:
             record = self.ctx.store.get_launch(s.id)
             evidence = self._cache_evidence(record) if record else None
             rows.append({"s": s, "evidence": evidence, "ooms": len(record.oom) if record else 0,
+                         "cache_words": cache_words(s.cache, record.compile_cache) if record else None,
+                         "miss_expected": miss_expected(record.compile_cache) if record else False,
                          "diagnosis": (record.diagnosis or {}).get("summary") if record else None})
         return rows
 
@@ -484,6 +525,7 @@ class ConsoleData:
                                markers, target) if points else None
         return {
             "r": record, "evidence": self._cache_evidence(record),
+            "cache_words": cache_words(record.cache, record.compile_cache),
             "waterfall": charts.waterfall(_phase_bars(record), title=f"start-up phases of {launch_id}"),
             "memory": memory, "samples": len(points),
         }

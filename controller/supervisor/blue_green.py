@@ -300,6 +300,17 @@ def footprint_gib(pids: Sequence[int]) -> float | None:
     return total / GIB if seen else None
 
 
+def serving_footprint(runtimes: Mapping[str, Runtime], handle: EngineHandle) -> float | None:
+    """The resident GiB of a running engine through its runtime (blocking); None when not measurable."""
+    rt = runtimes.get(handle.kind)
+    if rt is None:
+        return None
+    try:
+        return footprint_gib(rt.engine_pids(handle))
+    except (EngineRuntimeError, OSError):
+        return None
+
+
 def moved(spec: LaunchSpec, fit: Fit) -> LaunchSpec:
     """The launch as the blue/green switch starts it: on the fit's port."""
     return spec if fit.port is None else on_port(spec, fit.port)
@@ -326,13 +337,7 @@ class BesideCheck:
         spec = self.render(new, facts)
         if cold is None:  # a preview (apply's answer, the console): as the cache is now
             cold = cache_is_empty(Path(spec.cache_root))
-        rt = self.runtimes.get(handle.kind)
-        serving_gib: float | None = None
-        if rt is not None:
-            try:
-                serving_gib = footprint_gib(rt.engine_pids(handle))
-            except (EngineRuntimeError, OSError):
-                serving_gib = None
+        serving_gib = serving_footprint(self.runtimes, handle)
         gpu = self.gpu_memory() if self.gpu_memory is not None and launch_cards(spec) else None
         return decide(new, facts, spec, serving_spec, cold=cold, serving_gib=serving_gib,
                       is_free=self.is_free, gpu=gpu, margin_gib=self.margin_gib)

@@ -13,7 +13,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -199,6 +199,26 @@ class Preflight:
     note: Callable[[str, str, str | None], None] | None = None
     # The cards' memory, for a GPU recipe's KV request (None: not checked, e.g. a CPU-only test).
     gpu_memory: GpuMemorySource | None = None
+    # The runtime kinds this controller can start (None: not known here, e.g. `appliance plan` without a
+    # controller), and why each other kind is not offered (service.build: the runtime registry's gaps).
+    runtime_kinds: frozenset[str] | None = None
+    runtime_gaps: Mapping[str, str] = field(default_factory=dict)
+
+    def runtime_check(self, recipe: Recipe) -> Failure | None:
+        """A recipe whose runtime this controller does not offer is refused before anything is stopped: a
+        Kubernetes recipe on a host with no cluster read `admit` with a live Apply button, and the apply
+        failed only at the start, after the serving engine was drained."""
+        kind = recipe.runtime.kind
+        if self.runtime_kinds is None or kind in self.runtime_kinds:
+            return None
+        why = self.runtime_gaps.get(kind) or f"no {kind} runtime in this controller"
+        if for_recipe(recipe).traits.placement is Placement.REMOTE:
+            return Failure("runtime_unavailable", f"needs a cluster: {why}",
+                           "give the controller a cluster (a kubeconfig, or run it in the cluster), or "
+                           "apply a recipe that runs on this host", retryable=False)
+        return Failure("runtime_unavailable", f"needs the {kind} runtime: {why}",
+                       f"make the {kind} runtime available to the controller, or apply a recipe for another "
+                       "runtime", retryable=False)
 
     def _gpu_args(self) -> tuple[Sequence[CardHealth], dict[int, Sequence[GpuEvent]]]:
         if self.gpu is None:
@@ -277,6 +297,8 @@ class Preflight:
         except RenderError as exc:
             render_error = str(exc)
         refusals = [c for c in (check(recipe, facts) for check in self.checks) if c is not None]
+        runtime_failure = self.runtime_check(recipe)
+        refusals = ([runtime_failure] if runtime_failure is not None else []) + refusals
         gpu_failure = self.gpu_check(recipe, say=False) if self.gpu is not None else None
         refusals += [gpu_failure] if gpu_failure is not None else []
         memory_failure = self.gpu_memory_check(recipe, say=False)
@@ -300,6 +322,8 @@ class Preflight:
             return failed("unknown_recipe", f"no launchable recipe named {name!r} in {self.recipes_dir}")
         except RecipeError as exc:
             return failed("recipe_invalid", str(exc), "fix the recipe file; `appliance recipes lint`")
+        if (runtime_refusal := self.runtime_check(recipe)) is not None:
+            return PreflightFailed(token, runtime_refusal)
         try:
             facts = self.facts()
         except (HostFactsError, OSError) as exc:

@@ -15,6 +15,8 @@ Modules by role:
 - ``history``: A bounded in-process history of host samples, for the operator console's memory charts.
 - ``kmsg_follower``: Follow `/dev/kmsg` and report OOM kills as they happen (effectful; parsing in
   `appliance.observe.kmsg`).
+- ``load_sampler``: The gateway's and the ready engine's `/metrics` sampled into a bounded ring (how busy
+  the appliance is: `GET /load`); the figures are `appliance.observe.load_figures`.
 - ``procreader``: Read the host's memory files through an injected proc root (effectful; parsing is in
   `appliance.observe.procfs`).
 - ``recipe_target``: The running recipe's MemAvailable floor, for the `MemAvailableBelowRecipeTarget`

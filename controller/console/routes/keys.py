@@ -54,6 +54,30 @@ def register(router: APIRouter, pages: Pages) -> None:
         return page(request, "keys.html", session, 201, keys=rows, created={"record": record, "key": key},
                     usage=usage)
 
+    @router.post("/keys/{key_id}/limits")
+    async def key_limits(request: Request, key_id: str) -> Response:
+        """Change a key's four limits (an empty field: no limit), as `appliance keys update` does."""
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        try:
+            limits = {
+                "rpm_limit": views.optional_positive(form.get("rpm_limit", ""), "requests/min"),
+                "max_concurrent": views.optional_positive(form.get("max_concurrent", ""), "max concurrent"),
+                "tpm_limit": optional_quota(form.get("tpm_limit", ""), "tpm_limit", "tokens/min"),
+                "tpd_limit": optional_quota(form.get("tpd_limit", ""), "tpd_limit", "tokens/day"),
+            }
+            await asyncio.to_thread(keystore().update, key_id, limits)
+        except KeyNotFound:
+            return problem(request, session, 404, "Unknown key", "No such key; nothing was changed.",
+                           "/console/keys")
+        except (KeyStoreError, ValueError) as exc:
+            rows = await asyncio.to_thread(keystore().list, True)
+            usage = await asyncio.to_thread(usage_of, rows, request)
+            return page(request, "keys.html", session, 422, keys=rows, created=None, error=str(exc),
+                        usage=usage)
+        return secure(RedirectResponse("/console/keys?notice=limits", status.HTTP_303_SEE_OTHER))
+
     @router.post("/keys/{key_id}/revoke")
     async def revoke_key(request: Request, key_id: str) -> Response:
         session, form = await session_form(request)

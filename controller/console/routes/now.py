@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request, status
 from fastapi.responses import Response, StreamingResponse
 
+from controller.api_context import load_view
 from controller.console import views
 from controller.console.auth import COOKIE
 from controller.console.gpu_views import gpu_health_view
+from controller.console.load_views import load_panel
 from controller.console.routes.pages import Pages, secure
 
 STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second moves it without events
@@ -31,8 +33,18 @@ def register(router: APIRouter, pages: Pages) -> None:
         memory = await asyncio.to_thread(data.host_now, snapshot.get("recipe"))
         live = views.live_view(snapshot, memory)
         gpu = gpu_health_view(preflight.gpu)
+        load = load_view(pages.ctx, driver.clock.now())
         return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
-                    status_json=json.dumps(live), live=live, gpu=gpu)
+                    status_json=json.dumps(live), live=live, gpu=gpu, load=load, panel=load_panel(load))
+
+    @router.get("/load")
+    async def load_fragment(request: Request) -> Response:
+        """The load panel alone: console.js redraws the Now page's panel from it every sample."""
+        session, _ = sessions.lookup(request.cookies.get(COOKIE))
+        if session is None:
+            return secure(Response("log in first", status.HTTP_401_UNAUTHORIZED, media_type="text/plain"))
+        return page(request, "_load.html", session,
+                    panel=load_panel(load_view(pages.ctx, driver.clock.now())))
 
     @router.get("/events")
     async def events(request: Request) -> Response:

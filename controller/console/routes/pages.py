@@ -40,6 +40,7 @@ UNREADABLE = (RecipeError, HostFactsError, OSError)
 NOTICES = {
     "applied": "Apply accepted: the preflight runs, then the engine drains and switches. Watch it below.",
     "revoked": "Key revoked: the gateway refuses it within about a second.",
+    "limits": "Limits saved: the gateway applies them within about a second.",
     "stopping": "Stop accepted: the gateway drains the engine, then it stops; the controller stays idle.",
     "restarting": "Restart accepted: the preflight runs again, then the engine (re)starts. Watch it below.",
     "logged-out": "Logged out.",

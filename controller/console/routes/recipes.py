@@ -8,6 +8,7 @@ import asyncio
 from fastapi import APIRouter, Request, status
 from fastapi.responses import RedirectResponse, Response
 
+from controller.api_context import running_view
 from controller.console import views
 from controller.console.routes.pages import UNREADABLE, Pages, secure
 from controller.supervisor.preflight import UnknownRecipe
@@ -20,7 +21,7 @@ def register(router: APIRouter, pages: Pages) -> None:
     driver, preflight = pages.ctx.driver, pages.ctx.preflight
 
     @router.get("/recipes")
-    async def recipes(request: Request, a: str = "", b: str = "") -> Response:
+    async def recipes(request: Request, a: str = "", b: str = "", refused: str = "") -> Response:
         session = current(request)
         try:
             rows = await asyncio.to_thread(data.recipe_rows)
@@ -33,8 +34,15 @@ def register(router: APIRouter, pages: Pages) -> None:
                 return problem(request, session, 404, "Unknown recipe",
                                "Pick two recipes from the list to compare.", "/console/recipes")
             diff = await asyncio.to_thread(data.diff, a, b)
-        return page(request, "recipes.html", session, rows=rows, names=names, a=a, b=b, diff=diff,
-                    current=driver.view.recipe)
+        # Refused recipes are hidden unless asked for (most of the shipped ones are for other hosts); the
+        # one serving now always shows.
+        show_refused = refused == "shown"
+        hidden = 0 if show_refused else sum(1 for r in rows if r["apply_refused"]
+                                            and r["name"] != driver.view.recipe)
+        shown = [r for r in rows if show_refused or not r["apply_refused"] or r["name"] == driver.view.recipe]
+        return page(request, "recipes.html", session, rows=shown, names=names, a=a, b=b, diff=diff,
+                    current=driver.view.recipe, hidden=hidden, show_refused=show_refused,
+                    refused_count=sum(1 for r in rows if r["apply_refused"]))
 
     async def plan_page(request: Request, name: str, template: str) -> Response:
         """The recipe's preflight plan, on its own page or on the apply confirmation."""
@@ -46,7 +54,9 @@ def register(router: APIRouter, pages: Pages) -> None:
                            "/console/recipes")
         except UNREADABLE as exc:
             return problem(request, session, 500, "Cannot plan this recipe", str(exc), "/console/recipes")
-        return page(request, template, session, report=views.plan_view(report, driver), name=name)
+        running = await asyncio.to_thread(running_view, pages.ctx, report)
+        return page(request, template, session, report=views.plan_view(report, driver), name=name,
+                    running=running)
 
     @router.get("/recipes/{name}")
     async def recipe(request: Request, name: str) -> Response:

@@ -124,6 +124,23 @@ function followLog(button) {
   if (button.dataset.autostart) toggle();
 }
 
+// The Now page's load panel: the server renders it (figures and SVG sparklines); this fetches it
+// again once per sample and swaps it in, so the page stays live without a charting library.
+function followLoad(panel) {
+  const every = Number(panel.dataset.loadEvery || "5000");
+  async function redraw() {
+    try {
+      const r = await fetch(panel.dataset.loadUrl, {credentials: "same-origin"});
+      if (!r.ok) return;
+      const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+      panel.replaceChildren(...Array.from(doc.body.childNodes).map((n) => document.importNode(n, true)));
+    } catch (e) {
+      // a missed redraw: the next one comes at the next sample
+    }
+  }
+  window.setInterval(redraw, every);
+}
+
 function follow(url) {
   const source = new EventSource(url);
   source.addEventListener("status", (e) => applyStatus(JSON.parse(e.data)));
@@ -136,6 +153,8 @@ function follow(url) {
 document.addEventListener("DOMContentLoaded", () => {
   const now = document.getElementById("now");
   if (now && now.dataset.statusUrl) follow(now.dataset.statusUrl);
+  const load = document.getElementById("load");
+  if (load && load.dataset.loadUrl) followLoad(load);
   const logButton = document.getElementById("follow");
   if (logButton && logButton.dataset.logUrl) followLog(logButton);
   for (const button of document.querySelectorAll("button[data-confirm]")) {

@@ -225,6 +225,18 @@ class UsageStore:
 
     # -- readers ---------------------------------------------------------------------------------
 
+    def last_used(self) -> dict[str, int]:
+        """Per key, the start of the last hour it sent a request in (the store keeps hours, not
+        requests: a key's "last used" is known to the hour); keys without a kept request are absent."""
+        if not self.path.exists():
+            return {}
+        with self._connect(write=False) as conn:
+            if not _has_table(conn, "usage_hourly"):
+                return {}
+            rows = conn.execute("SELECT key_id, MAX(hour) FROM usage_hourly WHERE requests > 0"
+                                " GROUP BY key_id").fetchall()
+        return {str(k): int(h) for k, h in rows}
+
     def query(
         self, key_ids: Sequence[str] | None = None, since: float | None = None, until: float | None = None
     ) -> list[UsageRow]:
