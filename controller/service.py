@@ -139,7 +139,8 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     # Only the docker runtime's own answer feeds the docker-socket grant check (compose.yaml).
     docker_note = docker_gap.reason if docker_gap is not None and docker_gap.fault else None
     gateway, gateway_note = make_gateway(cfg, paths)
-    preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,))
+    preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,),
+                          generated_dir=paths.generated_recipes)
     watch = HostWatchLink(store, metrics=metrics)
     gpu_health = GpuHealthLink(metrics=metrics)
     preflight.gpu = gpu_health

@@ -6,8 +6,8 @@
     POST /compare                         {"baseline", "candidate", ...}: 202, runs in the controller
     GET  /compare/{id}                    state, verdict, reasons
     GET  /compare/{id}/events             progress as server-sent events, until the verdict
-    POST /choices                         {"recipes", "baseline", "budget", ...}: plan (dry_run) or run
-                                          the tournament (controller/evaluation/choose.py); 202
+    POST /choices                         {"recipes", "baseline", "budget", "sweep", ...}: plan (dry_run)
+                                          or run the tournament (controller/evaluation/choose.py); 202
     GET  /choices, /choices/{id}          decision records (?format=markdown: the table)
     GET  /choices/{id}/events?after=N     the choice's progress so far (polled by `appliance choose`)
 
@@ -34,9 +34,17 @@ from appliance.evaluation.accuracy import ITEMS_PER_KIND, MAX_DROP_POINTS
 from appliance.evaluation.bench_result import BenchResult
 from appliance.evaluation.bench_tiers import FIRST_N, FULL_REQUESTS, NoTierFits
 from appliance.evaluation.protocol import Thresholds
-from appliance.evaluation.tournament import ChoiceInputError, ChoiceRecord, markdown, parse_duration, plan
+from appliance.evaluation.sweep import check_sweep
+from appliance.evaluation.tournament import (
+    ChoiceInputError,
+    ChoiceRecord,
+    Entry,
+    markdown,
+    parse_duration,
+    plan,
+)
 from controller.evaluation.bench import BenchParams
-from controller.evaluation.choice_seam import DriverSeam, costs, survey
+from controller.evaluation.choice_seam import DriverSeam, costs, survey, survey_variants, write_variants
 from controller.evaluation.choice_store import ChoiceStore
 from controller.evaluation.choose import ChoiceBusy, Chooser
 from controller.evaluation.client import ClientError, EngineNotReady
@@ -97,6 +105,9 @@ class ChoiceBody(BaseModel):
     accuracy_items: int = Field(default=ITEMS_PER_KIND, ge=1, le=200)
     max_rounds: int = Field(default=3, ge=1, le=10)
     ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
+    # The sweep stage (appliance/evaluation/sweep.py): field → values, e.g. {"max_num_seqs": [64, 128]};
+    # which fields, how many values and which numbers are checked there (422 naming the rule).
+    sweep: dict[str, list[int]] | None = None
 
 
 @dataclass
@@ -301,8 +312,16 @@ def evaluation_router(
             raise HTTPException(status.HTTP_409_CONFLICT, "a compare is running")
         try:
             budget_s = parse_duration(body.budget) if body.budget else None
+            grid = check_sweep(body.sweep) if body.sweep is not None else {}
+            if grid and preflight.generated_dir is None:
+                raise ChoiceInputError("this controller has no directory for generated recipes: no sweep")
             platform, entries = await asyncio.to_thread(survey, preflight, body.platform)
-            arm_costs = await asyncio.to_thread(costs, store, evals, entries)
+            variants: list[Entry] = []
+            texts: dict[str, str] = {}
+            if grid:
+                variants, texts = await asyncio.to_thread(
+                    survey_variants, preflight, entries, body.recipes, grid)
+            arm_costs = await asyncio.to_thread(costs, store, evals, entries + variants)
         except ChoiceInputError as exc:
             raise HTTPException(422, str(exc)) from exc
         serving = driver.status()
@@ -313,18 +332,23 @@ def evaluation_router(
                 shown = plan(choice_id="plan", platform=platform, entries=entries, pattern=body.recipes,
                              baseline=body.baseline, costs=arm_costs, budget_s=budget_s,
                              started_at=chooser.clock(), serving_before=before, promote=body.promote,
-                             fast=body.fast)
+                             fast=body.fast, variants=variants, sweep=grid)
             except ChoiceInputError as exc:
                 raise HTTPException(422, str(exc)) from exc
             return {**shown.model_copy(update=extra).model_dump(mode="json"), "state": "plan"}
         try:
             record = chooser.begin(entries, platform=platform, pattern=body.recipes, baseline=body.baseline,
                                    costs=arm_costs, budget_s=budget_s, serving_before=before,
-                                   promote=body.promote, fast=body.fast, extra=extra)
+                                   promote=body.promote, fast=body.fast, extra=extra, variants=variants,
+                                   sweep=grid)
         except ChoiceInputError as exc:
             raise HTTPException(422, str(exc)) from exc
         except ChoiceBusy as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, f"choice {exc} is already running") from exc
+        if texts and preflight.generated_dir is not None:
+            # Claimed: the variants become recipes the supervisor can apply by name (their texts are
+            # the ones just admitted, so their spec hashes match the plan's).
+            await asyncio.to_thread(write_variants, preflight.generated_dir, texts)
         chooser.start(record, seam_for(body))
         return record.model_dump(mode="json")
 
