@@ -100,6 +100,12 @@ def variant_name(recipe: str, point: Mapping[str, int]) -> str:
     return ".".join([recipe, "sweep", *(f"{SHORT[f]}{point[f]}" for f in SWEEP_FIELDS if f in point)])
 
 
+def is_variant(name: str) -> bool:
+    """Whether a recipe name is a sweep variant's (`variant_name`): a later choice surveys the recipes
+    an operator wrote, not the grid points an earlier sweep generated."""
+    return ".sweep." in name
+
+
 def variant_yaml(recipe: str, point: Mapping[str, int]) -> str:
     """The generated recipe file of one grid point: `extends` the swept recipe, sets only the point."""
     name = variant_name(recipe, point)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.evaluation.bench_tiers import NoTierFits
-from appliance.evaluation.sweep import variant_sources
+from appliance.evaluation.sweep import is_variant, variant_sources
 from appliance.evaluation.tournament import ArmCost, Entry, arm_cost, host_platform, matching
 from appliance.recipe.recipe_loader import RecipeError
 from appliance.recipe.render import RenderError
@@ -39,7 +39,7 @@ def survey(preflight: Preflight, platform: str | None = None) -> tuple[str, list
     platform = platform or host_platform(preflight.facts())
     entries: list[Entry] = []
     for name, recipe in sorted(preflight.catalogue.load().items()):
-        if recipe.abstract or recipe.platform.value != platform:
+        if recipe.abstract or recipe.platform.value != platform or is_variant(name):
             continue
         mode = recipe.engine.mode.value
         try:

@@ -132,6 +132,9 @@ async def test_a_sweep_plan_admits_each_variant_and_runs_it_before_the_tournamen
     # the fake runtime never gets ready: the first sweep's champion fails to start, said in the record
     assert record["state"] == "failed"
     assert "cpu-smollm2-eager.sweep.mns4 failed to start" in record["ended_why"]
+    # a later choice surveys the recipes as written, not an earlier sweep's variants
+    later = (await client.post("/choices", json=PLAN, headers=AUTH)).json()
+    assert not [x["recipe"] for x in later["lines"] if ".sweep." in x["recipe"]]
 
 
 @pytest.mark.parametrize(
