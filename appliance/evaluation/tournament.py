@@ -117,6 +117,8 @@ class ChoiceRecord(BaseModel):
     serving_before: str | None = None
     promote: bool = False
     promoted: str | None = None
+    promoted_at: float | None = None
+    promoted_via: str | None = None  # `choose --promote`, the console, the API
     restored: str | None = None
     fast: bool = False
     budget_s: float | None = None
@@ -434,6 +436,24 @@ def stop_at_budget(record: ChoiceRecord, elapsed_s: float, now: float) -> Choice
     return ended(out, "stopped-budget", now, why)
 
 
+def promotion_refusal(record: ChoiceRecord) -> str | None:
+    """Why the champion cannot be promoted after the choice (None: it can)."""
+    if record.state == "running":
+        return f"choice {record.id} is still running: promote it once it has ended"
+    if record.champion_verdict == Verdict.ACCEPT_PENDING_FULL.value:
+        return (f"{record.champion}'s gate was ACCEPT-PENDING-FULL: promotion needs the full run first "
+                f"(appliance compare --full {record.line(record.champion).against or record.baseline} "
+                f"{record.champion})")
+    if record.state == "failed" and record.champion == record.baseline:
+        return f"choice {record.id} failed before any candidate was judged: there is no decision to promote"
+    return None
+
+
+def promotion_recorded(record: ChoiceRecord, now: float, via: str) -> ChoiceRecord:
+    """The record once its champion's apply was accepted."""
+    return record.model_copy(update={"promoted": record.champion, "promoted_at": now, "promoted_via": via})
+
+
 def ended(record: ChoiceRecord, state: State, now: float, why: str) -> ChoiceRecord:
     out = record.model_copy(update={"state": state, "ended_at": now, "ended_why": why})
     return out
@@ -465,7 +485,8 @@ def markdown(record: ChoiceRecord) -> str:
     if record.ended_why:
         head.append(f"- ended: {record.ended_why}")
     if record.promote or record.promoted or record.restored:
-        head.append(f"- promoted: {record.promoted or 'no'}; returned to: {record.restored or '-'}")
+        via = f" (via {record.promoted_via})" if record.promoted_via else ""
+        head.append(f"- promoted: {record.promoted or 'no'}{via}; returned to: {record.restored or '-'}")
     if record.sweep:
         grid = "; ".join(f"{k}={','.join(str(v) for v in vs)}" for k, vs in record.sweep.items())
         picked = ", ".join(f"{k} → {v}" for k, v in record.picked.items()) or "none yet"

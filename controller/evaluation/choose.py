@@ -35,6 +35,7 @@ from appliance.evaluation.tournament import (
     next_candidate,
     over_budget,
     plan,
+    promotion_recorded,
     resumed,
     skipped,
     stop_at_budget,
@@ -263,8 +264,9 @@ class Chooser:
         except GateError as exc:
             why = f"{update.get('ended_why', record.ended_why)}; could not switch to {target}: {exc}"
             return record.model_copy(update={"ended_why": why})
-        key = "promoted" if target == record.champion and record.promote else "restored"
-        return record.model_copy(update={**update, key: target})
+        if target == record.champion and record.promote:
+            return promotion_recorded(record.model_copy(update=update), self.clock(), "choose --promote")
+        return record.model_copy(update={**update, "restored": target})
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
