@@ -155,3 +155,23 @@ async def test_a_bad_sweep_is_422_naming_the_field_and_the_rule(
     assert r.status_code == 422 and words in r.json()["detail"], r.text
     wrong_type = await client.post("/choices", json={**PLAN, "sweep": {"max_num_seqs": ["64"]}}, headers=AUTH)
     assert wrong_type.status_code == 422
+
+
+async def test_promote_through_the_api_applies_the_champion_or_says_why_not(
+    rig: Rig, client: httpx.AsyncClient
+) -> None:
+    from controller.evaluation.choice_store import ChoiceStore
+    from tests.unit.test_console_choices import _record
+
+    store = ChoiceStore(rig.store.path)
+    for record in (_record("choice-ok"), _record("choice-full", verdict="accept-pending-full")):
+        assert store.claim(record.model_copy(update={"state": "running"})) is None
+        store.save(record)
+    assert (await client.post("/choices/choice-ok/promote")).status_code == 401
+    assert (await client.post("/choices/choice-nope/promote", headers=AUTH)).status_code == 404
+    refused = await client.post("/choices/choice-full/promote", headers=AUTH)
+    assert refused.status_code == 409 and "ACCEPT-PENDING-FULL" in refused.json()["detail"]
+    done = await client.post("/choices/choice-ok/promote", headers=AUTH)
+    assert done.status_code == 200, done.text
+    assert (done.json()["promoted"], done.json()["promoted_via"]) == ("cpu-smollm2-eager", "the API")
+    assert store.get("choice-full").promoted is None  # type: ignore[union-attr]

@@ -213,6 +213,7 @@ async def test_promote_applies_the_champion_but_not_one_pending_the_full_run(tmp
     chooser, _, _ = rig(tmp_path, seam, clock)
     record = await chooser.run(begin(chooser, promote=True))
     assert record.promoted == "piecewise" and seam.serving_now == "piecewise"
+    assert (record.promoted_via, record.promoted_at) == ("choose --promote", clock.now)
 
     seam = FakeSeam(clock, {"piecewise": "accept-pending-full", "graph": "hold"})
     chooser, _, _ = rig(tmp_path / "b", seam, clock)
