@@ -53,9 +53,18 @@ class Catalogue:
         """As `load`, with `extra` files (path → text) read as if they were there (a plan of what
         would be written)."""
         sources = read_sources(self.directory)
+        generated = dict(extra)
         if self.generated is not None and self.generated.is_dir():
-            sources |= read_sources(self.generated)
-        return parse_recipes({**sources, **extra})
+            generated = read_sources(self.generated) | generated
+        # A generated file never breaks the operator's catalogue: one that no longer loads (the recipe it
+        # extends was renamed or broken) is left out, and the operator's own errors still surface.
+        while True:
+            try:
+                return parse_recipes({**sources, **generated})
+            except RecipeError as exc:
+                if exc.file not in generated:
+                    raise
+                del generated[exc.file]
 
     def named(self, name: str) -> Recipe:
         """The recipe called `name`, abstract or not (RecipeError, rule unknown-recipe, when absent)."""

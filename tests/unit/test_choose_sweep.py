@@ -197,3 +197,11 @@ def test_the_cli_refuses_a_bad_sweep_with_exit_2_before_asking_the_controller() 
     out = CliRunner().invoke(main.app, ["choose", "--sweep", "temperature=0,1", "--api", "http://127.0.0.1:9"])
     assert out.exit_code == 2
     assert "only max_num_seqs and max_num_batched_tokens may be swept (rule: sweep-field" in out.output
+
+
+def test_a_generated_variant_that_no_longer_loads_never_breaks_the_catalogue(tmp_path: Path) -> None:
+    (tmp_path / "gone.sweep.mns4.yaml").write_text("name: gone.sweep.mns4\nextends: gone\n")
+    write_variants(tmp_path, variant_sources(["cpu-smollm2"], {"max_num_seqs": [4]})["cpu-smollm2"])
+    recipes = Catalogue(REPO / "recipes", tmp_path).load()
+    assert "cpu-smollm2.sweep.mns4" in recipes and "gone.sweep.mns4" not in recipes
+    assert "cpu-smollm2" in recipes
