@@ -93,6 +93,8 @@ class Line(BaseModel):
     verdict: str | None = None
     reasons: list[str] = Field(default_factory=list)
     eta_s: float | None = None
+    # Whether eta_s comes from this host's launch and bench history (False: the defaults, a guess).
+    eta_from_history: bool | None = None
     took_s: float | None = None
     stage: Stage = "tournament"
     # A sweep line: the recipe it is a variant of and its grid point; a tournament line: the recipe
@@ -291,9 +293,11 @@ def plan(
     def line(
         e: Entry, status: Status, why: str, eta_s: float | None = None, stage: Stage = "tournament"
     ) -> Line:
+        known = costs[e.recipe].from_history if eta_s is not None and e.recipe in costs else None
         return Line(recipe=e.recipe, status=status, why=why, mode=e.mode, spec_hash=e.spec_hash,
                     admission=e.admission, margin_gib=e.margin_gib, numbers=e.numbers, eta_s=eta_s,
-                    stage=stage, sweep_of=e.sweep_of if stage == "sweep" else None, point=e.point)
+                    eta_from_history=known, stage=stage, sweep_of=e.sweep_of if stage == "sweep" else None,
+                    point=e.point)
 
     for r in swept:
         group = groups[r.recipe]

@@ -62,9 +62,11 @@ def print_plan(record: dict[str, Any]) -> None:
     for x in record["lines"]:
         margin = "-" if x.get("margin_gib") is None else f"{x['margin_gib']:.2f} GiB"
         stage = "sweep " if x.get("stage") == "sweep" else ""
+        eta = _secs(x.get("eta_s")) + ("*" if x.get("eta_from_history") is False else "")
         typer.echo(f"  {stage}{x['status']:<10} {x['recipe']:<32} {x.get('mode') or '-':<6} "
-                   f"margin {margin:<10} "
-                   f"ETA {_secs(x.get('eta_s')):<9} {x['why']}")
+                   f"margin {margin:<10} ETA {eta:<9} {x['why']}")
+    if any(x.get("eta_from_history") is False for x in record["lines"]):
+        typer.echo("  * no launch or bench of that variant on this host yet: its ETA is the defaults' guess")
     budget = f" of a {_secs(record['budget_s'])} budget" if record.get("budget_s") else ""
     typer.echo(f"expected duration: {_secs(record['eta_s'])}{budget}; serving now: "
                f"{record.get('serving_before') or 'nothing'} (returned to at the end"

@@ -13,7 +13,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from appliance.evaluation.bench_result import BenchResult
-from appliance.evaluation.tournament import ChoiceRecord, Line, promotion_refusal
+from appliance.evaluation.tournament import (
+    DEFAULT_BENCH_S,
+    DEFAULT_READY_S,
+    ChoiceRecord,
+    Line,
+    promotion_refusal,
+)
 from controller.console import charts
 from controller.console.bench_views import TIER_NAMES, rate
 from controller.evaluation.choice_store import ChoiceStore
@@ -36,7 +42,8 @@ def _line_row(x: Line) -> dict[str, Any]:
         "margin": "—" if x.margin_gib is None else f"{x.margin_gib:.2f} GiB",
         "numbers": [(k, v) for k, v in sorted(x.numbers.items()) if k != "margin_gib" and v is not None],
         "against": x.against, "verdict": x.verdict, "comparison_id": x.comparison_id,
-        "reasons": x.reasons, "eta": _secs(x.eta_s), "took": _secs(x.took_s),
+        "reasons": x.reasons, "took": _secs(x.took_s),
+        "eta": _secs(x.eta_s) + (" (default: no history)" if x.eta_from_history is False else ""),
         "point": ", ".join(f"{k}={v}" for k, v in x.point.items()),
         "sweep_of": x.sweep_of,
     }
@@ -51,6 +58,20 @@ def summary_row(r: ChoiceRecord) -> dict[str, Any]:
 
 def plan_rows(record: ChoiceRecord) -> list[dict[str, Any]]:
     return [_line_row(x) for x in record.lines]
+
+
+def eta_source(record: ChoiceRecord) -> str:
+    """Where the plan's expected duration comes from, said honestly: history, defaults, or both."""
+    known = [x.eta_from_history for x in record.lines if x.eta_from_history is not None]
+    if not known:
+        return "nothing to run"
+    if all(known):
+        return "from this host's launch history (cold/warm ready times and bench times per variant)"
+    if not any(known):
+        return ("from the defaults (no launch or bench of these variants on this host yet: "
+                f"{DEFAULT_READY_S:.0f} s a start, {DEFAULT_BENCH_S:.0f} s a bench)")
+    return (f"{sum(known)} of {len(known)} arms from this host's launch history, the rest from the defaults "
+            f"({DEFAULT_READY_S:.0f} s a start, {DEFAULT_BENCH_S:.0f} s a bench)")
 
 
 class ChoiceData:

@@ -205,3 +205,19 @@ def test_a_generated_variant_that_no_longer_loads_never_breaks_the_catalogue(tmp
     recipes = Catalogue(REPO / "recipes", tmp_path).load()
     assert "cpu-smollm2.sweep.mns4" in recipes and "gone.sweep.mns4" not in recipes
     assert "cpu-smollm2" in recipes
+
+
+def test_the_cli_plan_names_the_sweep_stage_and_marks_guessed_etas(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from controller.cli.choose_cmd import print_plan
+
+    record = _plan(costs={x.recipe: COST.model_copy(update={"from_history": x.recipe != "graph"})
+                          for x in ENTRIES + VARIANTS if x.admitted})
+    print_plan(record.model_dump(mode="json"))
+    out = capsys.readouterr().out
+    assert "sweep stage first: max_num_seqs=64,256,512" in out and "(--allow-diff max_num_seqs)" in out
+    assert "  sweep planned    eager.sweep.mns256" in out
+    graph = next(line for line in out.splitlines() if line.startswith("  planned    graph "))
+    assert "ETA 4.3 min*" in graph  # the recipe without history: the defaults' guess, marked
+    assert "its ETA is the defaults' guess" in out

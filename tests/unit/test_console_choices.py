@@ -140,3 +140,25 @@ async def test_start_a_choice_shows_the_plan_and_its_eta_then_starts_it_with_the
         await asyncio.sleep(0.05)
     page = await client.get(f"/console/choices/{choice_id}")
     assert page.status_code == 200 and 'id="sweep-grid"' in page.text and "FAST MODE" in page.text
+
+
+def test_the_plan_says_where_its_eta_comes_from() -> None:
+    from appliance.evaluation.tournament import ArmCost, Entry, plan
+    from controller.console.choice_views import eta_source
+
+    def entry(name: str, mode: str) -> Entry:
+        return Entry(recipe=name, mode=mode, spec_hash=f"h-{name}", admitted=True, admission="admit",
+                     margin_gib=1.0)
+
+    known = ArmCost(cold_ready_s=100, warm_ready_s=20, bench_s=60, from_history=True)
+    guess = ArmCost(cold_ready_s=300, warm_ready_s=300, bench_s=600, from_history=False)
+    entries = [entry("a", "eager"), entry("b", "graph"), entry("c", "graph")]
+
+    def shown(costs: dict[str, ArmCost]) -> str:
+        return eta_source(plan(choice_id="p", platform="cpu", entries=entries, pattern="*", baseline=None,
+                               costs=costs, budget_s=None, started_at=0.0))
+
+    assert shown({"a": known, "b": known, "c": known}).startswith("from this host's launch history")
+    assert shown({"a": guess, "b": guess, "c": guess}).startswith("from the defaults (no launch")
+    mixed = shown({"a": known, "b": known, "c": guess})
+    assert mixed.startswith("1 of 2 arms from this host's launch history")

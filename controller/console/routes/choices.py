@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from appliance.evaluation.sweep import parse_sweep
 from appliance.evaluation.tournament import ChoiceInputError
-from controller.console.choice_views import plan_rows
+from controller.console.choice_views import eta_source, plan_rows
 from controller.console.routes.pages import UNREADABLE, Pages, secure
 from controller.evaluation.choices import ChoiceBody, PromoteRefused
 from controller.evaluation.choose import ChoiceBusy
@@ -68,6 +68,7 @@ def register(router: APIRouter, pages: Pages) -> None:
                 error = f"cannot plan: {exc}"
         return page(request, "choice_new.html", session, form=form, plan=planned, error=error,
                     rows=plan_rows(planned) if planned else [], running=choices.running(),
+                    eta_source=eta_source(planned) if planned else "",
                     code=status.HTTP_422_UNPROCESSABLE_CONTENT if error else 200)
 
     @router.post("/choices")
