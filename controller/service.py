@@ -153,6 +153,8 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError):
             return None
 
+    # The cards' memory now: preflight's KV admission and blue/green's same-card rule read it.
+    gpu_memory = GpuMemoryLink(GpuReader(), running_pids=running_pids_of(watch))
     # The event stream exists before the driver: the on-ready proof is built with its `note`.
     clock = SystemClock()
     events = EventLog(store, clock)
@@ -161,16 +163,18 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
         spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, gpu_events=gpu_health.gpu_events,
         metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
-        beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes),
+        beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes,
+                           gpu_memory=lambda: gpu_memory.view(replaces_running=False)),
         unavailable_runtimes={kind: gap.reason for kind, gap in missing.items()},
         process_peaks=watch.process_peaks,
         on_ready=ready_hook(runtimes, recipe_expectations(preflight.recipe), events.note,
                             recipe_deployment(preflight.recipe, str(cfg.home))), events=events,
+        scrape_targets=paths.prometheus_targets,
     )
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
     preflight.note = driver.note
-    preflight.gpu_memory = GpuMemoryLink(GpuReader(), running_pids=running_pids_of(watch))
+    preflight.gpu_memory = gpu_memory
     gpu_watch = GpuWatchLink(store, metrics=metrics)
     gpu_watch.current_launch = watch.engine.launch
     for note in (*(gap.reason for gap in missing.values() if gap.fault), gateway_note):

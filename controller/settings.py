@@ -77,6 +77,12 @@ class Paths:
         return self.home / "keys.sqlite3"
 
     @property
+    def prometheus_targets(self) -> Path:
+        """The engines Prometheus scrapes (file_sd, written by the controller: scrape_targets.py);
+        compose.yaml mounts this directory into the Prometheus container."""
+        return self.home / "prometheus" / "engines.json"
+
+    @property
     def host_changes(self) -> Path:
         """The journal of host changes made by `appliance host apply`, read by `revert`."""
         return self.home / "host-changes.json"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the test suite uses for real: a Docker daemon (MEASURED.md: Debian's docker.io
-# works here with the vfs storage driver), Prometheus' promtool for rule and query tests, nginx
+# works here with the vfs storage driver), Prometheus and its promtool for rule and query tests, nginx
 # as the gateway benchmark's zero-logic floor, a static busybox to build tiny test images,
 # debootstrap to make a local Debian base image where no registry is reachable
 # (scripts/make-base-image.sh), Debian bookworm's docker-compose 1.29 for compose.yaml and to read
@@ -9,7 +9,8 @@
 set -euo pipefail
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
-command -v promtool >/dev/null || need+=(prometheus)
+# promtool (rule tests) and the server itself (tests/integration/prometheus_harness.py), one package.
+{ command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v docker-compose >/dev/null || need+=(docker-compose)

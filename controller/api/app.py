@@ -78,8 +78,19 @@ class ApplyBody(BaseModel):
     blue_green: bool = Field(
         default=True,
         description="Start the new engine beside the serving one when it fits (host RAM against the "
-        "recipe's MemAvailable target, GPU cards, a free port), then switch with no hold; false: always "
-        "drain, stop and start with the gateway holding new requests.",
+        "recipe's MemAvailable target, GPU cards: other cards, or room on the same ones by NVML's free "
+        "memory, a free port), then switch with no hold; false: always drain, stop and start with the "
+        "gateway holding new requests.",
+    )
+
+
+class RestartBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    blue_green: bool = Field(
+        default=True,
+        description="Start the new engine beside the serving one when it fits (as apply's blue_green), "
+        "then switch with no hold; false: drain, stop and start with the gateway holding new requests.",
     )
 
 
@@ -220,7 +231,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def apply(body: ApplyBody) -> Accepted:
         await known_recipe(body.recipe)
         # Before the apply: what serves now.
-        switch = driver.switch_plan(body.recipe, restart=not body.blue_green)
+        switch = driver.switch_plan(body.recipe, drain_first=not body.blue_green)
         rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=body.blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
@@ -230,10 +241,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
               response_model=Accepted, responses={409: {}})
-    async def restart() -> Accepted:
+    async def restart(body: RestartBody | None = None) -> Accepted:
+        blue_green = body.blue_green if body is not None else True
         recipe = driver.view.recipe
-        switch = driver.switch_plan(recipe, restart=True) if recipe is not None else None
-        rejected = driver.submit(Restart())
+        launch = driver.view.launch
+        # Before the restart: its path (blue/green beside the serving engine when it fits, else the hold).
+        switch = (driver.switch_plan(recipe, launch.spec.spec_hash if launch is not None else None,
+                                     drain_first=not blue_green) if recipe is not None else None)
+        rejected = driver.submit(Restart(blue_green=blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
         return Accepted(state=driver.view.state.value, recipe=driver.view.recipe, switch=switch)

@@ -12,7 +12,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.gateway.keystore import LIMIT_BOUNDS, KeyNotFound, KeyRecord, KeyStore, KeyStoreError
+from controller.gateway.keystore import (
+    LIMIT_BOUNDS,
+    MAX_KEY_MODELS,
+    KeyNotFound,
+    KeyRecord,
+    KeyStore,
+    KeyStoreError,
+)
 from controller.settings import paths
 
 MAX_RPM_LIMIT = LIMIT_BOUNDS["rpm_limit"]
@@ -35,10 +42,13 @@ class KeyCreate(BaseModel):
     # Token quotas (prompt + completion tokens, as the engine counts them): per minute, per day.
     tpm_limit: int | None = Field(default=None, ge=1, le=MAX_TPM_LIMIT)
     tpd_limit: int | None = Field(default=None, ge=1, le=MAX_TPD_LIMIT)
+    # The models the key may use (a served name allows its aliases); null: every model.
+    models: list[str] | None = Field(default=None, min_length=1, max_length=MAX_KEY_MODELS)
 
 
 class KeyUpdate(BaseModel):
-    """The limits to change; a limit left out keeps its value, null removes it."""
+    """The limits to change; a limit left out keeps its value, null removes it (``models`` null:
+    every model)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -46,6 +56,7 @@ class KeyUpdate(BaseModel):
     max_concurrent: int | None = Field(default=None, ge=1, le=MAX_CONCURRENT)
     tpm_limit: int | None = Field(default=None, ge=1, le=MAX_TPM_LIMIT)
     tpd_limit: int | None = Field(default=None, ge=1, le=MAX_TPD_LIMIT)
+    models: list[str] | None = Field(default=None, min_length=1, max_length=MAX_KEY_MODELS)
 
 
 class KeyOut(BaseModel):
@@ -57,6 +68,7 @@ class KeyOut(BaseModel):
     max_concurrent: int | None
     tpm_limit: int | None = None
     tpd_limit: int | None = None
+    models: list[str] | None = None
 
     @classmethod
     def of(cls, record: KeyRecord) -> KeyOut:
@@ -82,7 +94,8 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
     def create_key(body: KeyCreate) -> KeyCreated:
         try:
             record, key = _store().create(
-                body.name, body.rpm_limit, body.max_concurrent, body.tpm_limit, body.tpd_limit
+                body.name, body.rpm_limit, body.max_concurrent, body.tpm_limit, body.tpd_limit,
+                body.models,
             )
         except KeyStoreError as exc:
             raise HTTPException(422, str(exc)) from exc
@@ -94,8 +107,10 @@ def keys_router(require_admin: Callable[..., Any], store: KeyStore | None = None
 
     @router.patch("/{key_id}", response_model=KeyOut)
     def update_key(key_id: str, body: KeyUpdate) -> KeyOut:
-        limits = {name: getattr(body, name) for name in body.model_fields_set}
+        limits = {name: getattr(body, name) for name in body.model_fields_set if name != "models"}
         try:
+            if "models" in body.model_fields_set:
+                return KeyOut.of(_store().update(key_id, limits, body.models))
             return KeyOut.of(_store().update(key_id, limits))
         except KeyNotFound as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc

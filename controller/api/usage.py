@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 
@@ -34,6 +34,7 @@ def usage_router(require_admin: Callable[..., Any], keys: KeyStore | None = None
         since: Annotated[str | None, Query(max_length=64, description="24h, 7d, ISO 8601 or Unix s")] = None,
         until: Annotated[str | None, Query(max_length=64)] = None,
         key: Annotated[list[str] | None, Query(max_length=200, description="name or id; repeat")] = None,
+        by: Annotated[Literal["key", "model"], Query(description="totals per key or per model")] = "key",
     ) -> dict[str, Any]:
         store = keys if keys is not None else KeyStore(paths().keys_db)
         try:
@@ -46,6 +47,6 @@ def usage_router(require_admin: Callable[..., Any], keys: KeyStore | None = None
                                 [{"loc": ["query", exc.field], "msg": str(exc)}]) from exc
         except UsageStoreError as exc:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from exc
-        return report(rows, records, start, end)
+        return report(rows, records, start, end, by)
 
     return router

@@ -222,10 +222,22 @@ def _await_preflight(client: Client, apply_id: int | None,
         time.sleep(0.3)
 
 
-def restart(follow: FollowOpt = False, as_json: JsonOpt = False, api: ApiOpt = None) -> None:
-    """Restart the current recipe (drain, stop, start). With --json stdout is the API's answer."""
+def restart(
+    follow: FollowOpt = False,
+    blue_green: Annotated[bool, typer.Option(
+        "--blue-green/--no-blue-green",
+        help="Start the new engine beside the serving one when it fits (another card, or room on the "
+        "same one), then switch with no hold (default); --no-blue-green: drain, stop and start with "
+        "the gateway holding requests.")] = True,
+    as_json: JsonOpt = False,
+    api: ApiOpt = None,
+) -> None:
+    """Restart the current recipe: blue/green when the new engine fits beside the serving one, else
+    drain, stop, start under the hold (the answer's `switch` says which and why, with the numbers).
+    With --json stdout is the API's answer."""
     client = _client(api)
-    answer = _call(client.post, "/restart")
+    # The default is left out: a controller before blue/green restarts takes the bodyless call too.
+    answer = _call(client.post, "/restart", *(() if blue_green else ({"blue_green": False},)))
     if as_json:
         _echo_json(answer)
     else:

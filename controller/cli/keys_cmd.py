@@ -97,6 +97,24 @@ TpdOpt = Annotated[
 ]
 
 
+ModelsOpt = Annotated[
+    str | None,
+    typer.Option("--models", help="The models the key may use, comma-separated (a served name allows "
+                 "its aliases; unset: every model)."),
+]
+
+
+def _models(text: str | None) -> list[str] | None:
+    """``--models a,b`` as a list (blanks dropped); None when not given."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise typer.BadParameter("name at least one model (or leave --models out for every model)",
+                                 param_hint="--models")
+    return names
+
+
 def _when(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
@@ -112,17 +130,20 @@ def create(
     ] = None,
     tpm: TpmOpt = None,
     tpd: TpdOpt = None,
+    models: ModelsOpt = None,
     keys: KeysOpt = None,
     api: ApiOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key and print it (the only time it is ever shown)."""
+    names = _models(models)
     if api:
         out = _api(api, "POST", "/keys", {"name": name, "rpm_limit": rpm, "max_concurrent": max_concurrent,
-                                          "tpm_limit": tpm, "tpd_limit": tpd})
+                                          "tpm_limit": tpm, "tpd_limit": tpd, "models": names})
     else:
         try:
-            record, key = KeyStore(keys or paths().keys_db).create(name, rpm, max_concurrent, tpm, tpd)
+            record, key = KeyStore(keys or paths().keys_db).create(name, rpm, max_concurrent, tpm, tpd,
+                                                                   names)
         except KeyStoreError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
@@ -151,12 +172,13 @@ def list_keys(
         typer.echo(json.dumps(rows))
         return
     typer.echo(f"{'ID':<13} {'NAME':<24} {'CREATED':<19} {'REVOKED':<19} {'RPM':>6} {'CONC':>5} "
-               f"{'TOK/MIN':>9} {'TOK/DAY':>11}")
+               f"{'TOK/MIN':>9} {'TOK/DAY':>11} MODELS")
     for r in rows:
         typer.echo(
             f"{r['id']:<13} {_shown(r['name'])[:24]:<24} {_when(r['created']):<19} {_when(r['revoked']):<19} "
             f"{r['rpm_limit'] or '-':>6} {r['max_concurrent'] or '-':>5} "
-            f"{r.get('tpm_limit') or '-':>9} {r.get('tpd_limit') or '-':>11}"
+            f"{r.get('tpm_limit') or '-':>9} {r.get('tpd_limit') or '-':>11} "
+            f"{_shown(','.join(r.get('models') or ['(all)']))}"
         )
 
 
@@ -175,6 +197,8 @@ def update(
                                             help="Tokens per minute." + _NONE_HELP)] = None,
     tpd: Annotated[int | None, typer.Option("--tpd", min=0, max=LIMIT_BOUNDS["tpd_limit"],
                                             help="Tokens per day." + _NONE_HELP)] = None,
+    models: ModelsOpt = None,
+    all_models: Annotated[bool, typer.Option("--all-models", help="Let the key use every model.")] = False,
     keys: KeysOpt = None,
     api: ApiOpt = None,
     as_json: JsonOpt = False,
@@ -183,20 +207,30 @@ def update(
     given = {"rpm_limit": rpm, "max_concurrent": max_concurrent, "tpm_limit": tpm, "tpd_limit": tpd}
     # 0 on the command line means "no limit" (null): a limit of 0 would refuse every request.
     limits: dict[str, int | None] = {k: (v or None) for k, v in given.items() if v is not None}
-    if not limits:
-        raise typer.BadParameter("name at least one of --rpm, --max-concurrent, --tpm, --tpd",
-                                 param_hint="limits")
+    if models is not None and all_models:
+        raise typer.BadParameter("--models and --all-models exclude each other", param_hint="--models")
+    names = _models(models)
+    change_models = models is not None or all_models
+    if not limits and not change_models:
+        raise typer.BadParameter("name at least one of --rpm, --max-concurrent, --tpm, --tpd, --models, "
+                                 "--all-models", param_hint="limits")
     if api:
-        out: dict[str, Any] = _api(api, "PATCH", f"/keys/{key_id}", limits)
+        out: dict[str, Any] = _api(api, "PATCH", f"/keys/{key_id}",
+                                   {**limits, "models": names} if change_models else limits)
     else:
         try:
-            out = KeyStore(keys or paths().keys_db).update(key_id, limits).as_dict()
+            store = KeyStore(keys or paths().keys_db)
+            record = store.update(key_id, limits, names) if change_models else store.update(key_id, limits)
+            out = record.as_dict()
         except KeyStoreError as exc:
             raise _store_error(exc) from exc
     if as_json:
         typer.echo(json.dumps(out))
         return
-    shown = ", ".join(f"{k}={v if v is not None else 'none'}" for k, v in limits.items())
+    changed: dict[str, object] = dict(limits)
+    if change_models:
+        changed["models"] = ",".join(names) if names is not None else "all"
+    shown = ", ".join(f"{k}={_shown(str(v)) if v is not None else 'none'}" for k, v in changed.items())
     typer.echo(f"updated {key_id}: {shown}")
 
 

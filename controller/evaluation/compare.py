@@ -110,13 +110,15 @@ class Control:
     catalogue: Callable[[], Awaitable[dict[str, dict[str, Any]]]] | None = None
 
     async def wait_ready(self, recipe: str, timeout_s: float, after: str | None) -> dict[str, Any]:
-        """Until `recipe` is ready on a launch other than `after`; failed/idle end it with the reason."""
+        """Until `recipe` is ready on a launch other than `after`, alone (the engine it replaced by
+        blue/green — possibly on the same card — is gone: an arm is measured without another engine
+        beside it); failed/idle end it with the reason."""
         deadline = time.monotonic() + timeout_s
         while True:
             s = await self.status()
             launch = s.get("launch") or {}
             if s.get("recipe") == recipe and launch.get("id") != after:
-                if s.get("state") == "ready":
+                if s.get("state") == "ready" and not s.get("blue_green"):
                     return s
                 if s.get("state") == "failed":
                     diag = s.get("last_diagnosis") or {}

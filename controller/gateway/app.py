@@ -1,7 +1,8 @@
 """The gateway as one ASGI application: routing, lifespan, health and metrics.
 
-/v1/...        authenticated, forwarded to the current upstream (``proxy.py``)
-/admin/...     the controller's handle on the upstream slot (``admin.py``)
+/v1/...        authenticated, forwarded to the upstream of the engine serving the request's model
+               (``proxy.py``, ``engines.py``)
+/admin/...     the controller's handle on the engines' upstream slots (``admin.py``)
 /healthz       the gateway process itself: 200 while it runs, ``{"status", "ready"}`` for anyone;
                the upstream, counts and keys only for observers (below)
 /metrics       Prometheus text, the gateway's own registry (``metrics.py``): observers only
@@ -25,12 +26,13 @@ import sqlite3
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from controller.gateway.admin import Admin, upstream_view
+from controller.gateway.admin import Admin, engine_view, upstream_view
 from controller.gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from controller.gateway.auth import AdminAuth, KeyCache
 from controller.gateway.config import GatewayConfig, MetricsAccess
+from controller.gateway.engines import DEFAULT, Engine, Engines
 from controller.gateway.gc_pauses import settle_heap
-from controller.gateway.hold.queue import Hold, bind_metrics
+from controller.gateway.hold.queue import Hold, bind_outcomes
 from controller.gateway.keystore import KeyStore, KeyStoreError
 from controller.gateway.limits import KeyLimiter
 from controller.gateway.metrics import GatewayMetrics
@@ -57,12 +59,18 @@ class GatewayApp:
         self.keys = KeyCache(
             KeyStore(config.keys_db), refresh_s=config.key_refresh_s, max_stale_s=config.key_max_stale_s
         )
-        self.slot = Slot(
-            config.no_slot_policy, config.queue_max, config.queue_timeout_s, config.retry_after_s
+        self.metrics.key_info.source = self.keys.names  # read at each scrape
+        # Each engine its own slot and hold, with the same bounds (``engines.py``).
+        self.engines = Engines(
+            lambda: Slot(config.no_slot_policy, config.queue_max, config.queue_timeout_s,
+                         config.retry_after_s),
+            lambda: Hold(config.hold_max, config.hold_per_key_max, config.hold_tick_s),
         )
+        self.engines.on_create = self._wire
+        self._default = self.engines.ensure(DEFAULT)
         if config.upstream_url:
             self.slot.set(config.upstream_url, config.served_model)
-        self.metrics.upstream_ready.set(1 if self.slot.current else 0)
+            self.engines.claim(self._default, config.served_model, frozenset())
         self.accounting = Accounting(
             UsageStore(config.usage_path),
             self.metrics.usage,
@@ -71,20 +79,42 @@ class GatewayApp:
             max_pending=config.usage_max_pending,
             reserve=config.quota_reserve,
         )
-        self.proxy = Proxy(config, self.keys, KeyLimiter(), self.slot, self.metrics, tee, self.accounting)
-        self.hold = Hold(config.hold_max, config.hold_per_key_max, config.hold_tick_s)
-        bind_metrics(self.hold, self.metrics)
-        self.proxy.hold = self.hold
-        self.slot.on_set = self._upstream_set
+        self.proxy = Proxy(config, self.keys, KeyLimiter(), self.engines, self.metrics, tee, self.accounting)
+        # The hold series sum over the engines' holds.
+        self.metrics.hold_waiting.set_function(lambda: sum(e.hold.waiting for e in self.engines))
+        self.metrics.hold_active.set_function(lambda: 1 if any(e.hold.holding() for e in self.engines) else 0)
         admin_auth = AdminAuth(config.admin_token_sha256)
-        self.admin = Admin(admin_auth, self.slot, self.metrics, self.hold)
+        self.admin = Admin(admin_auth, self.engines, self.metrics)
+        self.admin.publish_ready()
         self._observer_auth = (admin_auth, AdminAuth(config.metrics_token_sha256))
         self._refresher: asyncio.Task[None] | None = None
         self._usage_writer: asyncio.Task[None] | None = None
 
-    def _upstream_set(self, upstream: object) -> None:
-        if upstream is not None:
-            self.hold.release()  # the held requests go on to the new engine, in arrival order
+    def _wire(self, engine: Engine) -> None:
+        bind_outcomes(engine.hold, self.metrics)
+
+        def upstream_set(upstream: object) -> None:
+            if upstream is not None:
+                engine.hold.release()  # the held requests go on to the new engine, in arrival order
+
+        engine.slot.on_set = upstream_set
+
+    def _default_engine(self) -> Engine:
+        # The default engine (the one today's controller talks to); once removed, the last one.
+        engine = self.engines.get(DEFAULT)
+        if engine is not None:
+            self._default = engine
+        return self._default
+
+    @property
+    def slot(self) -> Slot:
+        """The default engine's upstream slot."""
+        return self._default_engine().slot
+
+    @property
+    def hold(self) -> Hold:
+        """The default engine's hold."""
+        return self._default_engine().hold
 
     async def startup(self) -> None:
         # Blocking read on purpose: the gateway must not accept requests before it knows the keys.
@@ -130,7 +160,8 @@ class GatewayApp:
             if path.startswith("/v1/"):
                 await self.proxy.handle(scope, receive, send)
             elif path == "/healthz":
-                ready = self.slot.current is not None and self.keys.fresh
+                # Ready: some engine can answer (with several, one down leaves the others serving).
+                ready = any(e.slot.current is not None for e in self.engines) and self.keys.fresh
                 if not self._observer(scope):
                     await send_json(send, 200, {"status": "ok", "ready": ready})
                     return
@@ -146,6 +177,7 @@ class GatewayApp:
                         "hold": self.hold.view(),
                         "keys": self.keys.size,
                         "keys_fresh": self.keys.fresh,
+                        "engines": {e.name: engine_view(e) for e in self.engines},
                     },
                 )
             elif path == "/metrics":

@@ -88,6 +88,10 @@ class KeyCache:
     def size(self) -> int:
         return len(self._keys)
 
+    def names(self) -> dict[str, str]:
+        """Key id → the operator's name for it (revoked keys included): the key_info metric."""
+        return {key_id: stored.record.name for key_id, stored in self._keys.items()}
+
     @property
     def fresh(self) -> bool:
         return time.monotonic() <= self._fresh_until

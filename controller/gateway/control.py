@@ -5,12 +5,16 @@ GatewayLink: point_to, drain, clear, current), over the calls below (the CLI and
     await set_upstream(gateway, token, None, None, drain_deadline_s=30)          # before a restart
     await drain(gateway, token, deadline_s=30)
 
+Every call takes ``engine``: the gateway's named slot (``admin.py``); None names none, which the
+gateway takes for ``"default"`` (``drain``: every engine).
+
 ``token`` is the admin token itself; the gateway was started with its sha256 in
 ``APPLIANCE_ADMIN_TOKEN_SHA256`` (``auth.hash_admin_token``).
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +94,7 @@ async def set_upstream(
     aliases: Sequence[str] = (),
     hold: HoldPlan | None = None,
     detail: str | None = None,
+    engine: str | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> SwitchResult:
     """Point new requests at ``url`` (None: no engine; clients get 503 + Retry-After or queue) and
@@ -97,6 +102,8 @@ async def set_upstream(
     ``upstream_key``: the engine's own API key; the gateway sends it upstream as the bearer token
     (never the client's), and never shows it back (``GET /admin/upstream`` omits it)."""
     body: dict[str, Any] = {"url": url, "served_model": served_model, "drain_deadline_s": drain_deadline_s}
+    if engine is not None:
+        body["engine"] = engine
     if upstream_key is not None:
         body["api_key"] = upstream_key
     if aliases:
@@ -123,18 +130,15 @@ async def drain(
     deadline_s: float = 30.0,
     abort: bool = False,
     *,
+    engine: str | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> DrainResult:
-    """Wait (up to ``deadline_s``) for every in-flight request; abort the rest if ``abort``."""
-    data = await _call(
-        gateway_url,
-        admin_token,
-        "POST",
-        "/admin/drain",
-        {"deadline_s": deadline_s, "abort": abort},
-        deadline_s,
-        session,
-    )
+    """Wait (up to ``deadline_s``) for every in-flight request (of ``engine``; None: of every
+    engine); abort the rest if ``abort``."""
+    body: dict[str, Any] = {"deadline_s": deadline_s, "abort": abort}
+    if engine is not None:
+        body["engine"] = engine
+    data = await _call(gateway_url, admin_token, "POST", "/admin/drain", body, deadline_s, session)
     return DrainResult(
         drained=data["drained"],
         aborted=data["aborted"],
@@ -148,16 +152,41 @@ def _hold_body(plan: HoldPlan) -> dict[str, Any]:
 
 
 async def renew_hold(
-    gateway_url: str, admin_token: str, plan: HoldPlan, *, session: aiohttp.ClientSession | None = None
+    gateway_url: str, admin_token: str, plan: HoldPlan, *, engine: str | None = None,
+    session: aiohttp.ClientSession | None = None,
 ) -> dict[str, Any]:
     """A later estimate and a fresh lease for the hold (409 while an upstream is set)."""
-    return await _call(gateway_url, admin_token, "PUT", "/admin/hold", _hold_body(plan), 0.0, session)
+    body = _hold_body(plan)
+    if engine is not None:
+        body["engine"] = engine
+    return await _call(gateway_url, admin_token, "PUT", "/admin/hold", body, 0.0, session)
+
+
+def _engine_query(engine: str | None, **more: str) -> str:
+    params = {**({"engine": engine} if engine is not None else {}), **more}
+    return "?" + urllib.parse.urlencode(params) if params else ""
 
 
 async def get_upstream(
-    gateway_url: str, admin_token: str, *, session: aiohttp.ClientSession | None = None
+    gateway_url: str, admin_token: str, *, engine: str | None = None,
+    session: aiohttp.ClientSession | None = None,
 ) -> dict[str, Any]:
-    return await _call(gateway_url, admin_token, "GET", "/admin/upstream", None, 0.0, session)
+    """That engine's slot; without ``engine``: the default's, plus ``"engines"``: every slot."""
+    return await _call(gateway_url, admin_token, "GET", "/admin/upstream" + _engine_query(engine), None, 0.0,
+                       session)
+
+
+async def remove_engine(
+    gateway_url: str, admin_token: str, engine: str, drain_deadline_s: float = 30.0, *,
+    session: aiohttp.ClientSession | None = None,
+) -> DrainResult:
+    """Remove the engine's slot: its names answer 404 from then on; its requests drain (aborted at
+    the deadline)."""
+    query = _engine_query(engine, drain_deadline_s=str(drain_deadline_s))
+    data = await _call(gateway_url, admin_token, "DELETE", "/admin/upstream" + query, None, drain_deadline_s,
+                       session)
+    return DrainResult(drained=data["drained"], aborted=data["aborted"], remaining=data["remaining"],
+                       waited_s=data["waited_s"])
 
 
 @dataclass(frozen=True)

@@ -137,16 +137,39 @@ class ModelNotFound(Exception):
         }}, ensure_ascii=False).encode()
 
 
-def alias_model(
-    body: bytes, served_model: str | None, max_depth: int, aliases: frozenset[str] = frozenset()
-) -> bytes:
-    """The body to send upstream: ``body`` itself, or a copy whose top-level ``model`` string is
-    ``served_model`` (the engine knows one served name; the recipe's aliases are rewritten to it).
-    Raises ``ModelNotFound`` for a model string that is neither, so that an unknown name is never
-    served by whatever engine runs (a client asking for `gpt-4o` must not get smollm2's answer).
-    Not checked: a body without a string ``model`` (the engine answers for it), and any body while
-    the served name is unknown (``served_model`` None: the gateway was started without one).
-    Raises ``BodyError`` for a body that is not a JSON object or nests deeper than ``max_depth``."""
+class ModelRef:
+    """A JSON body's top-level model name, read once: ``name`` is the string the engine reads (the
+    last string ``"model"`` member; None when there is none), ``spans`` the byte spans of every string
+    ``"model"`` member when the body was walked (None: read with ``json.loads``, walked only if the
+    name must be rewritten). The gateway routes on ``name`` (a dict lookup) and then rewrites with
+    ``aliased``: one read of the body for both."""
+
+    __slots__ = ("body", "max_depth", "name", "spans")
+
+    def __init__(self, body: bytes, max_depth: int, name: str | None,
+                 spans: list[tuple[int, int]] | None) -> None:
+        self.body = body
+        self.max_depth = max_depth
+        self.name = name
+        self.spans = spans
+
+    def aliased(self, served_model: str | None, aliases: frozenset[str] = frozenset()) -> bytes:
+        """The body to send to an engine serving ``served_model`` (see ``alias_model``)."""
+        body = self.body
+        if served_model is None:
+            return body
+        spans = self.spans
+        if spans is None:
+            # json.loads keeps the last of repeated "model" members; the walk checks each of them.
+            if body.count(_MODEL) < 2 and (self.name is None or self.name == served_model):
+                return body
+            spans = self.spans = model_spans(body, self.max_depth)
+        return _splice(body, spans, served_model, aliases, self.name)
+
+
+def read_model(body: bytes, max_depth: int) -> ModelRef:
+    """Read ``body``'s top-level model name (``ModelRef``). Raises ``BodyError`` for a body that is
+    not a JSON object or nests deeper than ``max_depth``."""
     if len(body) <= _LOADS_MAX_BYTES and body.count(b"[") + body.count(b"{") <= max_depth:
         # Too few brackets to nest past the bound (even counting those inside strings), so the C
         # parser's recursion is bounded too; and small, so the parse (one C call that holds the
@@ -158,16 +181,35 @@ def alias_model(
         if not isinstance(doc, dict):
             raise BodyError("malformed JSON body: expected a JSON object")
         model = doc.get("model")
-        if served_model is None or (
-            # json.loads keeps the last of repeated "model" members; the walk checks each of them.
-            body.count(_MODEL) < 2 and (not isinstance(model, str) or model == served_model)
-        ):
-            return body
-    return _splice(body, model_spans(body, max_depth), served_model, aliases)
+        return ModelRef(body, max_depth, model if isinstance(model, str) else None, None)
+    spans = model_spans(body, max_depth)
+    name: str | None = None
+    if spans:
+        start, end = spans[-1]
+        try:
+            last = json.loads(body[start:end])
+        except ValueError as exc:  # a bad escape or bad UTF-8 inside the name
+            raise BodyError(f"malformed JSON body: model name: {exc}") from exc
+        name = last if isinstance(last, str) else None
+    return ModelRef(body, max_depth, name, spans)
+
+
+def alias_model(
+    body: bytes, served_model: str | None, max_depth: int, aliases: frozenset[str] = frozenset()
+) -> bytes:
+    """The body to send upstream: ``body`` itself, or a copy whose top-level ``model`` string is
+    ``served_model`` (the engine knows one served name; the recipe's aliases are rewritten to it).
+    Raises ``ModelNotFound`` for a model string that is neither, so that an unknown name is never
+    served by whatever engine runs (a client asking for `gpt-4o` must not get smollm2's answer).
+    Not checked: a body without a string ``model`` (the engine answers for it), and any body while
+    the served name is unknown (``served_model`` None: the gateway was started without one).
+    Raises ``BodyError`` for a body that is not a JSON object or nests deeper than ``max_depth``."""
+    return read_model(body, max_depth).aliased(served_model, aliases)
 
 
 def _splice(
-    body: bytes, spans: list[tuple[int, int]], served_model: str | None, aliases: frozenset[str]
+    body: bytes, spans: list[tuple[int, int]], served_model: str | None, aliases: frozenset[str],
+    last_name: str | None = None,
 ) -> bytes:
     if served_model is None or not spans:
         return body
@@ -177,10 +219,13 @@ def _splice(
     for start, end in spans:
         if body[start:end] == served:
             continue
-        try:
-            current = json.loads(body[start:end])
-        except ValueError as exc:  # a bad escape or bad UTF-8 inside the name
-            raise BodyError(f"malformed JSON body: model name: {exc}") from exc
+        if last_name is not None and (start, end) == spans[-1]:
+            current: str = last_name  # decoded once already (``read_model``)
+        else:
+            try:
+                current = json.loads(body[start:end])
+            except ValueError as exc:  # a bad escape or bad UTF-8 inside the name
+                raise BodyError(f"malformed JSON body: model name: {exc}") from exc
         if current == served_model:
             continue
         if current not in aliases:

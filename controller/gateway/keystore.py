@@ -20,15 +20,17 @@ a newer appliance refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import EllipsisType
 
 from controller.sqlite_db import Schema, SchemaTooNew, file_uri, prepare_file
 
@@ -65,6 +67,9 @@ _V2 = (
     "ALTER TABLE keys ADD COLUMN tpd_limit INTEGER",
 )
 
+# v3: keys limited to some models (a JSON list of names; NULL: every model).
+_V3 = ("ALTER TABLE keys ADD COLUMN models TEXT",)
+
 
 def _unversioned(conn: sqlite3.Connection) -> int:
     """The key store shipped twice before it counted its schema (user_version 0 in both): v1 files, and
@@ -76,7 +81,32 @@ def _unversioned(conn: sqlite3.Connection) -> int:
     return 2 if {"tpm_limit", "tpd_limit"} <= columns else 1
 
 
-SCHEMA = Schema("key store", (_V1, _V2), unversioned=_unversioned)
+SCHEMA = Schema("key store", (_V1, _V2, _V3), unversioned=_unversioned)
+
+# A key's model list: names as the gateway's admin surface takes them (1..256 printable characters).
+MAX_KEY_MODELS = 64
+_MODEL_NAME_MAX = 256
+
+
+def check_models(models: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The model list to store (sorted, without repeats), or ``KeyStoreError`` naming what is wrong.
+    None: every model. An empty list is refused (a key for no model: revoke it instead)."""
+    if models is None:
+        return None
+    if isinstance(models, str):
+        raise KeyStoreError("models must be a list of model names")
+    names = sorted(set(models))
+    if not names:
+        raise KeyStoreError("a key limited to no model serves nothing: give at least one name, "
+                            "or none for every model (revoke the key to stop it)")
+    if len(names) > MAX_KEY_MODELS:
+        raise KeyStoreError(f"at most {MAX_KEY_MODELS} model names per key, got {len(names)}")
+    for name in names:
+        if not isinstance(name, str) or not name.strip() or len(name) > _MODEL_NAME_MAX \
+                or not name.isprintable():
+            raise KeyStoreError(f"a model name must be 1 to {_MODEL_NAME_MAX} printable characters, "
+                                f"got {name!r}"[:400])
+    return tuple(names)
 
 # The limits a key may carry, with the largest value each accepts: "absurd" is refused (an SQLite
 # overflow was a 500), "no limit" is None. A million requests a minute and 10 000 in flight are far
@@ -131,6 +161,8 @@ class KeyRecord:
     max_concurrent: int | None
     tpm_limit: int | None = None  # prompt + completion tokens per minute
     tpd_limit: int | None = None  # prompt + completion tokens per day
+    # The model names the key may use (a served name allows its aliases); None: every model.
+    models: frozenset[str] | None = None
 
     @property
     def active(self) -> bool:
@@ -146,6 +178,7 @@ class KeyRecord:
             "max_concurrent": self.max_concurrent,
             "tpm_limit": self.tpm_limit,
             "tpd_limit": self.tpd_limit,
+            "models": sorted(self.models) if self.models is not None else None,
         }
 
 
@@ -188,7 +221,15 @@ def _row_to_record(row: sqlite3.Row) -> KeyRecord:
         max_concurrent=row["max_concurrent"],
         tpm_limit=row["tpm_limit"],
         tpd_limit=row["tpd_limit"],
+        models=_models_of(row["models"]),
     )
+
+
+def _models_of(stored: str | None) -> frozenset[str] | None:
+    if stored is None:
+        return None
+    names = json.loads(stored)
+    return frozenset(n for n in names if isinstance(n, str))
 
 
 class KeyStore:
@@ -252,6 +293,7 @@ class KeyStore:
         max_concurrent: int | None = None,
         tpm_limit: int | None = None,
         tpd_limit: int | None = None,
+        models: Sequence[str] | None = None,
     ) -> tuple[KeyRecord, str]:
         """Make a new key. Returns the record and the key itself, which is not stored anywhere."""
         if not name.strip():
@@ -262,6 +304,7 @@ class KeyStore:
             raise KeyStoreError("a key name must be printable text (no control characters or line breaks)")
         check_limits({"rpm_limit": rpm_limit, "max_concurrent": max_concurrent,
                       "tpm_limit": tpm_limit, "tpd_limit": tpd_limit})
+        names = check_models(models)
         key_id = secrets.token_hex(ID_HEX_LEN // 2)
         key = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"
         record = KeyRecord(
@@ -273,28 +316,38 @@ class KeyStore:
             max_concurrent=max_concurrent,
             tpm_limit=tpm_limit,
             tpd_limit=tpd_limit,
+            models=frozenset(names) if names is not None else None,
         )
         with self._connect() as conn:
             conn.execute(
                 "INSERT INTO keys (id, name, key_sha256, created, revoked, rpm_limit, max_concurrent,"
-                " tpm_limit, tpd_limit) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                " tpm_limit, tpd_limit, models) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)",
                 (key_id, name, hash_key(key), record.created, rpm_limit, max_concurrent,
-                 tpm_limit, tpd_limit),
+                 tpm_limit, tpd_limit, json.dumps(names) if names is not None else None),
             )
         return record, key
 
-    def update(self, key_id: str, limits: dict[str, int | None]) -> KeyRecord:
-        """Set the given limits (None: no limit) of a key; limits not named keep their value. The
-        gateway applies them within about a second (the version row moves)."""
+    def update(
+        self, key_id: str, limits: dict[str, int | None],
+        models: Sequence[str] | EllipsisType | None = ...,
+    ) -> KeyRecord:
+        """Set the given limits (None: no limit) of a key; limits not named keep their value; and
+        its models when given (None: every model; ``...``: unchanged). The gateway applies them
+        within about a second (the version row moves)."""
         check_limits(limits)
+        values: dict[str, object] = dict(limits)
+        if not isinstance(models, EllipsisType):
+            names = check_models(models)
+            values["models"] = json.dumps(names) if names is not None else None
         if not _ID_RE.match(key_id) or not self.path.exists():
             raise KeyNotFound(key_id)
-        if limits:
-            # Column names come from LIMIT_BOUNDS (checked above), never from the caller's text.
-            assignments = ", ".join(f"{label} = ?" for label in limits)
+        if values:
+            # Column names come from LIMIT_BOUNDS (checked above) and "models", never from the
+            # caller's text.
+            assignments = ", ".join(f"{label} = ?" for label in values)
             with self._connect(create=False) as conn:
                 cur = conn.execute(
-                    f"UPDATE keys SET {assignments} WHERE id = ?", (*limits.values(), key_id)
+                    f"UPDATE keys SET {assignments} WHERE id = ?", (*values.values(), key_id)
                 )
                 if cur.rowcount == 0:
                     raise KeyNotFound(key_id)

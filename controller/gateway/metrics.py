@@ -6,13 +6,18 @@ public id (``key_id`` label), never the key; unauthenticated requests carry ``ke
 
 Metric (type; labels): meaning
 
-- appliance_gateway_requests_total (counter; route, status, key_id): finished requests;
+- appliance_gateway_requests_total (counter; route, status, key_id, model): finished requests;
   status 499 means the client went away first
-- appliance_gateway_request_duration_seconds (histogram; route): request arrival → last byte sent
-- appliance_gateway_ttft_seconds (histogram; route): streaming only, request arrival → first body
-  byte from upstream
-- appliance_gateway_inter_token_seconds (histogram; route): streaming only, gap between body
+- appliance_gateway_request_duration_seconds (histogram; route, model): request arrival → last
+  byte sent
+- appliance_gateway_ttft_seconds (histogram; route, model): streaming only, request arrival → first
+  body byte from upstream
+- appliance_gateway_inter_token_seconds (histogram; route, model): streaming only, gap between body
   chunks as they arrive (TCP may merge events, so this can exceed the engine's per-token gap)
+
+``model`` is the served name of the engine that took the request (``engines.Engine.label``: only the
+configured engines' names, whatever the client wrote, an alias included), or ``unknown`` for a
+request no engine took (a 404 for an unknown name, a 401, a 400 before routing): bounded.
 - appliance_gateway_in_flight_requests (gauge): proxied requests running now
 - appliance_gateway_in_flight_streams (gauge): of those, streaming (text/event-stream) responses
 - appliance_gateway_queue_waiting (gauge): requests waiting for an upstream slot
@@ -22,10 +27,12 @@ Metric (type; labels): meaning
 - appliance_gateway_upstream_retries_total (counter; idempotent): requests sent again on a fresh
   connection after a pooled one closed before answering; idempotent="no" only when
   ``retry_stale_non_idempotent`` is on
-- appliance_gateway_upstream_ready (gauge): 1 when an upstream slot is set
+- appliance_gateway_upstream_ready (gauge): 1 when every engine's upstream slot is set
+- appliance_gateway_model_ready (gauge; model): per engine, 1 when its upstream slot is set
 - appliance_gateway_upstream_switches_total (counter): upstream changes through the admin surface
 - appliance_gateway_drain_aborted_total (counter): requests cut off at a drain deadline
 - appliance_gateway_keys_loaded (gauge): keys in the gateway's cache (revoked ones included)
+- appliance_gateway_key_info (gauge; key_id, name): 1 per key in that cache, its name (``key_info``)
 - appliance_gateway_gc_pause_seconds (histogram; generation): the process's garbage collection
   pauses (``gc_pauses``; observed in the gateway's own process only)
 - appliance_gateway_gc_frozen_objects (gauge): start-up objects kept out of collection (``gc_pauses``)
@@ -52,6 +59,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller.gateway.gc_pauses import PauseMeter
+from controller.gateway.key_info import KeyInfo
 from controller.gateway.upstream_client import IDEMPOTENT_METHODS
 from controller.gateway.usage.metrics import UsageMetrics
 
@@ -74,6 +82,9 @@ UPSTREAM_ERROR_KINDS = (
 )
 
 
+_ROUTE_MODEL = ("route", "model")
+
+
 class RouteSeries:
     """One label set of a ``LoopHistogram``: bucket counts (non-cumulative) and the sum."""
 
@@ -91,7 +102,7 @@ class RouteSeries:
 
 
 class LoopHistogram(Collector):
-    """A histogram with a ``route`` label, observed without locks.
+    """A histogram with labels (the gateway's: ``route`` and ``model``), observed without locks.
 
     ``prometheus_client.Histogram.observe`` takes two locks and walks the buckets in Python
     (~3 µs); the inter-token histogram is observed once per streamed chunk, so that is a few
@@ -99,28 +110,32 @@ class LoopHistogram(Collector):
     so plain integer updates are enough. Exposed exactly like a client_python histogram
     (``_bucket{le=…}``, ``_sum``, ``_count``), minus the ``_created`` series."""
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
+                 labelnames: tuple[str, ...] = ("route",)) -> None:
         self.name = name
         self.documentation = documentation
         self.bounds = tuple(float(b) for b in buckets)
-        self._series: dict[str, RouteSeries] = {}
+        self.labelnames = list(labelnames)
+        self._series: dict[tuple[str, ...], RouteSeries] = {}
 
-    def labels(self, route: str) -> RouteSeries:
-        series = self._series.get(route)
+    def labels(self, *values: str) -> RouteSeries:
+        series = self._series.get(values)
         if series is None:
-            series = self._series[route] = RouteSeries(self.bounds)
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}")
+            series = self._series[values] = RouteSeries(self.bounds)
         return series
 
     def collect(self) -> Iterable[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=["route"])
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         les = [repr(b) for b in self.bounds] + ["+Inf"]  # what client_python prints for these bounds
-        for route, series in list(self._series.items()):
+        for labels, series in list(self._series.items()):
             cumulative = list(accumulate(series.counts))
-            family.add_metric([route], list(zip(les, cumulative, strict=True)), series.total)
+            family.add_metric(list(labels), list(zip(les, cumulative, strict=True)), series.total)
         yield family
 
     def describe(self) -> Iterable[Metric]:
-        yield HistogramMetricFamily(self.name, self.documentation, labels=["route"])
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
 
 class GatewayMetrics:
@@ -129,24 +144,27 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter(
             PREFIX + "requests",
-            "Finished requests by route, HTTP status and key id.",
-            ["route", "status", "key_id"],
+            "Finished requests by route, HTTP status, key id and model.",
+            ["route", "status", "key_id", "model"],
             registry=r,
         )
         self.duration = LoopHistogram(
             PREFIX + "request_duration_seconds",
             "End-to-end time from request arrival to the last byte sent.",
             E2E_BUCKETS,
+            _ROUTE_MODEL,
         )
         self.ttft = LoopHistogram(
             PREFIX + "ttft_seconds",
             "Streaming responses: request arrival to the first body byte from upstream.",
             TTFT_BUCKETS,
+            _ROUTE_MODEL,
         )
         self.inter_token = LoopHistogram(
             PREFIX + "inter_token_seconds",
             "Streaming responses: gap between body chunks as they arrive.",
             ITL_BUCKETS,
+            _ROUTE_MODEL,
         )
         for h in (self.duration, self.ttft, self.inter_token):
             r.register(h)
@@ -169,7 +187,11 @@ class GatewayMetrics:
         self._retry_children: dict[bool, Counter] = {
             True: self.upstream_retries.labels("yes"), False: self.upstream_retries.labels("no")
         }
-        self.upstream_ready = Gauge(PREFIX + "upstream_ready", "1 when an upstream slot is set.", registry=r)
+        self.upstream_ready = Gauge(
+            PREFIX + "upstream_ready", "1 when every engine's upstream slot is set.", registry=r)
+        self.model_ready = Gauge(
+            PREFIX + "model_ready", "Per engine (by served model): 1 when its upstream slot is set.",
+            ["model"], registry=r)
         self.switches = Counter(
             PREFIX + "upstream_switches", "Upstream changes through the admin surface.", registry=r
         )
@@ -177,6 +199,8 @@ class GatewayMetrics:
             PREFIX + "drain_aborted", "Requests cut off at a drain deadline.", registry=r
         )
         self.keys_loaded = Gauge(PREFIX + "keys_loaded", "Keys in the gateway's cache.", registry=r)
+        self.key_info = KeyInfo()  # key names for the dashboards' key_id legends (key_info.py)
+        r.register(self.key_info)
         self.gc_pauses = PauseMeter(r, PREFIX)
         self.usage = UsageMetrics(r)
         self.hold_active = Gauge(
@@ -201,27 +225,30 @@ class GatewayMetrics:
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(kind)  # export zeros so rate() works from the first scrape
         # .labels() costs a few microseconds; the hot path looks children up in these dicts.
-        self._req_children: dict[tuple[str, str, str], Counter] = {}
-        self._route_children: dict[str, tuple[RouteSeries, RouteSeries, RouteSeries]] = {}
+        self._req_children: dict[tuple[str, str, str, str], Counter] = {}
+        self._route_children: dict[tuple[str, str], tuple[RouteSeries, RouteSeries, RouteSeries]] = {}
 
     def count_upstream_retry(self, method: bytes) -> None:
         self._retry_children[method in IDEMPOTENT_METHODS].inc()
 
-    def count_request(self, route: str, status: int, key_id: str) -> None:
-        k = (route, str(status), key_id)
+    def count_request(self, route: str, status: int, key_id: str, model: str = "unknown") -> None:
+        k = (route, str(status), key_id, model)
         child = self._req_children.get(k)
         if child is None:
             child = self._req_children[k] = self.requests.labels(*k)
         child.inc()
 
-    def route_histograms(self, route: str) -> tuple[RouteSeries, RouteSeries, RouteSeries]:
-        """(duration, ttft, inter_token) series for ``route``."""
-        hs = self._route_children.get(route)
+    def route_histograms(
+        self, route: str, model: str = "unknown"
+    ) -> tuple[RouteSeries, RouteSeries, RouteSeries]:
+        """(duration, ttft, inter_token) series for ``route`` and ``model`` (a bounded label: see
+        the module doc)."""
+        hs = self._route_children.get((route, model))
         if hs is None:
-            hs = self._route_children[route] = (
-                self.duration.labels(route),
-                self.ttft.labels(route),
-                self.inter_token.labels(route),
+            hs = self._route_children[(route, model)] = (
+                self.duration.labels(route, model),
+                self.ttft.labels(route, model),
+                self.inter_token.labels(route, model),
             )
         return hs
 

@@ -2,10 +2,11 @@
 
 The hot path, per request: scan headers once, check the key (a dict lookup and one sha256), read the
 body, find a JSON body's top-level model (``jsonbody``: no full parse, no re-serialisation; large
-bodies in a worker thread), pick the upstream, one request on a pooled connection
-(``upstream_client``). Per chunk: one ``read``, two clock reads, two histogram observations when
-streaming, one ASGI ``send`` with the bytes exactly as they arrived (no parsing, no re-framing, so the
-client receives byte for byte what the engine sent).
+bodies in a worker thread), pick the engine serving it (``engines``: a dict lookup on that name) and
+its upstream, one request on a pooled connection of that engine (``upstream_client``). Per chunk:
+one ``read``, two clock reads, two histogram observations when streaming, one ASGI ``send`` with
+the bytes exactly as they arrived (no parsing, no re-framing, so the client receives byte for byte
+what the engine sent).
 
 When the client goes away, the request's task is cancelled: the upstream connection is then closed at
 once, whether we were waiting for the first token or in the middle of a stream, and vLLM aborts the
@@ -41,15 +42,15 @@ from controller.gateway.asgi import (
 )
 from controller.gateway.auth import AuthFailure, KeyCache
 from controller.gateway.config import GatewayConfig
-from controller.gateway.hold.queue import Hold
+from controller.gateway.engines import DEFAULT, UNKNOWN_MODEL, Engine, Engines
 from controller.gateway.hold.sse import wait_for_release
 from controller.gateway.hop_headers import HOP_BY_HOP, end_to_end
-from controller.gateway.jsonbody import BodyError, ModelNotFound, alias_model
+from controller.gateway.jsonbody import BodyError, ModelNotFound, ModelRef, alias_model, read_model
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.limits import KeyLimiter, LimitExceeded
 from controller.gateway.metrics import GatewayMetrics
 from controller.gateway.protocol import CLIENT_GONE, DISCONNECT_HOOK, DisconnectHook, client_closed
-from controller.gateway.slot import NoSlot, NoSlotPolicy, Slot, Upstream
+from controller.gateway.slot import NoSlot, NoSlotPolicy, Upstream
 from controller.gateway.upstream_client import (
     BrokenResponse,
     ConnectRefused,
@@ -101,14 +102,15 @@ KNOWN_ROUTES = frozenset(
 MODELS_ROUTE = "/v1/models"
 
 
-def models_listing(
-    body: bytes, served_model: str | None, aliases: frozenset[str] = frozenset()
-) -> bytes | None:
-    """vLLM's `GET /v1/models` answer with each card's `root` (the model's absolute path on the engine's
-    host) replaced by the served name (the card's own `id` when the gateway knows none), and after the
-    served model's card one card per alias (the same fields, `id` the alias: the names the gateway
-    accepts); None for a body that is not such a listing (compressed, not JSON), which is then not
-    passed on."""
+def listing_cards(
+    body: bytes, served_model: str | None, aliases: frozenset[str] = frozenset(),
+    allowed: frozenset[str] | None = None,
+) -> tuple[dict[str, Any], list[Any]] | None:
+    """vLLM's `GET /v1/models` answer (the document, its cards) with each card's `root` (the model's
+    absolute path on the engine's host) replaced by the served name (the card's own `id` when the
+    gateway knows none), and after the served model's card one card per alias (the same fields, `id`
+    the alias: the names the gateway accepts); only the cards of ``allowed`` names (a key limited to
+    some models; their aliases too) when given. None for a body that is not such a listing."""
     try:
         data = json.loads(body)
         cards = data["data"]
@@ -121,10 +123,57 @@ def models_listing(
             listed.append(card)
             if isinstance(card, dict) and served_model is not None and card.get("id") == served_model:
                 listed += [{**card, "id": alias} for alias in sorted(aliases)]
+        if allowed is not None:
+            everything = served_model is not None and served_model in allowed
+            listed = [c for c in listed if everything or (isinstance(c, dict) and c.get("id") in allowed)]
         data["data"] = listed
     except (ValueError, TypeError, KeyError):
         return None
-    return json.dumps(data, ensure_ascii=False).encode()
+    return data, listed
+
+
+def models_listing(
+    body: bytes, served_model: str | None, aliases: frozenset[str] = frozenset(),
+    allowed: frozenset[str] | None = None,
+) -> bytes | None:
+    """``listing_cards`` as the bytes passed to the client; None for a body that is not a listing
+    (compressed, not JSON), which is then not passed on."""
+    read = listing_cards(body, served_model, aliases, allowed)
+    return None if read is None else json.dumps(read[0], ensure_ascii=False).encode()
+
+
+def down_cards(engine: Engine, allowed: frozenset[str] | None) -> list[dict[str, Any]]:
+    """An engine without an upstream (or whose listing could not be read) in the merged listing:
+    its claimed names, marked ``"ready": false``."""
+    served = engine.served_model
+    if served is None:
+        return []
+    names = [served, *sorted(engine.aliases)]
+    if allowed is not None and served not in allowed:
+        names = [n for n in names if n in allowed]
+    return [{"id": n, "object": "model", "created": 0, "owned_by": "appliance", "root": served,
+             "parent": None, "ready": False} for n in names]
+
+
+def model_not_allowed(model: str) -> bytes:
+    """OpenAI's error shape for a key limited to other models (403); names the requested model only."""
+    shown = model if len(model) <= 256 else model[:256] + "…"
+    return json.dumps({"error": {
+        "message": f"This key may not use the model `{shown}`.",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_allowed",
+    }}, ensure_ascii=False).encode()
+
+
+def model_allowed(allowed: frozenset[str] | None, engine: Engine, name: str | None) -> bool:
+    """May a key limited to ``allowed`` models (None: all) send ``name`` (None: no model named) to
+    ``engine``? Its served name allows its aliases too. A name the engine does not serve is let
+    through to its 404."""
+    if allowed is None:
+        return True
+    if name is not None and engine.served_model is not None and name not in engine.names:
+        return True
+    return (name is not None and name in allowed) or (
+        engine.served_model is not None and engine.served_model in allowed)
 
 
 # Never forwarded upstream: hop-by-hop headers (``hop_headers``: the fixed ones and any the client's
@@ -179,7 +228,7 @@ class Proxy:
         config: GatewayConfig,
         keys: KeyCache,
         limiter: KeyLimiter,
-        slot: Slot,
+        engines: Engines,
         metrics: GatewayMetrics,
         tee: Tee | None = None,
         accounting: Accounting | None = None,
@@ -188,34 +237,64 @@ class Proxy:
         self.accounting = accounting
         self.keys = keys
         self.limiter = limiter
-        self.slot = slot
+        self.engines = engines
         self.metrics = metrics
         self.tee = tee
-        # While the controller switches engines on purpose, requests wait here instead of a 503.
-        self.hold: Hold | None = None
-        self.pool: UpstreamPool | None = None
+        self._started = False
         # Large JSON bodies are inspected here, off the event loop. Its own two threads: a burst of
         # large bodies must neither take every core nor starve the key store's refresh thread.
         self._body_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
-        # Bytes pass through as the engine encoded them (nothing is decompressed), and no header the
-        # client did not send is invented: the request upstream is the client's.
-        self.pool = UpstreamPool(
-            connect_timeout_s=self.config.connect_timeout_s,
-            idle_timeout_s=self.config.idle_timeout_s,
-            keepalive_s=self.config.upstream_keepalive_s,
-            limit=self.config.pool_limit,
-        )
+        self._started = True
         self._body_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gateway-body")
 
+    def pool_for(self, engine: Engine) -> UpstreamPool:
+        """The engine's own connection pool (each engine its own bound), made on first use."""
+        pool = engine.pool
+        if pool is None:
+            # Bytes pass through as the engine encoded them (nothing is decompressed), and no header
+            # the client did not send is invented: the request upstream is the client's.
+            pool = engine.pool = UpstreamPool(
+                connect_timeout_s=self.config.connect_timeout_s,
+                idle_timeout_s=self.config.idle_timeout_s,
+                keepalive_s=self.config.upstream_keepalive_s,
+                limit=self.config.pool_limit,
+            )
+        return pool
+
+    def _retry_after_s(self) -> int:
+        """Retry-After for an answer given before any engine was chosen."""
+        engine = self.engines.only or self.engines.get(DEFAULT)
+        return engine.slot.retry_after_s if engine is not None else self.config.retry_after_s
+
     async def close(self) -> None:
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
+        self._started = False
+        for engine in self.engines:
+            if engine.pool is not None:
+                await engine.pool.close()
+                engine.pool = None
         if self._body_pool is not None:
             self._body_pool.shutdown(wait=False, cancel_futures=True)
             self._body_pool = None
+
+    async def _read_model(self, body: bytes) -> ModelRef:
+        """The JSON body's model name (``jsonbody.read_model``); ``BodyError`` if it cannot be accepted."""
+        depth = self.config.max_json_depth
+        if len(body) <= self.config.inline_json_bytes or self._body_pool is None:
+            return read_model(body, depth)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._body_pool, read_model, body, depth)
+
+    async def _aliased(self, ref: ModelRef, upstream: Upstream | None) -> bytes:
+        """``ref``'s body for ``upstream`` (model aliased; ``ModelRef.aliased``)."""
+        if upstream is None:
+            return ref.body
+        if len(ref.body) <= self.config.inline_json_bytes or self._body_pool is None:
+            return ref.aliased(upstream.served_model, upstream.aliases)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._body_pool, ref.aliased, upstream.served_model, upstream.aliases)
 
     async def _prepare_body(self, body: bytes, upstream: Upstream | None) -> bytes:
         """The JSON body to forward to ``upstream`` (model aliased); ``BodyError`` if it cannot be
@@ -269,7 +348,7 @@ class Proxy:
         key = await self.keys.authenticate_fresh(authorization)
         if isinstance(key, AuthFailure):
             if key is AuthFailure.UNAVAILABLE:
-                retry = (b"retry-after", str(self.slot.retry_after_s).encode())
+                retry = (b"retry-after", str(self._retry_after_s()).encode())
                 await send_error(send, 503, key.value, "service_unavailable", [rid, retry])
                 self.metrics.count_request(route, 503, "none")
                 return
@@ -295,9 +374,9 @@ class Proxy:
         finally:
             if self.accounting is not None:
                 self.accounting.record(
-                    key, status, metering.usage, perf_counter() - t0, metering.reserved)
-        self.metrics.count_request(route, status, key.id)
-        self.metrics.route_histograms(route)[0].observe(perf_counter() - t0)
+                    key, status, metering.usage, perf_counter() - t0, metering.reserved, metering.model)
+        self.metrics.count_request(route, status, key.id, metering.model)
+        self.metrics.route_histograms(route, metering.model)[0].observe(perf_counter() - t0)
 
     async def _admitted(
         self,
@@ -392,15 +471,46 @@ class Proxy:
             )
             return 408
 
-        # Checked and aliased for the upstream that is current now; ``_forward`` redoes it in the rare
-        # case that the slot changed while the request waited for one.
+        # The model is read once (``read_model``); the engine claiming it is a dict lookup; the body is
+        # checked and aliased for that engine's upstream as it is now (``_forward`` redoes it in the
+        # rare case that the upstream changed while the request waited for one).
         served: Upstream | None = None
+        ref: ModelRef | None = None
         # As the engine reads it (``usage.request.is_json_media_type``): any case, parameters.
         json_body = bool(body) and is_json_media_type(content_type)
         if json_body:
-            served = self.slot.current
             try:
-                body = await self._prepare_body(body, served)
+                ref = await self._read_model(body)
+            except BodyError as exc:
+                if content_type:
+                    await send_error(send, 400, str(exc), "invalid_request_error", [rid])
+                    return 400
+                json_body = False  # no Content-Type and not JSON: passed on as it came
+        name = ref.name if ref is not None else None
+        engine = self.engines.only  # one engine: every request goes to it, as before
+        if engine is None:
+            if route == MODELS_ROUTE and scope["method"] == "GET":
+                return await self._merged_listing(send, request_id, key)
+            if not self.engines:
+                await send_error(send, 503, "no engine is configured", "service_unavailable",
+                                 [rid, (b"retry-after", str(self.config.retry_after_s).encode())])
+                return 503
+            if name is None:
+                await send_error(send, 400, "several models are served here: name one in the JSON "
+                                 "body's `model`", "invalid_request_error", [rid])
+                return 400
+            engine = self.engines.serving(name)
+            if engine is None:
+                await send_bytes(send, 404, ModelNotFound(name).body(), JSON, [rid])
+                return 404
+        listing = route == MODELS_ROUTE and scope["method"] == "GET"  # filtered, never refused
+        if not listing and not model_allowed(key.models, engine, name):
+            await send_bytes(send, 403, model_not_allowed(name or engine.label), JSON, [rid])
+            return 403
+        if ref is not None:
+            served = engine.slot.current
+            try:
+                body = await self._aliased(ref, served)
             except BodyError as exc:
                 if content_type:
                     await send_error(send, 400, str(exc), "invalid_request_error", [rid])
@@ -409,6 +519,7 @@ class Proxy:
             except ModelNotFound as exc:
                 await send_bytes(send, 404, exc.body(), JSON, [rid])
                 return 404
+        metering.model = engine.label
         if self.accounting is not None:
             if json_body:
                 metering.body = body
@@ -431,8 +542,48 @@ class Proxy:
         if key.rpm_limit is not None or metering.quota:
             metering.headers = self._rate_headers(key)
         return await self._forward(
-            scope, receive, send, route, request_id, body, json_body, served, t0, metering, key.id
+            scope, receive, send, route, request_id, body, json_body, served, t0, metering, key.id,
+            engine, key.models,
         )
+
+    async def _merged_listing(self, send: Send, request_id: bytes, key: KeyRecord) -> int:
+        """``GET /v1/models`` with several engines: every engine's cards, in engine-name order. An
+        engine with an upstream is asked (its listing rewritten as for one engine); one without, or
+        one whose listing cannot be had within the connect timeout, is listed from its claimed names
+        (``down_cards``: ``"ready": false``), so that one engine down never hides the others."""
+        rid = (b"x-request-id", request_id)
+        engines = sorted(self.engines, key=lambda e: e.name)
+        listings = await asyncio.gather(*(self._engine_cards(e, request_id, key.models) for e in engines))
+        cards = [card for listing in listings for card in listing]
+        body = json.dumps({"object": "list", "data": cards}, ensure_ascii=False).encode()
+        if self.tee is not None:
+            self.tee(request_id, body)
+        await send_bytes(send, 200, body, JSON, [rid])
+        return 200
+
+    async def _engine_cards(self, engine: Engine, request_id: bytes,
+                            allowed: frozenset[str] | None) -> list[Any]:
+        upstream = engine.slot.current
+        if upstream is None:
+            return down_cards(engine, allowed)
+        headers: Headers = [(b"accept", b"application/json"), (b"x-request-id", request_id)]
+        if upstream.authorization is not None:
+            headers.append((b"authorization", upstream.authorization.encode("latin-1")))
+        pool = self.pool_for(engine)
+        resp: UpstreamConnection | None = None
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                resp = await pool.request(pool.origin(upstream.url), b"GET", MODELS_ROUTE.encode(),
+                                          headers, b"")
+                raw = await resp.read_all() if resp.status == 200 else b""
+        except (TimeoutError, UpstreamFailure, OSError) as exc:
+            log.warning("request %s: engine %s's model listing: %r", request_id.decode(), engine.name, exc)
+            raw = b""
+        finally:
+            if resp is not None:
+                resp.release()  # pooled only when read to the end
+        read = listing_cards(raw, upstream.served_model, upstream.aliases, allowed) if raw else None
+        return read[1] if read is not None else down_cards(engine, allowed)
 
     async def _forward(
         self,
@@ -445,8 +596,10 @@ class Proxy:
         json_body: bool,
         served: Upstream | None,
         t0: float,
-        metering: Metering | None = None,
-        key_id: str = "none",
+        metering: Metering,
+        key_id: str,
+        engine: Engine,
+        allowed: frozenset[str] | None,
     ) -> int:
         task = asyncio.current_task()
         assert task is not None
@@ -462,22 +615,24 @@ class Proxy:
         rid = (b"x-request-id", request_id)
         entry = None
         state_send = send
+        slot = engine.slot
         try:
-            upstream = self.slot.current
-            if upstream is None and self.hold is not None and self.hold.holding():
+            upstream = slot.current
+            if upstream is None and engine.hold.holding():
+                # While the controller switches this engine on purpose, its requests wait here.
                 held, send, answered = await wait_for_release(
-                    self.hold, self.slot, send, scope, key_id, body, request_id)
+                    engine.hold, slot, send, scope, key_id, body, request_id)
                 if held is None:
                     return answered
                 if send is not state_send:  # the event stream was started while it waited
                     state.response_started, state.status = True, 200
                 upstream = held
             if upstream is None:
-                queued = self.slot.policy is NoSlotPolicy.QUEUE
+                queued = slot.policy is NoSlotPolicy.QUEUE
                 if queued:
                     self.metrics.queue_waiting.inc()
                 try:
-                    got = await self.slot.acquire()
+                    got = await slot.acquire()
                 finally:
                     if queued:
                         self.metrics.queue_waiting.dec()
@@ -498,16 +653,17 @@ class Proxy:
                 try:
                     body = await self._prepare_body(body, upstream)
                 except ModelNotFound as exc:
+                    metering.model = UNKNOWN_MODEL
                     await send_bytes(send, 404, exc.body(), JSON, [rid])
                     return 404
-            entry = self.slot.track(upstream, state.abort)
+            entry = slot.track(upstream, state.abort)
             self.metrics.in_flight.inc()
             return await self._exchange(
-                scope, send, route, request_id, body, upstream, state, t0, metering
+                scope, send, route, request_id, body, upstream, state, t0, metering,
+                engine, allowed,
             )
         except asyncio.CancelledError:
-            if metering is not None:
-                metering.settle()  # left before the engine's count reached us: its estimate
+            metering.settle()  # left before the engine's count reached us: its estimate
             if state.reason is None:
                 raise  # not ours (server shutdown): let it propagate
             task.uncancel()
@@ -520,7 +676,7 @@ class Proxy:
                     503,
                     "request aborted: the engine is being switched",
                     "service_unavailable",
-                    [rid, (b"retry-after", str(self.slot.retry_after_s).encode())],
+                    [rid, (b"retry-after", str(slot.retry_after_s).encode())],
                 )
                 return 503
             return state.status  # the response stays incomplete: uvicorn closes the connection
@@ -537,7 +693,7 @@ class Proxy:
             elif hook is not None:
                 hook[0] = None
             if entry is not None:
-                self.slot.untrack(entry)
+                slot.untrack(entry)
                 self.metrics.in_flight.dec()
 
     @staticmethod
@@ -629,10 +785,12 @@ class Proxy:
         upstream: Upstream,
         state: _RequestState,
         t0: float,
-        metering: Metering | None = None,
+        metering: Metering | None,
+        engine: Engine,
+        allowed: frozenset[str] | None,
     ) -> int:
-        pool = self.pool
-        assert pool is not None, "gateway not started (lifespan did not run)"
+        assert self._started, "gateway not started (lifespan did not run)"
+        pool = self.pool_for(engine)
         rid = (b"x-request-id", request_id)
         target: bytes = scope.get("raw_path") or scope["path"].encode()
         if scope["query_string"]:
@@ -682,7 +840,7 @@ class Proxy:
                     503,
                     f"cannot connect to upstream {upstream.url}: {exc.os_error}",
                     "service_unavailable",
-                    [rid, (b"retry-after", str(self.slot.retry_after_s).encode())],
+                    [rid, (b"retry-after", str(engine.slot.retry_after_s).encode())],
                 )
                 return 503
             except ConnectTimeout:
@@ -733,7 +891,8 @@ class Proxy:
             if route == MODELS_ROUTE and scope["method"] == "GET" and resp.status == 200 and not is_stream:
                 # vLLM's model card says where the weights lie on the engine's host (`root`): every
                 # key holder would read it. Buffered (a few hundred bytes) and rewritten.
-                listing = models_listing(await resp.read_all(), upstream.served_model, upstream.aliases)
+                listing = models_listing(await resp.read_all(), upstream.served_model, upstream.aliases,
+                                         allowed)
                 if listing is None:
                     await send_error(send, 502, f"upstream {upstream.url} sent a model listing the gateway "
                                      "cannot read", "upstream_error", [rid])
@@ -770,7 +929,7 @@ class Proxy:
             tee = self.tee
             if is_stream:
                 self.metrics.in_flight_streams.inc()
-                _, ttft, itl = self.metrics.route_histograms(route)
+                _, ttft, itl = self.metrics.route_histograms(route, engine.label)
                 try:
                     # The first read waits out the prefill: a client leaving then is metered too.
                     chunk = await resp.read()

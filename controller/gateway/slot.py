@@ -88,6 +88,9 @@ class Slot:
         self._waiting = 0
         self._in_flight: set[InFlight] = set()
         self._changed = asyncio.Event()  # set whenever an in-flight request ends
+        # Why there is no upstream when the controller said so (the diagnosis' one line, "stopped"):
+        # the 503 of a request that finds none says it. None: starting, restarting or backing off.
+        self.detail: str | None = None
         # Told of every new upstream (or None) as it is set: the hold releases its waiters there.
         self.on_set: Callable[[Upstream | None], None] | None = None
 
@@ -137,7 +140,8 @@ class Slot:
         if current is not None:
             return current
         if self.policy is NoSlotPolicy.REJECT:
-            return NoSlot("no engine is ready (starting, restarting or backing off)", self.retry_after_s)
+            return NoSlot(self.detail or "no engine is ready (starting, restarting or backing off)",
+                          self.retry_after_s)
         if self._waiting >= self.queue_max:
             return NoSlot(
                 f"no engine is ready and the wait queue is full ({self.queue_max})", self.retry_after_s
@@ -149,7 +153,9 @@ class Slot:
                     await self._available.wait()
                     # A set(None) may race with the wake-up; loop until a slot is really there.
         except TimeoutError:
-            return NoSlot(f"no engine became ready within {self.queue_timeout_s:g} s", self.retry_after_s)
+            why = f" ({self.detail})" if self.detail else ""
+            return NoSlot(f"no engine became ready within {self.queue_timeout_s:g} s{why}",
+                          self.retry_after_s)
         finally:
             self._waiting -= 1
         return self._current

@@ -10,11 +10,21 @@ It fits when all of these hold (the numbers go into the answer, so `apply` can s
   own footprint is already out of it) minus the new launch's predicted peak (admission's memory
   model, the cold or warm start it will be) stays at or above the new recipe's MemAvailable target
   (`expect.min_mem_available_gib`). A recipe without a memory model cannot be predicted: hold.
-- GPU memory per card: no per-card free-memory figure is known before the launch, so the new launch's
-  cards must not be the serving engine's (vLLM takes its `gpu_memory_utilization` share of each card
-  it is given). A card the two share: hold. The serving engine's cards and cores are read from its
-  launch record (the LaunchSpec it was started with), never from its recipe file, which may have
-  been edited or deleted since; when the record does not say: hold.
+- GPU cards: the new launch's cards are the serving engine's or not. Disjoint cards fit (preflight's
+  KV admission already judged them). When they share a card, the two engines share it (same-card
+  blue/green) only if, for EVERY card the new launch uses, NVML's free memory now (the serving engine
+  already holds what it holds there) covers what vLLM will ask plus the safety margin:
+
+      free_now − (gpu_memory_utilization × total + the new engine's CUDA context) ≥ margin
+
+  vLLM's `gpu_memory_utilization` is a fraction of the card's TOTAL memory that must be FREE when its
+  worker starts (vllm/v1/worker/utils.py `request_memory` refuses otherwise: "Free memory on device …
+  is less than desired GPU memory utilization"); the CUDA context and the totals are
+  appliance/recipe/gpu_kv_admission.py's (NVML's total is 0.43% above CUDA's, so the need is
+  slightly overstated: the safe side). Cards whose memory cannot be read: hold (fails closed, with
+  the reason). The serving engine's cards and cores are read from its launch record (the LaunchSpec
+  it was started with), never from its recipe file, which may have been edited or deleted since;
+  when the record does not say: hold.
 - CPU cores (a CPU engine): vLLM's CPU worker binds its OpenMP threads to cores
   (`VLLM_CPU_OMP_THREADS_BIND`, `auto`: every core but the reserved ones) and keeps them busy; a second
   engine bound to the same cores is starved (measured on the 2-core test host: the new engine's worker,
@@ -28,6 +38,7 @@ It fits when all of these hold (the numbers go into the answer, so `apply` can s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +48,7 @@ import psutil
 
 from appliance.host_facts import GIB, HostFacts
 from appliance.recipe.admission import admit
+from appliance.recipe.gpu_kv_admission import CUDA_CONTEXT_GIB, GpuMemoryView, utilization
 from appliance.recipe.launch_port import on_port
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_loader import RecipeError
@@ -57,6 +69,13 @@ CHECK_ERRORS = (UnknownRecipe, RecipeError, RenderError, HostFactsError, EngineR
 PORT_SCAN = 50
 
 Numbers = dict[str, float | int | str | None]
+
+# What must stay free on a shared card once the new engine has taken what vLLM asks for. vLLM's
+# request is not all it uses: on the H200 (vLLM 0.26, cuda-smollm2-graph, utilization 0.3 of 139.8
+# GiB = 41.94 GiB asked) each engine held 44.2–44.3 GiB by NVML once ready (44.2 → 88.5 GiB with
+# two), i.e. ~1.8 GiB past its request and CUDA context (CUDA graphs, NCCL/cuBLAS workspaces); the
+# margin covers that with room for the serving engine's own growth.
+SAME_CARD_MARGIN_GIB = 4.0
 
 
 @dataclass(frozen=True)
@@ -108,10 +127,52 @@ def launch_cards(spec: LaunchSpec) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
-def gpu_fit(spec: LaunchSpec, serving: LaunchSpec) -> tuple[bool, str, Numbers]:
-    """The two launches' cards must be distinct (no per-card free memory is known beforehand). The
-    serving engine's cards are its launch's (the launch record), not its recipe file's: the file may
-    have been edited, or be gone, since it was launched. Not known: does not fit."""
+def same_card_fit(cards: Sequence[int], util: float, gpu: GpuMemoryView,
+                  margin_gib: float) -> tuple[bool, str, Numbers]:
+    """Same-card blue/green: every card of the new launch must keep `margin_gib` free after vLLM's
+    request (utilization × total) and the new engine's CUDA context are taken from what NVML says is
+    free now (the serving engine's share is already out of it). Unreadable: does not fit. A launch's
+    card index is taken as NVML's index of the same number (gpu_kv_admission.py's `index_space`)."""
+    numbers: Numbers = {"gpu_placement": "same_card", "gpu_utilization": util,
+                        "cuda_context_gib": CUDA_CONTEXT_GIB, "gpu_margin_gib": margin_gib}
+    if gpu.cards is None:
+        return False, (f"same-card blue/green needs each card's free memory, and it cannot be read "
+                       f"({gpu.blind or 'not read'})"), numbers
+    seen = {c.index: c for c in gpu.cards}
+    said: list[str] = []
+    short: list[str] = []
+    for index in cards:
+        card = seen.get(index)
+        if card is None or card.total_bytes is None or card.free_bytes is None:
+            numbers[f"gpu{index}_free_gib"] = None
+            return False, (f"same-card blue/green needs GPU {index}'s free memory, and NVML did not report "
+                           "it"), numbers
+        # Whole bytes, rounded up: the safe side of vLLM's float `utilization × total`.
+        need = math.ceil(util * card.total_bytes) + math.ceil(CUDA_CONTEXT_GIB * GIB)
+        left = card.free_bytes - need
+        numbers |= {f"gpu{index}_free_gib": round(card.free_bytes / GIB, 2),
+                    f"gpu{index}_total_gib": round(card.total_bytes / GIB, 2),
+                    f"gpu{index}_need_gib": round(need / GIB, 2),
+                    f"gpu{index}_left_gib": round(left / GIB, 2)}
+        ok = left >= math.ceil(margin_gib * GIB)
+        line = (f"GPU {index} free now {card.free_bytes / GIB:.2f} GiB − need {need / GIB:.2f} GiB "
+                f"({util} × {card.total_bytes / GIB:.2f} GiB + {CUDA_CONTEXT_GIB:.2f} GiB CUDA context) = "
+                f"{left / GIB:.2f} GiB, {'≥' if ok else 'under'} the margin {margin_gib:.2f} GiB")
+        said.append(line)
+        if not ok:
+            short.append(line)
+    if short:
+        return False, ("same-card blue/green does not fit: " + "; ".join(short)
+                       + " (vLLM refuses a start whose gpu_memory_utilization share is not free)"), numbers
+    return True, "same-card blue/green: " + "; ".join(said), numbers
+
+
+def gpu_fit(spec: LaunchSpec, serving: LaunchSpec, gpu: GpuMemoryView | None = None,
+            util: float | None = None, margin_gib: float = SAME_CARD_MARGIN_GIB) -> tuple[bool, str, Numbers]:
+    """Distinct cards fit; shared ones fit when every card of the new launch has room for it beside
+    the serving engine (`same_card_fit`, from `gpu`: NVML now; None: not read, a shared card does not
+    fit). The serving engine's cards are its launch's (the launch record), not its recipe file's: the
+    file may have been edited, or be gone, since it was launched. Not known: does not fit."""
     cards = launch_cards(spec)
     if cards is None:
         return False, f"the new launch's GPUs cannot be read from its {spec.platform} launch", {}
@@ -125,10 +186,13 @@ def gpu_fit(spec: LaunchSpec, serving: LaunchSpec) -> tuple[bool, str, Numbers]:
                        f"{serving.platform} card list): it may hold GPU {numbers['gpus']}"), numbers
     shared = sorted(set(cards) & set(theirs))
     if shared:
-        return False, (f"GPU {','.join(map(str, shared))} would hold both engines (vLLM takes its "
-                       "gpu_memory_utilization share of every card it is given)"), numbers
+        if gpu is None or util is None:
+            return False, (f"GPU {','.join(map(str, shared))} would hold both engines (vLLM takes its "
+                           "gpu_memory_utilization share of every card it is given)"), numbers
+        ok, why, same = same_card_fit(cards, util, gpu, margin_gib)
+        return ok, why, numbers | same
     why = f"GPUs {numbers['gpus']} are not the serving engine's ({numbers['serving_gpus'] or 'none'})"
-    return True, why, numbers
+    return True, why, numbers | {"gpu_placement": "disjoint_cards"}
 
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -181,9 +245,11 @@ def pick_port(host: str, wanted: int, taken: int, is_free: Callable[[str, int], 
 
 def decide(new: Recipe, facts: HostFacts, spec: LaunchSpec, serving_spec: LaunchSpec,
            *, cold: bool, serving_gib: float | None = None,
-           is_free: Callable[[str, int], bool] = port_is_free, cpus: int | None = None) -> Fit:
+           is_free: Callable[[str, int], bool] = port_is_free, cpus: int | None = None,
+           gpu: GpuMemoryView | None = None, margin_gib: float = SAME_CARD_MARGIN_GIB) -> Fit:
     """Blue/green or hold for a switch from `serving_spec` (the serving launch's record) to `spec`
-    (rendered from `new`). Nothing is read from the serving engine's recipe file."""
+    (rendered from `new`). Nothing is read from the serving engine's recipe file. `gpu`: the cards'
+    memory now, for a launch that shares a card with the serving engine (None: not read, hold)."""
     base: Numbers = {"serving_footprint_gib": None if serving_gib is None else round(serving_gib, 2)}
     if for_recipe(new).traits.placement is Placement.REMOTE:
         return Fit(False, f"{new.name} runs on a cluster node: its memory is not this host's to judge", base)
@@ -196,7 +262,7 @@ def decide(new: Recipe, facts: HostFacts, spec: LaunchSpec, serving_spec: Launch
         ram_why += f" (the serving engine's {serving_gib:.2f} GiB is already out of MemAvailable)"
     if not ram_ok:
         return Fit(False, ram_why, numbers)
-    gpu_ok, gpu_why, gpu_numbers = gpu_fit(spec, serving_spec)
+    gpu_ok, gpu_why, gpu_numbers = gpu_fit(spec, serving_spec, gpu, utilization(new), margin_gib)
     numbers |= gpu_numbers
     if not gpu_ok:
         return Fit(False, f"{ram_why}; but {gpu_why}", numbers)
@@ -249,6 +315,10 @@ class BesideCheck:
     render: Callable[[Recipe, HostFacts], LaunchSpec]
     runtimes: Mapping[str, Runtime]
     is_free: Callable[[str, int], bool] = port_is_free
+    # The cards' memory now, as NVML reports it with the serving engine running (gpu_memory_check.py's
+    # `view(replaces_running=False)`); None: no reader (a shared card then holds).
+    gpu_memory: Callable[[], GpuMemoryView] | None = None
+    margin_gib: float = SAME_CARD_MARGIN_GIB
 
     def __call__(self, name: str, cold: bool | None, serving_spec: LaunchSpec, handle: EngineHandle) -> Fit:
         new = self.recipe(name)
@@ -263,5 +333,6 @@ class BesideCheck:
                 serving_gib = footprint_gib(rt.engine_pids(handle))
             except (EngineRuntimeError, OSError):
                 serving_gib = None
+        gpu = self.gpu_memory() if self.gpu_memory is not None and launch_cards(spec) else None
         return decide(new, facts, spec, serving_spec, cold=cold, serving_gib=serving_gib,
-                      is_free=self.is_free)
+                      is_free=self.is_free, gpu=gpu, margin_gib=self.margin_gib)

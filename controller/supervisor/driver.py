@@ -60,6 +60,7 @@ from controller.supervisor.launch_run import LaunchRun, LaunchRuns
 from controller.supervisor.machine import Launch, Machine, Policy, State, progress, transition
 from controller.supervisor.machine_view import MachineCell, MachineView
 from controller.supervisor.probes import Prober
+from controller.supervisor.scrape_targets import ScrapeTargets
 from controller.supervisor.signals import (
     Action,
     Adopted,
@@ -126,6 +127,7 @@ class Driver:
         process_peaks: ProcessPeaks | None = None,
         on_ready: OnReady | None = None,
         events: EventLog | None = None,
+        scrape_targets: Path | None = None,
     ) -> None:
         clock = clock or SystemClock()
         metrics = metrics if metrics is not None else ControllerMetrics()
@@ -160,6 +162,11 @@ class Driver:
         self.check_store = self.recorder.check_store
         self.settle, self.shutdown = self.tasks.settle, self.tasks.shutdown
         self.metrics.set_engine_state(self.machine.state.value)
+        # Prometheus' file_sd list of the engines to scrape (scrape_targets.py): written now (empty,
+        # or what this machine holds) and after every transition that changes it.
+        self.scrape_targets = ScrapeTargets(scrape_targets) if scrape_targets is not None else None
+        if self.scrape_targets is not None:
+            self.scrape_targets.publish(self.machine)
 
     @property
     def machine(self) -> Machine:
@@ -187,6 +194,8 @@ class Driver:
         self._cell.machine, actions = transition(before, obs, self.clock.now())
         if self.machine.state is not before.state:
             self.recorder.state_changed()
+        if self.scrape_targets is not None:
+            self.scrape_targets.publish(self.machine)
         rejected: Reject | None = None
         for action in actions:
             if isinstance(action, Reject):

@@ -85,9 +85,10 @@ class HoldKeeper:
         return self._sync.renew_hold(plan, now)
 
     def switch_plan(self, recipe: str, spec_hash: str | None = None, *,
-                    restart: bool = False) -> dict[str, object]:
-        """Which path a switch to `recipe` takes now and why, with the numbers (hold_plan.switch_view);
-        `restart`: the restart's path, or an apply without blue/green (they always drain first)."""
+                    drain_first: bool = False) -> dict[str, object]:
+        """Which path a switch to `recipe` (an apply, or a restart: the serving recipe) takes now and
+        why, with the numbers (hold_plan.switch_view); `drain_first`: asked without blue/green (it
+        always drains first)."""
         history = self._host.store.ready_history(recipe, spec_hash or "")
         expected = expected_ready_s(history, spec_hash)
         m = self._view.machine
@@ -98,7 +99,7 @@ class HoldKeeper:
                          self._policy)
         fit: Fit | None = None
         beside = self._host.beside
-        if ready and not restart and beside is not None and launch is not None and launch.handle:
+        if ready and not drain_first and beside is not None and launch is not None and launch.handle:
             try:
                 fit = beside(recipe, None, launch.spec, launch.handle)
             except CHECK_ERRORS as exc:  # a preview: the switch itself decides again

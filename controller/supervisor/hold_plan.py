@@ -77,8 +77,8 @@ def switch_view(serving: str | None, target: str, hold: HoldPlan, launches: int,
                 "launches": launches, "fit": numbers}
     capped = "" if hold.expected_ready_s is not None else ": the bound is the cap"
     not_beside = (f"Not blue/green: {fit.why}" if fit is not None else
-                  "Not blue/green: a restart (or an apply with --no-blue-green) drains first (`apply "
-                  "--force` of the same recipe starts the new engine beside the old one when it fits)")
+                  "Not blue/green: asked without it (--no-blue-green), or this controller has no "
+                  "blue/green check")
     why = (f"drain {serving} (in-flight requests finish), stop it, start {target}; the gateway holds new "
            f"requests meanwhile, each up to {hold.wait_s:g} s ({basis}{capped}), then 503 + Retry-After. "
            f"{not_beside}")

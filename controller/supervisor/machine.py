@@ -195,7 +195,7 @@ def transition(m: Machine, obs: Observation, now: float) -> tuple[Machine, list[
         case Apply():
             return _apply(m, obs)
         case Restart():
-            return _restart(m, now)
+            return _restart(m, obs, now)
         case Stop():
             return _stop(m, now)
         case PreflightOk():
@@ -254,7 +254,7 @@ def _apply(m: Machine, obs: Apply) -> tuple[Machine, list[Action]]:
     ]
 
 
-def _restart(m: Machine, now: float) -> tuple[Machine, list[Action]]:
+def _restart(m: Machine, obs: Restart, now: float) -> tuple[Machine, list[Action]]:
     if m.state in BUSY:
         # preflight/starting/draining/stopping + restart → rejected (API 409).
         return m, [Reject(f"an engine start is in progress (state {m.state})")]
@@ -264,8 +264,16 @@ def _restart(m: Machine, now: float) -> tuple[Machine, list[Action]]:
     if m.recipe is None:
         # idle (never applied) + restart → rejected: nothing to restart.
         return m, [Reject("no recipe has been applied: nothing to restart")]
+    if m.state is State.READY and m.launch is not None and obs.blue_green:
+        # ready + restart → preflight of the same recipe while the engine serves (as an apply --force
+        # of it): the driver starts the new launch beside it when it fits (blue/green, no hold), else
+        # the preflight answer drains it first (the hold); a refused preflight leaves it serving.
+        token = m.token + 1
+        m2 = replace(m, state=State.PREFLIGHT, token=token, failures=0, backoff_until=None, next_kind=None,
+                     pending=None, force=True, blue_green=True)
+        return m2, [Notify("restart", f"restart {m.recipe}"), RunPreflight(token, m.recipe)]
     if m.state is State.READY and m.launch is not None:
-        # ready + restart → draining, then stopping, then preflight of the same recipe.
+        # ready + restart (no blue/green) → draining, then stopping, then preflight of the same recipe.
         m2 = replace(m, after_stop=AfterStop.PREFLIGHT, failures=0, next_kind=None)
         return _begin_drain(m2, m.launch, now)
     # idle/backoff/failed + restart → preflight at once (the operator overrides the backoff).
@@ -325,7 +333,8 @@ def _preflight_ok(m: Machine, obs: PreflightOk, now: float) -> tuple[Machine, li
         return m2, [Notify("unchanged", message, current.launch_id)]
     if ours:
         assert m.apply is not None
-        m = replace(m, apply=replace(m.apply, outcome="started"), force=False)
+        m = replace(m, apply=replace(m.apply, outcome="started"))
+    m = replace(m, force=False)  # an apply's --force, or a restart's: spent on this preflight
     old = m.launch
     cold_warmup = m.next_kind is None and obs.warm_restart and obs.cache_empty
     if obs.beside and old is not None and old.handle is not None and m.old is None and not cold_warmup:
@@ -347,7 +356,8 @@ def _preflight_failed(m: Machine, obs: PreflightFailed, now: float) -> tuple[Mac
     if m.state is not State.PREFLIGHT or obs.token != m.token:
         return m, []
     if m.apply is not None and m.apply.token == obs.token:
-        m = replace(m, apply=replace(m.apply, outcome="refused", failure=obs.failure), force=False)
+        m = replace(m, apply=replace(m.apply, outcome="refused", failure=obs.failure))
+    m = replace(m, force=False)
     note = Notify("preflight-failed", obs.failure.summary, data=_failure_data(obs.failure))
     if m.launch is not None:
         # preflight failed while the old engine serves → ready (keep serving the old recipe).

@@ -55,6 +55,10 @@ class Apply:
 class Restart:
     """Operator: restart the current recipe."""
 
+    # From ready: preflight first while the engine serves, then start the new launch beside it when it
+    # fits (blue_green.py: another card, or room on the same one); False: drain, stop, start (the hold).
+    blue_green: bool = True
+
 
 @dataclass(frozen=True)
 class Stop:

@@ -194,11 +194,11 @@ def _write_recipes(into: Path, engine_port: int) -> None:
         "runtime:\n  image: appliance-test/exits-at-once:latest\n")
 
 
-def _prometheus_config(path: Path, admin: int, gateway_control: int, engine: int) -> None:
+def _prometheus_config(path: Path, admin: int, gateway_control: int) -> None:
     text = (REPO / "monitoring" / "prometheus" / "prometheus.yml").read_text()
-    # The gateway is scraped on its control listener.
-    for old, new in (("127.0.0.1:8090", admin), ("127.0.0.1:8081", gateway_control),
-                     ("127.0.0.1:8000", engine)):
+    # The gateway is scraped on its control listener. The engine is not named: the controller
+    # container writes it (its port included) into the prometheus-targets volume (file_sd).
+    for old, new in (("127.0.0.1:8090", admin), ("127.0.0.1:8081", gateway_control)):
         assert old in text
         text = text.replace(old, f"127.0.0.1:{new}")
     path.write_text(text)
@@ -231,7 +231,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ports = [_free_port() for _ in range(5)]
     admin, gateway, prom, engine, gateway_control = ports
     _write_recipes(tmp / "recipes", engine)
-    _prometheus_config(tmp / "prometheus.yml", admin, gateway_control, engine)
+    _prometheus_config(tmp / "prometheus.yml", admin, gateway_control)
     project = f"ctest{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -259,8 +259,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             if str(c.labels.get("appliance.recipe", "")).startswith("ctest-"):
                 c.remove(force=True)
         s.run("down", "--remove-orphans", check=False)
-        with contextlib.suppress(docker.errors.NotFound):
-            client.volumes.get(f"{project}_prometheus-data").remove(force=True)
+        for volume in ("prometheus-data", "prometheus-targets"):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.volumes.get(f"{project}_{volume}").remove(force=True)
 
 
 def _blind_warnings(text: str) -> list[str]:

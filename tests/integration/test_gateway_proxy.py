@@ -357,7 +357,8 @@ async def test_limits_and_revoke_without_restart(store: KeyStore, upstream: Synt
         assert status == 401
         async with s.get(f"{gw.url}/metrics") as r:
             text = await r.text()
-        assert f'key_id="{record.id}",route="/v1/chat/completions",status="429"' in text
+        # Refused before its body (and so its model) was read: no engine took it.
+        assert f'key_id="{record.id}",model="unknown",route="/v1/chat/completions",status="429"' in text
         assert key not in text
 
 
@@ -408,3 +409,48 @@ async def test_body_limit_and_malformed_json_over_a_real_socket(
         assert len(upstream.requests) == n_before  # none of them reached the engine
         async with s.get(f"{gw.url}/v1/models", headers=h(key)) as ok:  # the gateway is still fine
             assert ok.status == 200
+
+
+async def test_two_engines_behind_one_gateway(store: KeyStore, key: str, upstream: SyntheticUpstream) -> None:
+    """Two upstreams on free ports behind one gateway on a real socket, as the controller will set
+    them (``control`` with ``engine``): each model goes to its engine, streams stay byte for byte, an
+    engine that dies answers 503 with its diagnosis while the other keeps serving, and once removed
+    its name is a 404."""
+    other = SyntheticUpstream(Shape(ttft_s=0.01, chunks=4, interval_s=0.005), model="other-name")
+    await other.start()
+    try:
+        async with serve_in_loop(config(store, None)) as gw, aiohttp.ClientSession() as s:
+            await control.set_upstream(gw.url, ADMIN, upstream.url, upstream.model, engine="one", session=s)
+            await control.set_upstream(gw.url, ADMIN, other.url, other.model, aliases=["other"], engine="two",
+                                       session=s)
+            await control.remove_engine(gw.url, ADMIN, "default", 0, session=s)
+
+            async def ask(model: str, stream: bool = True) -> tuple[int, bytes]:
+                # Asking for the usage the gateway asks for anyway: nothing is removed from the stream.
+                body = {"model": model, "stream": stream, "max_tokens": 3,
+                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                async with s.post(f"{gw.url}/v1/chat/completions", json=body, headers=h(key)) as r:
+                    return r.status, await r.read()
+
+            for model, engine in [(upstream.model, upstream), ("other", other), (other.model, other)]:
+                status, got = await ask(model)
+                assert status == 200 and got == bytes(engine.requests[-1].sent)
+                assert json.loads(engine.requests[-1].body)["model"] == engine.model  # an alias rewritten
+            assert (len(upstream.requests), len(other.requests)) == (1, 2)
+            async with s.get(f"{gw.url}/v1/models", headers=h(key)) as r:
+                assert [c["id"] for c in (await r.json())["data"]] == [upstream.model, other.model, "other"]
+
+            diagnosis = "the engine exited with code 137 (killed)"
+            await control.set_upstream(gw.url, ADMIN, None, None, detail=diagnosis, engine="two", session=s)
+            status, got = await ask("other", stream=False)
+            assert status == 503 and json.loads(got)["error"]["message"] == diagnosis
+            assert (await ask(upstream.model))[0] == 200
+            view = await control.get_upstream(gw.url, ADMIN, session=s)
+            assert view["engines"]["two"]["upstream"] is None and view["engines"]["one"]["upstream"]
+
+            await control.remove_engine(gw.url, ADMIN, "two", 0, session=s)
+            status, got = await ask("other", stream=False)
+            assert status == 404 and json.loads(got)["error"]["code"] == "model_not_found"
+            assert (await ask(upstream.model))[0] == 200
+    finally:
+        await other.stop()

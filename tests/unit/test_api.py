@@ -22,7 +22,7 @@ from controller.api_context import ApiContext
 from controller.store import Store
 from controller.supervisor.driver import Driver, DriverConfig
 from controller.supervisor.events import EventLog
-from controller.supervisor.host_seams import OnReady
+from controller.supervisor.host_seams import BesideFn, OnReady
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
 from tests.unit.model_helpers import seed_model
@@ -35,9 +35,10 @@ TOKEN = "adm_test-token-not-secret"
 
 class Rig:
     def __init__(self, home: Path, recipes_dir: Path = REPO / "recipes",
-                 on_ready: Callable[[FakeRuntime, EventLog], OnReady] | None = None) -> None:
+                 on_ready: Callable[[FakeRuntime, EventLog], OnReady] | None = None,
+                 beside: BesideFn | None = None) -> None:
         """`on_ready`: the ready hook made from the rig's runtime and event stream (as service.build
-        makes it before the driver)."""
+        makes it before the driver); `beside`: the blue/green check (None: every switch holds)."""
         self.clock = FakeClock()
         self.runtime = FakeRuntime(self.clock)
         self.store = Store(home / "appliance.sqlite3")
@@ -52,6 +53,7 @@ class Rig:
             prober=FakeProber(self.runtime), gateway=RecordingGateway(), clock=self.clock,
             config=DriverConfig(poll_interval_s=1, probe_interval_s=1, oom_settle_s=0),
             events=events, on_ready=on_ready(self.runtime, events) if on_ready is not None else None,
+            beside=beside,
         )
         self.app = create_app(ApiContext(self.driver, self.store, self.preflight, home, "cpu-smollm2"))
 
@@ -319,3 +321,33 @@ async def test_apply_says_which_path_the_switch_takes(rig: Rig, client: httpx.As
     assert switch["path"] == "start"  # nothing serves yet
     assert switch["why"].startswith("start cpu-smollm2: no engine serves now")
     await rig.driver.settle()
+
+
+async def test_restart_preflights_beside_the_serving_engine_unless_asked_without_blue_green(
+    rig: Rig, client: httpx.AsyncClient
+) -> None:
+    assert (await client.post("/apply", json={"recipe": "cpu-smollm2"}, headers=AUTH)).status_code == 202
+    await rig.step(1)
+    rig.runtime.current().healthy = True
+    await rig.step(1)
+    assert rig.driver.machine.state is State.READY
+    bad = await client.post("/restart", json={"blue_green": "no"}, headers=AUTH)
+    assert bad.status_code == 422 and rig.driver.machine.state is State.READY
+    # No body: the restart preflights while the engine serves (blue/green when it fits; this
+    # controller has no blue/green check, so the answer says the hold, and why).
+    r = await client.post("/restart", headers=AUTH)
+    assert r.status_code == 202 and r.json()["state"] == "preflight"
+    switch = r.json()["switch"]
+    assert switch["path"] == "hold" and "this controller has no blue/green check" in switch["why"]
+    for _ in range(4):
+        await rig.step(1)
+        if rig.driver.machine.state is State.STARTING:
+            break
+    rig.runtime.current().healthy = True
+    for _ in range(4):
+        await rig.step(1)
+    assert rig.driver.machine.state is State.READY
+    # Asked without blue/green: drained at once, the path said as such.
+    r = await client.post("/restart", json={"blue_green": False}, headers=AUTH)
+    assert r.status_code == 202 and r.json()["state"] == "draining"
+    assert "asked without it (--no-blue-green)" in r.json()["switch"]["why"]

@@ -18,10 +18,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from appliance.recipe.launch_spec import LaunchSpec
 from controller.console import charts
 from controller.console.routes import console_router
 from controller.console.views import ConsoleData, live_view, memory_line, oom_markers, state_line
-from controller.runtime.base import Provenance
+from controller.runtime.base import EngineHandle, Provenance
+from controller.supervisor.blue_green import Fit
 from controller.supervisor.machine import State
 from controller.watch.history import HostHistory, OomMark
 from tests.unit import test_console as _console
@@ -178,7 +180,7 @@ async def test_restart_and_stop_confirm_pages_say_the_consequence(
     assert eta, page
     launch = rig.driver.view.launch
     assert launch is not None
-    plan = rig.driver.switch_plan("cpu-smollm2", launch.spec.spec_hash, restart=True)
+    plan = rig.driver.switch_plan("cpu-smollm2", launch.spec.spec_hash)
     assert float(eta.group(1)) == plan["wait_s"] and float(eta.group(2)) == plan["expected_ready_s"]
 
     stop = (await client.get("/console/engine/stop")).text
@@ -370,3 +372,27 @@ async def test_the_recipe_diff_shows_both_cache_keys(client: httpx.AsyncClient) 
     keys = re.search(r"cache keys ([0-9a-f]+) / ([0-9a-f]+)\)", page)
     assert keys, "the diff names no cache keys"
     assert len(keys.group(1)) >= 8 and len(keys.group(2)) >= 8 and keys.group(1) != keys.group(2)
+
+
+async def test_the_restart_confirm_page_says_same_card_blue_green_with_the_numbers(home: Path) -> None:
+    why = ("same-card blue/green: GPU 0 free now 96.20 GiB − need 42.63 GiB (0.3 × 140.40 GiB + 0.51 GiB "
+           "CUDA context) = 53.57 GiB, ≥ the margin 4.00 GiB")
+
+    def fits(name: str, cold: bool | None, serving: LaunchSpec, handle: EngineHandle) -> Fit:
+        return Fit(True, why, {"gpu_placement": "same_card", "gpu0_free_gib": 96.2}, 8001)
+
+    rig = Rig(home, beside=fits)
+    transport = httpx.ASGITransport(app=rig.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+        await login(c)
+        csrf = _form_token((await c.get("/console/engine/restart")).text, "csrf")
+        assert (await c.post("/console/recipes/cpu-smollm2/apply", data={"csrf": csrf})).status_code == 303
+        await rig.step(1)
+        rig.runtime.current().healthy = True
+        await rig.step(1)
+        assert rig.driver.machine.state is State.READY
+        page = html.unescape((await c.get("/console/engine/restart")).text)
+    path = re.search(r'id="switch-path"><strong>Path: (\w+)\.</strong>', page)
+    assert path and path.group(1) == "blue_green"
+    assert why in page and "starts <strong>beside it</strong>" in page
+    assert "a running engine is drained and stopped" not in page

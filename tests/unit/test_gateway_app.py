@@ -35,6 +35,7 @@ async def call(
     path: str,
     body: bytes | list[bytes] = b"",
     headers: dict[str, str] | None = None,
+    query: bytes = b"",
 ) -> Reply:
     reply = Reply()
     parts = body if isinstance(body, list) else [body]
@@ -61,7 +62,7 @@ async def call(
         "method": method,
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query,
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
     }
     await asyncio.wait_for(app(scope, receive, send), timeout=5)
@@ -150,7 +151,9 @@ async def test_health_metrics_and_404(store: KeyStore) -> None:
     r = await call(app, "GET", "/metrics", headers=observer)
     text = r.body.decode()
     assert r.status == 200
-    assert 'appliance_gateway_requests_total{key_id="none",route="/v1/models",status="401"} 1.0' in text
+    # The model label is "unknown" for a request no engine took: a 401 here.
+    assert ('appliance_gateway_requests_total{key_id="none",model="unknown",route="/v1/models",'
+            'status="401"} 1.0') in text
     assert "appliance_gateway_upstream_ready 1.0" in text
     assert (await call(app, "GET", "/nope")).status == 404
 
@@ -333,3 +336,16 @@ async def test_a_key_created_after_the_gateway_loaded_the_store_is_not_a_401(sto
     _, key = store.create("fresh")  # what POST /keys does
     r = await call(app, "GET", "/v1/models", headers=auth(key))
     assert r.status == 503, r.body  # past authentication: no engine yet, not "invalid API key"
+
+
+async def test_metrics_name_every_key_by_id_for_the_dashboards_legends(store: KeyStore) -> None:
+    live, _ = store.create("team-a batch")
+    gone, _ = store.create("old app")
+    store.revoke(gone.id)
+    app = make_app(store, upstream_url="http://127.0.0.1:9")
+    r = await call(app, "GET", "/metrics", headers={"authorization": f"Bearer {ADMIN}"})
+    text = r.body.decode()
+    assert f'appliance_gateway_key_info{{key_id="{live.id}",name="team-a batch"}} 1.0' in text
+    # revoked keys keep their name: their past traffic is still on the dashboards
+    assert f'appliance_gateway_key_info{{key_id="{gone.id}",name="old app"}} 1.0' in text
+    assert "sk-app-" not in text  # the id only, never a key

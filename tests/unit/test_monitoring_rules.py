@@ -19,6 +19,7 @@ from controller import metrics
 from controller.gateway.metrics import GatewayMetrics
 from controller.metrics import ControllerMetrics
 from controller.supervisor.machine import State
+from tests.unit.dashboard_helpers import all_panels, query_panels
 
 MON = Path(__file__).resolve().parents[2] / "monitoring"
 PROM = MON / "prometheus"
@@ -139,7 +140,7 @@ def _appliance_names(expr: str) -> Iterator[str]:
 def _dashboard_exprs() -> Iterator[tuple[str, str]]:
     for path in DASHBOARDS:
         doc = json.loads(path.read_text())
-        for panel in doc["panels"]:
+        for panel in query_panels(doc):
             for target in panel.get("targets", []):
                 yield f"{path.name}:{panel['title']}", target["expr"]
         for ann in doc["annotations"]["list"]:
@@ -196,17 +197,16 @@ def test_every_state_label_in_monitoring_is_a_real_supervisor_state() -> None:
 
 def test_dashboards_are_well_formed() -> None:
     assert {p.name for p in DASHBOARDS} == {
-        "host-memory.json", "engine-startup.json", "engine-serving.json", "gateway.json", "evaluation.json"}
+        "host-memory.json", "engine-startup.json", "engine-serving.json", "gateway.json", "evaluation.json",
+        "overview.json"}
     uids = set()
     for path in DASHBOARDS:
         doc = json.loads(path.read_text())
         assert doc["uid"] not in uids
         uids.add(doc["uid"])
-        ids = [p["id"] for p in doc["panels"]]
+        ids = [p["id"] for p in all_panels(doc)]
         assert len(ids) == len(set(ids)), path.name
-        for panel in doc["panels"]:
-            if panel["type"] == "row":  # a row groups the panels below it; it queries nothing
-                continue
+        for panel in query_panels(doc):  # a row groups panels; it queries nothing
             assert panel["targets"], (path.name, panel["title"])
             assert panel["datasource"]["uid"] == "${datasource}"
             grid = panel["gridPos"]
@@ -284,3 +284,99 @@ def test_runbooks_name_commands_that_exist() -> None:
     assert "appliance engine status" not in fatal
     for command in ("`appliance status`", "`appliance launches ID`", "`appliance doctor`"):
         assert command in fatal
+
+
+# --- dashboards without false signals -------------------------------------------------------------
+
+
+def _docs() -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(p.read_text()) for p in DASHBOARDS}
+
+
+def test_gpu_panels_sit_in_collapsed_rows() -> None:
+    # A CPU host has no appliance_gpu_* series: open GPU panels are a screen of "No data".
+    for name, doc in _docs().items():
+        for panel in doc["panels"]:  # the top level: what Grafana draws open
+            exprs = [t["expr"] for t in panel.get("targets", [])]
+            assert not any("appliance_gpu_" in e for e in exprs), (name, panel["title"])
+        for row in (p for p in doc["panels"] if p["type"] == "row" and p.get("panels")):
+            assert row["collapsed"] is True, (name, row["title"])
+    gpu = [p["title"] for doc in _docs().values() for p in query_panels(doc)
+           if any("appliance_gpu_" in t["expr"] for t in p["targets"])]
+    assert len(gpu) == 11, gpu  # all of them still there, only folded away
+
+
+# Gauges that are only ever 0 or 1: a stat of one of them says what the number means.
+ZERO_ONE = ("appliance_gateway_upstream_ready", 'up{job="vllm-engine"}', "appliance_gpu_row_remap_pending")
+
+
+def test_zero_one_stats_have_value_mappings() -> None:
+    seen = []
+    for name, doc in _docs().items():
+        for panel in query_panels(doc):
+            if panel["type"] not in ("stat", "gauge"):
+                continue
+            if any(any(m in t["expr"] for m in ZERO_ONE) for t in panel["targets"]):
+                seen.append(panel["title"])
+                mappings = panel["fieldConfig"]["defaults"].get("mappings") or []
+                texts = {o for m in mappings for o in m.get("options", {})}
+                assert {"0", "1"} <= texts, (name, panel["title"])
+    assert len(seen) >= 4, seen
+
+
+def test_counts_and_ratios_that_are_zero_on_a_healthy_system_say_zero() -> None:
+    # A series that appears only with the first event (a 5xx, a restart) leaves "No data" on a healthy
+    # system unless the query falls back to 0.
+    docs = _docs()
+    by_title = {(n, p["title"]): p for n, d in docs.items() for p in query_panels(d)}
+    for key in (("gateway.json", "5xx error ratio"), ("engine-startup.json", "Restarts (range)"),
+                ("overview.json", "5xx ratio"), ("overview.json", "Restarts (24 h)")):
+        assert all(t["expr"].rstrip().endswith("or vector(0)") for t in by_title[key]["targets"]), key
+
+
+def test_elapsed_against_the_ready_budget_stops_at_ready() -> None:
+    doc = _docs()["engine-startup.json"]
+    panel = next(p for p in query_panels(doc) if p["title"].startswith("Elapsed vs ready budget"))
+    elapsed = next(t["expr"] for t in panel["targets"] if "time()" in t["expr"])
+    assert 'and on() (appliance_engine_state{state="starting"} == 1)' in elapsed
+
+
+# Exported series that no dashboard shows, each with why.
+NOT_ON_A_DASHBOARD = {
+    "appliance_gpu_health_blind_facts": "a diagnosis detail: the GPU health verdict sums it up",
+    "appliance_gpu_kernel_event_fatal_timestamp_seconds": "the fatal-event alert; the events panel",
+    "appliance_oom_last_kill_timestamp_seconds": "the OOM annotations and kill panels show the same events",
+    "appliance_choice_candidates": "a choice's record (`appliance choose`), one run at a time",
+    "appliance_choice_duration_seconds": "a choice's record (`appliance choose`)",
+    "appliance_choice_running": "a choice's record (`appliance choose`)",
+    "appliance_bench_last_timestamp_seconds": "the evaluation dashboard shows the bench results themselves",
+    "appliance_gateway_upstream_retries": "a detail of the gateway's pool (upstream errors are shown)",
+    "appliance_gateway_gc_frozen_objects": "a start-up constant of the gateway process",
+    "appliance_gateway_gc_pause_seconds": "a gateway benchmark's concern (bench/), not an operator's",
+    "appliance_choice_runs": "a choice's record (`appliance choose`); alerted on",
+    "appliance_engine_ready": "the same fact as appliance_engine_state{state=\"ready\"}, which is shown",
+    "appliance_gateway_usage_store_errors": "alerted on (ApplianceGatewayUsageStoreFailing), with the fix",
+    "appliance_gpu_health_finding": "alerted on by finding; the GPU health verdict panel sums them up",
+    "appliance_gpu_lost": "alerted on (ApplianceGpuLost); the GPU health verdict panel says refuse",
+    "appliance_kmsg_lost_records": "alerted on (ApplianceKernelLogRecordsLost)",
+}
+
+
+def test_every_exported_series_is_on_a_dashboard_or_named_with_why() -> None:
+    registries = (ControllerMetrics().registry, GatewayMetrics().registry)
+    families = {m.name for r in registries for m in r.collect()}
+    text = "\n".join(t["expr"] for d in _docs().values() for p in query_panels(d) for t in p["targets"])
+    shown = {f for f in families if re.search(re.escape(f) + r"(_total|_bucket|_sum|_count)?\b", text)}
+    missing = sorted(families - shown - set(NOT_ON_A_DASHBOARD))
+    assert not missing, missing
+    assert not sorted(set(NOT_ON_A_DASHBOARD) & shown), "shown now: drop it from NOT_ON_A_DASHBOARD"
+
+
+def test_key_legends_name_the_key_through_the_info_metric() -> None:
+    doc = _docs()["gateway.json"]
+    by_key = [t for p in query_panels(doc) for t in p["targets"] if "by (key_id" in t["expr"]]
+    assert by_key
+    for t in by_key:
+        assert "group_left(name) appliance_gateway_key_info" in t["expr"], t["expr"]
+        assert "{{name}}" in t["legendFormat"], t
+

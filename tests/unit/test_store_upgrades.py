@@ -28,10 +28,11 @@ from controller.store import Store, StoreError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stores"
 LAUNCH_FILES = [f"launches-v{n}.sqlite3" for n in range(1, launch_store.SCHEMA_VERSION + 1)]
-KEY_FILES = ["keys-v1.sqlite3", "keys-v2.sqlite3", "keys-v1-opened-by-v2.sqlite3"]
+KEY_FILES = ["keys-v1.sqlite3", "keys-v2.sqlite3", "keys-v1-opened-by-v2.sqlite3", "keys-v2-stamped.sqlite3"]
 # Today's versions, spelled out: a new migration must come with its old file (first test below).
-KEY_VERSION = 2
-USAGE_VERSION = 1
+KEY_VERSION = 3
+USAGE_VERSION = 2
+USAGE_FILES = ["usage-v1.sqlite3", "usage-v1-stamped.sqlite3"]
 FIXTURE_KEYS: dict[str, dict[str, str]] = json.loads((FIXTURES / "keys.json").read_text())
 
 
@@ -70,7 +71,7 @@ def version_of(path: Path) -> int:
 def test_every_shipped_schema_has_a_fixture() -> None:
     """A new migration without its old file fails here: the next schema's upgrade must be tested from
     a file the previous code wrote (extend make_fixtures.py and the README)."""
-    assert {p.name for p in FIXTURES.glob("*.sqlite3")} == {*LAUNCH_FILES, *KEY_FILES, "usage-v1.sqlite3"}
+    assert {p.name for p in FIXTURES.glob("*.sqlite3")} == {*LAUNCH_FILES, *KEY_FILES, *USAGE_FILES}
     assert launch_store.SCHEMA_VERSION == 5
     assert keystore.SCHEMA.version == KEY_VERSION
     assert usage_store.SCHEMA.version == USAGE_VERSION
@@ -122,7 +123,8 @@ def test_a_launch_store_upgraded_from_v3_back_fills_the_cache_root(tmp_path: Pat
 @pytest.mark.parametrize("name", KEY_FILES)
 def test_an_old_key_store_upgrades_and_its_keys_still_authenticate(name: str, tmp_path: Path) -> None:
     path = copy(name, tmp_path)
-    assert version_of(path) == 0  # written before the key store counted its schema
+    # Written before the key store counted its schema, or (stamped) by the last code of v2.
+    assert version_of(path) == (2 if name == "keys-v2-stamped.sqlite3" else 0)
     fixture = FIXTURE_KEYS[name.removesuffix(".sqlite3")]
     store = KeyStore(path)
     cache = KeyCache(store)
@@ -136,6 +138,7 @@ def test_an_old_key_store_upgrades_and_its_keys_still_authenticate(name: str, tm
     assert isinstance(got, KeyRecord) and got.id == fixture["id"]
     assert (got.name, got.rpm_limit, got.max_concurrent, got.tpm_limit, got.tpd_limit) == ("alice", 60, 2,
                                                                                             None, None)
+    assert got.models is None  # a key made before keys could be limited to models may use every model
     assert store.get(fixture["revoked_id"]).revoked is not None
     # The version row still moves on a change (the gateway's revoke signal survives the upgrade), and
     # the columns v2 added take values.
@@ -143,6 +146,11 @@ def test_an_old_key_store_upgrades_and_its_keys_still_authenticate(name: str, tm
     store.update(fixture["id"], {"tpm_limit": 1000})
     assert store.version() == before + 1
     assert store.get(fixture["id"]).tpm_limit == 1000
+    # v3's column takes a value too, and the gateway sees it.
+    store.update(fixture["id"], {}, ["smollm2"])
+    assert cache.refresh_if_changed()
+    limited = cache.authenticate(f"Bearer {fixture['key']}".encode())
+    assert isinstance(limited, KeyRecord) and limited.models == frozenset({"smollm2"})
     store.revoke(fixture["id"])
     assert cache.refresh_if_changed()
     assert cache.authenticate(f"Bearer {fixture['key']}".encode()) is AuthFailure.REVOKED
@@ -153,7 +161,7 @@ def test_an_old_key_store_is_probed_once_then_stamped(tmp_path: Path) -> None:
     user_version alone says what it is."""
     path = copy("keys-v1.sqlite3", tmp_path)
     KeyStore(path).list()
-    assert version_of(path) == 2
+    assert version_of(path) == KEY_VERSION
     calls: list[int] = []
     probe = keystore.SCHEMA.unversioned
     assert probe is not None
@@ -163,7 +171,7 @@ def test_an_old_key_store_is_probed_once_then_stamped(tmp_path: Path) -> None:
         return probe(conn)
 
     schema = dataclasses.replace(keystore.SCHEMA, unversioned=counting)
-    assert prepare_file(path, schema, timeout=5.0) == 2
+    assert prepare_file(path, schema, timeout=5.0) == KEY_VERSION
     assert calls == []
 
 
@@ -182,13 +190,16 @@ def test_a_newer_key_store_is_refused(tmp_path: Path) -> None:
 # -- usage -------------------------------------------------------------------------------------
 
 
-def test_an_old_usage_store_reads_then_upgrades_and_still_sums(tmp_path: Path) -> None:
-    path = copy("usage-v1.sqlite3", tmp_path)
-    assert version_of(path) == 0
+@pytest.mark.parametrize("name", USAGE_FILES)
+def test_an_old_usage_store_reads_then_upgrades_and_still_sums(name: str, tmp_path: Path) -> None:
+    path = copy(name, tmp_path)
+    old_version = 1 if name == "usage-v1-stamped.sqlite3" else 0
+    assert version_of(path) == old_version
     store = UsageStore(path)
     # A reader (the CLI, GET /usage) reads an old file as it is, without writing it.
     rows = store.query()
-    assert version_of(path) == 0
+    assert version_of(path) == old_version
+    assert {r.model for r in rows} == {""}  # recorded before models were
     assert [(r.key_id, r.hour) for r in rows] == [("0123456789ab", 3600), ("0123456789ab", 7200),
                                                   ("ba9876543210", 7200)]
     assert sum(r.requests for r in rows) == 6
@@ -203,6 +214,11 @@ def test_an_old_usage_store_reads_then_upgrades_and_still_sums(tmp_path: Path) -
     assert (again["0123456789ab", 7200].requests, again["0123456789ab", 3600].errors) == (3, 1)
     assert again["0123456789ab", 7200].prompt_tokens + again["0123456789ab", 7200].completion_tokens == 38
     assert [(q.key_id, q.window, q.level) for q in store.quota_states()] == [("0123456789ab", "minute", 42.0)]
+    # v2 keeps the model apart: a sum for a model is its own row, beside the old ones (model "").
+    store.write({("0123456789ab", "smollm2", 7200): HourUsage(requests=1, prompt_tokens=1,
+                                                               completion_tokens=1)})
+    by_model = {(r.model, r.hour): r.requests for r in store.query(key_ids=["0123456789ab"])}
+    assert by_model == {("", 3600): 3, ("", 7200): 3, ("smollm2", 7200): 1}
 
 
 def test_a_newer_usage_store_is_refused_by_readers_and_the_writer(tmp_path: Path) -> None:

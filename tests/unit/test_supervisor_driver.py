@@ -69,7 +69,7 @@ class Rig:
 
 def make_rig(tmp_path: Path, spec: LaunchSpec | None = None, policy: Policy | None = None,
              warm_restart: bool = False, spec_for_recipe: SpecForRecipe | None = None,
-             beside: BesideFn | None = None) -> Rig:
+             beside: BesideFn | None = None, scrape_targets: Path | None = None) -> Rig:
     """`spec_for_recipe`, `beside`: the host's seams of those names (controller/supervisor/host_seams.py)."""
     clock = FakeClock()
     runtime = FakeRuntime(clock)
@@ -84,7 +84,7 @@ def make_rig(tmp_path: Path, spec: LaunchSpec | None = None, policy: Policy | No
         config=DriverConfig(poll_interval_s=10, probe_interval_s=10, health_interval_s=10, oom_settle_s=0.5,
                             watch_exits=False),
         oom_events=lambda launch_id: ooms.get(launch_id, []), spec_for_recipe=spec_for_recipe,
-        beside=beside,
+        beside=beside, scrape_targets=scrape_targets,
     )
     return Rig(clock, runtime, store, preflight, gateway, driver, ooms)
 

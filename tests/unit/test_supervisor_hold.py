@@ -58,7 +58,7 @@ def test_an_apply_of_another_recipe_holds_and_says_where_to() -> None:
 
 def test_a_restart_holds_and_a_stop_does_not() -> None:
     m, out = _ready()
-    _feed(m, Restart(), 60, out)
+    _feed(m, Restart(blue_green=False), 60, out)
     assert [a.hold for a in out if isinstance(a, DrainGateway)] == ["restart"]
     m, out = _ready()
     _feed(m, Stop(), 60, out)

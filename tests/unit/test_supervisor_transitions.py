@@ -228,17 +228,55 @@ def test_restart_is_refused_while_a_start_is_in_progress_and_when_nothing_was_ap
         Reject("an engine start is in progress (state preflight); wait for it or stop it first")]
 
 
-def test_restart_of_a_ready_engine_drains_it_then_preflights_the_same_recipe() -> None:
+def test_restart_of_a_ready_engine_without_blue_green_drains_it_then_preflights_the_same_recipe() -> None:
     r = Run()
     lid = r.ready()
     r.m = replace(r.m, failures=2)
-    r.feed(Restart(), 100)
+    r.feed(Restart(blue_green=False), 100)
     assert (r.m.state, r.m.after_stop, r.m.failures) == (State.DRAINING, AfterStop.PREFLIGHT, 0)
     r.feed(Drained(lid), 101)
     token = r.m.token
     out = r.feed(Stopped(lid, GONE), 102)
     assert out == [MarkEnded(lid, "stopped", None), RunPreflight(token + 1, "test-recipe")]
     assert r.m.state is State.PREFLIGHT
+
+
+def test_restart_of_a_ready_engine_preflights_while_it_serves_then_starts_beside_it_when_it_fits() -> None:
+    r = Run()
+    lid = r.ready()
+    r.m = replace(r.m, failures=2)
+    token = r.m.token
+    out = r.feed(Restart(), 100)
+    # Nothing drained yet: the engine serves while the same recipe's preflight runs.
+    assert out == [Notify("restart", "restart test-recipe"), RunPreflight(token + 1, "test-recipe")]
+    assert (r.m.state, r.m.failures, r.m.force, r.m.blue_green) == (State.PREFLIGHT, 0, True, True)
+    assert r.m.launch is not None and r.m.launch.launch_id == lid
+    # The driver found it fits beside (blue_green.py): the new launch starts, the old one serves on.
+    spec = make_spec(recipe="test-recipe").model_copy(update={"port": 8001})
+    out = r.feed(PreflightOk(r.m.token, "L2", spec, False, False, beside=True), 101)
+    assert kinds(out) == ["blue-green", "StartEngine"] and not only(out, DrainGateway)
+    assert r.m.state is State.STARTING and r.m.old is not None and r.m.old.launch_id == lid
+    assert r.m.force is False  # spent on this preflight
+
+
+def test_restart_of_a_ready_engine_that_does_not_fit_beside_drains_under_a_restart_hold() -> None:
+    r = Run()
+    lid = r.ready()
+    r.feed(Restart(), 100)
+    out = r.feed(PreflightOk(r.m.token, "L2", make_spec(recipe="test-recipe"), False, False), 101)
+    (drain,) = only(out, DrainGateway)
+    assert (drain.launch_id, drain.hold) == (lid, "restart")
+    assert (r.m.state, r.m.after_stop, r.m.force) == (State.DRAINING, AfterStop.LAUNCH, False)
+
+
+def test_a_refused_restart_preflight_leaves_the_ready_engine_serving() -> None:
+    r = Run()
+    lid = r.ready()
+    r.feed(Restart(), 100)
+    out = r.feed(PreflightFailed(r.m.token, FATAL), 101)
+    assert kinds(out) == ["preflight-failed"]
+    assert r.m.state is State.READY and r.m.launch is not None and r.m.launch.launch_id == lid
+    assert r.m.force is False
 
 
 def test_restart_in_backoff_preflights_at_once_and_clears_the_count() -> None:

@@ -27,7 +27,7 @@ def register(router: APIRouter, pages: Pages) -> None:
         recipe = driver.view.recipe
         # The consequence, as Apply's confirm page says it: a restart's path, hold bound and the ready
         # time expected from this variant's history; a stop's 503s and the requests in flight now.
-        switch = (driver.switch_plan(recipe, launch.spec.spec_hash if launch else None, restart=True)
+        switch = (driver.switch_plan(recipe, launch.spec.spec_hash if launch else None)
                   if action == "restart" and recipe is not None else None)
         gateway = await pages.data.gateway() if action == "stop" else None
         return page(request, "engine_action.html", session, action=action, status=driver.status(),

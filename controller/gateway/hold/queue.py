@@ -245,6 +245,12 @@ def bind_metrics(hold: Hold, metrics: GatewayMetrics) -> None:
     """Feed the gateway's hold series (``metrics.py``) from this hold."""
     metrics.hold_waiting.set_function(lambda: hold.waiting)
     metrics.hold_active.set_function(lambda: 1 if hold.holding() else 0)
+    bind_outcomes(hold, metrics)
+
+
+def bind_outcomes(hold: Hold, metrics: GatewayMetrics) -> None:
+    """Count this hold's outcomes and waits in the gateway's series (one hold per engine: the series
+    are the sum over engines; the gauges are fed by the app)."""
 
     def observe(outcome: Outcome, waited_s: float) -> None:
         metrics.hold_requests.labels(outcome.value).inc()

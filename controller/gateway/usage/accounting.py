@@ -26,7 +26,7 @@ from controller.gateway.usage.meter import Usage
 from controller.gateway.usage.metrics import UsageMetrics
 from controller.gateway.usage.quota import TokenQuotas
 from controller.gateway.usage.request import RequestFacts
-from controller.gateway.usage.store import HourUsage, UsageStore, UsageStoreError, hour_of
+from controller.gateway.usage.store import HourUsage, UsageSlot, UsageStore, UsageStoreError, hour_of
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Accounting:
         self.retention_s = retention_days * 86400.0
         self.max_pending = max_pending
         self._clock = clock
-        self._pending: dict[tuple[str, int], HourUsage] = {}
+        self._pending: dict[UsageSlot, HourUsage] = {}
         self._failing = False
         self._stop = asyncio.Event()
         self.dropped = 0
@@ -80,8 +80,11 @@ class Accounting:
         return taken
 
     def record(
-        self, key: KeyRecord, status: int, usage: Usage, duration_s: float, reserved: int = 0
+        self, key: KeyRecord, status: int, usage: Usage, duration_s: float, reserved: int = 0,
+        model: str = "",
     ) -> None:
+        """Count one finished request of ``key`` on ``model`` (the served name of the engine that
+        took it, ``metrics``' bounded label)."""
         error = status >= 400
         prompt, completion = usage.prompt_tokens, usage.completion_tokens
         c_prompt, c_completion, c_ok, c_err, _ = self.metrics.children(key.id)
@@ -91,7 +94,7 @@ class Accounting:
         if completion:
             c_completion.inc(completion)
         self.quotas.settle(key, reserved, prompt + completion)
-        slot = (key.id, hour_of(self._clock()))
+        slot: UsageSlot = (key.id, model, hour_of(self._clock()))
         row = self._pending.get(slot)
         if row is None:
             if len(self._pending) >= self.max_pending:
@@ -146,7 +149,7 @@ class Accounting:
             log.warning("usage store %s writable again", self.store.path)
         return True
 
-    def _merge_back(self, batch: dict[tuple[str, int], HourUsage]) -> None:
+    def _merge_back(self, batch: dict[UsageSlot, HourUsage]) -> None:
         # Requests recorded while the write ran are in the new dict; the old sums join them.
         for slot, usage in batch.items():
             row = self._pending.get(slot)

@@ -423,6 +423,9 @@ class Metering:
     sent: bool = False  # the request went to the engine (which then may have done work for it)
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-ratelimit-* for answers
     body: bytes = b""  # the JSON body sent, for ``settle``'s estimate when ``facts`` was not read
+    # The served name of the engine that took the request (``engines.Engine.label``), "unknown" until
+    # one did: the metrics' and the usage record's ``model``; never a string the client chose.
+    model: str = "unknown"
 
     def stream_plan(self, path: str) -> StreamPlan | None:
         """How to read an event stream the engine answered with; None when it cannot be metered.

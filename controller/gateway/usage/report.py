@@ -88,10 +88,16 @@ def iso_hour(t: int) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:00Z")
 
 
+GROUPINGS = ("key", "model")
+
+
 def report(
-    rows: Sequence[UsageRow], keys: Sequence[KeyRecord], since: float, until: float
+    rows: Sequence[UsageRow], keys: Sequence[KeyRecord], since: float, until: float, by: str = "key"
 ) -> dict[str, object]:
-    """Rows with each key's name, and totals per key."""
+    """Rows (per key, model and hour) with each key's name, and totals per key, or per model with
+    ``by="model"`` (a model "" is usage recorded before models were)."""
+    if by not in GROUPINGS:
+        raise RangeError("by", f"must be one of {', '.join(GROUPINGS)}, got {by!r}")
     names = {k.id: k.name for k in keys}
     totals: dict[str, dict[str, object]] = {}
     out_rows = []
@@ -100,10 +106,13 @@ def report(
         d["key_name"] = names.get(r.key_id)
         d["hour_utc"] = iso_hour(r.hour)
         out_rows.append(d)
-        t = totals.setdefault(r.key_id, {"key_id": r.key_id, "key_name": names.get(r.key_id), "requests": 0,
-                                         "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                                         "total_tokens": 0, "duration_s": 0.0})
+        zero: dict[str, object] = {"requests": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                   "total_tokens": 0, "duration_s": 0.0}
+        if by == "model":
+            t = totals.setdefault(r.model, {"model": r.model, **zero})
+        else:
+            t = totals.setdefault(r.key_id, {"key_id": r.key_id, "key_name": names.get(r.key_id), **zero})
         for field in ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens"):
             t[field] = int(t[field]) + int(d[field])  # type: ignore[call-overload]
         t["duration_s"] = round(float(t["duration_s"]) + r.duration_s, 3)  # type: ignore[arg-type]
-    return {"since": since, "until": until, "rows": out_rows, "totals": list(totals.values())}
+    return {"since": since, "until": until, "by": by, "rows": out_rows, "totals": list(totals.values())}

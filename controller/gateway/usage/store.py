@@ -1,4 +1,4 @@
-"""Usage per key per hour, and the token-quota levels, in the appliance's SQLite (``usage.sqlite3``
+"""Usage per key and model per hour, and the token-quota levels, in the appliance's SQLite (``usage.sqlite3``
 beside the key store).
 
 Its own file, not a table in the key store: the gateway watches the key file's size and mtime to
@@ -49,6 +49,29 @@ _V1 = (
 )""",
 )
 
+# v2: usage per key AND model (the served name of the engine that took the request, "unknown" for a
+# request none took). SQLite cannot change a primary key in place: the table is rebuilt; rows written
+# before keep the model "" (not known then).
+_V2 = (
+    """CREATE TABLE usage_hourly_v2 (
+    key_id TEXT NOT NULL,
+    model TEXT NOT NULL DEFAULT '',
+    hour INTEGER NOT NULL,
+    requests INTEGER NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    duration_s REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, model, hour)
+)""",
+    "INSERT INTO usage_hourly_v2 (key_id, model, hour, requests, errors, prompt_tokens, completion_tokens,"
+    " duration_s) SELECT key_id, '', hour, requests, errors, prompt_tokens, completion_tokens, duration_s"
+    " FROM usage_hourly",
+    "DROP TABLE usage_hourly",
+    "ALTER TABLE usage_hourly_v2 RENAME TO usage_hourly",
+    "CREATE INDEX IF NOT EXISTS usage_hour ON usage_hourly (hour)",
+)
+
 
 def _unversioned(conn: sqlite3.Connection) -> int:
     """The usage store shipped v1 before it counted its schema (user_version 0): such a file has its
@@ -56,7 +79,10 @@ def _unversioned(conn: sqlite3.Connection) -> int:
     return 1 if _has_table(conn, "usage_hourly") else 0
 
 
-SCHEMA = Schema("usage store", (_V1,), unversioned=_unversioned)
+SCHEMA = Schema("usage store", (_V1, _V2), unversioned=_unversioned)
+
+# Where the sums go: (key id, hour) as before models were recorded (model ""), or (key id, model, hour).
+UsageSlot = tuple[str, int] | tuple[str, str, int]
 
 
 class UsageStoreError(Exception):
@@ -90,10 +116,12 @@ class UsageRow:
     prompt_tokens: int
     completion_tokens: int
     duration_s: float
+    model: str = ""  # "" for usage recorded before models were
 
     def as_dict(self) -> dict[str, object]:
         return {
             "key_id": self.key_id,
+            "model": self.model,
             "hour": self.hour,
             "requests": self.requests,
             "errors": self.errors,
@@ -158,7 +186,7 @@ class UsageStore:
 
     def write(
         self,
-        rows: Mapping[tuple[str, int], HourUsage],
+        rows: Mapping[UsageSlot, HourUsage],
         quotas: Sequence[BucketState] = (),
         prune_before: float | None = None,
     ) -> None:
@@ -166,16 +194,17 @@ class UsageStore:
         ``prune_before``: one transaction (all or nothing, so a failed batch can be retried)."""
         with self._connect(write=True) as conn:
             conn.executemany(
-                "INSERT INTO usage_hourly (key_id, hour, requests, errors, prompt_tokens,"
-                " completion_tokens, duration_s) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (key_id, hour) DO UPDATE SET"
+                "INSERT INTO usage_hourly (key_id, model, hour, requests, errors, prompt_tokens,"
+                " completion_tokens, duration_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (key_id, model, hour) DO UPDATE SET"
                 " requests = requests + excluded.requests, errors = errors + excluded.errors,"
                 " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
                 " completion_tokens = completion_tokens + excluded.completion_tokens,"
                 " duration_s = duration_s + excluded.duration_s",
                 [
-                    (k, h, u.requests, u.errors, u.prompt_tokens, u.completion_tokens, u.duration_s)
-                    for (k, h), u in rows.items()
+                    (slot[0], "" if len(slot) == 2 else slot[1], slot[-1], u.requests, u.errors,
+                     u.prompt_tokens, u.completion_tokens, u.duration_s)
+                    for slot, u in rows.items()
                 ],
             )
             conn.executemany(
@@ -216,14 +245,18 @@ class UsageStore:
         if until is not None:
             where.append("hour < ?")
             args.append(until)
-        sql = "SELECT key_id, hour, requests, errors, prompt_tokens, completion_tokens, duration_s" \
-              " FROM usage_hourly"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
         with self._connect(write=False) as conn:
             if not _has_table(conn, "usage_hourly"):
                 return []
-            rows = conn.execute(sql + " ORDER BY hour, key_id", args).fetchall()
+            # A reader reads a v1 file as it is (the writer upgrades it): no model recorded there.
+            columns = {r[1] for r in conn.execute("PRAGMA table_info(usage_hourly)")}
+            model = "model" if "model" in columns else "''"
+            sql = "SELECT key_id, hour, requests, errors, prompt_tokens, completion_tokens, duration_s," \
+                  f" {model} FROM usage_hourly"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            rows = conn.execute(sql + f" ORDER BY hour, key_id, {model}", args).fetchall()
         return [
-            UsageRow(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6])) for r in rows
+            UsageRow(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6]), str(r[7]))
+            for r in rows
         ]
