@@ -108,7 +108,7 @@ def register(router: APIRouter, pages: Pages) -> None:
             return problem(request, session, 404, "Unknown choice", f"No choice {choice_id!r}.",
                            "/console/choices")
         r = view["r"]
-        switch = pages.ctx.driver.switch_plan(r.champion, r.line(r.champion).spec_hash, restart=False)
+        switch = pages.ctx.driver.switch_plan(r.champion, r.line(r.champion).spec_hash)
         return page(request, "choice_promote.html", session, c=view, status=pages.ctx.driver.status(),
                     switch=switch)
 
