@@ -11,12 +11,12 @@ preflight only launch a concrete recipe (`UnknownRecipe` otherwise).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.recipe.recipe_diff import RecipeDiff, diff_recipes
-from appliance.recipe.recipe_loader import RecipeError, load_recipes
+from appliance.recipe.recipe_loader import RecipeError, parse_recipes, read_sources
 from appliance.recipe.recipe_model import Recipe
 
 
@@ -40,10 +40,31 @@ def load_failed(exc: RecipeError) -> str:
 @dataclass(frozen=True)
 class Catalogue:
     directory: Path
+    # Recipes the appliance wrote itself (a choice's sweep variants, appliance/evaluation/sweep.py),
+    # kept apart from the operator's directory, which may be read-only; loaded with it, so they may
+    # `extends` its recipes. None or absent: none.
+    generated: Path | None = None
 
     def load(self) -> dict[str, Recipe]:
-        """Every recipe in the directory, merged (raises RecipeError)."""
-        return load_recipes(self.directory)
+        """Every recipe in the directory (and the generated one), merged (raises RecipeError)."""
+        return self.load_with({})
+
+    def load_with(self, extra: Mapping[str, str]) -> dict[str, Recipe]:
+        """As `load`, with `extra` files (path → text) read as if they were there (a plan of what
+        would be written)."""
+        sources = read_sources(self.directory)
+        generated = dict(extra)
+        if self.generated is not None and self.generated.is_dir():
+            generated = read_sources(self.generated) | generated
+        # A generated file never breaks the operator's catalogue: one that no longer loads (the recipe it
+        # extends was renamed or broken) is left out, and the operator's own errors still surface.
+        while True:
+            try:
+                return parse_recipes({**sources, **generated})
+            except RecipeError as exc:
+                if exc.file not in generated:
+                    raise
+                del generated[exc.file]
 
     def named(self, name: str) -> Recipe:
         """The recipe called `name`, abstract or not (RecipeError, rule unknown-recipe, when absent)."""

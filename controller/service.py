@@ -143,7 +143,8 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     gateway, gateway_note = make_gateway(cfg, paths)
     preflight = Preflight(recipes_dir=cfg.recipes_dir, appliance_home=cfg.home, cache_bases=(paths.cache,),
                           runtime_kinds=frozenset(runtimes),
-                          runtime_gaps={kind: gap.reason for kind, gap in missing.items()})
+                          runtime_gaps={kind: gap.reason for kind, gap in missing.items()},
+                          generated_dir=paths.generated_recipes)
     watch = HostWatchLink(store, metrics=metrics)
     gpu_health = GpuHealthLink(metrics=metrics)
     preflight.gpu = gpu_health

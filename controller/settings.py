@@ -48,6 +48,11 @@ class Paths:
         return self.home / "cache"
 
     @property
+    def generated_recipes(self) -> Path:
+        """Recipes the appliance writes itself: a choice's sweep variants (controller/catalogue.py)."""
+        return self.home / "recipes-generated"
+
+    @property
     def runs(self) -> Path:
         """Per-launch log files and PID files."""
         return self.home / "runs"

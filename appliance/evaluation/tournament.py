@@ -12,6 +12,13 @@ The candidate order rule (seed 000's A → B → C, seed 004's discipline), said
   champion and a win (ACCEPT, or ACCEPT-PENDING-FULL, which then needs the full run before promotion)
   makes it champion.
 
+With a sweep (appliance/evaluation/sweep.py), each admitted recipe of the choice first has its
+variants gated against each other (`stage="sweep"` lines, under `--allow-diff` for exactly the swept
+fields): the first admitted variant in the same order (the larger margin first) starts as the
+recipe's sweep champion, a win replaces it, and the last standing is *picked*: the recipe's
+tournament line then names that variant. Every sweep line comes before every tournament line, so the
+tournament starts only once each recipe has its variant.
+
 Every recipe of the host's platform is a line of the record: refused ones with their lint or
 admission reason, not-tried ones with why (the pattern, the budget), a failed start with its
 diagnosis (skipped, never retried into the budget), a recipe edited during the choice as stale.
@@ -41,6 +48,7 @@ WINS = frozenset({Verdict.ACCEPT.value, Verdict.ACCEPT_PENDING_FULL.value})
 DEFAULT_READY_S = 300.0
 DEFAULT_BENCH_S = 600.0
 
+Stage = Literal["sweep", "tournament"]
 Status = Literal[
     "baseline", "planned", "running", "won", "lost", "failed-start", "error", "stale", "refused", "not-tried"
 ]
@@ -65,6 +73,8 @@ class Entry(BaseModel):
     margin_gib: float | None = None
     reason: str | None = None  # why it is refused (lint, admission, render, load)
     numbers: dict[str, float | int | str | None] = Field(default_factory=dict)
+    sweep_of: str | None = None  # a sweep variant: the recipe it varies (appliance/evaluation/sweep.py)
+    point: dict[str, int] = Field(default_factory=dict)  # … and its grid point
 
 
 class Line(BaseModel):
@@ -83,7 +93,14 @@ class Line(BaseModel):
     verdict: str | None = None
     reasons: list[str] = Field(default_factory=list)
     eta_s: float | None = None
+    # Whether eta_s comes from this host's launch and bench history (False: the defaults, a guess).
+    eta_from_history: bool | None = None
     took_s: float | None = None
+    stage: Stage = "tournament"
+    # A sweep line: the recipe it is a variant of and its grid point; a tournament line: the recipe
+    # whose sweep picked this variant (None: the recipe as written).
+    sweep_of: str | None = None
+    point: dict[str, int] = Field(default_factory=dict)
 
 
 class ChoiceRecord(BaseModel):
@@ -102,6 +119,8 @@ class ChoiceRecord(BaseModel):
     serving_before: str | None = None
     promote: bool = False
     promoted: str | None = None
+    promoted_at: float | None = None
+    promoted_via: str | None = None  # `choose --promote`, the console, the API
     restored: str | None = None
     fast: bool = False
     budget_s: float | None = None
@@ -113,9 +132,19 @@ class ChoiceRecord(BaseModel):
     settings: dict[str, object] = Field(default_factory=dict)  # the gate's knobs as asked (resume uses them)
     versions: dict[str, str] = Field(default_factory=dict)
     cards: dict[str, object] = Field(default_factory=dict)
+    sweep: dict[str, list[int]] = Field(default_factory=dict)  # the declared grid (empty: no sweep stage)
+    sweep_champions: dict[str, str] = Field(default_factory=dict)  # swept recipe → its variant so far
+    picked: dict[str, str] = Field(default_factory=dict)  # swept recipe → the variant its sweep picked
 
-    def line(self, recipe: str) -> Line:
-        return next(x for x in self.lines if x.recipe == recipe)
+    def line(self, recipe: str, stage: Stage | None = None) -> Line:
+        """`recipe`'s line in `stage`; without one, its tournament line first (a picked variant
+        has a line in both stages)."""
+        found = [x for x in self.lines if x.recipe == recipe and (stage is None or x.stage == stage)]
+        return next((x for x in found if x.stage == "tournament"), None) or found[0]
+
+    def group(self, recipe: str) -> list[Line]:
+        """The sweep lines of one swept recipe."""
+        return [x for x in self.lines if x.stage == "sweep" and x.sweep_of == recipe]
 
 
 class ArmCost(BaseModel):
@@ -232,30 +261,62 @@ def plan(
     serving_before: str | None = None,
     promote: bool = False,
     fast: bool = False,
+    variants: Sequence[Entry] = (),
+    sweep: Mapping[str, Sequence[int]] | None = None,
 ) -> ChoiceRecord:
     """The plan of a choice: every entry a line, the baseline, the candidates in order with their
-    ETA; refused, unmatched and over-budget ones with why. ChoiceInputError for bad input."""
+    ETA; refused, unmatched and over-budget ones with why. ChoiceInputError for bad input.
+    `variants`: the sweep's variants of the chosen recipes (each with `sweep_of`), surveyed like
+    any recipe; their lines come first (module doc)."""
     chosen = matching(entries, pattern)
     if not chosen:
         names = ", ".join(sorted(e.recipe for e in entries)) or "none"
         raise ChoiceInputError(f"the pattern {pattern!r} matches no recipe of platform {platform} ({names})")
     base = choose_baseline(chosen, baseline)
     candidates = [e for e in order(chosen) if e.recipe != base.recipe]
-    if budget_s is not None and candidates:
-        first = costs[candidates[0].recipe].total_s
+    swept = [base, *candidates] if sweep else []
+    groups = {r.recipe: order(v for v in variants if v.sweep_of == r.recipe) for r in swept}
+    # The first gate of the choice: a sweep's second variant against its first, else a candidate.
+    firsts = [(g[1], g[0].recipe) for g in groups.values() if len(g) > 1]
+    firsts += [(c, base.recipe) for c in candidates]
+    if budget_s is not None and firsts:
+        first = costs[firsts[0][0].recipe].total_s
         if budget_s < first:
             raise ChoiceInputError(
-                f"budget {budget_s:.0f} s is too small for one arm: {candidates[0].recipe} is expected to "
-                f"take {first:.0f} s against {base.recipe}"
+                f"budget {budget_s:.0f} s is too small for one arm: {firsts[0][0].recipe} is expected to "
+                f"take {first:.0f} s against {firsts[0][1]}"
             )
     chosen_names = {e.recipe for e in chosen}
     lines: list[Line] = []
     eta = 0.0
 
-    def line(e: Entry, status: Status, why: str, eta_s: float | None = None) -> Line:
+    def line(
+        e: Entry, status: Status, why: str, eta_s: float | None = None, stage: Stage = "tournament"
+    ) -> Line:
+        known = costs[e.recipe].from_history if eta_s is not None and e.recipe in costs else None
         return Line(recipe=e.recipe, status=status, why=why, mode=e.mode, spec_hash=e.spec_hash,
-                    admission=e.admission, margin_gib=e.margin_gib, numbers=e.numbers, eta_s=eta_s)
+                    admission=e.admission, margin_gib=e.margin_gib, numbers=e.numbers, eta_s=eta_s,
+                    eta_from_history=known, stage=stage, sweep_of=e.sweep_of if stage == "sweep" else None,
+                    point=e.point)
 
+    for r in swept:
+        group = groups[r.recipe]
+        for rank, v in enumerate(group):
+            if rank == 0:
+                lines.append(line(v, "baseline", f"the sweep of {r.recipe} starts from its admitted variant "
+                                  "with the largest memory margin", stage="sweep"))
+                continue
+            cost = costs[v.recipe].total_s
+            if budget_s is not None and eta + cost > budget_s:
+                left = max(0.0, budget_s - eta)
+                lines.append(line(v, "not-tried", f"budget: expected {cost:.0f} s, "
+                                  f"{left:.0f} s of {budget_s:.0f} s left at its turn", cost, "sweep"))
+                continue
+            eta += cost
+            lines.append(line(v, "planned", f"variant {rank + 1} of {r.recipe}'s sweep", cost, "sweep"))
+        for v in sorted((v for v in variants if v.sweep_of == r.recipe and not v.admitted),
+                        key=lambda x: x.recipe):
+            lines.append(line(v, "refused", v.reason or "refused", stage="sweep"))
     lines.append(line(base, "baseline", "named with --baseline" if baseline else
                       "the safest admitted recipe: eager, the largest memory margin"))
     for rank, e in enumerate(candidates, start=1):
@@ -273,11 +334,51 @@ def plan(
             lines.append(line(e, "not-tried", f"not matched by the pattern {pattern!r}"))
         else:
             lines.append(line(e, "refused", e.reason or "refused"))
-    return ChoiceRecord(
+    record = ChoiceRecord(
         id=choice_id, platform=platform, pattern=pattern, baseline=base.recipe, champion=base.recipe,
         serving_before=serving_before, promote=promote, fast=fast, budget_s=budget_s, eta_s=eta,
-        started_at=started_at, lines=lines,
+        started_at=started_at, lines=lines, sweep={k: list(v) for k, v in (sweep or {}).items()},
+        sweep_champions={r: g[0].recipe for r, g in groups.items() if g},
     )
+    for r in swept:
+        if not groups[r.recipe]:
+            t = record.line(r.recipe, "tournament")
+            t.why += "; as written: no variant of its sweep is admitted"
+        record = settle(record, r.recipe)
+    return record
+
+
+def champion_for(record: ChoiceRecord, x: Line) -> str:
+    """Whom a line is gated against: its sweep's variant so far, or the tournament's champion."""
+    if x.stage == "sweep" and x.sweep_of is not None:
+        return record.sweep_champions[x.sweep_of]
+    return record.champion
+
+
+def allow_diff_for(record: ChoiceRecord, x: Line) -> frozenset[str]:
+    """The differences a line's gate allows: exactly the swept fields in a sweep, none between recipes."""
+    return frozenset(record.sweep) if x.stage == "sweep" else frozenset()
+
+
+def settle(record: ChoiceRecord, recipe: str) -> ChoiceRecord:
+    """Once no variant of `recipe`'s sweep is left to gate, the variant standing is picked: the
+    recipe's tournament line (and the baseline or champion, if it is that recipe) names it."""
+    group = record.group(recipe)
+    champ = record.sweep_champions.get(recipe)
+    if champ is None or recipe in record.picked or any(x.status in ("planned", "running") for x in group):
+        return record
+    out = record.model_copy(deep=True)
+    v = out.line(champ, "sweep")
+    t = out.line(recipe, "tournament")
+    t.recipe, t.spec_hash, t.mode, t.admission = v.recipe, v.spec_hash, v.mode, v.admission
+    t.margin_gib, t.numbers, t.sweep_of, t.point = v.margin_gib, dict(v.numbers), recipe, dict(v.point)
+    t.why = f"{t.why}; the variant its sweep picked ({', '.join(f'{k}={n}' for k, n in v.point.items())})"
+    out.picked[recipe] = champ
+    if out.baseline == recipe:
+        out.baseline = champ
+    if out.champion == recipe:
+        out.champion = champ
+    return out
 
 
 def next_candidate(record: ChoiceRecord) -> Line | None:
@@ -286,36 +387,46 @@ def next_candidate(record: ChoiceRecord) -> Line | None:
 
 
 def judged(record: ChoiceRecord, recipe: str, verdict: str, comparison_id: str | None,
-           reasons: Sequence[str], took_s: float) -> ChoiceRecord:
-    """The record after `recipe`'s gate against the champion: a win makes it champion."""
+           reasons: Sequence[str], took_s: float, stage: Stage = "tournament") -> ChoiceRecord:
+    """The record after `recipe`'s gate against the champion (of its sweep, in that stage): a win
+    makes it champion."""
     out = record.model_copy(deep=True)
-    x = out.line(recipe)
+    x = out.line(recipe, stage)
+    against = champion_for(record, x)
     won = verdict in WINS
     x.status = "won" if won else "lost"
     x.verdict, x.comparison_id, x.reasons = verdict, comparison_id, list(reasons)
-    x.against, x.took_s = record.champion, took_s
-    x.why = (f"beat {record.champion} ({verdict})" if won else f"did not beat {record.champion} ({verdict})")
+    x.against, x.took_s = against, took_s
+    x.why = (f"beat {against} ({verdict})" if won else f"did not beat {against} ({verdict})")
+    if stage == "sweep" and x.sweep_of is not None:
+        x.why += f" with --allow-diff {','.join(record.sweep)}"
+        if won:
+            out.sweep_champions[x.sweep_of] = recipe
+        return settle(out, x.sweep_of)
     if won:
         out.champion, out.champion_verdict = recipe, verdict
-        out.champion_why = f"won its gate against {record.champion} ({verdict}, comparison {comparison_id})"
+        out.champion_why = f"won its gate against {against} ({verdict}, comparison {comparison_id})"
     return out
 
 
 def skipped(
-    record: ChoiceRecord, recipe: str, status: Status, why: str, took_s: float | None = None
+    record: ChoiceRecord, recipe: str, status: Status, why: str, took_s: float | None = None,
+    stage: Stage = "tournament",
 ) -> ChoiceRecord:
     """The record with `recipe` skipped (a failed start, an error, a stale spec), never retried."""
     out = record.model_copy(deep=True)
-    x = out.line(recipe)
-    x.status, x.why, x.against, x.took_s = status, why, record.champion, took_s
+    x = out.line(recipe, stage)
+    x.status, x.why, x.against, x.took_s = status, why, champion_for(record, x), took_s
+    if stage == "sweep" and x.sweep_of is not None:
+        return settle(out, x.sweep_of)
     return out
 
 
-def over_budget(record: ChoiceRecord, elapsed_s: float, recipe: str) -> bool:
+def over_budget(record: ChoiceRecord, elapsed_s: float, recipe: str, stage: Stage = "tournament") -> bool:
     """Whether `recipe`'s expected cost no longer fits what is left of the budget."""
     if record.budget_s is None:
         return False
-    return elapsed_s + (record.line(recipe).eta_s or 0.0) > record.budget_s
+    return elapsed_s + (record.line(recipe, stage).eta_s or 0.0) > record.budget_s
 
 
 def stop_at_budget(record: ChoiceRecord, elapsed_s: float, now: float) -> ChoiceRecord:
@@ -327,6 +438,24 @@ def stop_at_budget(record: ChoiceRecord, elapsed_s: float, now: float) -> Choice
             x.why = f"budget: {elapsed_s:.0f} s of {record.budget_s or 0:.0f} s spent before its turn"
     why = f"the budget stopped it with the champion so far ({out.champion})"
     return ended(out, "stopped-budget", now, why)
+
+
+def promotion_refusal(record: ChoiceRecord) -> str | None:
+    """Why the champion cannot be promoted after the choice (None: it can)."""
+    if record.state == "running":
+        return f"choice {record.id} is still running: promote it once it has ended"
+    if record.champion_verdict == Verdict.ACCEPT_PENDING_FULL.value:
+        return (f"{record.champion}'s gate was ACCEPT-PENDING-FULL: promotion needs the full run first "
+                f"(appliance compare --full {record.line(record.champion).against or record.baseline} "
+                f"{record.champion})")
+    if record.state == "failed" and record.champion == record.baseline:
+        return f"choice {record.id} failed before any candidate was judged: there is no decision to promote"
+    return None
+
+
+def promotion_recorded(record: ChoiceRecord, now: float, via: str) -> ChoiceRecord:
+    """The record once its champion's apply was accepted."""
+    return record.model_copy(update={"promoted": record.champion, "promoted_at": now, "promoted_via": via})
 
 
 def ended(record: ChoiceRecord, state: State, now: float, why: str) -> ChoiceRecord:
@@ -360,10 +489,27 @@ def markdown(record: ChoiceRecord) -> str:
     if record.ended_why:
         head.append(f"- ended: {record.ended_why}")
     if record.promote or record.promoted or record.restored:
-        head.append(f"- promoted: {record.promoted or 'no'}; returned to: {record.restored or '-'}")
-    rows = ["", "| recipe | mode | admission | margin GiB | status | against | verdict | comparison | ETA "
+        via = f" (via {record.promoted_via})" if record.promoted_via else ""
+        head.append(f"- promoted: {record.promoted or 'no'}{via}; returned to: {record.restored or '-'}")
+    if record.sweep:
+        grid = "; ".join(f"{k}={','.join(str(v) for v in vs)}" for k, vs in record.sweep.items())
+        picked = ", ".join(f"{k} → {v}" for k, v in record.picked.items()) or "none yet"
+        head.append(f"- sweep stage: {grid} (gated under --allow-diff {','.join(record.sweep)}); "
+                    f"picked: {picked}")
+    rows: list[str] = []
+    for title, stage in (("Sweep stage", "sweep"), ("Tournament", "tournament")):
+        shown = [x for x in record.lines if x.stage == stage]
+        if stage == "sweep" and not shown:
+            continue
+        rows += _table(shown, f"## {title}" if record.sweep else None)
+    return "\n".join(head + rows) + "\n"
+
+
+def _table(lines: Sequence[Line], title: str | None) -> list[str]:
+    rows = ["", *([title, ""] if title else []),
+            "| recipe | mode | admission | margin GiB | status | against | verdict | comparison | ETA "
             "| took | why |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for x in record.lines:
+    for x in lines:
         margin = "-" if x.margin_gib is None else f"{x.margin_gib:.2f}"
         rows.append(
             f"| {x.recipe} | {x.mode or '-'} | {x.admission or '-'} | {margin} | {x.status} "
@@ -371,7 +517,7 @@ def markdown(record: ChoiceRecord) -> str:
             f"| {x.verdict or '-'} | {x.comparison_id or '-'} | {_secs(x.eta_s)} | {_secs(x.took_s)} "
             f"| {x.why.replace('|', '/')} |"
         )
-    return "\n".join(head + rows) + "\n"
+    return rows
 
 
 def _secs(s: float | None) -> str:

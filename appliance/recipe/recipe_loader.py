@@ -66,6 +66,11 @@ class RecipeError(Exception):
 
 def load_recipes(directory: Path) -> dict[str, Recipe]:
     """Every `*.yaml` recipe in `directory` (abstract bases included), keyed by recipe name."""
+    return parse_recipes(read_sources(directory))
+
+
+def read_sources(directory: Path) -> dict[str, str]:
+    """Every `*.yaml` file of `directory`: path → text (bounded, UTF-8; RecipeError otherwise)."""
     if not directory.is_dir():
         raise RecipeError(f"recipe directory {directory} does not exist (set APPLIANCE_RECIPES?)",
                           file=str(directory), rule="missing-directory")
@@ -73,7 +78,7 @@ def load_recipes(directory: Path) -> dict[str, Recipe]:
     if len(files) > MAX_RECIPE_FILES:
         raise RecipeError(f"{len(files)} recipe files, more than the limit of {MAX_RECIPE_FILES} "
                           f"(rule: too-many-files)", file=str(directory), rule="too-many-files")
-    return parse_recipes({str(p): _read_bounded(p) for p in files})
+    return {str(p): _read_bounded(p) for p in files}
 
 
 def _read_bounded(path: Path) -> str:

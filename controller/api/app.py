@@ -52,6 +52,7 @@ from controller.api_guard import (
 )
 from controller.catalogue import load_failed
 from controller.console.routes import console_router
+from controller.evaluation.choices import Choices
 from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
 from controller.store import LaunchRecord, LaunchSummary, redact_spec
@@ -331,12 +332,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     evals = EvalStore(store.path)  # one handle on the evaluation tables: the API and the console read it
     # What `serve` runs once its loop runs (a choice cut off by a restart resumes): app.state.on_start.
     app.state.on_start = []
+    choices = Choices(driver, store, preflight, evals)  # one runner: the API and the console start the same
     app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home), evals,
-                                         on_start=app.state.on_start))
+                                         on_start=app.state.on_start, choices=choices))
     for router in ctx.extra_routers:
         app.include_router(router)
     # the operator console (controller/console/), own log-in
-    app.include_router(console_router(ctx, evals=evals))
+    app.include_router(console_router(ctx, evals=evals, choices=choices))
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:

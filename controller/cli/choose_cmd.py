@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from appliance.evaluation.sweep import MAX_VARIANTS, SweepInputError, parse_sweep
 from controller.api_client import ApiError, Client, api_url
 from controller.cli.options import JsonOpt
 
@@ -54,10 +55,18 @@ def print_plan(record: dict[str, Any]) -> None:
     fast = " — FAST MODE (capped outputs, not a full measurement)" if record.get("fast") else ""
     typer.echo(f"platform {record['platform']}, recipes {record['pattern']!r}{fast}")
     typer.echo(f"rule: {record['rule']}")
+    if record.get("sweep"):
+        grid = "; ".join(f"{k}={','.join(map(str, v))}" for k, v in record["sweep"].items())
+        typer.echo(f"sweep stage first: {grid} — each recipe's variants gated against each other "
+                   f"(--allow-diff {','.join(record['sweep'])}), one picked per recipe")
     for x in record["lines"]:
         margin = "-" if x.get("margin_gib") is None else f"{x['margin_gib']:.2f} GiB"
-        typer.echo(f"  {x['status']:<10} {x['recipe']:<32} {x.get('mode') or '-':<6} margin {margin:<10} "
-                   f"ETA {_secs(x.get('eta_s')):<9} {x['why']}")
+        stage = "sweep " if x.get("stage") == "sweep" else ""
+        eta = _secs(x.get("eta_s")) + ("*" if x.get("eta_from_history") is False else "")
+        typer.echo(f"  {stage}{x['status']:<10} {x['recipe']:<32} {x.get('mode') or '-':<6} "
+                   f"margin {margin:<10} ETA {eta:<9} {x['why']}")
+    if any(x.get("eta_from_history") is False for x in record["lines"]):
+        typer.echo("  * no launch or bench of that variant on this host yet: its ETA is the defaults' guess")
     budget = f" of a {_secs(record['budget_s'])} budget" if record.get("budget_s") else ""
     typer.echo(f"expected duration: {_secs(record['eta_s'])}{budget}; serving now: "
                f"{record.get('serving_before') or 'nothing'} (returned to at the end"
@@ -88,6 +97,9 @@ def choose(
     promote: Annotated[bool, typer.Option("--promote", help="Apply the champion at the end.")] = False,
     fast: Annotated[bool, typer.Option("--fast", help="FAST MODE: capped outputs (tests only).")] = False,
     platform: Annotated[str | None, typer.Option(help="cpu, cuda or gfx906 (default: this host's).")] = None,
+    sweep: Annotated[list[str] | None, typer.Option(
+        "--sweep", help="A sweep stage before the tournament: FIELD=V1,V2,... (max_num_seqs or "
+        f"max_num_batched_tokens; repeatable; at most {MAX_VARIANTS} variants per recipe).")] = None,
     accuracy: Annotated[bool, typer.Option("--accuracy/--no-accuracy", help="The accuracy veto.")] = True,
     ready_timeout: Annotated[float, typer.Option(help="Seconds an arm may take to become ready.")] = 3600,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
@@ -98,9 +110,14 @@ def choose(
 ) -> None:
     """Every recipe of this host's platform → lint → admission → the gate as a tournament (eager
     baseline first, compiled modes after, smaller memory margin last) → a decision record."""
+    try:
+        grid = parse_sweep(sweep) if sweep else None
+    except SweepInputError as exc:
+        raise _fail(str(exc)) from exc
     client = Client(api_url(api))
     body: dict[str, Any] = {"recipes": recipes, "promote": promote, "fast": fast, "accuracy": accuracy,
                             "ready_timeout_s": ready_timeout}
+    body |= {"sweep": grid} if grid else {}
     body |= {k: v for k, v in (("baseline", baseline), ("budget", budget), ("platform", platform)) if v}
     planned = _post(client, {**body, "dry_run": True})
     if not as_json or plan_only:

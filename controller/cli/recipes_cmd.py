@@ -68,11 +68,11 @@ def _bad_input() -> Iterator[None]:
 
 
 def _recipes() -> dict[str, Recipe]:
-    return Catalogue(recipes_dir()).load()
+    return Catalogue(recipes_dir(), paths().generated_recipes).load()
 
 
 def _get(name: str) -> Recipe:
-    return Catalogue(recipes_dir()).named(name)
+    return Catalogue(recipes_dir(), paths().generated_recipes).named(name)
 
 
 def _facts(host_root: Path) -> HostFacts:

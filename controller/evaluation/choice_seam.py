@@ -2,16 +2,26 @@
 render, as `appliance plan` shows each), the arms' expected cost from the launch history, and
 `DriverSeam`, the `ChoiceSeam` that runs the real gate (controller/evaluation/compare.py) through the
 supervisor in-process (controller/evaluation/controls.py `driver_control`).
+
+A sweep's variants (appliance/evaluation/sweep.py) are surveyed the same way, from their generated
+files read beside the catalogue before they are written (`survey_variants`), then written into the
+preflight's generated-recipe directory (`write_variants`) once the choice is claimed, so the
+supervisor applies them by name like any recipe.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from appliance.evaluation.bench_tiers import NoTierFits
-from appliance.evaluation.tournament import ArmCost, Entry, arm_cost, host_platform
+from appliance.evaluation.sweep import is_variant, variant_sources
+from appliance.evaluation.tournament import ArmCost, Entry, arm_cost, host_platform, matching
 from appliance.recipe.recipe_loader import RecipeError
 from appliance.recipe.render import RenderError
 from controller.evaluation.bench import BenchParams
@@ -29,7 +39,7 @@ def survey(preflight: Preflight, platform: str | None = None) -> tuple[str, list
     platform = platform or host_platform(preflight.facts())
     entries: list[Entry] = []
     for name, recipe in sorted(preflight.catalogue.load().items()):
-        if recipe.abstract or recipe.platform.value != platform:
+        if recipe.abstract or recipe.platform.value != platform or is_variant(name):
             continue
         mode = recipe.engine.mode.value
         try:
@@ -44,16 +54,64 @@ def survey(preflight: Preflight, platform: str | None = None) -> tuple[str, list
     return platform, entries
 
 
+def survey_variants(
+    preflight: Preflight, entries: list[Entry], pattern: str, grid: Mapping[str, list[int]]
+) -> tuple[list[Entry], dict[str, str]]:
+    """Blocking: every sweep variant of the admitted recipes matched by `pattern`, admitted or refused
+    like any recipe (read with the catalogue, not yet written), and the files to write for them."""
+    swept = [e.recipe for e in matching(entries, pattern) if e.admitted]
+    sources = variant_sources(swept, grid)
+    texts = {name: text for per in sources.values() for name, text in per.items()}
+    try:
+        recipes = preflight.catalogue.load_with(
+            {str(preflight.generated_path(name)): text for name, text in texts.items()})
+    except RecipeError as exc:
+        return [Entry(recipe=n, sweep_of=r, reason=f"not loaded: {exc}") for r, per in sources.items()
+                for n in per], texts
+    out: list[Entry] = []
+    for r, per in sources.items():
+        for name in per:
+            recipe = recipes[name]
+            point = {f: getattr(recipe.engine, f) for f in grid}
+            try:
+                report = preflight.report_of(recipe)
+            except (RecipeError, HostFactsError, OSError) as exc:
+                out.append(Entry(recipe=name, mode=recipe.engine.mode.value, reason=f"not planned: {exc}",
+                                 sweep_of=r, point=point))
+                continue
+            refusals = [f"{f.code}: {f.summary}" for f in report.refusals]
+            refusals += [f"render: {report.render_error}"] if report.render_error else []
+            entry = entry_of(name, recipe.engine.mode.value, report.spec.spec_hash if report.spec else None,
+                             report.admission, refusals)
+            out.append(entry.model_copy(update={"sweep_of": r, "point": point}))
+    return out, texts
+
+
+def write_variants(directory: Path, texts: Mapping[str, str]) -> None:
+    """Blocking: the variants' recipe files, each written whole (a reader never sees half of one)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, directory / f"{name}.yaml")
+
+
 def costs(store: Store, evals: EvalStore, entries: list[Entry]) -> dict[str, ArmCost]:
-    """Blocking: each admitted variant's cold/warm ready seconds and bench seconds from history."""
+    """Blocking: each admitted variant's cold/warm ready seconds and bench seconds from history.
+    A sweep variant never launched yet costs what the recipe it varies cost (a closer guess than
+    the defaults; the plan says `from_history` either way)."""
     out: dict[str, ArmCost] = {}
-    for e in entries:
+    for e in sorted(entries, key=lambda x: x.sweep_of is not None):  # the swept recipes first
         if not e.admitted:
             continue
         history = [(p.start.value if p.start else None, p.ready_s)
                    for p in store.ready_history(e.recipe, e.spec_hash or "")]
         benches = [b for b in (evals.benchmark(str(row["id"])) for row in evals.benchmarks(5, e.recipe)) if b]
-        out[e.recipe] = arm_cost(history, [b.finished_at - b.started_at for b in benches if not b.stopped])
+        cost = arm_cost(history, [b.finished_at - b.started_at for b in benches if not b.stopped])
+        if not cost.from_history and e.sweep_of is not None and e.sweep_of in out:
+            cost = out[e.sweep_of]
+        out[e.recipe] = cost
     return out
 
 
@@ -68,11 +126,14 @@ class DriverSeam:
     options: CompareOptions
     ready_timeout_s: float = 3600
 
-    async def gate(self, champion: str, candidate: str, progress: Progress) -> GateOutcome:
+    async def gate(
+        self, champion: str, candidate: str, progress: Progress, allow_diff: frozenset[str] = frozenset()
+    ) -> GateOutcome:
+        options = replace(self.options, allow_diff=self.options.allow_diff | allow_diff)
         try:
             outcome = await compare(
                 self.control, champion, candidate, self.params, self.evals,
-                ready_timeout_s=self.ready_timeout_s, progress=progress, options=self.options,
+                ready_timeout_s=self.ready_timeout_s, progress=progress, options=options,
             )
         except CompareError as exc:
             message = str(exc)

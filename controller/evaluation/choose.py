@@ -27,12 +27,15 @@ from appliance.evaluation.tournament import (
     ChoiceInputError,
     ChoiceRecord,
     Entry,
+    allow_diff_for,
+    champion_for,
     ended,
     judged,
     margin_of,
     next_candidate,
     over_budget,
     plan,
+    promotion_recorded,
     resumed,
     skipped,
     stop_at_budget,
@@ -73,8 +76,11 @@ class GateOutcome:
 class ChoiceSeam(Protocol):
     """What a choice drives (the declared seam; tests replace exactly this)."""
 
-    async def gate(self, champion: str, candidate: str, progress: Progress) -> GateOutcome:
-        """The whole gate of `candidate` against `champion` (raises ArmFailed or GateError)."""
+    async def gate(
+        self, champion: str, candidate: str, progress: Progress, allow_diff: frozenset[str] = frozenset()
+    ) -> GateOutcome:
+        """The whole gate of `candidate` against `champion` (raises ArmFailed or GateError);
+        `allow_diff`: the forbidden differences this gate allows (a sweep's swept fields)."""
         ...
 
     async def spec_hash(self, recipe: str) -> str | None:
@@ -120,6 +126,8 @@ class Chooser:
         promote: bool = False,
         fast: bool = False,
         extra: dict[str, Any] | None = None,
+        variants: list[Entry] | None = None,
+        sweep: dict[str, list[int]] | None = None,
     ) -> ChoiceRecord:
         """Plan and claim a choice (ChoiceInputError: bad input; ChoiceBusy: one is running)."""
         running = self.store.running()
@@ -130,6 +138,7 @@ class Chooser:
                 choice_id=f"choice-{uuid.uuid4().hex[:12]}", platform=platform, entries=entries,
                 pattern=pattern, baseline=baseline, costs=costs, budget_s=budget_s,
                 started_at=self.clock(), serving_before=serving_before, promote=promote, fast=fast,
+                variants=variants or [], sweep=sweep,
             )
         except ChoiceInputError:
             if self.metrics is not None and not any(e.admitted for e in entries):
@@ -188,45 +197,50 @@ class Chooser:
     async def _tournament(self, record: ChoiceRecord, publish: Progress) -> ChoiceRecord:
         while (line := next_candidate(record)) is not None:
             elapsed = self.clock() - record.started_at
-            if over_budget(record, elapsed, line.recipe):
+            stage = line.stage
+            if over_budget(record, elapsed, line.recipe, stage):
                 return stop_at_budget(record, elapsed, self.clock())
             now_hash = await self._seam.spec_hash(line.recipe)
             if now_hash != line.spec_hash:
                 why = (f"edited during the choice: spec hash {line.spec_hash} → {now_hash}; not run "
                        "(start a new choice to gate the new version)")
-                record = skipped(record, line.recipe, "stale", why)
+                record = skipped(record, line.recipe, "stale", why, stage=stage)
                 self._count("stale")
                 self.store.save(record)
                 continue
             record = record.model_copy(deep=True)
-            record.line(line.recipe).status = "running"
+            record.line(line.recipe, stage).status = "running"
             self.store.save(record)
+            champion = champion_for(record, line)
             left = sum(x.eta_s or 0.0 for x in record.lines if x.status in ("planned", "running"))
-            publish({"phase": "candidate", "recipe": line.recipe, "champion": record.champion,
+            publish({"phase": "candidate", "stage": stage, "recipe": line.recipe, "champion": champion,
                      "eta_s": line.eta_s, "elapsed_s": elapsed, "left_s": left})
             t0 = self.clock()
             try:
-                out = await self._seam.gate(record.champion, line.recipe, publish)
+                out = await self._seam.gate(champion, line.recipe, publish,
+                                            allow_diff=allow_diff_for(record, line))
             except ArmFailed as exc:
                 took = self.clock() - t0
                 if exc.recipe != line.recipe:  # the champion itself did not start: nothing to gate against
                     record = skipped(record, line.recipe, "error",
-                                     f"not gated: the champion {exc.recipe} failed to start: {exc}", took)
+                                     f"not gated: the champion {exc.recipe} failed to start: {exc}", took,
+                                     stage)
                     self.store.save(record)
                     return ended(record, "failed", self.clock(),
                                  f"the champion {exc.recipe} failed to start: {exc}")
-                record = skipped(record, line.recipe, "failed-start", f"failed to start: {exc}", took)
+                record = skipped(record, line.recipe, "failed-start", f"failed to start: {exc}", took, stage)
                 self._count("failed-start")
             except GateError as exc:
-                record = skipped(record, line.recipe, "error", f"no verdict: {exc}", self.clock() - t0)
+                record = skipped(record, line.recipe, "error", f"no verdict: {exc}", self.clock() - t0, stage)
                 self._count("error")
             else:
                 record = judged(record, line.recipe, out.verdict, out.comparison_id, out.reasons,
-                                self.clock() - t0)
+                                self.clock() - t0, stage)
                 self._count(out.verdict)
             self.store.save(record)
-            status = record.line(line.recipe).status
-            publish({"phase": "judged", "recipe": line.recipe, "status": status, "champion": record.champion})
+            status = record.line(line.recipe, stage).status
+            publish({"phase": "judged", "stage": stage, "recipe": line.recipe, "status": status,
+                     "champion": champion_for(record, line)})
         why = f"every planned candidate was gated; champion {record.champion}"
         return ended(record, "done", self.clock(), why)
 
@@ -250,8 +264,9 @@ class Chooser:
         except GateError as exc:
             why = f"{update.get('ended_why', record.ended_why)}; could not switch to {target}: {exc}"
             return record.model_copy(update={"ended_why": why})
-        key = "promoted" if target == record.champion and record.promote else "restored"
-        return record.model_copy(update={**update, key: target})
+        if target == record.champion and record.promote:
+            return promotion_recorded(record.model_copy(update=update), self.clock(), "choose --promote")
+        return record.model_copy(update={**update, "restored": target})
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:

@@ -6,8 +6,8 @@
     POST /compare                         {"baseline", "candidate", ...}: 202, runs in the controller
     GET  /compare/{id}                    state, verdict, reasons
     GET  /compare/{id}/events             progress as server-sent events, until the verdict
-    POST /choices                         {"recipes", "baseline", "budget", ...}: plan (dry_run) or run
-                                          the tournament (controller/evaluation/choose.py); 202
+    POST /choices                         {"recipes", "baseline", "budget", "sweep", ...}: plan (dry_run)
+                                          or run the tournament (controller/evaluation/choose.py); 202
     GET  /choices, /choices/{id}          decision records (?format=markdown: the table)
     GET  /choices/{id}/events?after=N     the choice's progress so far (polled by `appliance choose`)
 
@@ -34,11 +34,14 @@ from appliance.evaluation.accuracy import ITEMS_PER_KIND, MAX_DROP_POINTS
 from appliance.evaluation.bench_result import BenchResult
 from appliance.evaluation.bench_tiers import FIRST_N, FULL_REQUESTS, NoTierFits
 from appliance.evaluation.protocol import Thresholds
-from appliance.evaluation.tournament import ChoiceInputError, ChoiceRecord, markdown, parse_duration, plan
+from appliance.evaluation.tournament import (
+    ChoiceInputError,
+    ChoiceRecord,
+    markdown,
+)
 from controller.evaluation.bench import BenchParams
-from controller.evaluation.choice_seam import DriverSeam, costs, survey
-from controller.evaluation.choice_store import ChoiceStore
-from controller.evaluation.choose import ChoiceBusy, Chooser
+from controller.evaluation.choices import ChoiceBody, Choices, PromoteRefused
+from controller.evaluation.choose import ChoiceBusy
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, CompareOptions, compare
 from controller.evaluation.controls import driver_control
@@ -78,27 +81,6 @@ class CompareBody(BaseModel):
     ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
 
 
-FAST_OUTPUT_TOKENS = 64  # the fast mode's cap (the CLI's `--fast`): named as such in every record
-
-
-class ChoiceBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    recipes: str = Field(default="*", min_length=1, max_length=400, pattern=r"^[a-z0-9*?\[\]!._,-]+$")
-    baseline: str | None = Field(default=None, min_length=1, max_length=200, pattern=_NAME)
-    budget: str | None = Field(default=None, min_length=1, max_length=20)  # 90s, 45m, 2h, 1h30m
-    platform: Literal["cpu", "cuda", "gfx906"] | None = None  # None: this host's (its GPUs' vendor)
-    promote: bool = False
-    dry_run: bool = False  # the plan and its ETA only: nothing is claimed or switched
-    fast: bool = False  # FAST MODE: outputs capped, small accuracy sets (tests; named in the record)
-    requests_per_tier: int = Field(default=FIRST_N, ge=FIRST_N, le=1000)
-    concurrency: int = Field(default=5, ge=1, le=256)
-    accuracy: bool = True  # off: every gate says its accuracy step was not run (a HOLD at best)
-    accuracy_items: int = Field(default=ITEMS_PER_KIND, ge=1, le=200)
-    max_rounds: int = Field(default=3, ge=1, le=10)
-    ready_timeout_s: float = Field(default=3600, gt=0, le=4 * 3600)
-
-
 @dataclass
 class CompareJob:
     id: str
@@ -135,32 +117,21 @@ def evaluation_router(
     require_admin: Callable[..., Any],
     evals: EvalStore | None = None,
     on_start: list[Callable[[], Any]] | None = None,
+    choices: Choices | None = None,
 ) -> APIRouter:
-    """`on_start`: where the router puts what the service runs once its loop runs (resuming a choice
+    """`choices`: the one `Choices` create_app shares with the console (a new one when alone).
+    `on_start`: where the router puts what the service runs once its loop runs (resuming a choice
     that a controller restart cut off)."""
     # create_app hands in the one EvalStore it shares with the console's Benchmarks pages
     evals = evals or EvalStore(store.path)
     driver.metrics.set_evaluation_source(evals.latest_by_recipe)
     router = APIRouter(tags=["evaluation"])
     jobs: dict[str, CompareJob] = {}
-    choices = ChoiceStore(store.path)
-    chooser = Chooser(choices, metrics=driver.metrics)
-
-    def seam_for(b: ChoiceBody) -> DriverSeam:
-        params = BenchParams(output_tokens=FAST_OUTPUT_TOKENS if b.fast else None,
-                             requests_per_tier=b.requests_per_tier, concurrency=b.concurrency)
-        options = CompareOptions(thresholds=Thresholds(max_rounds=b.max_rounds), accuracy=b.accuracy,
-                                 accuracy_items=1 if b.fast else b.accuracy_items)
-        return DriverSeam(driver_control(driver, store, preflight), preflight, evals, params, options,
-                          b.ready_timeout_s)
-
-    def resume() -> None:
-        record = choices.running()
-        if record is not None:
-            chooser.resume(seam_for(ChoiceBody.model_validate(record.settings, strict=False)))
+    choices = choices or Choices(driver, store, preflight, evals)
+    chooser = choices.chooser
 
     if on_start is not None:
-        on_start.append(resume)
+        on_start.append(choices.resume)
 
     @router.get("/benchmarks")
     async def benchmarks(
@@ -300,41 +271,35 @@ def evaluation_router(
         if any(j.state == "running" for j in jobs.values()):
             raise HTTPException(status.HTTP_409_CONFLICT, "a compare is running")
         try:
-            budget_s = parse_duration(body.budget) if body.budget else None
-            platform, entries = await asyncio.to_thread(survey, preflight, body.platform)
-            arm_costs = await asyncio.to_thread(costs, store, evals, entries)
-        except ChoiceInputError as exc:
-            raise HTTPException(422, str(exc)) from exc
-        serving = driver.status()
-        before = str(serving.get("recipe")) if serving.get("state") == "ready" else None
-        extra = {"settings": body.model_dump(mode="json"), "versions": _versions(store, serving)}
-        if body.dry_run:
-            try:
-                shown = plan(choice_id="plan", platform=platform, entries=entries, pattern=body.recipes,
-                             baseline=body.baseline, costs=arm_costs, budget_s=budget_s,
-                             started_at=chooser.clock(), serving_before=before, promote=body.promote,
-                             fast=body.fast)
-            except ChoiceInputError as exc:
-                raise HTTPException(422, str(exc)) from exc
-            return {**shown.model_copy(update=extra).model_dump(mode="json"), "state": "plan"}
-        try:
-            record = chooser.begin(entries, platform=platform, pattern=body.recipes, baseline=body.baseline,
-                                   costs=arm_costs, budget_s=budget_s, serving_before=before,
-                                   promote=body.promote, fast=body.fast, extra=extra)
+            if body.dry_run:
+                shown = await choices.plan(body)
+                return {**shown.model_dump(mode="json"), "state": "plan"}
+            record = await choices.start(body)
         except ChoiceInputError as exc:
             raise HTTPException(422, str(exc)) from exc
         except ChoiceBusy as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, f"choice {exc} is already running") from exc
-        chooser.start(record, seam_for(body))
+        return record.model_dump(mode="json")
+
+    @router.post("/choices/{choice_id}/promote", dependencies=[Depends(require_admin)],
+                 responses={404: {}, 409: {}})
+    async def promote_choice(choice_id: str) -> dict[str, Any]:
+        """Apply an ended choice's champion (never one whose gate was ACCEPT-PENDING-FULL) and record it."""
+        try:
+            record = await choices.promote(choice_id, "the API")
+        except LookupError as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no choice {choice_id!r}") from exc
+        except PromoteRefused as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         return record.model_dump(mode="json")
 
     @router.get("/choices")
     async def list_choices(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> list[dict[str, Any]]:
-        records = await asyncio.to_thread(choices.list, limit)
+        records = await asyncio.to_thread(choices.records.list, limit)
         return [_summary(r) for r in records]
 
     async def _choice(choice_id: str) -> ChoiceRecord:
-        record = await asyncio.to_thread(choices.get, choice_id)
+        record = await asyncio.to_thread(choices.records.get, choice_id)
         if record is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no choice {choice_id!r}")
         return record
@@ -357,15 +322,6 @@ def evaluation_router(
         return {"state": record.state, "events": events[after:], "next": len(events)}
 
     return router
-
-
-def _versions(store: Store, serving: dict[str, Any]) -> dict[str, str]:
-    """The serving launch's interpreter and package versions (what the choice ran on)."""
-    launch_id = (serving.get("launch") or {}).get("id")
-    record = store.get_launch(str(launch_id)) if launch_id else None
-    if record is None:
-        return {}
-    return {**record.packages, **({"interpreter": record.interpreter} if record.interpreter else {})}
 
 
 def _summary(r: ChoiceRecord) -> dict[str, Any]:

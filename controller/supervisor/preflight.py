@@ -203,6 +203,8 @@ class Preflight:
     # controller), and why each other kind is not offered (service.build: the runtime registry's gaps).
     runtime_kinds: frozenset[str] | None = None
     runtime_gaps: Mapping[str, str] = field(default_factory=dict)
+    # The recipes the appliance writes itself (a choice's sweep variants; controller/catalogue.py).
+    generated_dir: Path | None = None
 
     def runtime_check(self, recipe: Recipe) -> Failure | None:
         """A recipe whose runtime this controller does not offer is refused before anything is stopped: a
@@ -272,7 +274,13 @@ class Preflight:
     @property
     def catalogue(self) -> Catalogue:
         """The recipe directory this preflight launches from."""
-        return Catalogue(self.recipes_dir)
+        return Catalogue(self.recipes_dir, self.generated_dir)
+
+    def generated_path(self, name: str) -> Path:
+        """Where a generated recipe called `name` is written (RuntimeError: this preflight has none)."""
+        if self.generated_dir is None:
+            raise RuntimeError("this controller has no directory for generated recipes")
+        return self.generated_dir / f"{name}.yaml"
 
     def facts(self) -> HostFacts:
         return gather_facts(self.facts_root, appliance_home=self.appliance_home)
@@ -285,7 +293,10 @@ class Preflight:
 
     def report(self, name: str) -> PlanReport:
         """Blocking: everything `POST /recipes/{name}/plan` shows, nothing started or stopped."""
-        recipe = self.recipe(name)
+        return self.report_of(self.recipe(name))
+
+    def report_of(self, recipe: Recipe) -> PlanReport:
+        """Blocking: `report` of a recipe already loaded (a sweep variant before it is written)."""
         facts = self.facts()
         findings = lint(recipe)
         memory = self.gpu_memory.view() if self.gpu_memory is not None else None

@@ -22,47 +22,9 @@
 # 3 rounds (+~4 min): the eager/graph pair's gain (~4×) never is one.
 # What comes back: $OUT/compare.json (the whole report: every step with its evidence, every run with
 # its texts), $OUT/compare-summary.txt, $OUT/compare.tgz (progress, launches, engine logs, redacted).
-set -uo pipefail
-W="$PWD/.gpuwt"; cd "$W" || exit 2  # python -m puts the cwd first on sys.path: the checkout's own code must not win
-export APPLIANCE_HOME=/root/app APPLIANCE_RECIPES="$W/recipes" PYTHONPATH="/root/site:$W" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT="${OUT:-/tmp/compare-out}"; mkdir -p "$OUT"
-APP=(python3 -m controller.cli.main)
-R=/root/results/compare
-T0=$(date +%s)
-say() { echo "[compare $(( $(date +%s) - T0 ))s] $*"; }
-redact() {  # the admin token, gateway keys (sk-app-…), engine keys (eng_ + 43 url-safe base64 chars)
-  sed -i -E -e "s/(APPLIANCE_ADMIN_TOKEN=)[^ ]+/\1<redacted>/g; s/(shown once\): )[^ ]+/\1<redacted>/g" \
-    -e 's/adm_[A-Za-z0-9_-]{43}/adm_<redacted>/g; s/sk-app-[A-Za-z0-9_-]+/sk-app-<redacted>/g' \
-    -e 's/eng_[A-Za-z0-9_-]{43}/eng_<redacted>/g' "$@" 2>/dev/null
-}
-pack() { tar -C /root/results -czf "$OUT/compare.tgz" compare 2>/dev/null; }
-layout() {
-  mkdir -p /root/app/engine/cuda/bin /root/app/models
-  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /root/app/engine/cuda/bin/python
-  chmod +x /root/app/engine/cuda/bin/python
-  ln -sfn /root/site /root/app/engine/cuda/site
-  ln -sfn /root/gpu/smollm2 /root/app/models/smollm2-135m-instruct
-}
-
-[ -d /root/site/vllm ] || { echo "no vLLM in /root/site: run gpu-kit's setup.sh first (docs/gpu-h200.md)"; exit 2; }
-ACC=(--accuracy)
-if ! python3 -c 'import rouge_score' 2>/dev/null; then
-  for whl in "$W"/../.whl/*.whl "$W"/.whl/*.whl; do
-    [ -f "$whl" ] && python3 -m zipfile -e "$whl" /root/site
-  done
-  python3 -c 'import rouge_score' 2>/dev/null \
-    || { ACC=(--no-accuracy); say "rouge-score not importable (no wheels in .whl/): the compare runs with --no-accuracy"; }
-fi
-if [ -e /root/app ]; then
-  timeout 60 "${APP[@]}" down > /dev/null 2>&1
-  mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
-fi
-rm -rf "$R"; mkdir -p "$R"
-layout
-TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
-export APPLIANCE_ADMIN_TOKEN="$TOKEN"
-nvidia-smi --query-gpu=name,memory.used,memory.total,power.limit,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1
+NAME=compare
+# shellcheck source=scripts/gpu_h200/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # the shared prelude: env, layout, token, redact, pack
 
 say "up with the baseline (eager)"
 timeout 240 "${APP[@]}" up --recipe cuda-smollm2-eager > "$R/up.txt" 2>&1; echo "up rc=$?" >> "$R/up.txt"

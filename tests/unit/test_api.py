@@ -44,7 +44,8 @@ class Rig:
         self.store = Store(home / "appliance.sqlite3")
         seed_model(home)
         self.preflight = Preflight(
-            recipes_dir=recipes_dir, appliance_home=home, facts_root=REFERENCE_HOST
+            recipes_dir=recipes_dir, appliance_home=home, facts_root=REFERENCE_HOST,
+            generated_dir=home / "recipes-generated",
         )
         events = EventLog(self.store, self.clock)
         self.driver = Driver(

@@ -52,11 +52,15 @@ class FakeSeam:
     step: float = 100.0
     serving_now: str | None = "eager"
     gates: list[tuple[str, str]] = field(default_factory=list)
+    allowed: list[frozenset[str]] = field(default_factory=list)  # each gate's allow_diff
     switches: list[str] = field(default_factory=list)
     block: asyncio.Event | None = None  # a gate waits on it (a choice caught mid-gate)
 
-    async def gate(self, champion: str, candidate: str, progress: Progress) -> GateOutcome:
+    async def gate(
+        self, champion: str, candidate: str, progress: Progress, allow_diff: frozenset[str] = frozenset()
+    ) -> GateOutcome:
         self.gates.append((champion, candidate))
+        self.allowed.append(allow_diff)
         if self.block is not None:
             await self.block.wait()
         self.clock.now += self.step
@@ -129,7 +133,8 @@ async def test_the_champion_failing_its_start_ends_the_choice_with_a_clear_recor
     clock = Clock()
     seam = FakeSeam(clock, {})
 
-    async def champion_down(champion: str, candidate: str, progress: Progress) -> GateOutcome:
+    async def champion_down(champion: str, candidate: str, progress: Progress,
+                            allow_diff: frozenset[str] = frozenset()) -> GateOutcome:
         raise ArmFailed(champion, f"{champion} failed to start: engine exited")
 
     seam.gate = champion_down  # type: ignore[method-assign]
@@ -208,6 +213,7 @@ async def test_promote_applies_the_champion_but_not_one_pending_the_full_run(tmp
     chooser, _, _ = rig(tmp_path, seam, clock)
     record = await chooser.run(begin(chooser, promote=True))
     assert record.promoted == "piecewise" and seam.serving_now == "piecewise"
+    assert (record.promoted_via, record.promoted_at) == ("choose --promote", clock.now)
 
     seam = FakeSeam(clock, {"piecewise": "accept-pending-full", "graph": "hold"})
     chooser, _, _ = rig(tmp_path / "b", seam, clock)

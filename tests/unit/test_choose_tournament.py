@@ -155,3 +155,22 @@ def test_markdown_has_a_row_per_recipe_and_names_fast_mode() -> None:
     text = markdown(_plan(fast=True))
     assert "FAST MODE" in text
     assert sum(line.startswith("| x-") for line in text.splitlines()) == len(ENTRIES)
+
+
+def test_promotion_is_refused_while_running_for_a_pending_full_run_and_for_no_decision() -> None:
+    from appliance.evaluation.tournament import promotion_recorded, promotion_refusal
+
+    record = _plan()
+    assert promotion_refusal(record) is not None and "still running" in (promotion_refusal(record) or "")
+    won = judged(record, "x-eager-small", "accept-pending-full", "cmp-1", [], 1.0)
+    done = won.model_copy(update={"state": "done"})
+    assert promotion_refusal(done) == (
+        "x-eager-small's gate was ACCEPT-PENDING-FULL: promotion needs the full run first "
+        "(appliance compare --full x-eager-big x-eager-small)")
+    failed = record.model_copy(update={"state": "failed"})
+    assert "no decision to promote" in (promotion_refusal(failed) or "")
+    ok = judged(record, "x-eager-small", "accept", "cmp-1", [], 1.0).model_copy(update={"state": "done"})
+    assert promotion_refusal(ok) is None
+    assert promotion_recorded(ok, 5.0, "the console").model_dump(
+        include={"promoted", "promoted_at", "promoted_via"}) == {
+        "promoted": "x-eager-small", "promoted_at": 5.0, "promoted_via": "the console"}

@@ -17,6 +17,8 @@ from controller.api_context import ApiContext
 from controller.console import views
 from controller.console.auth import COOKIE, LoginThrottle, Session, Sessions
 from controller.console.bench_views import BenchData
+from controller.console.choice_views import ChoiceData
+from controller.evaluation.choices import Choices
 from controller.gateway.keystore import KeyStore
 from controller.settings import Paths
 from host_setup.facts import HostFactsError
@@ -92,6 +94,8 @@ class Pages:
     templates: Jinja2Templates
     data: views.ConsoleData
     bench: BenchData
+    choices: Choices  # the one create_app shares with the admin API: a choice started here is the same
+    choice_data: ChoiceData
 
     def keystore(self) -> KeyStore:
         return KeyStore(Paths(self.ctx.home).keys_db)

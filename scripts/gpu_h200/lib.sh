@@ -1,0 +1,47 @@
+#!/bin/bash
+# lib.sh — the prelude compare.sh and choose.sh share; sourced by them (never run), with NAME set to
+# the script's name (its results folder /root/results/$NAME, its $OUT default, its log prefix).
+# What it sets up is docs/gpu-h200.md's device layout: the kit from gpu-kit's setup.sh (vLLM in
+# /root/site, the model in /root/gpu/smollm2), the appliance's code in .gpuwt/, a fresh
+# APPLIANCE_HOME=/root/app (an earlier one is moved aside) and a new admin token.
+set -uo pipefail
+W="$PWD/.gpuwt"; cd "$W" || exit 2  # python -m puts the cwd first on sys.path: the checkout's own code must not win
+export APPLIANCE_HOME=/root/app APPLIANCE_RECIPES="$W/recipes" PYTHONPATH="/root/site:$W" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-/tmp/$NAME-out}"; mkdir -p "$OUT"
+APP=(python3 -m controller.cli.main)
+R="/root/results/$NAME"
+T0=$(date +%s)
+say() { echo "[$NAME $(( $(date +%s) - T0 ))s] $*"; }
+redact() {  # the admin token, gateway keys (sk-app-…), engine keys (eng_ + 43 url-safe base64 chars)
+  sed -i -E -e "s/(APPLIANCE_ADMIN_TOKEN=)[^ ]+/\1<redacted>/g; s/(shown once\): )[^ ]+/\1<redacted>/g" \
+    -e 's/adm_[A-Za-z0-9_-]{43}/adm_<redacted>/g; s/sk-app-[A-Za-z0-9_-]+/sk-app-<redacted>/g' \
+    -e 's/eng_[A-Za-z0-9_-]{43}/eng_<redacted>/g' "$@" 2>/dev/null
+}
+pack() { tar -C /root/results -czf "$OUT/$NAME.tgz" "$NAME" 2>/dev/null; }
+layout() {
+  mkdir -p /root/app/engine/cuda/bin /root/app/models
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /root/app/engine/cuda/bin/python
+  chmod +x /root/app/engine/cuda/bin/python
+  ln -sfn /root/site /root/app/engine/cuda/site
+  ln -sfn /root/gpu/smollm2 /root/app/models/smollm2-135m-instruct
+}
+
+[ -d /root/site/vllm ] || { echo "no vLLM in /root/site: run gpu-kit's setup.sh first (docs/gpu-h200.md)"; exit 2; }
+ACC=(--accuracy)
+if ! python3 -c 'import rouge_score' 2>/dev/null; then
+  for whl in "$W"/../.whl/*.whl "$W"/.whl/*.whl; do
+    [ -f "$whl" ] && python3 -m zipfile -e "$whl" /root/site
+  done
+  python3 -c 'import rouge_score' 2>/dev/null \
+    || { ACC=(--no-accuracy); say "rouge-score not importable (no wheels in .whl/): the $NAME runs with --no-accuracy"; }
+fi
+if [ -e /root/app ]; then
+  timeout 60 "${APP[@]}" down > /dev/null 2>&1
+  mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
+fi
+rm -rf "$R"; mkdir -p "$R"
+layout
+TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
+export APPLIANCE_ADMIN_TOKEN="$TOKEN"
+nvidia-smi --query-gpu=name,memory.used,memory.total,power.limit,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1
