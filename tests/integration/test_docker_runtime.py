@@ -24,6 +24,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import httpx
 import psutil
 import pytest
 
@@ -453,3 +454,57 @@ def test_an_image_without_python_is_refused_saying_why(
     with pytest.raises(EngineRuntimeError, match=r"no `python` on PATH.*key-redacting wrapper"):
         rt.start(busybox_spec(image, "echo never"), launch_id, new_engine_key())
     assert client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"}) == []
+
+
+ENGINE_MODEL = Path("/var/lib/appliance/models/smollm2-135m-instruct")
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_cpu_vllm_engine_in_its_image_starts_answers_and_stops_under_the_wrapper(
+    client: docker.DockerClient, python_image: str, made: Tracker, tmp_path: Path
+) -> None:
+    """vLLM 0.32 (the cpu-vllm image) through the Docker runtime with the wrapper as PID 1: ready,
+    answers with the launch's key, its start-up lines reach the log while it starts, the key is in
+    no log, a stop is a clean TERM shutdown (not the daemon's KILL)."""
+    if not (ENGINE_MODEL / "config.json").exists():
+        pytest.skip(f"model not converted ({ENGINE_MODEL}/config.json missing): run `appliance engine setup`")
+    port = _free_port()
+    cache = tmp_path / "vllm-cache"
+    cache.mkdir()
+    spec = docker_spec(
+        python_image,
+        ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/model",
+         "--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", "bfloat16",
+         "--enforce-eager",  # about the runtime, not the compile cache: skip compiling
+         "--host", "127.0.0.1", "--port", str(port)),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cache), "VLLM_LOGGING_LEVEL": "INFO",
+             "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        docker={"network_mode": "host", "ipc_mode": "host",
+                "mounts": (Mount(source=str(ENGINE_MODEL), target="/model", read_only=True),
+                           Mount(source=str(cache), target=str(cache)))},
+        port=port, cache_root=str(cache),
+    )
+    rt = DockerRuntime(client, kill_wait_s=30.0)
+    key = new_engine_key()
+    handle = rt.start(spec, made.launch_id(), key)
+    made.container_ids.append(handle.ref)
+    try:
+        wait_for_log(rt, handle, r"Application startup complete", timeout_s=900)
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{spec.base_url}/v1/models", timeout=30).status_code == 401
+        answer = httpx.post(f"{spec.base_url}/v1/chat/completions", headers=auth, timeout=120, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 8, "temperature": 0}).json()
+        assert answer["usage"]["completion_tokens"] >= 1
+        pids = rt.engine_pids(handle)
+        assert len(pids) >= 3  # the wrapper (PID 1), the API server, its engine core
+        pid1 = int(client.api.inspect_container(handle.ref)["State"]["Pid"])
+        assert pid1 in pids and psutil.Process(pid1).cmdline()[:4] == ["python", "-I", "-S", WRAPPER_SCRIPT]
+    finally:
+        info = rt.stop(handle, grace_s=60)
+    assert not info.running
+    assert info.exit_code != 137 and info.signal in (None, int(signal.SIGTERM)), info  # TERM, not KILL
+    raw, records = daemon_log(client.containers.get(handle.ref))
+    assert key not in raw
+    assert any("non-default args" in r["log"] for r in records)
