@@ -145,9 +145,9 @@ def container_create_kwargs(
 
 def _wrapper_tar(under: str = "") -> bytes:
     """A tar of the container wrapper and the modules it imports (WRAPPER_MODULES), at their source
-    tree paths under `[under/]appliance-wrapper`, with an empty `appliance/__init__.py` (the
-    package's own would import nothing, but the container needs none of it). Directories 0755 and
-    files 0444, root's: readable by any image user, writable by none."""
+    tree paths under `[under/]appliance-wrapper`, with an empty `appliance/__init__.py` (a package
+    marker: the wrapper needs no more of the package). Directories 0755 and files 0444, root's:
+    readable by any image user, writable by none."""
     root = docker_plugin.WRAPPER_ROOT.rsplit("/", 1)[1]
     if under:
         root = f"{under}/{root}"
