@@ -30,7 +30,7 @@ What it keeps as it was without it (the engine as PID 1):
 
 As PID 1 it also reaps the orphans the kernel re-parents to it. `-S` (no site-packages, no `.pth`):
 the gfx906 image's torch-first `.pth` would import torch into the wrapper; only the standard
-library is used here.
+library is used here, and nothing newer than Python 3.8 (an engine image's interpreter).
 """
 
 from __future__ import annotations
@@ -127,9 +127,11 @@ def pump(source: IO[bytes], fd: int, redactor: StreamRedactor) -> None:
 
 
 def exit_code_of(status: int) -> int:
-    """A wait status → the exit code in the shell/Docker convention (128+N for signal N)."""
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
+    """A wait status → the exit code in the shell/Docker convention (128+N for signal N). The W*
+    macros rather than os.waitstatus_to_exitcode: an image's python may predate 3.9."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
 
 
 def wait_for(pid: int) -> int:
@@ -195,10 +197,10 @@ def main(argv: list[str]) -> int:
 
     status = wait_for(child.pid)
     ended = True
-    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    code = exit_code_of(status)
+    child.returncode = code  # reaped here, not by Popen (which must not wait for it again)
     for thread in pumps:
         thread.join(LAST_OUTPUT_WAIT_S)  # its last words before ours (unless a worker holds the pipe)
-    code = exit_code_of(status)
     if os.WIFSIGNALED(status):
         say(f"engine (pid {child.pid}) killed by signal {os.WTERMSIG(status)}: exit code {code}")
     return code
