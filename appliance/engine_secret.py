@@ -17,9 +17,10 @@ launch of a variant (`stable_config_path`), so argv itself carries nothing per l
 rule in appliance/observe/vllm_compile_rules.py).
 
 One cost, read in vLLM 0.26.0's `api_server.setup_server`: it logs `non-default args: {…}` with
-`api_key` in clear (0.32 redacts it: `redact_sensitive_args`). `redact` removes engine keys from any
-engine log text the appliance shows or stores; the raw log lives beside the key file, readable by
-the engine's user only.
+`api_key` in clear (0.32 redacts it: `redact_sensitive_args`). `redact` (appliance/engine_redact.py,
+re-exported here) removes engine keys from any engine log text the appliance shows or stores, and
+the engine's output is redacted *as it is written*: by the process shim into `engine.log`, by the
+Docker runtime's container wrapper before the daemon's json log sees it — no file on disk holds it.
 
 vLLM takes one `--config` (`assert args.count("--config") <= 1`): a recipe that brings its own is
 refused by the runtimes with the reason (`config_flag_in`).
@@ -28,13 +29,17 @@ refused by the runtimes with the reason (`config_flag_in`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
+from appliance.engine_redact import CONFIG_KEY as CONFIG_KEY
+from appliance.engine_redact import REDACTED as REDACTED
+from appliance.engine_redact import StreamRedactor as StreamRedactor
+from appliance.engine_redact import redact as redact
+
 CONFIG_FLAG = "--config"
-CONFIG_KEY = "api-key"
 # vLLM accepts only .yaml/.yml config files (load_config_file checks the extension).
 KEY_FILE_NAME = "engine-key.yaml"
 # Where a container engine finds it: docker puts the file into the created container before it
@@ -42,11 +47,6 @@ KEY_FILE_NAME = "engine-key.yaml"
 CONTAINER_KEY_DIR = "/run/appliance-engine"
 CONTAINER_KEY_PATH = f"{CONTAINER_KEY_DIR}/{KEY_FILE_NAME}"
 
-# controller/supervisor/launch_key.py makes keys as "eng_" + secrets.token_urlsafe(32): 43 characters.
-_ENGINE_KEY = re.compile(r"eng_[A-Za-z0-9_-]{43}")
-# vLLM 0.26.0's "non-default args: {…, 'api_key': ['KEY'], …}" (a key of any shape, e.g. a recipe's own).
-_ARGS_API_KEY = re.compile(r"""(['"]api_key['"]\s*:\s*)(\[[^\]]*\]|'[^']*'|"[^"]*")""")
-REDACTED = "<redacted>"
 # A secret-looking word as a whole `_`-separated component (HF_TOKEN, OPENAI_API_KEY, APIKEY...):
 # a bare substring match redacted TOKENIZERS_PARALLELISM and hid a DOMAIN §2 must-export value.
 _SECRET_NAME = re.compile(
@@ -95,50 +95,6 @@ def stable_config_path(directory: str, variant: str) -> str:
     the variant (argv carries nothing per launch), distinct per variant."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", variant)[:64] or "engine"
     return f"{directory.rstrip('/')}/{safe}.{KEY_FILE_NAME}"
-
-
-def redact(text: str, keys: Iterable[str] = ()) -> str:
-    """`text` with every engine key removed: the appliance's own key shape, the `api_key` value of
-    vLLM's non-default-args line, and each of `keys` (a recipe's own key) wherever it appears."""
-    for key in keys:
-        if key and len(key) >= 8:  # a very short "key" would blank ordinary words
-            text = text.replace(key, REDACTED)
-    text = _ARGS_API_KEY.sub(lambda m: m.group(1) + f"'{REDACTED}'", text)
-    return _ENGINE_KEY.sub(REDACTED, text)
-
-
-class StreamRedactor:
-    """`redact` over a byte stream cut anywhere (the engine's pipe, read in chunks): the process shim
-    writes the engine log through it, so no file on disk holds a key. Whole lines are redacted and
-    passed on (a line ends at LF or CR: progress bars redraw with CR); an unfinished line is kept
-    until its end arrives, so a key split across two reads is still seen whole. A line longer than
-    `max_line` is cut at its last whitespace (a key holds none: appliance/recipe/key_chars.py), so a
-    stream that never ends its line cannot grow the buffer without bound. Bytes that are not UTF-8
-    pass through unchanged (surrogateescape)."""
-
-    def __init__(self, keys: Iterable[str] = (), max_line: int = 64 * 1024) -> None:
-        self._keys = [k for k in keys if k]
-        self._max_line = max_line
-        self._pending = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The redacted bytes that may be written now."""
-        data = self._pending + chunk
-        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-        if end == 0 and len(data) > self._max_line:
-            end = max(data.rfind(b" "), data.rfind(b"\t")) + 1 or len(data)
-        self._pending = data[end:]
-        return self._redact(data[:end])
-
-    def flush(self) -> bytes:
-        """The rest (the stream ended without a final newline)."""
-        rest, self._pending = self._pending, b""
-        return self._redact(rest)
-
-    def _redact(self, data: bytes) -> bytes:
-        if not data:
-            return b""
-        return redact(data.decode("utf-8", "surrogateescape"), self._keys).encode("utf-8", "surrogateescape")
 
 
 # ---- secret-shaped values: the one place every shown recipe, spec and launch record is redacted ----

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
@@ -178,10 +179,15 @@ class LaunchSpec(Frozen):
 
     def command(self) -> tuple[str, ...]:
         """The full command: source the platform env files first (DOMAIN §2), then exec the engine."""
+        return self.sourced(self.argv)
+
+    def sourced(self, argv: Sequence[str]) -> tuple[str, ...]:
+        """`argv` run the way the engine is: after the platform env files are sourced (the Docker
+        runtime runs its container wrapper so, in the interpreter the sourced env puts first)."""
         if not self.source_files:
-            return self.argv
+            return tuple(argv)
         sources = " && ".join(f". {shlex.quote(f)}" for f in self.source_files)
-        return ("bash", "-c", f'{sources} && exec "$@"', "engine", *self.argv)
+        return ("bash", "-c", f'{sources} && exec "$@"', "engine", *argv)
 
     def cache_dirs(self) -> tuple[str, ...]:
         """The directories the env pins the compile caches to, sorted: they must exist before start.

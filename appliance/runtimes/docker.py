@@ -15,6 +15,12 @@ some of it cannot be fixed later:
 - Published ports bind to 127.0.0.1 unless configured: clients come in through the gateway.
 - The entrypoint is the spec's command[0] and the rest is the container's command, so an image
   ENTRYPOINT can never silently wrap what `appliance recipes render` shows.
+- The appliance's own containers (`wrapped=True`) run that command under the container wrapper
+  (controller/runtime/container_wrapper.py, `wrapped_argv`): the image's `python -I -S` as PID 1
+  copies the engine's output through the key redaction, so the daemon's json log on disk never
+  holds the engine key (vLLM 0.26 prints it in `non-default args`). The renders for hand-run
+  containers (`docker run`, compose, docker-py) do not: the wrapper's files are put into the
+  container by the runtime, and the rendered text says what that means for the daemon's log.
 - NVIDIA cards (`gpus`, docker's `--gpus` syntax) become a device request; gfx906 cards are plain
   device nodes (`/dev/kfd`, `/dev/dri`).
 - A bridge container listens on 0.0.0.0 inside and is published on 127.0.0.1 (DOMAIN §5: 127.0.0.1
@@ -54,6 +60,22 @@ if TYPE_CHECKING:
     from appliance.recipe.recipe_model import Recipe
 
 LOOPBACK = "127.0.0.1"
+# The interpreter the engine runs under in an image (`interpreter`) — and the container wrapper too:
+# it is started after the platform env files are sourced, so it is the engine's own python.
+ENGINE_PYTHON = "python"
+# Where the runtime puts the container wrapper and the two modules it imports, laid out as in the
+# source tree (the wrapper finds `appliance/` two levels above itself). Modules, by import name.
+WRAPPER_ROOT = "/run/appliance-wrapper"
+WRAPPER_MODULES = (
+    "controller.runtime.container_wrapper", "appliance.engine_redact", "appliance.engine_names",
+)
+WRAPPER_SCRIPT = f"{WRAPPER_ROOT}/controller/runtime/container_wrapper.py"
+# What every rendered hand-run container says about the daemon's log (no wrapper there).
+HAND_RUN_LOG_NOTE = (
+    "# run by hand, the engine's output goes unfiltered into the daemon's json log on disk (vLLM 0.26 "
+    "prints an --api-key's value in `non-default args`); the appliance runs it under its key-redacting "
+    "container wrapper (controller/runtime/container_wrapper.py)"
+)
 CONTAINER_PREFIX = "appliance-"
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -168,6 +190,14 @@ def gpu_request(gpus: str) -> dict[str, Any]:
     raise ValueError(f"gpus={gpus!r} is not `all`, a count, or `device=ID,...` (docker --gpus syntax)")
 
 
+def wrapped_argv(engine_argv: Sequence[str], *, key_file: bool) -> tuple[str, ...]:
+    """The engine's argv under the container wrapper: `python -I -S WRAPPER [--key-file K] -- ARGV`.
+    `-I`: the engine's PYTHONPATH/PYTHONHOME do not reach the wrapper; `-S`: no site-packages, so
+    no `.pth` runs (the gfx906 image's torch-first one would import torch into it)."""
+    key = ("--key-file", CONTAINER_KEY_PATH) if key_file else ()
+    return (ENGINE_PYTHON, "-I", "-S", WRAPPER_SCRIPT, *key, "--", *engine_argv)
+
+
 def container_kwargs(
     spec: LaunchSpec,
     launch_id: str,
@@ -175,19 +205,23 @@ def container_kwargs(
     host_mounts: Sequence[tuple[str, str]] = (),
     *,
     key_file: bool = False,
+    wrapped: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for docker SDK `client.containers.create(**kwargs)`, as plain data.
 
     `key_file`: the engine reads its per-launch API key from a vLLM config file that the runtime
     puts into the created container before it starts (appliance/engine_secret.py: `--config` at a
     path that is the same for every launch; never an environment variable) — renders
-    never pass it. `host_mounts`: the controller's own mounts when it runs in a container
+    never pass it. `wrapped`: the engine runs under the container wrapper (`wrapped_argv`), whose
+    files the runtime puts into the container too — renders never pass it either.
+    `host_mounts`: the controller's own mounts when it runs in a container
     (`translate_source`). Raises ValueError for a spec that cannot become a container.
     """
     rt = spec.runtime
     if not isinstance(rt, DockerLaunch):
         raise ValueError(f"recipe {spec.recipe!r} renders for the {rt.kind!r} runtime, not 'docker'")
-    command = with_key_config(spec.command(), CONTAINER_KEY_PATH) if key_file else spec.command()
+    engine = with_key_config(spec.argv, CONTAINER_KEY_PATH) if key_file else spec.argv
+    command = spec.sourced(wrapped_argv(engine, key_file=key_file) if wrapped else engine)
     kwargs: dict[str, Any] = {
         "image": rt.image,
         "name": container_name(launch_id),
@@ -270,7 +304,7 @@ def _docker_run(spec: LaunchSpec, recipe: Recipe | None) -> str:
         opts.append(["--workdir", kw["working_dir"]])
     opts.append(["--entrypoint", kw["entrypoint"][0]])
     lines = ["# no --memory: the container must be created without a memory limit (DOMAIN §3)",
-             "docker run -d \\"]
+             HAND_RUN_LOG_NOTE, "docker run -d \\"]
     lines += [f"  {shlex.join(o)} \\" for o in opts]
     lines.append(f"  {shlex.quote(kw['image'])} \\")
     lines.append("  " + shlex.join(kw["command"]))
@@ -310,7 +344,8 @@ def _compose(spec: LaunchSpec, recipe: Recipe | None) -> str:
     doc = {"services": {"engine": compose_escape(service)}}
     header = ("# compose service for recipe '{}' (spec {}); no mem_limit by design (DOMAIN §3)\n"
               "# every '$' is written '$$': compose interpolates values, this file states them literally\n")
-    return header.format(spec.recipe, spec.spec_hash) + yaml.safe_dump(doc, sort_keys=False, width=200)
+    return (header.format(spec.recipe, spec.spec_hash) + HAND_RUN_LOG_NOTE + "\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=200))
 
 
 def compose_escape(value: Any) -> Any:
@@ -373,7 +408,7 @@ class DockerPlugin:
         return LOOPBACK if bridge or recipe.engine.host == "0.0.0.0" else recipe.engine.host
 
     def interpreter(self, recipe: Recipe, facts: HostFacts) -> str:
-        return "python"  # in the image, the interpreter the sourced DTK env puts first on PATH
+        return ENGINE_PYTHON  # in the image, the interpreter the sourced DTK env puts first on PATH
 
     def workdir(self, recipe: Recipe, facts: HostFacts) -> str | None:
         return None  # the image's own WORKDIR

@@ -16,6 +16,13 @@ some of it cannot be fixed later:
 - Published ports bind to 127.0.0.1 unless configured: clients come in through the gateway.
 - The entrypoint is set explicitly to the spec's command (argv[0] as entrypoint, the rest as cmd), so
   an image ENTRYPOINT can never silently wrap what `appliance recipes render` shows.
+- **No key in the daemon's log.** The command runs under the container wrapper
+  (controller/runtime/container_wrapper.py), PID 1 in the image's own `python -I -S`: it copies the
+  engine's stdout/stderr through the key redaction, so the daemon's json log on disk
+  (/var/lib/docker/containers/ID/ID-json.log) never holds the engine key that vLLM 0.26 prints in
+  `non-default args`; it relays TERM/INT to the engine and exits with its status (128+N for a
+  signal). Its files are put into the created container like the key file (`put_wrapper_files`).
+  An image without `python` is refused at the start, saying why.
 - NVIDIA cards (`gpus`, docker's `--gpus` syntax) become a DeviceRequest; gfx906 cards are
   plain device nodes (`/dev/kfd`, `/dev/dri`) in `devices` (LaunchSpec.runtime).
 - The environment is exactly the spec's — plus whatever ENV the image itself declares (the daemon
@@ -27,6 +34,7 @@ when no daemon runs; every daemon failure surfaces as EngineRuntimeError with an
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import math
@@ -88,6 +96,11 @@ _START_HINTS: tuple[tuple[str, str], ...] = (
     ("error gathering device information", "a device in the spec does not exist on this host"),
     ("Unable to find group", "group_add names need an /etc/group entry in the image; use numeric GIDs"),
     ("port is already allocated", "another process already publishes that host port (the previous engine?)"),
+    (f'"{docker_plugin.ENGINE_PYTHON}": executable file not found',
+     f"the image has no `{docker_plugin.ENGINE_PYTHON}` on PATH: the appliance runs every engine container "
+     "under its key-redacting wrapper (controller/runtime/container_wrapper.py) in the image's own "
+     "interpreter, so that the daemon's log on disk never holds the engine key; build the image with "
+     "the engine's python first on PATH"),
 )
 
 
@@ -117,16 +130,48 @@ def container_create_kwargs(
     host_mounts: Sequence[tuple[str, str]] = (),
     *,
     key_file: bool = False,
+    wrapped: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for `client.containers.create`: the docker plug-in's one translation
     (`appliance.runtimes.docker.container_kwargs`, what `render --format docker-py` prints), with
     its plain ulimit and device-request dicts made SDK types here, at the SDK edge."""
     try:
         kwargs = docker_plugin.container_kwargs(spec, launch_id, publish_address, host_mounts,
-                                                key_file=key_file)
+                                                key_file=key_file, wrapped=wrapped)
     except ValueError as exc:
         raise EngineRuntimeError(str(exc)) from None
     return to_sdk(kwargs)
+
+
+def _wrapper_tar(under: str = "") -> bytes:
+    """A tar of the container wrapper and the modules it imports (WRAPPER_MODULES), at their source
+    tree paths under `[under/]appliance-wrapper`, with an empty `appliance/__init__.py` (a package
+    marker: the wrapper needs no more of the package). Directories 0755 and files 0444, root's:
+    readable by any image user, writable by none."""
+    root = docker_plugin.WRAPPER_ROOT.rsplit("/", 1)[1]
+    if under:
+        root = f"{under}/{root}"
+    files: dict[str, bytes] = {"appliance/__init__.py": b""}
+    for module in docker_plugin.WRAPPER_MODULES:
+        found = importlib.util.find_spec(module)
+        if found is None or found.origin is None:
+            raise EngineRuntimeError(f"the container wrapper's module {module} is not installed here")
+        files[module.replace(".", "/") + ".py"] = Path(found.origin).read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        folders = sorted({root} | {f"{root}/{'/'.join(name.split('/')[:i])}" for name in files
+                                   for i in range(1, name.count("/") + 1)})
+        if under:
+            folders.insert(0, under)
+        for folder in folders:
+            entry = tarfile.TarInfo(folder)
+            entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(entry)
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size, info.mode = len(data), 0o444
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def _key_tar(key: str, folder: str, uid: int, gid: int, numeric: bool, under: str = "") -> bytes:
@@ -237,14 +282,19 @@ class DockerRuntime:
         kill_wait_s: float = 30.0,
         instance_id: str | None = None,
         port_check: PortCheck = ensure_port_free,
+        redacting_wrapper: bool = True,
     ) -> None:
         """`publish_address`: host address published ports bind to. `kill_wait_s`: how long to wait
         for the container to end after the KILL that follows an unsuccessful `docker stop`.
         `instance_id`: this appliance's id (LABEL_INSTANCE on every container; adopt() takes only
         containers that carry it: another appliance may use the same daemon). None: unscoped.
         `port_check`: proves a host port free before the start (PortInUse otherwise); a seam so that
-        tests with a fake daemon do not depend on what holds the host's real ports."""
+        tests with a fake daemon do not depend on what holds the host's real ports.
+        `redacting_wrapper`: run the engine under the container wrapper (the module docstring).
+        False only for images without Python (the busybox images of the container-option tests):
+        then the daemon's json log on disk holds whatever the engine prints, keys included."""
         self._client = client
+        self.redacting_wrapper = redacting_wrapper
         self._port_check = port_check
         self.instance_id = instance_id
         self.publish_address = publish_address
@@ -312,7 +362,7 @@ class DockerRuntime:
         Separate from start() so that tests and `plan`-like tooling can `docker inspect` exactly
         what would run."""
         kwargs = container_create_kwargs(spec, launch_id, self.publish_address, self.host_mounts(),
-                                         key_file=engine_key is not None)
+                                         key_file=engine_key is not None, wrapped=self.redacting_wrapper)
         if self.instance_id is not None:
             kwargs["labels"] = {**kwargs["labels"], LABEL_INSTANCE: self.instance_id}
         with self._daemon(f"look up image {kwargs['image']}"):
@@ -325,14 +375,29 @@ class DockerRuntime:
                 ) from None
         with self._daemon(f"create container {kwargs['name']}", pass_not_found=False):
             container = self.client.containers.create(**kwargs)
-        if engine_key is not None:
-            try:
+        try:
+            if self.redacting_wrapper:
+                self.put_wrapper_files(container)
+            if engine_key is not None:
                 self.put_key_file(container, engine_key)
-            except EngineRuntimeError:
-                with self._daemon(f"remove container {container.name} that got no key file"):
-                    container.remove(force=True)
-                raise
+        except EngineRuntimeError:
+            with self._daemon(f"remove container {container.name} that got no key or wrapper file"):
+                container.remove(force=True)
+            raise
         return container
+
+    def put_wrapper_files(self, container: Container) -> None:
+        """The container wrapper and its two modules into the created (not yet started) container,
+        under WRAPPER_ROOT, through the Engine API's archive upload (as `put_key_file`). An image
+        without `/run` gets one, 0755 root."""
+        parent = docker_plugin.WRAPPER_ROOT.rsplit("/", 1)[0]
+        with self._daemon(f"put the container wrapper into {container.name}", pass_not_found=False):
+            try:
+                done = container.put_archive(parent or "/", _wrapper_tar())
+            except docker.errors.NotFound:  # no such parent in the image: create it from the root
+                done = container.put_archive("/", _wrapper_tar(under=parent.strip("/")))
+            if not done:
+                raise EngineRuntimeError(f"the daemon refused the container wrapper for {container.name}")
 
     def put_key_file(self, container: Container, key: str) -> None:
         """The key's vLLM config file into the created (not yet started) container, through the

@@ -59,6 +59,7 @@ import psutil
 # the appliance's own (appliance/engine_secret.py), from the tree this file is part of.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from appliance.engine_names import ENGINE_KEY_ENV
+from appliance.engine_redact import argv_keys
 from appliance.engine_secret import (
     StreamRedactor,
     key_from_config,
@@ -113,11 +114,7 @@ def engine_keys(key_file: Path | None, command: Sequence[str], env: dict[str, st
             key = None
         if key:
             keys.append(key)
-    for i, arg in enumerate(command):
-        if arg == "--api-key" and i + 1 < len(command):
-            keys.append(command[i + 1])
-        elif arg.startswith("--api-key="):
-            keys.append(arg.split("=", 1)[1])
+    keys += argv_keys(command)
     if env.get(ENGINE_KEY_ENV):
         keys.append(env[ENGINE_KEY_ENV])
     return keys

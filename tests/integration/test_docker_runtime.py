@@ -24,11 +24,13 @@ from typing import Any
 
 import docker
 import docker.errors
+import httpx
 import psutil
 import pytest
 
 from appliance.engine_secret import CONTAINER_KEY_PATH
 from appliance.recipe.launch_spec import LaunchSpec, Mount, Ulimit
+from appliance.runtimes.docker import WRAPPER_SCRIPT
 from controller.runtime.base import (
     LABEL_INSTANCE,
     LABEL_LAUNCH_ID,
@@ -42,7 +44,7 @@ from controller.runtime.base import (
 from controller.runtime.docker import DockerRuntime
 from controller.runtime.ports import PortInUse
 from controller.supervisor.launch_key import new_engine_key
-from tests.integration.images import busybox_image
+from tests.integration.images import CPU_VLLM_IMAGE, busybox_image
 from tests.integration.runtime_specs import docker_options, docker_spec
 
 pytestmark = pytest.mark.docker
@@ -102,7 +104,9 @@ def made(client: docker.DockerClient) -> Iterator[Tracker]:
 
 @pytest.fixture
 def rt(client: docker.DockerClient) -> DockerRuntime:
-    return DockerRuntime(client, kill_wait_s=30.0)
+    # busybox has no Python for the key-redacting container wrapper: these tests are about the
+    # container's options; the wrapper is tested in test_docker_log_redaction.py (an image with one).
+    return DockerRuntime(client, kill_wait_s=30.0, redacting_wrapper=False)
 
 
 def busybox_spec(image: str, script: str, **common: Any) -> LaunchSpec:
@@ -342,8 +346,10 @@ def test_adopt_ignores_another_appliance_instances_container(
     client: docker.DockerClient, image: str, made: Tracker, tmp_path: Path
 ) -> None:
     # Issue 23: two appliances (two APPLIANCE_HOMEs) on one daemon; each adopts only its own engines.
-    theirs = DockerRuntime(client, kill_wait_s=30.0, instance_id=f"other-{uuid.uuid4().hex[:8]}")
-    mine = DockerRuntime(client, kill_wait_s=30.0, instance_id=f"mine-{uuid.uuid4().hex[:8]}")
+    theirs = DockerRuntime(client, kill_wait_s=30.0, instance_id=f"other-{uuid.uuid4().hex[:8]}",
+                           redacting_wrapper=False)
+    mine = DockerRuntime(client, kill_wait_s=30.0, instance_id=f"mine-{uuid.uuid4().hex[:8]}",
+                         redacting_wrapper=False)
     spec = busybox_spec(image, "echo READY; sleep 300")
     launch_id = made.launch_id()
     handle = theirs.start(spec, launch_id)
@@ -354,3 +360,151 @@ def test_adopt_ignores_another_appliance_instances_container(
     assert launch_id not in [h.launch_id for h in mine.adopt()]
     adopted = [h for h in theirs.adopt() if h.launch_id == launch_id]
     assert [h.instance for h in adopted] == [theirs.instance_id]
+
+
+# -- the engine key never in the daemon's log: the container wrapper -----------------------------
+
+# Printed like vLLM 0.26.0's api_server at every launch (the key read from the launch's key config,
+# `--config PATH` at the end of argv: $1 $2 of the script), once on stdout and once on stderr; then
+# a line that must arrive while the engine still runs, and a TERM trap saying it was called.
+VLLM026_SCRIPT = """
+key=$(sed -n 's/^api-key: //p' "$2")
+echo "INFO 12-02 03:00:00 [api_server.py:1477] non-default args: {'model': '/m', 'api_key': ['$key']}"
+echo "warning on stderr, the key again: $key" >&2
+trap 'echo "engine got TERM"; exit 7' TERM
+echo "engine ready"
+while :; do sleep 0.1; done
+"""
+
+
+@pytest.fixture(scope="module")
+def python_image(client: docker.DockerClient) -> str:
+    """An image with the engine's Python: the CPU engine's own (scripts/build-images.sh)."""
+    try:
+        client.images.get(CPU_VLLM_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{CPU_VLLM_IMAGE} not built (the wrapper needs a Python): bash scripts/build-images.sh")
+    return CPU_VLLM_IMAGE
+
+
+def daemon_log(container: Any) -> tuple[str, list[dict[str, Any]]]:
+    """The daemon's json-file log as it is on disk (LogPath; the tests run as root): its raw text
+    and its records (one JSON object per line: log, stream, time)."""
+    raw = Path(container.attrs["LogPath"]).read_text()
+    return raw, [json.loads(line) for line in raw.splitlines() if line]
+
+
+def vllm026_launch(rt: DockerRuntime, image: str, made: Tracker) -> tuple[str, EngineHandle, Any]:
+    key = new_engine_key()
+    spec = docker_spec(image, ("sh", "-c", VLLM026_SCRIPT, "engine"), env={},
+                       docker={"network_mode": "none"})
+    handle = rt.start(spec, made.launch_id(), key)
+    made.container_ids.append(handle.ref)
+    wait_for_log(rt, handle, "engine ready")
+    return key, handle, rt.client.containers.get(handle.ref)
+
+
+def test_the_daemon_log_on_disk_never_holds_the_engine_key(
+    client: docker.DockerClient, python_image: str, made: Tracker
+) -> None:
+    """Issue 31 item 7 for the Docker runtime: the container's output reaches the daemon only
+    through the wrapper's redaction — its json log file, `docker logs` and the runtime's own
+    reading hold no key, stdout and stderr each keep their stream, a line arrives while the engine
+    runs, `docker stop` gives the engine TERM (once), and the exit status recorded is the engine's."""
+    rt = DockerRuntime(client, kill_wait_s=30.0)
+    key, handle, container = vllm026_launch(rt, python_image, made)
+    assert rt.inspect(handle).running  # "engine ready" came through while it runs: not held back
+    raw, records = daemon_log(container)
+    logs = container.logs(stdout=True, stderr=True).decode()
+    for text in (raw, logs, rt.read_logs(handle, 0)[0]):
+        assert key not in text
+    by_stream = {s: "".join(r["log"] for r in records if r["stream"] == s) for s in ("stdout", "stderr")}
+    assert "non-default args: {'model': '/m', 'api_key': '<redacted>'}\n" in by_stream["stdout"]
+    assert "the key again: <redacted>" in by_stream["stderr"]
+    assert "engine ready" in by_stream["stdout"]
+    config = client.api.inspect_container(handle.ref)["Config"]
+    assert [*config["Entrypoint"], *config["Cmd"]][:4] == ["python", "-I", "-S", WRAPPER_SCRIPT]  # PID 1
+    assert rt.read_engine_key(handle) == key  # adoption reads the key file as before
+
+    info = rt.stop(handle, grace_s=LIVENESS_S)
+    assert (info.running, info.exit_code, info.signal) == (False, 7, None)  # the engine's own status
+    text, _ = rt.read_logs(handle, 0)
+    assert text.count("engine got TERM") == 1
+    assert key not in daemon_log(container)[0]
+
+
+def test_without_the_wrapper_the_daemon_log_holds_the_key(
+    client: docker.DockerClient, python_image: str, made: Tracker
+) -> None:
+    """The control: the same launch with the wrapper switched off leaves the key in the daemon's
+    json log on disk — what the test above would see if the wrapper did nothing."""
+    rt = DockerRuntime(client, kill_wait_s=30.0, redacting_wrapper=False)
+    key, handle, container = vllm026_launch(rt, python_image, made)
+    assert key in daemon_log(container)[0]
+    rt.stop(handle, grace_s=LIVENESS_S)
+
+
+def test_an_image_without_python_is_refused_saying_why(
+    client: docker.DockerClient, image: str, made: Tracker
+) -> None:
+    """busybox has no `python` (and no /run: the wrapper's files and the key file are put there
+    anyway): the start fails naming the wrapper, and no container is left behind."""
+    rt = DockerRuntime(client, kill_wait_s=30.0)
+    launch_id = made.launch_id()
+    with pytest.raises(EngineRuntimeError, match=r"no `python` on PATH.*key-redacting wrapper"):
+        rt.start(busybox_spec(image, "echo never"), launch_id, new_engine_key())
+    assert client.containers.list(all=True, filters={"label": f"{LABEL_LAUNCH_ID}={launch_id}"}) == []
+
+
+ENGINE_MODEL = Path("/var/lib/appliance/models/smollm2-135m-instruct")
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_real_cpu_vllm_engine_in_its_image_starts_answers_and_stops_under_the_wrapper(
+    client: docker.DockerClient, python_image: str, made: Tracker, tmp_path: Path
+) -> None:
+    """vLLM 0.32 (the cpu-vllm image) through the Docker runtime with the wrapper as PID 1: ready,
+    answers with the launch's key, its start-up lines reach the log while it starts, the key is in
+    no log, a stop is a clean TERM shutdown (not the daemon's KILL)."""
+    if not (ENGINE_MODEL / "config.json").exists():
+        pytest.skip(f"model not converted ({ENGINE_MODEL}/config.json missing): run `appliance engine setup`")
+    port = _free_port()
+    cache = tmp_path / "vllm-cache"
+    cache.mkdir()
+    spec = docker_spec(
+        python_image,
+        ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/model",
+         "--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", "bfloat16",
+         "--enforce-eager",  # about the runtime, not the compile cache: skip compiling
+         "--host", "127.0.0.1", "--port", str(port)),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cache), "VLLM_LOGGING_LEVEL": "INFO",
+             "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        docker={"network_mode": "host", "ipc_mode": "host",
+                "mounts": (Mount(source=str(ENGINE_MODEL), target="/model", read_only=True),
+                           Mount(source=str(cache), target=str(cache)))},
+        port=port, cache_root=str(cache),
+    )
+    rt = DockerRuntime(client, kill_wait_s=30.0)
+    key = new_engine_key()
+    handle = rt.start(spec, made.launch_id(), key)
+    made.container_ids.append(handle.ref)
+    try:
+        wait_for_log(rt, handle, r"Application startup complete", timeout_s=900)
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{spec.base_url}/v1/models", timeout=30).status_code == 401
+        answer = httpx.post(f"{spec.base_url}/v1/chat/completions", headers=auth, timeout=120, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 8, "temperature": 0}).json()
+        assert answer["usage"]["completion_tokens"] >= 1
+        pids = rt.engine_pids(handle)
+        assert len(pids) >= 3  # the wrapper (PID 1), the API server, its engine core
+        pid1 = int(client.api.inspect_container(handle.ref)["State"]["Pid"])
+        assert pid1 in pids and psutil.Process(pid1).cmdline()[:4] == ["python", "-I", "-S", WRAPPER_SCRIPT]
+    finally:
+        info = rt.stop(handle, grace_s=60)
+    assert not info.running
+    assert info.exit_code != 137 and info.signal in (None, int(signal.SIGTERM)), info  # TERM, not KILL
+    raw, records = daemon_log(client.containers.get(handle.ref))
+    assert key not in raw
+    assert any("non-default args" in r["log"] for r in records)

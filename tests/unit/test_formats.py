@@ -11,6 +11,7 @@ import yaml
 from appliance.recipe.formats import FORMATS, FormatError, format_spec, vllm_config
 from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.render import render
+from appliance.runtimes.docker import HAND_RUN_LOG_NOTE
 from tests.unit.recipe_helpers import C, fixed_facts, shipped
 
 
@@ -26,7 +27,9 @@ def cpu() -> LaunchSpec:
 
 def test_docker_command_round_trips_through_a_shell(gfx: LaunchSpec) -> None:
     text = format_spec(gfx, "docker")
-    words = shlex.split(text.split("\n", 1)[1].replace("\\\n", " "))
+    assert HAND_RUN_LOG_NOTE in text.splitlines()  # what a hand run means for the daemon's log
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    words = shlex.split(body.replace("\\\n", " "))
     assert words[:3] == ["docker", "run", "-d"]
     image_at = words.index(gfx.runtime.engine_image() or "")
     assert words[image_at - 2:image_at] == ["--entrypoint", "bash"]
@@ -51,7 +54,9 @@ def test_docker_py_kwargs(gfx: LaunchSpec) -> None:
 
 
 def test_compose_service(gfx: LaunchSpec) -> None:
-    service = yaml.safe_load(format_spec(gfx, "compose"))["services"]["engine"]
+    text = format_spec(gfx, "compose")
+    assert HAND_RUN_LOG_NOTE in text.splitlines()  # what a hand run means for the daemon's log
+    service = yaml.safe_load(text)["services"]["engine"]
     # `exec "$@"` of the sourcing wrapper is written `$$@`: compose reads it back as `$@`.
     assert service["entrypoint"] + service["command"] == [a.replace("$", "$$") for a in gfx.command()]
     assert any("$$@" in a for a in service["command"])

@@ -214,15 +214,26 @@ def test_docker_timestamps_with_nanoseconds() -> None:
 
 
 class FakeContainer:
-    def __init__(self, start_error: Exception | None) -> None:
+    def __init__(self, start_error: Exception | None, *, has_run: bool = True) -> None:
         self.start_error = start_error
         self.removed = False
+        self.started = False
+        self.has_run = has_run  # an image without /run (busybox) answers NotFound for it
+        self.archives: list[tuple[str, bytes]] = []  # (path, tar) uploaded before the start
         self.name = "appliance-L1"
         self.id = "c0ffee"
         self.short_id = "c0ffee"
         self.attrs: dict[str, Any] = {"State": {"StartedAt": "2026-11-29T07:21:40.5Z"}}
 
+    def put_archive(self, path: str, data: bytes) -> bool:
+        assert not self.started, "files go in before the start"
+        if path == "/run" and not self.has_run:
+            raise docker.errors.NotFound("Could not find the file /run in container appliance-L1")
+        self.archives.append((path, data))
+        return True
+
     def start(self) -> None:
+        self.started = True
         if self.start_error is not None:
             raise self.start_error
 
@@ -244,13 +255,16 @@ class FakeImages:
 
 
 class FakeContainers:
-    def __init__(self, start_error: Exception | None) -> None:
+    def __init__(self, start_error: Exception | None, has_run: bool = True) -> None:
         self.made: list[FakeContainer] = []
+        self.created_with: list[dict[str, Any]] = []
         self.start_error = start_error
+        self.has_run = has_run
 
     def create(self, **kwargs: Any) -> FakeContainer:
         assert "mem_limit" not in kwargs
-        self.made.append(FakeContainer(self.start_error))
+        self.created_with.append(kwargs)
+        self.made.append(FakeContainer(self.start_error, has_run=self.has_run))
         return self.made[-1]
 
     def get(self, ref: str) -> FakeContainer:
@@ -258,9 +272,11 @@ class FakeContainers:
 
 
 class FakeClient:
-    def __init__(self, image_present: bool = True, start_error: Exception | None = None) -> None:
+    def __init__(
+        self, image_present: bool = True, start_error: Exception | None = None, has_run: bool = True
+    ) -> None:
         self.images = FakeImages(image_present)
-        self.containers = FakeContainers(start_error)
+        self.containers = FakeContainers(start_error, has_run)
 
 
 class PortsAsked:

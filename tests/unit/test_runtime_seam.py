@@ -23,7 +23,7 @@ from appliance.recipe.recipe_model import Recipe
 from appliance.recipe.render import render
 from appliance.runtimes import registry as pure_registry
 from appliance.runtimes.base import FormatError
-from appliance.runtimes.docker import DockerLaunch, manual_launch_id
+from appliance.runtimes.docker import DockerLaunch, manual_launch_id, wrapped_argv
 from appliance.runtimes.process import ProcessLaunch
 from controller.runtime import registry as effect_registry
 from controller.runtime.docker import DockerRuntime
@@ -180,6 +180,9 @@ class _Container:
     id = short_id = "c0ffee"
     attrs: ClassVar[dict[str, Any]] = {"State": {"StartedAt": "2026-11-29T07:21:40.5Z", "Running": True}}
 
+    def put_archive(self, path: str, data: bytes) -> bool:
+        return True  # the container wrapper's files (this test gives no key)
+
     def start(self) -> None: ...
     def reload(self) -> None: ...
     def remove(self, force: bool = False) -> None: ...
@@ -225,8 +228,12 @@ def test_the_docker_runtime_creates_exactly_what_render_docker_py_prints(
     runtime.mountinfo = tmp_path / "no-mountinfo"  # on a host: paths pass through
     runtime.start(spec, manual_launch_id(spec))
     printed = json.loads(formats.format_spec(spec, "docker-py", recipe))
-    assert [_plain(k) for k in client.created] == [printed]
     assert printed["entrypoint"] == [spec.command()[0]] and printed["name"] == f"appliance-manual-{name}"
+    # One difference, by design: the runtime runs the printed argv under its key-redacting container
+    # wrapper (a hand-run container has no wrapper files; the render says so).
+    wrapped = spec.sourced(wrapped_argv(spec.argv, key_file=False))
+    assert [_plain(k) for k in client.created] == [
+        {**printed, "entrypoint": [wrapped[0]], "command": list(wrapped[1:])}]
 
 
 def test_the_key_file_flag_is_the_only_difference() -> None:
