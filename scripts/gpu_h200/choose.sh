@@ -25,13 +25,29 @@ timeout 240 "${APP[@]}" up --recipe cuda-smollm2-eager > "$R/up.txt" 2>&1; echo 
 redact "$R/up.txt"; tail -3 "$R/up.txt"; pack
 
 say "choose (plan, then the tournament; the ETA is in the plan)"
-timeout 560 "${APP[@]}" choose --recipes 'cuda-smollm2-*' --json --yes "${ACC[@]}" \
-  --budget "${CHOOSE_BUDGET:-8m}" --ready-timeout 400 > "$R/choice.json" 2> "$R/choose-progress.txt"
-RC=$?; echo "choose rc=$RC" >> "$R/choose-progress.txt"
+# The CLI follows the choice and prints the record at the end. It runs in its own session so that a
+# choice longer than one device command can be collected by the next call (CHOOSE_WAIT_S bounds this
+# one's wait; the controller and the choice go on until the machine goes back). On a fresh host the
+# ETA comes from defaults (no history), so the budget must cover them: CHOOSE_BUDGET.
+setsid timeout 3000 "${APP[@]}" choose --recipes "${CHOOSE_RECIPES:-cuda-smollm2-*}" --json --yes "${ACC[@]}" \
+  --budget "${CHOOSE_BUDGET:-8m}" --ready-timeout 400 > "$R/choice.json" 2> "$R/choose-progress.txt" < /dev/null &
+CPID=$!
+END=$(( T0 + ${CHOOSE_WAIT_S:-540} ))
+while kill -0 "$CPID" 2>/dev/null && [ "$(date +%s)" -lt "$END" ]; do sleep 3; done
+if kill -0 "$CPID" 2>/dev/null; then
+  RC=124; say "the choice is still running (pid $CPID): collecting what it has; call again with CHOOSE_COLLECT=1"
+else
+  wait "$CPID"; RC=$?
+fi
+echo "choose rc=$RC" >> "$R/choose-progress.txt"
 redact "$R/choose-progress.txt" "$R/choice.json"; tail -5 "$R/choose-progress.txt"; pack
 
 say "collect"
 ID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$R/choice.json" 2>/dev/null)
+if [ -z "$ID" ]; then  # still running (or cut): the newest choice's record as the controller has it now
+  ID=$("${APP[@]}" choices --json 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r[0]["id"] if r else "")' 2>/dev/null)
+  [ -n "$ID" ] && "${APP[@]}" choices "$ID" --json > "$R/choice.json" 2>/dev/null
+fi
 [ -n "$ID" ] && "${APP[@]}" choices "$ID" --markdown > "$R/choice.md" 2>&1
 "${APP[@]}" launches --json > "$R/launches.json" 2>&1
 mkdir -p "$R/launches" "$R/comparisons"
@@ -64,7 +80,7 @@ for cid in sorted({x["comparison_id"] for x in record["lines"] if x.get("compari
     Path(sys.argv[2], f"{cid}.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"comparison {cid}: {info['candidate']} vs {info['baseline']} {info['verdict']}")
 PY
-timeout 30 "${APP[@]}" down > "$R/down.txt" 2>&1
+[ "$RC" = 124 ] || timeout 30 "${APP[@]}" down > "$R/down.txt" 2>&1  # a choice still running is left to the next call
 find "$R" -type f -size +4M -exec truncate -s 4M {} +
 redact "$R"/*.txt "$R"/*.json "$R"/*.md "$R"/runs/*/engine.log "$R"/launches/*.json "$R"/comparisons/*.json
 cp "$R/choice.json" "$OUT/choice.json" 2>/dev/null; cp "$R/choice.md" "$OUT/choice.md" 2>/dev/null
