@@ -59,7 +59,8 @@ def test_the_gate_re_judges_from_its_stored_runs_to_the_same_verdict() -> None:
     cand = [BenchResult.model_validate(x) for x in report["runs"]["candidate"]]
     stored = GateResult.model_validate(report["gate"])
     assert all(x.mode == "standard" and not x.ignore_eos for x in (*base, *cand))
-    twin = Tokens(source=EAGER, why="derived: same model, dtype, platform and sampling, mode eager", runs=base)
+    why = "derived: same model, dtype, platform and sampling, mode eager"
+    twin = Tokens(source=EAGER, why=why, runs=base)
     again = gate(base, cand, Thresholds(), allowed_diffs=stored.allowed_diffs or None, cand_tokens=twin)
     assert again.verdict is stored.verdict is Verdict.ACCEPT
     assert Flag.EAGER_TWIN_EVIDENCE in again.flags and again.flags == stored.flags
