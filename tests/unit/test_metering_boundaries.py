@@ -404,3 +404,10 @@ def test_an_unfinished_event_is_carried_up_to_its_bound() -> None:
     at_bound = b"data: " + b"x" * (_MAX_CARRY - 6)
     assert StreamMeter(OBSERVE).feed(at_bound) == b""  # kept until its end arrives
     assert StreamMeter(OBSERVE).feed(at_bound + b"x") == at_bound + b"x"  # past it: passed on
+
+
+def test_a_stream_of_several_prompts_with_one_choice_each_sums_their_prompts() -> None:
+    # /v1/completions with two prompts, n = 1: choice i is prompt i, each with its own prompt count.
+    meter = _meter(_event(b'{"index":0,"text":"a"}', 5, 1), _event(b'{"index":1,"text":"b"}', 7, 1),
+                   plan=StreamPlan(keep_final=False, keep_continuous=False, choices=1))
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (12, 2)
