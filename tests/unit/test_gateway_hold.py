@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from controller.gateway.config import GatewayConfig
 from controller.gateway.hold.queue import Hold, HoldPlan, Outcome, Refused, Released, bind_metrics
 from controller.gateway.hold.sse import SseAfterHold, wants_stream
 from controller.gateway.metrics import GatewayMetrics
@@ -158,7 +160,7 @@ async def test_the_queue_and_a_key_share_are_full_at_exactly_their_bound() -> No
 
 
 async def test_a_failed_switch_answers_every_waiter_with_its_reason() -> None:
-    time = ManualTime()
+    time = ManualTime(1000.0)  # far from 0: a wait is a difference of two readings
     hold = _hold(time)
     hold.begin(PLAN)
     tasks = [asyncio.create_task(hold.wait("k", 5)) for _ in range(3)]
@@ -245,7 +247,7 @@ async def test_a_wait_is_bounded_by_max_wait_s_and_never_negative() -> None:
 
 
 async def test_a_client_that_goes_away_is_dropped_at_once() -> None:
-    time = ManualTime()
+    time = ManualTime(1000.0)
     hold = _hold(time)
     hold.begin(PLAN)
     task = asyncio.create_task(hold.wait("k", 5))
@@ -260,7 +262,7 @@ async def test_a_client_that_goes_away_is_dropped_at_once() -> None:
 
 
 async def test_a_streaming_waiter_is_told_why_and_when() -> None:
-    time = ManualTime()
+    time = ManualTime(1000.0)
     hold = _hold(time, tick_interval_s=5.0)
     hold.begin(HoldPlan("warm restart", wait_s=30.0, expected_ready_s=12.0))
     lines: list[str] = []
@@ -457,3 +459,55 @@ async def test_a_key_share_counts_only_its_requests_still_waiting() -> None:
     await _started(hold, 2)
     hold.release()
     assert all(isinstance(r, Released) for r in await _answered(*again))
+
+
+def test_the_defaults_are_the_gateways_and_the_plan_is_kept_as_given() -> None:
+    config = GatewayConfig(keys_db=Path("unused"))
+    hold = Hold()
+    assert (hold.max_waiting, hold.per_key_max, hold.tick_interval_s) == (
+        config.hold_max, config.hold_per_key_max, config.hold_tick_s)
+    hold.begin(PLAN)
+    assert hold.plan == PLAN
+
+
+async def test_a_share_of_one_admits_the_keys_first_request() -> None:
+    hold = _hold(ManualTime(), per_key_max=1)
+    hold.begin(PLAN)
+    first = asyncio.create_task(hold.wait("k", 5))
+    await _started(hold, 1)
+    second = await _now(hold.wait("k", 5))
+    assert isinstance(second, Refused) and second.outcome is Outcome.FULL
+    hold.release()
+    assert isinstance((await _answered(first))[0], Released)
+
+
+async def test_a_request_with_under_a_second_of_lease_left_still_waits() -> None:
+    time = ManualTime()
+    hold = _hold(time)
+    hold.begin(HoldPlan("apply", wait_s=10.0))
+    time.advance(9.5)
+    task = asyncio.create_task(hold.wait("k", 5))
+    await _started(hold, 1)
+    await _turns()
+    assert not task.done(), "refused with 0.5 s of the lease left"
+    hold.release()
+    assert isinstance((await _answered(task))[0], Released)
+
+
+async def test_refusals_and_waits_reach_the_metrics() -> None:
+    metrics = GatewayMetrics()
+    time = ManualTime(1000.0)
+    hold = _hold(time)
+    bind_metrics(hold, metrics)
+    await _now(hold.wait("k", 5))  # no hold: refused (timed_out, 0 s)
+    hold.begin(PLAN)
+    task = asyncio.create_task(hold.wait("k", 5))
+    await _started(hold, 1)
+    time.advance(4.0)
+    hold.release()
+    await _answered(task)
+    sample = metrics.registry.get_sample_value
+    assert sample("appliance_gateway_hold_requests_total", {"outcome": "timed_out"}) == 1
+    assert sample("appliance_gateway_hold_requests_total", {"outcome": "released"}) == 1
+    assert sample("appliance_gateway_hold_wait_seconds_count") == 2
+    assert sample("appliance_gateway_hold_wait_seconds_sum") == 4.0
