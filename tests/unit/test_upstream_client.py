@@ -504,6 +504,19 @@ async def test_a_small_answer_never_pauses_reading() -> None:
 
 
 @both_loops
+async def test_a_body_is_framed_whatever_the_method() -> None:
+    # A GET with a body still says how long it is: unframed, its bytes would be read as a next request.
+    async with serve(keep_answering) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"abc")
+        assert await resp.read_all() == b'{"n":1}'
+        resp.release()
+        await p.close()
+    (request,) = srv.requests
+    assert b"\r\nContent-Length: 3\r\n" in request and request.endswith(b"\r\n\r\nabc")
+
+
+@both_loops
 async def test_a_cut_answer_is_broken_and_garbage_is_not_http() -> None:
     async def cut(state: Server, reader: R, writer: W) -> None:
         await read_request(state, reader)
