@@ -353,3 +353,57 @@ def test_the_view_is_the_verdict() -> None:
     view = Fit(True, "why", numbers, 8001).view()
     assert view == {"fits": True, "why": "why", "numbers": {"port": 8001}, "port": 8001}
     assert view["numbers"] is not numbers
+
+
+# -- footprint_gib's walk of a process tree (fourth round of mutation testing) -------------------
+
+
+class _Mem:
+    def __init__(self, rss: int) -> None:
+        self.rss = rss
+
+
+class _Tree:
+    """``psutil.Process`` over a made-up process tree: pid → (parent, GiB resident); None is this
+    process (as in psutil); ``gone`` vanish when their memory is read."""
+
+    def __init__(self, procs: dict[int, tuple[int | None, int]], gone: frozenset[int] = frozenset()) -> None:
+        self.procs = procs
+        self.gone = gone
+
+    def __call__(self, pid: int | None = None) -> _Proc:
+        pid = 1 if pid is None else pid
+        if pid not in self.procs:
+            raise psutil.NoSuchProcess(pid)
+        return _Proc(self, pid)
+
+
+class _Proc:
+    def __init__(self, tree: _Tree, pid: int) -> None:
+        self.tree, self.pid = tree, pid
+
+    def children(self, recursive: bool = False) -> list[_Proc]:
+        direct = [_Proc(self.tree, p) for p, (parent, _) in self.tree.procs.items() if parent == self.pid]
+        return direct + [g for c in direct for g in c.children(True)] if recursive else direct
+
+    def memory_info(self) -> _Mem:
+        if self.pid in self.tree.gone:
+            raise psutil.NoSuchProcess(self.pid)
+        return _Mem(self.tree.procs[self.pid][1] * GIB)
+
+
+def test_the_footprint_is_the_whole_tree_once_and_skips_what_vanished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1: this process (psutil.Process(None)); 10 → 11 → 12 and 10 → 13: an engine, two workers, a
+    # worker's child.
+    procs = {1: (None, 64), 10: (None, 1), 11: (10, 2), 12: (11, 4), 13: (10, 16), 20: (None, 8)}
+    monkeypatch.setattr(psutil, "Process", _Tree(procs))
+    assert footprint_gib([10]) == 23.0  # the grandchild too
+    assert footprint_gib([10, 11, 10]) == 23.0  # each process once
+    assert footprint_gib([11, 10]) == 23.0  # a worker before its parent: the parent's others still count
+    assert footprint_gib([404, 10, 20]) == 31.0  # a pid that is gone is skipped, the rest counted
+    assert footprint_gib([404]) is None
+    # A child that exits while the tree is walked: the others are still counted.
+    monkeypatch.setattr(psutil, "Process", _Tree(procs, gone=frozenset({11})))
+    assert footprint_gib([10]) == 21.0

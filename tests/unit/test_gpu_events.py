@@ -19,6 +19,7 @@ from appliance.observe.gpu_events import (
     gpu_events_in_text,
     parse_gpu_line,
     pci_key,
+    xid_label,
 )
 from appliance.observe.kmsg import parse_stream
 
@@ -149,3 +150,81 @@ def test_a_ring_timeout_without_its_process_line_is_reported_as_it_is() -> None:
                                "emitted seq=7") == []  # waits one record for the process line
     (event,) = reader.feed_message("systemd[1]: something else entirely")
     assert event.kind is GpuEventKind.RING_TIMEOUT and event.pid is None and event.process is None
+
+
+# -- written from mutmut's survivors (README, "Mutation testing", fourth round) ------------------
+
+_RING = "amdgpu 0000:28:00.0: ring gfx_0.0.0 timeout, signaled seq=57638, emitted seq=57641"
+_RESET = "amdgpu 0000:0c:00.0: amdgpu: GPU reset begin!"
+_FAULT = "amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:32 vmid:0 pasid:0)"
+_UE = "amdgpu 0000:03:00.0: amdgpu: 1 uncorrectable hardware errors detected in umc block"
+_CE = "amdgpu 0000:03:00.0: amdgpu: 3 correctable hardware errors detected in gfx block"
+
+
+def test_each_amd_line_is_read_whole() -> None:
+    amd = {"vendor": "amd"}
+    assert parse_gpu_line(_RING) == GpuEvent(
+        **amd, kind=GpuEventKind.RING_TIMEOUT, pci="0000:28:00", ring="gfx_0.0.0", side=FaultSide.UNKNOWN,
+        fatal=False, action=GpuAction.RESTART_APP,
+        meaning="ring gfx_0.0.0 timed out (a job hung; the driver resets the ring or the card)", text=_RING)
+    assert parse_gpu_line(_RESET) == GpuEvent(
+        **amd, kind=GpuEventKind.RESET, pci="0000:0c:00", side=FaultSide.HARDWARE, fatal=True,
+        action=GpuAction.RESET_GPU,
+        meaning="GPU reset: every process on the card lost its context (VRAM may be lost)", text=_RESET)
+    assert parse_gpu_line(_FAULT) == GpuEvent(
+        **amd, kind=GpuEventKind.PAGE_FAULT, pci="0000:03:00", side=FaultSide.APPLICATION, fatal=False,
+        action=GpuAction.RESTART_APP, meaning="GPU page fault in gfxhub (an illegal address, like Xid 31)",
+        text=_FAULT)
+    assert parse_gpu_line(_UE) == GpuEvent(
+        **amd, kind=GpuEventKind.RAS, pci="0000:03:00", block="umc", count=1, side=FaultSide.HARDWARE,
+        fatal=True, action=GpuAction.RESET_GPU,
+        meaning="uncorrectable hardware errors in the umc block (RAS)", text=_UE)
+    assert parse_gpu_line(_CE) == GpuEvent(
+        **amd, kind=GpuEventKind.RAS, pci="0000:03:00", block="gfx", count=3, side=FaultSide.HARDWARE,
+        fatal=False, action=GpuAction.NONE, meaning="correctable hardware errors in the gfx block (RAS)",
+        text=_CE)
+
+
+@pytest.mark.parametrize(("line", "pci"), [
+    ("NVRM: Xid (PCI:0000:3b:00): cut", "0000:3b:00"),
+    ("NVRM: Xid (0000:3B:00) and the rest was lost", "0000:3b:00"),
+    ("NVRM: Xid (PCI:0000:3b:0", None),
+])
+def test_an_xid_line_cut_short_keeps_its_card_and_text(line: str, pci: str | None) -> None:
+    assert parse_gpu_line(line) == GpuEvent(vendor="nvidia", kind=GpuEventKind.UNKNOWN, known=False,
+                                            text=line, pci=pci,
+                                            meaning="an Xid line that could not be read whole")
+
+
+def test_an_xid_event_is_nvidias() -> None:
+    event = parse_gpu_line("NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.")
+    assert event is not None and event.vendor == "nvidia"
+
+
+def test_a_pci_domain_is_hexadecimal() -> None:
+    assert pci_key("0010:3b:00.0") == "0010:3b:00"
+
+
+def test_the_one_line_description() -> None:
+    base = GpuEvent(vendor="amd", kind=GpuEventKind.RING_TIMEOUT)
+    assert base.describe() == "PCI ?: ring timeout"
+    at = base.model_copy(update={"pci": "0000:28:00", "meaning": "m", "pid": 7})
+    assert at.describe() == "PCI 0000:28:00: ring timeout: m (pid 7)"
+    named = at.model_copy(update={"card": 2, "process": "python3"})
+    assert named.describe() == "GPU 2: ring timeout: m (pid 7 python3)"
+    assert GpuEvent(vendor="nvidia", kind=GpuEventKind.XID, xid=79, card=0).describe() == "GPU 0: Xid 79"
+
+
+def test_an_amd_event_without_a_process_line_is_given_at_once_or_at_the_end() -> None:
+    reader = GpuEventReader()
+    (reset,) = reader.feed_message(_RESET)  # a reset has no process line to wait for
+    assert reset.kind is GpuEventKind.RESET
+    assert reader.feed_message(_RING) == []  # a ring timeout waits one record for its process line
+    (ring,) = reader.flush()
+    assert ring.kind is GpuEventKind.RING_TIMEOUT and reader.flush() == []
+
+
+def test_the_xid_metric_label_is_bounded() -> None:
+    assert xid_label(GpuEvent(vendor="amd", kind=GpuEventKind.RESET)) == ""
+    assert xid_label(GpuEvent(vendor="nvidia", kind=GpuEventKind.XID, xid=79)) == "79"
+    assert xid_label(GpuEvent(vendor="nvidia", kind=GpuEventKind.XID, xid=999)) == "other"

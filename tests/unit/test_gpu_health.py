@@ -211,7 +211,9 @@ def test_no_nvml_on_a_host_without_nvidia_cards_is_not_a_warning(
     (tmp_path / "sys/bus/pci/devices/0000:3b:00.0/vendor").write_text("0x10de\n")
     nvidia_host = HealthReader(tmp_path, use_nvml=True)
     nvidia_host.sample()
-    assert nvidia_host.blind_note is not None and "NVML unavailable" in nvidia_host.blind_note
+    assert nvidia_host.blind_note == (
+        "NVML unavailable (ModuleNotFoundError: pynvml): NVIDIA temperature, power, throttling, ECC, "
+        "remapped rows and PCIe link are not watched")
 
 
 def test_a_busy_card_at_its_power_cap_is_not_throttling() -> None:
@@ -255,3 +257,69 @@ def test_amd_files_are_the_files_there_and_no_others(tmp_path: Path) -> None:
     (dev / "vendor").write_text("0x1002\n")
     (dev / "hwmon/hwmon2/temp1_input").write_text("45000\n")
     assert amd_files(dev) == {"vendor": "0x1002\n", "hwmon/hwmon2/temp1_input": "45000\n"}
+
+
+# -- written from mutmut's survivors (README, "Mutation testing", fourth round) ------------------
+
+
+class _Loader:
+    """``load_pynvml`` at its seam: counts its calls, answers ``result``."""
+
+    def __init__(self, result: tuple[Any, str | None]) -> None:
+        self.result = result
+        self.calls = 0
+
+    def __call__(self) -> tuple[Any, str | None]:
+        self.calls += 1
+        return self.result
+
+
+def test_nvml_is_wanted_by_default_only_on_the_real_host_and_loaded_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controller.watch import gpu_health
+
+    queries = object()
+    loader = _Loader((queries, None))
+    monkeypatch.setattr(gpu_health, "load_pynvml", loader)
+    assert HealthReader(tmp_path)._queries() is None  # a host tree (fixture, recording): not this host's NVML
+    assert loader.calls == 0
+    reader = HealthReader(Path("/"))
+    assert reader._queries() is queries and reader._queries() is queries
+    assert loader.calls == 1  # loaded once, then kept
+
+
+def test_no_nvml_and_no_nvidia_card_is_said_at_info(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controller.watch import gpu_health
+
+    monkeypatch.setattr(gpu_health, "load_pynvml", _Loader((None, "ModuleNotFoundError: pynvml")))
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    with caplog.at_level(logging.INFO, logger=gpu_health.log.name):
+        HealthReader(tmp_path, use_nvml=True).sample()
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO,
+         "no NVML (ModuleNotFoundError: pynvml) and no NVIDIA PCI device: NVIDIA health not read")]
+    caplog.clear()
+    monkeypatch.setattr(gpu_health, "load_pynvml", _Loader((_NoCards(), None)))
+    with caplog.at_level(logging.INFO, logger=gpu_health.log.name):  # NVML loaded: nothing to say
+        HealthReader(tmp_path, use_nvml=True).sample()
+    assert caplog.records == []
+
+
+class _NoCards:
+    def count(self) -> int:
+        return 0
+
+    def query(self, index: int, name: str) -> Any:
+        raise AssertionError("no card to ask")
+
+
+def test_a_card_of_another_vendor_before_an_amd_card_is_skipped(tmp_path: Path) -> None:
+    nvidia = tmp_path / "sys/class/drm/card0/device"
+    nvidia.mkdir(parents=True)
+    (nvidia / "vendor").write_text("0x10de\n")  # read through NVML, not sysfs
+    _card(tmp_path, 1)
+    cards = HealthReader(tmp_path, use_nvml=False).sample()
+    assert [(c.index, c.vendor) for c in cards] == [(1, "hygon")]

@@ -93,7 +93,20 @@ def fake_pynvml(*, event_reasons: bool = True, name: Any = b"NVIDIA H200") -> ty
     m.nvmlDeviceGetCurrPcieLinkWidth = lambda h: 8  # type: ignore[attr-defined]
     m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16  # type: ignore[attr-defined]
     m.nvmlDeviceGetUtilizationRates = lambda h: _Util()  # type: ignore[attr-defined]
+    # Like NVML, every per-card call needs a handle the library gave out (not None, not an index).
+    for attr in dir(m):
+        if attr.startswith("nvmlDevice") and attr not in ("nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"):
+            setattr(m, attr, _needs_handle(getattr(m, attr)))
     return m
+
+
+def _needs_handle(call: Any) -> Any:
+    def checked(h: Any, *args: Any) -> Any:
+        if not (isinstance(h, tuple) and h[:1] == ("h",)):
+            raise FakeNvmlError(f"Invalid Argument: {h!r} is not a device handle")
+        return call(h, *args)
+
+    return checked
 
 
 EXPECTED: dict[str, Any] = {

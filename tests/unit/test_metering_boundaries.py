@@ -1,7 +1,8 @@
 """Boundary cases of token metering and quotas written from mutmut's survivors (README, "Mutation
 testing"): the request body the engine gets, a non-streamed answer read in pieces and past its size
 bound, the quota's dirty flag and sub-token levels, and the x-ratelimit headers of a key with only a
-requests limit."""
+requests limit. The fourth round's (below the line "fourth round"): which streams are metered, events
+without a choice index or not JSON, Messages counts that never go down, the quota's one-token edges."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 from controller.gateway.keystore import KeyRecord
 from controller.gateway.usage.meter import (
     _MAX_BODY,
+    _MAX_CARRY,
     OBSERVE,
     BodyMeter,
+    Metering,
     StreamMeter,
     StreamPlan,
     Usage,
@@ -290,3 +293,121 @@ def test_a_nearly_refilled_bucket_says_retry_in_one_second() -> None:
     q.charge(key, 601)  # one token below zero: back above it within 0.2 s
     refused = q.check(key)
     assert refused is not None and refused.retry_after_s == 1
+
+
+# -- fourth round -------------------------------------------------------------------------------
+
+
+def test_fresh_quotas_have_nothing_to_save() -> None:
+    assert TokenQuotas(Clock()).dirty is False
+
+
+def test_one_token_is_charged_and_none_changes_nothing() -> None:
+    q = TokenQuotas(Clock())
+    key = _key(tpm=600)
+    q.charge(key, 0)
+    assert q.dirty is False and q.level(key.id, "minute") is None  # nothing counted: nothing to save
+    q.charge(key, 1)
+    assert q.level(key.id, "minute") == 599
+
+
+def test_settling_without_a_reservation_charges_the_count() -> None:
+    q = TokenQuotas(Clock())
+    key = _key(tpm=600)
+    q.settle(key, 0, 0)
+    assert q.dirty is False and q.level(key.id, "minute") is None
+    q.settle(key, 0, 5)
+    assert q.level(key.id, "minute") == 595
+
+
+def test_a_reservation_of_one_token_is_replaced_by_the_count() -> None:
+    q = TokenQuotas(Clock())
+    key = _key(tpm=600)
+    assert q.reserve(key, 1) == 1
+    q.settle(key, 1, 5)
+    assert q.level(key.id, "minute") == 595  # 5 in all, not 1 + 5
+
+
+def test_which_streams_are_metered() -> None:
+    planned = StreamPlan(keep_final=False, keep_continuous=False)
+    assert Metering(plan=planned, quota=True).stream_plan("/v1/chat/completions") is planned
+    # Unplanned (the engine streamed when the gateway did not expect it): observed, unless the key has
+    # a quota and the route carries no usage events of its own (its count would be unknown).
+    assert Metering().stream_plan("/v1/chat/completions") is OBSERVE
+    assert Metering(quota=True).stream_plan("/v1/chat/completions") is None
+    assert Metering(quota=True).stream_plan("/v1/messages") is OBSERVE
+    assert Metering(quota=True).stream_plan("/v1/responses") is OBSERVE
+
+
+def _event(choice: bytes, prompt: int, completion: int) -> bytes:
+    """A chat chunk with ``choice`` (the inside of "choices": [...]) and vLLM's running totals."""
+    return b'data: {"choices":[' + choice + b"]," + _vllm(prompt, completion)[:-1] + b"}}\n\n"
+
+
+def test_a_final_total_alone_is_the_count() -> None:
+    meter = _meter(_event(b"", 7, 2))  # "choices":[] and the totals, nothing before it
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (7, 2)
+
+
+@pytest.mark.parametrize("one_read", [True, False])
+def test_a_choice_without_an_index_is_choice_zero(one_read: bool) -> None:
+    a = _event(b'{"index":0,"text":"a"}', 5, 1)
+    b = _event(b'{"text":"b"}', 5, 2)  # the running total of the same choice, grown by one
+    meter = _meter(a + b) if one_read else _meter(a, b)
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (5, 2)
+
+
+def test_an_events_index_is_its_own_not_an_earlier_events() -> None:
+    # Two events without usage (choice 1) before the one with it (choice 0), in one read: the
+    # totals are choice 0's, so choice 0's next total replaces them.
+    other = b'data: {"choices":[{"index":1,"text":"x"}]}\n\n'
+    meter = _meter(other + other + _event(b'{"index":0,"text":"a"}', 5, 1),
+                   _event(b'{"index":0,"text":"b"}', 5, 2))
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (5, 2)
+
+
+def test_a_usage_in_an_event_that_is_not_json_is_a_total() -> None:
+    meter = _meter(b'data: {"type":"x","usage":{"prompt_tokens":3,"completion_tokens":4}, oops\n\n')
+    assert meter.usage == Usage(3, 4, seen=True)
+
+
+def test_a_message_start_whose_message_is_not_an_object_counts_nothing() -> None:
+    meter = _meter(b'data: {"type":"message_start","message":"x","usage":{"input_tokens":9}}\n\n')
+    assert meter.usage == Usage()
+
+
+def test_a_messages_delta_never_lowers_the_prompt() -> None:
+    meter = _meter(
+        b'data: {"type":"message_start","message":{"usage":{"input_tokens":25}}}\n\n',
+        b'data: {"type":"message_delta","usage":{"input_tokens":0,"output_tokens":15}}\n\n',
+        b'data: {"type":"message_delta","usage":{"output_tokens":9}}\n\n',
+    )
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (25, 15)
+
+
+def test_a_messages_stream_whose_data_lines_have_no_space() -> None:
+    meter = _meter(
+        b'event: message_start\ndata:{"type":"message_start","message":{"usage":{"input_tokens":25}}}\n\n',
+        b'event: message_delta\ndata:{"type":"message_delta","usage":{"output_tokens":15}}\n\n',
+    )
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (25, 15)
+
+
+def test_what_is_left_is_flushed_once() -> None:
+    meter = StreamMeter(OBSERVE)
+    assert meter.feed(b"data: {") == b""
+    assert meter.flush() == b"data: {"
+    assert meter.flush() == b""
+
+
+def test_an_unfinished_event_is_carried_up_to_its_bound() -> None:
+    at_bound = b"data: " + b"x" * (_MAX_CARRY - 6)
+    assert StreamMeter(OBSERVE).feed(at_bound) == b""  # kept until its end arrives
+    assert StreamMeter(OBSERVE).feed(at_bound + b"x") == at_bound + b"x"  # past it: passed on
+
+
+def test_a_stream_of_several_prompts_with_one_choice_each_sums_their_prompts() -> None:
+    # /v1/completions with two prompts, n = 1: choice i is prompt i, each with its own prompt count.
+    meter = _meter(_event(b'{"index":0,"text":"a"}', 5, 1), _event(b'{"index":1,"text":"b"}', 7, 1),
+                   plan=StreamPlan(keep_final=False, keep_continuous=False, choices=1))
+    assert (meter.usage.prompt_tokens, meter.usage.completion_tokens) == (12, 2)

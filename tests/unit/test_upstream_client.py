@@ -242,6 +242,31 @@ async def test_a_pooled_connection_closed_by_the_upstream_is_stale_and_the_pool_
 
 
 @both_loops
+async def test_a_pooled_connection_closed_after_part_of_an_answer_is_broken_not_stale() -> None:
+    # Bytes of the answer came back: the upstream had the request, so this is not the stale case
+    # (which a retry may repeat) but a broken answer.
+    async def once_then_cut(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"first"))
+        await writer.drain()
+        await read_request(state, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-")  # part of the head, then the connection goes
+        await writer.drain()
+        writer.transport.abort()
+
+    async with serve(once_then_cut) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        resp = await p.request(origin, b"GET", b"/", [], b"")
+        assert await resp.read_all() == b"first"
+        resp.release()
+        with pytest.raises(BrokenResponse, match="mid-answer"):
+            await p.request(origin, b"GET", b"/", [], b"")
+        await p.close()
+    assert srv.connections == 1
+
+
+@both_loops
 async def test_a_stale_connection_drops_its_idle_peers_that_are_still_open() -> None:
     """The upstream restarted: every idle connection to it is dead, though the peers' closes may not
     have arrived yet. Here they never do (the server keeps them open): only the drop removes them."""
@@ -413,6 +438,82 @@ async def test_the_idle_check_fails_at_the_deadline_and_otherwise_rearms_for_wha
         again.release()
         await p.close()
     assert srv.connections == 2
+
+
+@both_loops
+async def test_a_rearmed_idle_check_runs_again_on_the_loops_timer() -> None:
+    # The check re-armed for what is left of the timeout must itself run (and fail at the deadline):
+    # the request's own first check is stopped, so only the re-armed one can end the wait.
+    async def head_then_silence(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)  # then closes: a lost re-arm shows as a broken answer, not a hang
+
+    clock = FakeClock()
+    async with serve(head_then_silence) as srv:
+        p = pool(idle_timeout_s=0.2, clock=clock)
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        start = clock.now
+        resp._stop_timer()
+        clock.now = start + 0.1
+        resp._check_idle()  # re-armed for the 0.1 s left
+        assert resp._timer is not None
+        clock.now = start + 0.25  # past the deadline when the re-armed check runs
+        with pytest.raises(ReadTimeout):
+            await resp.read()
+        resp.close()
+        await p.close()
+
+
+@both_loops
+async def test_a_connection_the_upstream_closed_after_its_answer_is_not_pooled() -> None:
+    async def answer_then_close(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"done"))  # keep-alive by default (HTTP/1.1), but the connection goes
+        await writer.drain()
+
+    async with serve(answer_then_close) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        assert await resp.read_all() == b"done"
+        for _ in range(500):  # bounded: the close reaches the client within a few loop turns
+            if resp.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert resp.closed, "the upstream's close was never seen"
+        resp.release()
+        assert p.idle_count == 0
+        await p.close()
+
+
+@both_loops
+async def test_a_small_answer_never_pauses_reading() -> None:
+    async def small(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"x" * 100))
+        await writer.drain()
+
+    async with serve(small) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        assert not resp._paused  # far below the high-water mark: reading goes on
+        assert await resp.read_all() == b"x" * 100
+        resp.release()
+        await p.close()
+
+
+@both_loops
+async def test_a_body_is_framed_whatever_the_method() -> None:
+    # A GET with a body still says how long it is: unframed, its bytes would be read as a next request.
+    async with serve(keep_answering) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"abc")
+        assert await resp.read_all() == b'{"n":1}'
+        resp.release()
+        await p.close()
+    (request,) = srv.requests
+    assert b"\r\nContent-Length: 3\r\n" in request and request.endswith(b"\r\n\r\nabc")
 
 
 @both_loops

@@ -15,7 +15,8 @@ try scheduled all leave the gateway without an upstream for the length of an eng
   one line: the new engine did not start) or the engine is stopped.
 
 A client that disconnects while waiting is dropped at once (the proxy's disconnect hook cancels its
-task). Pure bookkeeping on the event loop, with an injected clock so that tests drive time by hand.
+task). Pure bookkeeping on the event loop, with an injected clock and timer (``clock``, ``wait_for``) so
+that tests drive time by hand.
 """
 
 from __future__ import annotations
@@ -74,6 +75,20 @@ class _Waiter:
 # (text of a comment line without the leading ": ") → sent to a streaming client while it waits.
 Tick = Callable[[str], Awaitable[None]]
 
+# Waits for a waiter's answer at most ``timeout`` seconds of ``clock`` time; True when it came. The
+# seam beside ``clock``: a test's manual clock must also decide when a wait runs out, or a test that
+# moves the clock still waits out real time (and a broken release hangs it until its wall limit).
+WaitFor = Callable[[asyncio.Future[str | None], float], Awaitable[bool]]
+
+
+async def wait_on_loop(future: asyncio.Future[str | None], timeout: float) -> bool:
+    """The real timer: the event loop's. Shielded: a timeout must not cancel the waiter's answer."""
+    try:
+        await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, timeout))
+    except TimeoutError:
+        return False
+    return True
+
 
 class Hold:
     def __init__(
@@ -82,11 +97,13 @@ class Hold:
         per_key_max: int = 64,
         tick_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        wait_for: WaitFor = wait_on_loop,
     ) -> None:
         self.max_waiting = max_waiting
         self.per_key_max = per_key_max
         self.tick_interval_s = tick_interval_s
         self._clock = clock
+        self._wait_for = wait_for
         self._plan: HoldPlan | None = None
         self._lease_until = 0.0
         self._ready_at: float | None = None
@@ -206,10 +223,9 @@ class Hold:
                               f"(switching: {plan.reason}); the hold {why}")
                     return self._refused(Outcome.TIMED_OUT, reason, retry_after_s, now - waiter.arrived)
                 step = left if tick is None else min(left, self.tick_interval_s)
-                try:
-                    answer = await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, step))
-                except TimeoutError:
+                if not await self._wait_for(waiter.future, step):
                     continue
+                answer = waiter.future.result()
                 waited = self._clock() - waiter.arrived
                 if answer is None:
                     self._count(Outcome.RELEASED, waited)
