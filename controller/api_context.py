@@ -35,6 +35,7 @@ class ApiContext:
     extra_hosts: tuple[str, ...] = ()  # more accepted Host names (besides loopback, $APPLIANCE_ADMIN_HOSTS)
     max_body_bytes: int = MAX_BODY_BYTES
     load: LoadSampler | None = None  # the gateway's and engine's load, sampled (GET /load, the Now page)
+    gateway_client_url: str | None = None  # the gateway's client address: the console's Try it box
 
 
 class LogUnavailable(Exception):

@@ -66,6 +66,7 @@ class ServiceConfig:
     host: str = "127.0.0.1"
     port: int = CONTROLLER_PORT
     gateway_url: str | None = None  # None: no gateway to notify
+    gateway_client_url: str | None = None  # where clients reach the gateway (the console's Try it box)
     apply_on_start: str | None = None  # applied when nothing was adopted
     docker: bool = True  # also supervise/adopt docker engines when a daemon answers
     watch_host: bool = True
@@ -192,7 +193,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard), gpu_router(guard, gpu_health),
                                                usage_router(guard)),
-                                listen_host=cfg.host, load=load))
+                                listen_host=cfg.host, load=load, gateway_client_url=cfg.gateway_client_url))
     return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health, load)
 
 

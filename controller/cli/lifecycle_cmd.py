@@ -56,6 +56,9 @@ def serve(
     gateway_url: Annotated[str | None, typer.Option(
         help="The gateway's control listener, to tell about engine slots (its --control-listen, "
         "e.g. http://127.0.0.1:8081; control token read from APPLIANCE_HOME/run).")] = None,
+    gateway_client_url: Annotated[str | None, typer.Option(
+        help="The gateway's client address (its --listen, e.g. http://127.0.0.1:8080): the console's "
+        "Try it box sends its completion there.")] = None,
     apply_recipe: Annotated[str | None, typer.Option("--apply", help="Apply this recipe at start-up unless "
                                                      "a running engine was adopted.")] = None,
     docker: Annotated[bool, typer.Option(help="Also supervise docker engines (if a daemon answers).")] = True,
@@ -73,7 +76,8 @@ def serve(
     from controller.supervisor.hold_plan import HoldPolicy
 
     run(ServiceConfig(home=default_home(), recipes_dir=recipes_dir(), host=host, port=port,
-                      gateway_url=gateway_url, apply_on_start=apply_recipe, docker=docker,
+                      gateway_url=gateway_url, gateway_client_url=gateway_client_url,
+                      apply_on_start=apply_recipe, docker=docker,
                       watch_kmsg=kmsg, log_level=log_level,
                       driver=DriverConfig(hold=HoldPolicy(wait_s=hold_wait_s, cap_s=hold_cap_s))))
 
@@ -186,6 +190,8 @@ def up(
         argv = [*me, "serve", "--port", str(port), "--apply", recipe]
         if control_url:
             argv += ["--gateway-url", control_url]
+        if gateway_url:
+            argv += ["--gateway-client-url", gateway_url]
         proc = controller_d.start(argv, env)
         typer.echo(f"controller: started (pid {proc.pid}, log {controller_d.log_file})")
         if not _wait_http(client.alive, 60):

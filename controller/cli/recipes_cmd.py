@@ -33,10 +33,12 @@ from appliance.runtimes.k8s.kubernetes import render_with_image
 from controller.api_client import ApiError, Client, api_url
 from controller.catalogue import Catalogue
 from controller.cli.options import JsonOpt
+from controller.runtime.registry import available_runtimes
 from controller.settings import paths, recipes_dir
 from controller.store import read_earlier_on_root
 from controller.supervisor import compile_cache
 from controller.supervisor.gpu_memory_check import GpuMemoryLink
+from controller.supervisor.preflight import runtime_need
 from controller.watch.gpu import GpuReader
 from controller.watch.gpu_health import HealthReader
 from host_setup.facts import HostFactsError, gather_facts
@@ -124,9 +126,15 @@ def _verdicts(recipes: dict[str, Recipe], facts: HostFacts, host_root: Path) -> 
     refuses the launch). The running engine's own memory is the controller's to count (as in `plan`)."""
     cards = HealthReader(host_root).sample()
     gpu_memory = GpuMemoryLink(GpuReader(host_root)).view()
+    offered = _offered_runtimes()
     out = {}
     for name, recipe in recipes.items():
         if recipe.abstract:
+            continue
+        if recipe.runtime.kind not in offered:
+            # The controller refuses it before anything is stopped (preflight.runtime_check): a
+            # Kubernetes recipe on a host with no cluster is not `admit`.
+            out[name] = runtime_need(recipe)
             continue
         try:
             out[name] = "refuse" if has_errors(lint(recipe)) else str(
@@ -134,6 +142,13 @@ def _verdicts(recipes: dict[str, Recipe], facts: HostFacts, host_root: Path) -> 
         except (RecipeError, RenderError):  # one broken recipe does not hide the others' verdicts
             out[name] = "error"
     return out
+
+
+def _offered_runtimes() -> frozenset[str]:
+    """The runtime kinds this host can start, probed as the controller does at start (the registry
+    only lists engines and asks the daemon or cluster to answer; nothing is started)."""
+    runtimes, _missing = available_runtimes(paths().runs)
+    return frozenset(runtimes)
 
 
 @recipes_app.command("show")

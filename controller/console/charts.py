@@ -184,13 +184,56 @@ def _fold(points: Sequence[tuple[float, float | None]], x0: float, x1: float, co
     return out
 
 
+def count_tick(v: float) -> str:
+    """A count on nice ticks, short enough for the axis: 800, 1.5k, 2M (not 1.5e+06)."""
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= size:
+            return f"{tick_number(v / size)}{suffix}"
+    return tick_number(v)
+
+
 def gib_tick(v: float) -> str:
     """A GiB axis value in bytes, on nice ticks: 0 GiB, 5 GiB, 0.5 GiB."""
     return f"{tick_number(v / 2**30)} GiB"
 
 
-def clock_label(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+_MIN, _HOUR, _DAY = 60, 3600, 86400
+# Round steps of a time axis, in seconds: a tick lands on a whole 10 s, 5 min, hour, 6 h or day.
+TIME_STEPS: tuple[int, ...] = (1, 2, 5, 10, 15, 30, _MIN, 2 * _MIN, 5 * _MIN, 10 * _MIN, 15 * _MIN, 30 * _MIN,
+                               _HOUR, 2 * _HOUR, 3 * _HOUR, 6 * _HOUR, 12 * _HOUR, _DAY, 2 * _DAY, 7 * _DAY)
+MAX_TIME_TICKS = 6  # labels of ~14 characters side by side on the narrowest chart
+
+
+def time_step(span: float, max_ticks: int = MAX_TIME_TICKS) -> int:
+    """The smallest round step (TIME_STEPS) that puts at most `max_ticks` ticks on a `span` of seconds."""
+    for step in TIME_STEPS:
+        if span / step < max_ticks:  # at most floor(span/step) + 1 multiples fall in the span
+            return step
+    return TIME_STEPS[-1] * max(1, math.ceil(span / (TIME_STEPS[-1] * max_ticks)))
+
+
+def time_ticks(x0: float, x1: float, max_ticks: int = MAX_TIME_TICKS) -> tuple[list[float], int]:
+    """Ticks at round local times between x0 and x1 (both included when round): whole minutes,
+    hours or days, never 10:03:17; and the step, which says how to label them (time_label)."""
+    if not (math.isfinite(x0) and math.isfinite(x1)) or x1 <= x0:
+        return [], 1
+    step = time_step(x1 - x0, max_ticks)
+    # Hours and days are round in local time: shift by the zone's offset (a whole number of minutes
+    # or half-hours), so a 6-hour step lands on 00:00, 06:00 … of the clock the operator reads.
+    offset = time.localtime(x0).tm_gmtoff if step >= _HOUR else 0
+    first = math.ceil((x0 + offset) / step - 1e-9) * step - offset
+    ticks: list[float] = []
+    t = float(first)
+    while t <= x1 + 1e-6:
+        ticks.append(t)
+        t += step
+    return ticks, step
+
+
+def time_label(step: int) -> Callable[[float], str]:
+    """How ticks `step` seconds apart read: seconds only when they differ, the date once a day."""
+    fmt = "%H:%M:%S" if step < _MIN else "%H:%M" if step < _DAY else "%m-%d"
+    return lambda t: time.strftime(fmt, time.localtime(t))
 
 
 def line_chart(
@@ -201,7 +244,7 @@ def line_chart(
     y_max: float | None = None,
     y_format: Callable[[float], str] = tick_number,
     y_unit: float = 1.0,
-    x_format: Callable[[float], str] = clock_label,
+    x_format: Callable[[float], str] | None = None,
     markers: Sequence[Marker] = (),
     hlines: Sequence[HLine] = (),
     marker_legend: Sequence[tuple[str, str]] = (),
@@ -209,7 +252,8 @@ def line_chart(
     height: int = 220,
 ) -> Markup:
     """Time series with vertical markers and horizontal reference lines; empty series say so.
-    The value axis has round ticks (nice_ticks) in `y_unit`s (2**30 for a GiB axis in bytes); marker
+    The value axis has round ticks (nice_ticks) in `y_unit`s (2**30 for a GiB axis in bytes), its top
+    the first tick at or above the data; the time axis ticks at round times (time_ticks); marker
     labels are staggered over three rows and a label with no room is left out (place_labels).
     `marker_legend`: (label, colour) entries for kinds of markers (an engine's OOM kill, another's)."""
     frame = _Frame(width, height + 18, top=30)  # the legend has a band of its own above the plot
@@ -238,11 +282,16 @@ def line_chart(
     p = frame.parts
     # axes and four horizontal grid lines with their values
     _y_grid(frame, py, ticks, y_format, y_unit)
-    for i in range(5):
-        x = x0 + (x1 - x0) * i / 4
-        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+    # The time axis: ticks at round times (time_ticks), labelled as their step reads (x_format: None).
+    x_ticks, x_step = time_ticks(x0, x1)
+    label = x_format or time_label(x_step)
+    for x in x_ticks:
+        near = (px(x) - frame.left) / frame.plot_w
+        anchor = "start" if near < 0.05 else "end" if near > 0.95 else "middle"
+        p.append(f'<line x1="{_num(px(x))}" x2="{_num(px(x))}" y1="{frame.top + frame.plot_h}" '
+                 f'y2="{frame.top + frame.plot_h + 4}" stroke="#9ca3af" stroke-width="1" class="x-tick"/>')
         p.append(f'<text x="{_num(px(x))}" y="{height - 8}" text-anchor="{anchor}" class="tick">'
-                 f"{escape(x_format(x))}</text>")
+                 f"{escape(label(x))}</text>")
     for h in hlines:
         hy = _num(py(h.y))
         p.append(f'<line x1="{frame.left}" x2="{width - frame.right}" y1="{hy}" y2="{hy}" '

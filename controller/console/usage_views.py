@@ -13,7 +13,7 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from controller.console.charts import PALETTE, Series, line_chart
+from controller.console.charts import PALETTE, Series, count_tick, line_chart
 from controller.gateway.keystore import LIMIT_BOUNDS, KeyRecord
 from controller.gateway.usage.store import HOUR_S, UsageStore, UsageStoreError, hour_of
 
@@ -75,7 +75,8 @@ def usage_view(usage_db: Path, keys: Sequence[KeyRecord], days: int, now: float 
         for i, k in enumerate(busiest)
     ]
     chart = line_chart(series, title=f"Tokens per hour by key, last {days} day(s)",
-                       x_range=(since, hour_of(now) + HOUR_S), x_format=_hour_label) if series else Markup("")
+                       x_range=(since, hour_of(now) + HOUR_S), x_format=_hour_label,
+                       y_format=count_tick) if series else Markup("")
     totals = {k: KeyTotals(*v) for k, v in sums.items()}
     return UsageView(days, chart, totals, last_used=last_used)
 

@@ -184,6 +184,15 @@ def _local_cache_empty(spec: LaunchSpec) -> bool | None:
     return None if caches_elsewhere(spec) else cache_is_empty(Path(spec.cache_root))
 
 
+
+def runtime_need(recipe: Recipe) -> str:
+    """What a recipe lacks when its runtime is not offered here, in the words the controller's
+    refusal and `appliance recipes list` share: a remote runtime (Kubernetes) needs a cluster."""
+    if for_recipe(recipe).traits.placement is Placement.REMOTE:
+        return "needs a cluster"
+    return f"needs the {recipe.runtime.kind} runtime"
+
+
 @dataclass
 class Preflight:
     recipes_dir: Path
@@ -215,10 +224,10 @@ class Preflight:
             return None
         why = self.runtime_gaps.get(kind) or f"no {kind} runtime in this controller"
         if for_recipe(recipe).traits.placement is Placement.REMOTE:
-            return Failure("runtime_unavailable", f"needs a cluster: {why}",
+            return Failure("runtime_unavailable", f"{runtime_need(recipe)}: {why}",
                            "give the controller a cluster (a kubeconfig, or run it in the cluster), or "
                            "apply a recipe that runs on this host", retryable=False)
-        return Failure("runtime_unavailable", f"needs the {kind} runtime: {why}",
+        return Failure("runtime_unavailable", f"{runtime_need(recipe)}: {why}",
                        f"make the {kind} runtime available to the controller, or apply a recipe for another "
                        "runtime", retryable=False)
 

@@ -40,7 +40,8 @@ case "$role" in
     apply=()
     [ -n "${APPLIANCE_APPLY:-}" ] && apply=(--apply "$APPLIANCE_APPLY")
     exec appliance serve --host 127.0.0.1 --port "$admin_port" \
-      --gateway-url "http://127.0.0.1:$control_port" "${apply[@]}" "$@"
+      --gateway-url "http://127.0.0.1:$control_port" \
+      --gateway-client-url "http://127.0.0.1:$gateway_port" "${apply[@]}" "$@"
     ;;
   gateway)
     shift || true

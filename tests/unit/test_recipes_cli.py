@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from controller.cli import recipes_cmd
+from controller.runtime.registry import Unavailable
 from tests.unit.recipe_helpers import C_PRIME, HOSTS, RECIPES_DIR, SHIPPED, B, C
 
 REFERENCE = str(HOSTS / "reference")
@@ -214,3 +215,33 @@ def test_plan_shows_the_cards_health_warns_and_refuses_on_it(runner: CliRunner, 
     refused = [c["name"] for c in data["admission"]["checks"] if c["verdict"] == "refuse"]
     assert refused == ["gpu-health overheat"]
     assert len(data["gpu_health"]) == 4 and data["gpu_health_blind"] is None
+
+
+K8S = "gfx906-b-tp4-eager-k8s"
+
+
+def test_list_says_a_kubernetes_recipe_needs_a_cluster(runner: CliRunner, app: typer.Typer,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cluster here: the listing says so (as the controller's preflight refuses it), not `admit`."""
+    monkeypatch.setattr(recipes_cmd, "available_runtimes", lambda runs: (
+        {"process": object(), "docker": object()},
+        {"kubernetes": Unavailable("kubernetes", "kubernetes runtime unavailable: no cluster", fault=False)}))
+    code, out, _ = run(runner, app, "recipes", "list", "--json", "--host-root", REFERENCE)
+    verdicts = {r["name"]: r["verdict"] for r in json.loads(out)}
+    assert code == 0
+    assert verdicts[K8S] == "needs a cluster"
+    assert verdicts[C] in ("admit", "warn", "refuse")  # a docker recipe is still judged by admission
+    code, out, _ = run(runner, app, "recipes", "list", "--host-root", REFERENCE)
+    line = next(ln for ln in out.splitlines() if f" {K8S} " in ln)
+    assert line.rstrip().endswith("needs a cluster")
+
+
+def test_list_probes_the_host_for_a_cluster(runner: CliRunner, app: typer.Typer,
+                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The real registry probe, on a host with no kubeconfig and not in a pod."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, out, _ = run(runner, app, "recipes", "list", "--json", "--host-root", REFERENCE)
+    assert code == 0
+    assert {r["name"]: r["verdict"] for r in json.loads(out)}[K8S] == "needs a cluster"

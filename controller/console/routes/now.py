@@ -1,4 +1,5 @@
-"""The Now page (state, phase, live progress, expectations, gateway, GPU health) and its event stream."""
+"""The Now page (state, phase, live progress, expectations, gateway, GPU health, the Try it box) and its
+event stream."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request, status
 from fastapi.responses import Response, StreamingResponse
 
 from controller.api_context import load_view
-from controller.console import views
-from controller.console.auth import COOKIE
+from controller.console import try_it, views
+from controller.console.auth import COOKIE, Session
 from controller.console.gpu_views import gpu_health_view
 from controller.console.load_views import load_panel
 from controller.console.routes.pages import Pages, secure
@@ -22,11 +24,10 @@ STATUS_EVERY_S = 1.0  # the progress bar is time-based: a snapshot a second move
 
 def register(router: APIRouter, pages: Pages) -> None:
     page, current, sessions, data = pages.page, pages.current, pages.sessions, pages.data
+    session_form = pages.session_form
     driver, preflight = pages.ctx.driver, pages.ctx.preflight
 
-    @router.get("/")
-    async def now(request: Request) -> Response:
-        session = current(request)
+    async def now_page(request: Request, session: Session, *, code: int = 200, **extra: object) -> Response:
         snapshot = driver.status()
         expectations = await asyncio.to_thread(data.expectations, snapshot.get("recipe"))
         gateway = await data.gateway()
@@ -34,8 +35,40 @@ def register(router: APIRouter, pages: Pages) -> None:
         live = views.live_view(snapshot, memory)
         gpu = gpu_health_view(preflight.gpu)
         load = load_view(pages.ctx, driver.clock.now())
-        return page(request, "now.html", session, status=snapshot, expect=expectations, gateway=gateway,
-                    status_json=json.dumps(live), live=live, gpu=gpu, load=load, panel=load_panel(load))
+        launch = snapshot.get("launch") or {}
+        context: dict[str, Any] = {"model": launch.get("served_model_name") or "", "prompt": "",
+                                   "result": None,
+                                   "gateway_url": pages.ctx.gateway_client_url,
+                                   "max_tokens": try_it.MAX_TOKENS, **extra}
+        return page(request, "now.html", session, code, status=snapshot, expect=expectations, gateway=gateway,
+                    status_json=json.dumps(live), live=live, gpu=gpu, load=load, panel=load_panel(load),
+                    try_it=context)
+
+    @router.get("/")
+    async def now(request: Request) -> Response:
+        return await now_page(request, current(request))
+
+    @router.post("/try")
+    async def try_it_submit(request: Request) -> Response:
+        """One completion through the gateway with the pasted key (CSRF first, as every console form).
+        The key is neither kept, logged nor put back into the page (only its "sk-…last4")."""
+        session, form = await session_form(request)
+        if isinstance(form, Response):
+            return form
+        key, model = form.get("key", "").strip(), form.get("model", "").strip()
+        prompt = form.get("prompt", "").strip()[:try_it.MAX_PROMPT_CHARS]
+        gateway_url = pages.ctx.gateway_client_url
+        if gateway_url is None:
+            return await now_page(request, session, code=status.HTTP_409_CONFLICT, model=model,
+                                  prompt=prompt, problem=(
+                                      "This controller was not told the gateway's client address (`appliance "
+                                      "serve --gateway-client-url`), so it cannot try one."))
+        if not key or not model or not prompt:
+            return await now_page(request, session, code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                  model=model, prompt=prompt,
+                                  problem="A key, a model and a prompt are all needed.")
+        result = await try_it.try_completion(gateway_url, key, model, prompt)
+        return await now_page(request, session, model=model, prompt=prompt, result=result)
 
     @router.get("/load")
     async def load_fragment(request: Request) -> Response:
