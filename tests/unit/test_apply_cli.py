@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from controller import admin_token
+from controller.api_client import ApiError
 from controller.cli import api_cmd, keys_cmd, lifecycle_cmd
 
 REFUSAL = {"code": "admission_refused", "summary": "predicted peak 80 GiB > RAM + swap 40 GiB",
@@ -35,6 +36,8 @@ class ScriptedClient:
         return {"accepted": True, "state": "preflight", "recipe": (body or {}).get("recipe"), "apply_id": 7}
 
     def get(self, path: str) -> Any:
+        if path == "/load":  # a controller older than the load sampler: status shows no load lines
+            raise ApiError(404, "Not Found")
         assert path == "/status"
         return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner, Result
 
 from appliance.recipe.compile_factors import DirState, MissReason, Variant, root_warnings
 from appliance.recipe.launch_spec import LaunchSpec
+from controller.api_client import ApiError
 from controller.cli import api_cmd, recipes_cmd
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import Provenance
@@ -169,6 +170,8 @@ class _Client:
         self.answers = answers
 
     def get(self, path: str) -> Any:
+        if path == "/load" and path not in self.answers:  # a controller without the load sampler
+            raise ApiError(404, "Not Found")
         return self.answers[path]
 
 
@@ -226,8 +229,6 @@ class _LookupClient(_Client):
     """Answers like the API: 404 for an unknown launch ID."""
 
     def get(self, path: str) -> Any:
-        from controller.api_client import ApiError
-
         if path not in self.answers:
             raise ApiError(404, f"no launch {path!r}")
         return self.answers[path]
