@@ -39,7 +39,7 @@ check:
 unit: setup
 	$(BIN)/python -m pytest -q tests/unit
 
-## Mutation testing of the pure decision modules (README "Mutation testing"). Slow, so not part of
+## Mutation testing of the pure decision modules (docs/mutation-testing.md). Slow, so not part of
 ## `make test` or CI: run it by hand after changing one of them. MUTANTS narrows it to some modules
 ## (mutmut name globs, e.g. MUTANTS='appliance.recipe.admission*'); MUTATION_JOBS caps the workers.
 MUTANTS ?=

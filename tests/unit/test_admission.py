@@ -382,7 +382,7 @@ def test_a_cpu_kv_cache_request_larger_than_the_host_is_refused() -> None:
     assert kv_request_gib(shipped()["cuda-smollm2-graph"]) is None
 
 
-# Boundaries the mutation run found unguarded (README "Mutation testing"): binary-exact figures so
+# Boundaries the mutation run found unguarded (docs/mutation-testing.md): binary-exact figures so
 # that each comparison sits exactly on its edge.
 def _exact(min_avail: float | None = 0.5, **memory: float) -> Recipe:
     figures = {"worker_anon_gib_eager": 1.5, "worker_anon_gib_graph": 1.5, "overhead_gib": 0.75,

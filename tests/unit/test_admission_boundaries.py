@@ -1,6 +1,6 @@
 """Host requirement checks and the compile-cache key at their edges: what a mutation run over
-appliance/recipe/admission.py and appliance/recipe/cache_key.py found unpinned (README "Mutation
-testing"). The memory model's own edges are in test_admission.py."""
+appliance/recipe/admission.py and appliance/recipe/cache_key.py found unpinned (docs/mutation-testing.md).
+The memory model's own edges are in test_admission.py."""
 
 from __future__ import annotations
 

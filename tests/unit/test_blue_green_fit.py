@@ -2,7 +2,7 @@
 equality, the warm or cold peak, a recipe without a memory model, a cluster recipe, the cards and cores
 rules, the port scan's ends, the whole verdict (``fits``, ``why``, ``numbers``) of each way out, and
 ``BesideCheck``'s own inputs (the cache state of a preview, the serving engine's measured footprint).
-Written from mutation testing's survivors (README, "Mutation testing": third round)."""
+Written from mutation testing's survivors (docs/mutation-testing.md: third round)."""
 
 from __future__ import annotations
 

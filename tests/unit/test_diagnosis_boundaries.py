@@ -1,5 +1,5 @@
 """Boundaries of the diagnosis that a mutation run over appliance/diagnosis/ found unpinned
-(README "Mutation testing"): each test fails on the mutant named in its comment. Kept apart from
+(docs/mutation-testing.md): each test fails on the mutant named in its comment. Kept apart from
 test_diagnosis.py, which the GPU-health signatures are extending at the same time."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the upstream client refuses to write (``controller/gateway/field_check.py``), called directly:
 the whole message of each refusal (it names the field, never the value) and the one-header cases the
 fast path must not wave through. ``test_upstream_client.py`` holds the client to the same rules on
-real sockets; these were written from mutation testing's survivors (README, "Mutation testing")."""
+real sockets; these were written from mutation testing's survivors (docs/mutation-testing.md)."""
 
 from __future__ import annotations
 

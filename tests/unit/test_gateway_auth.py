@@ -196,7 +196,7 @@ async def test_store_checks_for_unknown_keys_are_shared_and_spaced(tmp_path: Pat
     assert await waiting is AuthFailure.INVALID
 
 
-# ---- boundaries the mutation run over this module found unpinned (README "Mutation testing") ------
+# ---- boundaries the mutation run over this module found unpinned (docs/mutation-testing.md) ------
 
 
 class _Clock:

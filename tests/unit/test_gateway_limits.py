@@ -93,7 +93,7 @@ def test_an_idle_key_saves_up_at_most_one_minute_of_requests() -> None:
     assert admitted == 6
 
 
-# Boundaries the mutation run over this module found unpinned (README "Mutation testing").
+# Boundaries the mutation run over this module found unpinned (docs/mutation-testing.md).
 
 
 def test_a_key_never_seen_has_nothing_in_flight() -> None:

@@ -152,7 +152,7 @@ def test_a_ring_timeout_without_its_process_line_is_reported_as_it_is() -> None:
     assert event.kind is GpuEventKind.RING_TIMEOUT and event.pid is None and event.process is None
 
 
-# -- written from mutmut's survivors (README, "Mutation testing", fourth round) ------------------
+# -- written from mutmut's survivors (docs/mutation-testing.md, fourth round) ------------------
 
 _RING = "amdgpu 0000:28:00.0: ring gfx_0.0.0 timeout, signaled seq=57638, emitted seq=57641"
 _RESET = "amdgpu 0000:0c:00.0: amdgpu: GPU reset begin!"

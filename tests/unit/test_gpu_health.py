@@ -259,7 +259,7 @@ def test_amd_files_are_the_files_there_and_no_others(tmp_path: Path) -> None:
     assert amd_files(dev) == {"vendor": "0x1002\n", "hwmon/hwmon2/temp1_input": "45000\n"}
 
 
-# -- written from mutmut's survivors (README, "Mutation testing", fourth round) ------------------
+# -- written from mutmut's survivors (docs/mutation-testing.md, fourth round) ------------------
 
 
 class _Loader:

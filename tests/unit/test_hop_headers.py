@@ -1,6 +1,6 @@
 """The hop-by-hop header filter (``controller/gateway/hop_headers.py``), called directly. The proxy's
 use of it (both directions, real sockets) is in ``test_upstream_client.py``; this pins the list
-syntax of ``Connection`` (written from a mutation-testing survivor: README, "Mutation testing")."""
+syntax of ``Connection`` (written from a mutation-testing survivor: docs/mutation-testing.md)."""
 
 from __future__ import annotations
 

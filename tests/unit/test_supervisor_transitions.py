@@ -1,6 +1,6 @@
 """The transition table, row by row: for each state and observation, the next state and exactly the
 notes, records and engine actions that follow. A mutation run over controller/supervisor/machine.py
-found most rows pinned only through whole starts (README "Mutation testing"): a stop during the
+found most rows pinned only through whole starts (docs/mutation-testing.md): a stop during the
 start, a restart from backoff, a launch the runtime could not make, a lost ready engine, an exit seen
 in each state. Notes (`Notify`) and records (`MarkEnded`, `MarkReady`) are compared whole: they are the
 event log and the launch record. Gateway actions (`ClearUpstream`, `DrainGateway`) are compared by
