@@ -1,8 +1,8 @@
-"""Boundary cases of token metering and quotas written from mutmut's survivors
-(docs/mutation-testing.md): the request body the engine gets, a non-streamed answer read in pieces
-and past its size bound, the quota's dirty flag and sub-token levels, and the x-ratelimit headers of
-a key with only a requests limit. The fourth round's (below the line "fourth round"): which streams are metered, events
-without a choice index or not JSON, Messages counts that never go down, the quota's one-token edges."""
+"""Boundary cases of token metering and quotas written from mutmut's survivors (docs/mutation-testing.md):
+the request body the engine gets, a non-streamed answer read in pieces and past its size bound, the
+quota's dirty flag and sub-token levels, and the x-ratelimit headers of a key with only a requests
+limit. The fourth round's (below the line "fourth round"): which streams are metered, events without a
+choice index or not JSON, Messages counts that never go down, the quota's one-token edges."""
 
 from __future__ import annotations
 
