@@ -56,7 +56,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from appliance.evaluation.accuracy import MAX_DROP_POINTS, AccuracyResult
-from appliance.evaluation.accuracy_veto import ACCURACY, OWN, VETO_FLOOR_POINTS
+from appliance.evaluation.accuracy_veto import ACCURACY, VETO_FLOOR_POINTS
+from appliance.evaluation.accuracy_veto import OWN as OWN  # "own": re-exported, part of Tokens
 from appliance.evaluation.accuracy_veto import accuracy_step as _accuracy_step
 from appliance.evaluation.arm_settings import card_mismatch
 from appliance.evaluation.bench_result import BenchResult, SmokeResult, goodput_summary
@@ -242,9 +243,9 @@ def smoke_step(
                          "across restarts)")
     same = sources.get("baseline", OWN)
     shared = same if same != OWN and same == sources.get("candidate", OWN) else None
-    if shared:
+    if shared:  # only then: a stored gate without one re-judges to the same evidence
         notes.append(_vacuous("smoke length", shared))
-    evidence = {
+    evidence: dict[str, Any] = {
         "tier": cand.request.tier,
         "input_tokens": cand.request.input_tokens,
         "output_tokens": {"baseline": b_len, "candidate": c_len},
@@ -252,12 +253,13 @@ def smoke_step(
             "baseline": base.request.output_tokens, "candidate": cand.request.output_tokens
         },
         "length_sources": sources,
-        "shared_twin": shared,
         "alive_after": {"baseline": base.alive_after, "candidate": cand.alive_after},
         "new_error_lines": {"baseline": base.new_error_lines, "candidate": cand.new_error_lines},
         "texts_identical": base.request.text == cand.request.text,
         "length_tolerance": th.length_tolerance,
     }
+    if shared:
+        evidence["shared_twin"] = shared
     if fails:
         return GateStep(name=SMOKE, status=StepStatus.FAIL, reasons=fails + notes, evidence=evidence)
     return GateStep(
@@ -486,9 +488,9 @@ def score_step(
             reasons.append(f"{label} output lengths for the length hold come from its eager twin {src}; its "
                            "own lengths are shown, not gated (its text varies across restarts)")
     shared = shared_twin(base_tokens, cand_tokens)
-    if shared:
+    if shared:  # only then: a stored gate without one re-judges to the same evidence
         reasons.append(_vacuous("output length for the length hold", shared))
-    evidence["shared_twin"] = shared
+        evidence["shared_twin"] = shared
     return GateStep(name=SCORE, status=status, reasons=reasons, evidence=evidence), single
 
 

@@ -26,7 +26,8 @@ def _graph_arms() -> tuple[list[BenchResult], list[BenchResult]]:
 
 def _twin(name: str, *, acc: dict[Kind, list[float]] | None = None, lens: int = 100) -> Tokens:
     run = _run(name, lens=lens, smoke=_smoke(tokens=lens), accuracy=_acc(acc or GOOD_ACC))
-    return Tokens(source=name, why="derived: same model, dtype, platform and sampling, mode eager", runs=[run])
+    why = "derived: same model, dtype, platform and sampling, mode eager"
+    return Tokens(source=name, why=why, runs=[run])
 
 
 # ---- shared_twin: the boundaries
