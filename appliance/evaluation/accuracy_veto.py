@@ -12,7 +12,9 @@ Fails closed: the veto is vacuous in a kind where the baseline scores near zero 
 `veto_floor` points, default 10: less than half an item of five right) — the candidate cannot
 drop by more than the bar there, so 0 vs 0 would pass. Such a kind fails the step ("cannot
 discriminate"), as do a kind or an item the candidate lacks (never scored as a pass, never an
-exception), a kind the baseline lacks, and a failed request on either arm.
+exception), a kind the baseline lacks, and a failed request on either arm. So does a step whose two
+arms' evidence is one and the same eager twin's (`sources`, both the same recipe, not "own"): the
+twin compared with itself cannot discriminate either.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from appliance.evaluation.accuracy import AccuracyResult, compare_accuracy
 from appliance.evaluation.gate import GateStep, StepStatus
 
 ACCURACY = "accuracy"
+OWN = "own"  # an arm's own token streams (appliance/evaluation/protocol.py Tokens)
 VETO_FLOOR_POINTS = 10.0
 # Float sums of item scores land a hair off the exact figure (57.00000000000001): a drop equal to
 # the bar must pass, so drops are compared to the bar with this slack.
@@ -81,10 +84,13 @@ def accuracy_step(
                 + ("no valid reference" if label == "baseline" else "not scored")
             )
     sources = sources or {}
-    if sources.get("baseline") and sources.get("baseline") == sources.get("candidate"):
-        notes.append(
-            f"both arms' accuracy is {sources['baseline']}'s: the veto cannot tell them apart (a graph "
-            "arm's quality is its eager twin's, seed 000 §一.6 S14d)"
+    # "own" on both arms is the ordinary gate: two different recipes' own evidence.
+    shared = sources.get("baseline")
+    if shared and shared != OWN and shared == sources.get("candidate"):
+        fails.append(
+            f"both arms' evidence is the same eager twin's ({shared}): not discriminating — the veto "
+            "compares the twin with itself, so it cannot bite (fails closed; a graph arm's quality is "
+            "its eager twin's, seed 000 §一.6 S14d)"
         )
     from_reasoning = sum(1 for acc in (base, cand) for r in acc.items if r.answered_in == "reasoning")
     if from_reasoning:

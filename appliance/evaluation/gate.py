@@ -56,6 +56,8 @@ class Flag(StrEnum):
     SETTINGS_DIFFER = "settings-differ"
     FAST_MODE = "fast-mode"  # outputs capped small for tests: not the task's output lengths
     EAGER_TWIN_EVIDENCE = "eager-twin-evidence"  # an arm's token-stream evidence came from its eager twin
+    # Both arms' token-stream evidence is one and the same eager twin's: length and accuracy are vacuous
+    SHARED_EAGER_TWIN = "shared-eager-twin"
     STOPPED_EARLY = "stopped-early"  # a failed proof or smoke ended the compare before the tiers
 
 

@@ -23,7 +23,19 @@ DOMAIN §7 (seeds 003/004 §5): a candidate goes through
 Token-stream evidence (seed 000 §一.6 S14d, §一.7): an arm whose text varies across
 restarts (a graph arm) never feeds a gate that reads the token stream. The smoke length check, the
 like-for-like length hold and the accuracy veto read its eager twin's records instead (`tokens`),
-and the evidence says so; its failures, throughput, latency and SLA stay its own.
+and the evidence says so; its failures, throughput, latency and SLA stay its own. This holds for
+either arm: in a tournament eager → piecewise → graph, piecewise becomes the champion, the baseline
+of the next gate, and its evidence is its own twin's (`base_tokens`), the candidate's its own
+(`cand_tokens`).
+
+Both arms standing on one and the same eager twin (`shared_twin`: piecewise and graph both derive
+the eager recipe) would compare the twin with itself: the smoke length and the length hold are then
+vacuous (said in their reasons, not gated on), and the accuracy veto cannot discriminate, so the
+accuracy step FAILS closed — the seed gives accuracy the final veto (003: roll back on a drop), and
+a veto that cannot bite is never a pass that lets a candidate win (the same rule as a kind the
+baseline scores under the floor, appliance/evaluation/accuracy_veto.py). The verdict is REJECT with
+flag `shared-eager-twin`; the champion stays. A graph candidate whose twin is the eager baseline
+itself is the designed case (its quality is that arm's by definition) and is not this rule.
 
 Stopping early: a compare whose proof or smoke failed ends before the tiers are
 benched; the arm not benched carries `stopped`, and the steps after the smoke are skipped.
@@ -45,6 +57,7 @@ from pydantic import BaseModel, Field
 
 from appliance.evaluation.accuracy import MAX_DROP_POINTS, AccuracyResult
 from appliance.evaluation.accuracy_veto import ACCURACY, VETO_FLOOR_POINTS
+from appliance.evaluation.accuracy_veto import OWN as OWN  # "own": re-exported, part of Tokens
 from appliance.evaluation.accuracy_veto import accuracy_step as _accuracy_step
 from appliance.evaluation.arm_settings import card_mismatch
 from appliance.evaluation.bench_result import BenchResult, SmokeResult, goodput_summary
@@ -65,7 +78,6 @@ from appliance.observe.launch_proof import proves_path
 
 PROOF, SMOKE, FIRST_FIVE, RERUNS, SCORE = ("proof", "smoke", "first-five", "re-runs", "score")
 STEP_ORDER = (PROOF, SMOKE, FIRST_FIVE, RERUNS, SCORE, ACCURACY)
-OWN = "own"
 
 
 class Thresholds(BaseModel):
@@ -92,6 +104,21 @@ class Tokens(BaseModel):
     source: str = OWN
     why: str = ""
     runs: list[BenchResult] = Field(default_factory=list)
+
+
+def shared_twin(base_tokens: Tokens | None, cand_tokens: Tokens | None) -> str | None:
+    """The eager twin both arms' token-stream evidence comes from, when it is one and the same
+    recipe (None otherwise): comparing it with itself tells the arms apart in nothing."""
+    if base_tokens is None or cand_tokens is None:
+        return None
+    if base_tokens.source == OWN or base_tokens.source != cand_tokens.source:
+        return None
+    return base_tokens.source
+
+
+def _vacuous(what: str, twin: str) -> str:
+    return (f"both arms' {what} is the same eager twin's ({twin}): not discriminating, compared with "
+            "itself (seed 000 §一.6 S14d: neither arm's own text is read)")
 
 
 def _rel(new: float, old: float) -> float | None:
@@ -214,7 +241,11 @@ def smoke_step(
         if sources.get(label, OWN) != OWN:
             notes.append(f"{label} smoke length from its eager twin {sources[label]} (its own text varies "
                          "across restarts)")
-    evidence = {
+    same = sources.get("baseline", OWN)
+    shared = same if same != OWN and same == sources.get("candidate", OWN) else None
+    if shared:  # only then: a stored gate without one re-judges to the same evidence
+        notes.append(_vacuous("smoke length", shared))
+    evidence: dict[str, Any] = {
         "tier": cand.request.tier,
         "input_tokens": cand.request.input_tokens,
         "output_tokens": {"baseline": b_len, "candidate": c_len},
@@ -227,6 +258,8 @@ def smoke_step(
         "texts_identical": base.request.text == cand.request.text,
         "length_tolerance": th.length_tolerance,
     }
+    if shared:
+        evidence["shared_twin"] = shared
     if fails:
         return GateStep(name=SMOKE, status=StepStatus.FAIL, reasons=fails + notes, evidence=evidence)
     return GateStep(
@@ -454,6 +487,10 @@ def score_step(
         if src != OWN:
             reasons.append(f"{label} output lengths for the length hold come from its eager twin {src}; its "
                            "own lengths are shown, not gated (its text varies across restarts)")
+    shared = shared_twin(base_tokens, cand_tokens)
+    if shared:  # only then: a stored gate without one re-judges to the same evidence
+        reasons.append(_vacuous("output length for the length hold", shared))
+        evidence["shared_twin"] = shared
     return GateStep(name=SCORE, status=status, reasons=reasons, evidence=evidence), single
 
 
@@ -602,6 +639,8 @@ def gate(
             flags.append(Flag.EAGER_TWIN_EVIDENCE)
             notes.append(f"{label}: smoke length, length hold and accuracy from its eager twin {tok.source} "
                          f"({tok.why}); throughput, latency and SLA its own")
+    if shared_twin(base_tokens, cand_tokens):
+        flags.append(Flag.SHARED_EAGER_TWIN)
     stopped = _stopped(base, cand)
     if stopped:
         flags.append(Flag.STOPPED_EARLY)
