@@ -12,9 +12,16 @@ Fails closed: the veto is vacuous in a kind where the baseline scores near zero 
 `veto_floor` points, default 10: less than half an item of five right) — the candidate cannot
 drop by more than the bar there, so 0 vs 0 would pass. Such a kind fails the step ("cannot
 discriminate"), as do a kind or an item the candidate lacks (never scored as a pass, never an
-exception), a kind the baseline lacks, and a failed request on either arm. So does a step whose two
-arms' evidence is one and the same eager twin's (`sources`, both the same recipe, not "own"): the
-twin compared with itself cannot discriminate either.
+exception), a kind the baseline lacks, and a failed request on either arm.
+
+A step whose two arms' evidence is one and the same eager twin's (`sources`, both the same recipe, not
+"own": piecewise against graph, both deriving the eager recipe) compares the twin with itself. That is
+not a failure to measure: under the seed's own rule a graph arm's quality IS its eager twin's (same
+weights, dtype and sampling), so two arms on one twin have the same quality by that rule, exactly as a
+graph candidate against its own eager twin (the first gate of a tournament) does. The step passes on
+the twin's figures and says, in its notes and in the gate's `shared-eager-twin` flag, that it could
+not tell the arms apart; rejecting here instead would let graph beat eager but never piecewise (the
+tournament's verdict would depend on its order).
 """
 
 from __future__ import annotations
@@ -87,10 +94,10 @@ def accuracy_step(
     # "own" on both arms is the ordinary gate: two different recipes' own evidence.
     shared = sources.get("baseline")
     if shared and shared != OWN and shared == sources.get("candidate"):
-        fails.append(
-            f"both arms' evidence is the same eager twin's ({shared}): not discriminating — the veto "
-            "compares the twin with itself, so it cannot bite (fails closed; a graph arm's quality is "
-            "its eager twin's, seed 000 §一.6 S14d)"
+        notes.append(
+            f"both arms' evidence is the same eager twin's ({shared}): not discriminating — both arms' "
+            "quality is that twin's by the seed's rule (a graph arm's quality is its eager twin's, seed "
+            "000 §一.6 S14d), so the veto has nothing to compare"
         )
     from_reasoning = sum(1 for acc in (base, cand) for r in acc.items if r.answered_in == "reasoning")
     if from_reasoning:

@@ -29,13 +29,13 @@ of the next gate, and its evidence is its own twin's (`base_tokens`), the candid
 (`cand_tokens`).
 
 Both arms standing on one and the same eager twin (`shared_twin`: piecewise and graph both derive
-the eager recipe) would compare the twin with itself: the smoke length and the length hold are then
-vacuous (said in their reasons, not gated on), and the accuracy veto cannot discriminate, so the
-accuracy step FAILS closed — the seed gives accuracy the final veto (003: roll back on a drop), and
-a veto that cannot bite is never a pass that lets a candidate win (the same rule as a kind the
-baseline scores under the floor, appliance/evaluation/accuracy_veto.py). The verdict is REJECT with
-flag `shared-eager-twin`; the champion stays. A graph candidate whose twin is the eager baseline
-itself is the designed case (its quality is that arm's by definition) and is not this rule.
+the eager recipe) compare the twin with itself: the smoke length and the length hold are then vacuous
+(said in their reasons, not gated on), and the accuracy step cannot discriminate. By the seed's own
+rule (000 §一.6 S14d) a graph arm's quality IS its eager twin's, so two arms on one twin have the same
+quality — exactly as a graph candidate against its own eager baseline, the designed first gate of a
+tournament. The accuracy step therefore passes on the twin's figures and says it could not tell the
+arms apart; the gate carries flag `shared-eager-twin`; the throughput decides. Failing it instead
+would let graph beat eager but never piecewise: a tournament's verdict would depend on its order.
 
 Stopping early: a compare whose proof or smoke failed ends before the tiers are
 benched; the arm not benched carries `stopped`, and the steps after the smoke are skipped.
