@@ -219,6 +219,7 @@ def exporters() -> Iterator[dict[str, str]]:
     gw.in_flight.set(2)
     gw.in_flight_streams.set(1)
     gw.upstream_ready.set(1)
+    gw.model_ready.labels("smollm2").set(1)  # the one engine, by its served name
     gw.keys_loaded.set(3)
     gw.key_info.source = lambda: {"k1": "team-a batch"}  # the key Traffic sends as
     gw.usage.pending.set(1)
