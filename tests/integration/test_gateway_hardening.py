@@ -182,14 +182,16 @@ async def test_deep_nesting_is_a_json_400(store: KeyStore, key: str, upstream: S
 async def test_large_bodies_are_inspected_off_the_event_loop(
     store: KeyStore, key: str, upstream: SyntheticUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The body is parsed once, where the model is read (``jsonbody.read_model``): that parse is the
+    # one a large body must not do on the event loop.
     threads: list[str] = []
-    real = jsonbody.alias_model
+    real = jsonbody.read_model
 
-    def recording(body: bytes, served: str | None, depth: int, aliases: frozenset[str]) -> bytes:
+    def recording(body: bytes, depth: int) -> jsonbody.ModelRef:
         threads.append(threading.current_thread().name)
-        return real(body, served, depth, aliases)
+        return real(body, depth)
 
-    monkeypatch.setattr("controller.gateway.proxy.alias_model", recording)
+    monkeypatch.setattr("controller.gateway.proxy.read_model", recording)
     cfg = config(store, upstream_url=upstream.url, served_model=upstream.model, inline_json_bytes=1024)
     big = {"messages": [{"role": "user", "content": "x" * 100 + str(i)} for i in range(5000)],
            "model": upstream.model}
