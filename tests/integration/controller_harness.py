@@ -111,11 +111,33 @@ class Controller:
         while not predicate():
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"the controller exited ({self.proc.returncode}) waiting for {what}:\n"
-                                     + self.log_tail())
+                                     + self.log_tail() + "\nnewest engine log:\n" + self.engine_log_tail())
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; status {self.safe_status()}\n"
-                                     + self.log_tail())
+                raise AssertionError(f"timed out waiting for {what}\n" + self.report())
             time.sleep(1.0)
+
+    def report(self) -> str:
+        """What a failed wait shows, the most telling part last (CI keeps only the tail of a failure):
+        the controller's log, the newest engine log, the newest launches, then the status."""
+        status = self.safe_status()
+        try:
+            launches = [{k: row.get(k) for k in ("id", "status", "ready_s", "diagnosis_code", "exit_signal")}
+                        for row in self.get("/launches?limit=4")]
+        except (urllib.error.URLError, OSError) as exc:
+            launches = [{"error": repr(exc)}]
+        brief = status if not isinstance(status, dict) else {
+            k: status.get(k) for k in ("state", "recipe", "failures", "last_diagnosis", "blue_green")
+        } | {"launch": (status.get("launch") or {}).get("id"),
+             "phase": (status.get("launch") or {}).get("phase")}
+        return (f"controller log:\n{self.log_tail()}\nnewest engine log:\n{self.engine_log_tail()}\n"
+                f"launches (newest first): {launches}\nstatus: {brief}")
+
+    def engine_log_tail(self, lines: int = 15) -> str:
+        runs = sorted((self.home / "runs").glob("*/engine.log"))
+        if not runs:
+            return "(none)"
+        text = runs[-1].read_text(errors="replace").splitlines()[-lines:]
+        return f"{runs[-1].parent.name}:\n" + "\n".join(line[:240] for line in text)
 
     def safe_status(self) -> Any:
         try:

@@ -66,6 +66,12 @@ def _ready_again(c: Controller, after: str) -> None:
     def changed() -> bool:
         s = c.status()
         assert s["state"] != "failed", f"the switch failed: {s['last_diagnosis']}"
+        # A blue/green start that fails leaves the old engine serving (state ready, launch `after`):
+        # say so at once with its diagnosis instead of waiting out the whole budget.
+        newest = c.get("/launches?limit=1")
+        if newest and newest[0]["id"] > after and newest[0]["status"] in ("failed", "stopped"):
+            raise AssertionError(f"the new engine {newest[0]['id']} ended {newest[0]['status']} "
+                                 f"({newest[0]['diagnosis_code']})\n" + c.report())
         return bool(s["state"] == "ready" and (s.get("launch") or {}).get("id") != after)
 
     c.wait(changed, START_LIVENESS_S, "the engine to be ready again")
