@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -242,6 +243,25 @@ def beside_cores() -> dict[str, Any]:
     return {"vars": {"VLLM_CPU_OMP_THREADS_BIND": {"value": str(last), "why": why}}}
 
 
+def beside_interpreter(directory: Path, python: str) -> dict[str, Any]:
+    """The eager recipe's runtime section for blue/green beside the compiled one: its interpreter run
+    under `taskset` on the core `beside_cores` gives its worker, so every process of the new engine
+    starts there (affinity is inherited by the processes it spawns).
+
+    Why: at `import torch`, every process of a starting engine pins itself to each core of its
+    affinity mask in turn (cpuinfo reads each core's CPUID: `sched_setaffinity` to {0,1}, {0}, {1},
+    then back, seen with strace). On this machine's kernel (6.18, a Firecracker VM) the pin to the core
+    the serving engine's worker keeps busy under load can hang in the kernel (`affine_move_task` in
+    /proc/PID/stack, state R, no CPU time for 10 minutes, until its affinity is changed from outside):
+    the new engine makes no progress and the supervisor fails it as stalled. A process started on the
+    last core only visits that core. Test and benchmark only: the product leaves affinity to vLLM."""
+    last = max(0, (os.cpu_count() or 1) - 1)
+    wrapper = directory / "python-on-last-core"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {last} {shlex.quote(python)} "$@"\n')
+    wrapper.chmod(0o755)
+    return {"python": str(wrapper)}
+
+
 # ------------------------------------------------------------------------------------------------
 # The benchmark
 
@@ -253,6 +273,7 @@ def _main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     from tests.integration.controller_harness import (
+        ENGINE,
         Controller,
         engine_recipe,
         free_port,
@@ -269,7 +290,8 @@ def _main() -> None:
     engine_port = free_port()
     (recipes / "bench-smollm2.yaml").write_text(engine_recipe("bench-smollm2", "cpu-smollm2", engine_port))
     (recipes / "bench-smollm2-eager.yaml").write_text(
-        engine_recipe("bench-smollm2-eager", "cpu-smollm2-eager", engine_port, env=beside_cores()))
+        engine_recipe("bench-smollm2-eager", "cpu-smollm2-eager", engine_port, env=beside_cores(),
+                      runtime=beside_interpreter(home, str(ENGINE.engine_python))))
     results: list[dict[str, Any]] = []
     with gateway_process(home, free_port(), free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe="bench-smollm2",

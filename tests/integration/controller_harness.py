@@ -127,8 +127,7 @@ class Controller:
             launches = [{"error": repr(exc)}]
         brief = status if not isinstance(status, dict) else {
             k: status.get(k) for k in ("state", "recipe", "failures", "last_diagnosis", "blue_green")
-        } | {"launch": (status.get("launch") or {}).get("id"),
-             "phase": (status.get("launch") or {}).get("phase")}
+        } | {k: (status.get("launch") or {}).get(k) for k in ("id", "phase", "probe_error", "runtime_note")}
         return (f"controller log:\n{self.log_tail()}\nnewest engine log:\n{self.engine_log_tail()}\n"
                 f"launches (newest first): {launches}\nstatus: {brief}")
 

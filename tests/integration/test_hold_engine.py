@@ -28,11 +28,13 @@ from bench.hold_bench import (
     Load,
     across,
     beside_cores,
+    beside_interpreter,
     engine_pid,
     gateway_process,
     summarise,
 )
 from tests.integration.controller_harness import (
+    ENGINE,
     START_LIVENESS_S,
     Controller,
     engine_recipe,
@@ -53,8 +55,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
     home, recipes = recipe_dirs(tmp_path, "cpu-smollm2", "cpu-smollm2-eager")
     engine_port = free_port()
     (recipes / f"{RECIPE}.yaml").write_text(engine_recipe(RECIPE, "cpu-smollm2", engine_port))
-    (recipes / f"{EAGER}.yaml").write_text(engine_recipe(EAGER, "cpu-smollm2-eager", engine_port,
-                                                         env=beside_cores()))
+    (recipes / f"{EAGER}.yaml").write_text(engine_recipe(
+        EAGER, "cpu-smollm2-eager", engine_port, env=beside_cores(),
+        runtime=beside_interpreter(tmp_path, str(ENGINE.engine_python))))
     with gateway_process(home, free_port(), free_port()) as gw:
         c = Controller(home, recipes, free_port(), engine_port, recipe=RECIPE,
                        extra_args=("--gateway-url", gw.control_url))
