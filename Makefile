@@ -14,8 +14,8 @@ test: setup setup-system engine
 	bash scripts/start-dockerd.sh
 	PYTHON=$(BIN)/python bash scripts/build-images.sh
 	$(MAKE) check
-	$(BIN)/python -m pytest -ra --durations=15 tests
-	BIN=$(BIN) bash scripts/ci-beside-appliance.sh  # the unit suite again, beside a running appliance
+	$(BIN)/python -m pytest -ra --durations=15 tests/integration
+	BIN=$(BIN) bash scripts/ci-beside-appliance.sh  # the unit suite, beside a running appliance
 
 setup:
 	bash scripts/setup.sh $(VENV)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The unit suite beside a running appliance: the README's two commands in their order (`make up`,
 # then `make test`) once failed because unit tests probed the host's real port 8000, which the
-# running engine held. Run by `make test` after the main pytest run.
+# running engine held. Run by `make test` after the integration suite: the unit suite runs here,
+# once, beside the appliance (which is stronger than running it alone, and costs one run, not two).
 #
 # If something already holds the appliance's default ports (engine 127.0.0.1:8000, gateway :8080 and its control listener :8081,
 # controller :8090) — an appliance an operator started — the suite runs beside it as it is.
@@ -28,7 +29,7 @@ PY
 
 run_unit() {
     echo "[ci-beside-appliance] unit suite with ${PORTS[*]} held ($(held)/${#PORTS[@]} answering)"
-    "$BIN/python" -m pytest -q -p no:cacheprovider tests/unit
+    "$BIN/python" -m pytest -q -ra -p no:cacheprovider tests/unit
 }
 
 if [ "$(held)" != 0 ]; then
