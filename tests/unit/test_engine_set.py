@@ -5,6 +5,7 @@ the engine in the way named, stops and restarts an engine by its model, lists ev
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,9 +17,14 @@ import pytest
 from controller import admin_token
 from controller.api.app import create_app
 from controller.api_context import ApiContext
+from controller.gateway.control import ControlGateway
+from controller.service import ServiceConfig, build
+from controller.supervisor.gpu_memory_check import NothingReplaced
 from controller.supervisor.machine import State
-from tests.unit.engine_set_helpers import SetRig
-from tests.unit.supervisor_helpers import FakeRuntime
+from controller.supervisor.preflight import Preflight
+from controller.supervisor.signals import Stop
+from tests.unit.engine_set_helpers import REPO, SetRig
+from tests.unit.supervisor_helpers import FakeClock, FakeRuntime
 
 TOKEN = "adm_test-token-not-secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -259,3 +265,47 @@ async def test_a_controller_of_one_engine_refuses_a_start_beside_it(home: Path) 
         assert r.status_code == 409 and "runs one engine" in r.json()["detail"]
         status = (await c.get("/status")).json()
         assert status["engines"] == []
+
+
+def test_service_build_gives_each_engine_beside_the_primary_its_own_slot_metrics_and_gpu_view(
+    tmp_path: Path,
+) -> None:
+    admin_token.write_gateway_token(tmp_path / "run")
+    cfg = ServiceConfig(home=tmp_path, recipes_dir=REPO / "recipes", docker=False,
+                        gateway_url="http://127.0.0.1:9")
+    svc = build(cfg, runtimes={"process": FakeRuntime(FakeClock())})
+    assert svc.engines.primary is svc.driver and svc.engines.supports_alongside
+    primary_link = svc.driver.gateway
+    assert isinstance(primary_link, ControlGateway) and primary_link.engine is None
+    beside = svc.engines.add("smollm2-b")
+    link = beside.gateway
+    assert isinstance(link, ControlGateway) and link.engine == "smollm2-b" and beside.engine_name == "smollm2-b"
+    # The host's seams are the primary's; the metrics registry is its own (not exported: a named gap),
+    # the target file is the one file of the host, and its preflight never counts a running engine's
+    # share of a card as free (nothing is stopped before it starts).
+    assert beside.store is svc.store and beside.host.runtimes == svc.driver.host.runtimes
+    assert beside.host.events is svc.driver.host.events and beside.prober is svc.prober
+    assert beside.metrics is not svc.metrics
+    assert beside.scrape_targets is svc.driver.scrape_targets
+    assert isinstance(beside.preflight, Preflight) and isinstance(beside.preflight.gpu_memory, NothingReplaced)
+    assert beside.host.beside is None  # its restart drains and starts: no blue/green beside itself
+
+
+async def test_the_set_runs_each_engine_loop_and_stops_them_with_the_controller(
+    rig: SetRig, client: httpx.AsyncClient,
+) -> None:
+    await primary_ready(rig, client)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(rig.engines.run(stop))
+    await asyncio.sleep(0)
+    beside = rig.engines.add("smollm2-b")  # added while the set runs: its loop starts at once
+    await asyncio.sleep(0)
+    assert beside.loop_alive_at is not None and rig.primary.loop_alive_at is not None
+    beside.submit(Stop())  # idle with nothing launched: removed by the set's next look (a poll: 1 s)
+    for _ in range(500):
+        if not rig.engines.alongside:
+            break
+        await asyncio.sleep(0.01)
+    assert rig.engines.alongside == {} and rig.removed == ["smollm2-b"]
+    stop.set()
+    await asyncio.wait_for(runner, timeout=5)
