@@ -279,7 +279,8 @@ def test_service_build_gives_each_engine_beside_the_primary_its_own_slot_metrics
     assert isinstance(primary_link, ControlGateway) and primary_link.engine is None
     beside = svc.engines.add("smollm2-b")
     link = beside.gateway
-    assert isinstance(link, ControlGateway) and link.engine == "smollm2-b" and beside.engine_name == "smollm2-b"
+    assert isinstance(link, ControlGateway) and link.engine == "smollm2-b"
+    assert beside.engine_name == "smollm2-b"
     # The host's seams are the primary's; the metrics registry is its own (not exported: a named gap),
     # the target file is the one file of the host, and its preflight never counts a running engine's
     # share of a card as free (nothing is stopped before it starts).
@@ -287,7 +288,8 @@ def test_service_build_gives_each_engine_beside_the_primary_its_own_slot_metrics
     assert beside.host.events is svc.driver.host.events and beside.prober is svc.prober
     assert beside.metrics is not svc.metrics
     assert beside.scrape_targets is svc.driver.scrape_targets
-    assert isinstance(beside.preflight, Preflight) and isinstance(beside.preflight.gpu_memory, NothingReplaced)
+    assert isinstance(beside.preflight, Preflight)
+    assert isinstance(beside.preflight.gpu_memory, NothingReplaced)
     assert beside.host.beside is None  # its restart drains and starts: no blue/green beside itself
 
 
