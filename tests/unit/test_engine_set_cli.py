@@ -55,7 +55,7 @@ def app() -> typer.Typer:
 
 def run(app: typer.Typer, monkeypatch: pytest.MonkeyPatch, client: Controller, *args: str) -> Any:
     monkeypatch.setattr(api_cmd, "_client", lambda api: client)
-    monkeypatch.setattr(api_cmd.time, "sleep", lambda s: None)
+    monkeypatch.setattr("controller.cli.api_cmd.time.sleep", lambda s: None)
     return CliRunner().invoke(app, list(args))
 
 
