@@ -275,9 +275,17 @@ def create_app(ctx: ApiContext) -> FastAPI:
         await known_recipe(body.recipe)
         if body.alongside:
             return await apply_alongside(body)
+        try:
+            beside_why = await asyncio.to_thread(engines.judge_primary, body.recipe)
+        except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError):
+            beside_why = None  # the preflight says what is wrong with the recipe, as always
+        if beside_why is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, beside_why)
+        # Blue/green judges the fit beside the primary's own engine only: not while others run too.
+        blue_green = body.blue_green and not engines.alongside
         # Before the apply: what serves now.
-        switch = driver.switch_plan(body.recipe, drain_first=not body.blue_green)
-        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=body.blue_green))
+        switch = driver.switch_plan(body.recipe, drain_first=not blue_green)
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
         apply_id = driver.view.machine.apply.token if driver.view.machine.apply is not None else None
@@ -323,7 +331,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
             if rejected is not None:
                 raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
             return Accepted(state=beside.view.state.value, recipe=beside.view.recipe, model=model)
-        blue_green = body.blue_green if body is not None else True
+        # Blue/green judges the fit beside the primary's own engine only: not while others run too.
+        blue_green = (body.blue_green if body is not None else True) and not engines.alongside
         recipe = driver.view.recipe
         launch = driver.view.launch
         # Before the restart: its path (blue/green beside the serving engine when it fits, else the hold).

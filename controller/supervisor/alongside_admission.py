@@ -113,3 +113,17 @@ def cache_is_empty_safe(spec: LaunchSpec) -> bool:
         return cache_is_empty(Path(spec.cache_root))
     except OSError:
         return True
+
+
+def primary_refusal(spec: LaunchSpec, others: Sequence[Engine]) -> str | None:
+    """Why the primary engine may not switch to `spec` while `others` run beside it: a model name or
+    the port one of them holds (the gateway would refuse the name; the engine would not bind)."""
+    wanted = {spec.served_model_name, *spec.served_model_aliases}
+    for e in others:
+        shared = sorted(wanted & e.names)
+        if shared:
+            return (f"model name {shared[0]!r} is served by {e.who()}, beside the primary engine; "
+                    f"{_stop_it(e)}")
+        if e.spec is not None and e.spec.port == spec.port:
+            return f"port {spec.port} is {e.who()}'s, beside the primary engine; {_stop_it(e)}"
+    return None

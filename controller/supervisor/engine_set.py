@@ -21,7 +21,9 @@ Named gaps (what follows the primary engine only, for now):
 - the controller's `appliance_engine_*` series are the primary's: each engine beside it records into a
   registry of its own that `/metrics` does not export (sharing one would let its launch clear the
   primary's per-launch series);
-- a restart of an engine beside the primary drains, stops and starts (no blue/green beside itself).
+- a restart of an engine beside the primary drains, stops and starts (no blue/green beside itself);
+  so do the primary's apply and restart while engines run beside it (its blue/green check counts its
+  own serving engine only, not the cores, cards and RAM of the others).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_model import Recipe
 from controller.runtime.ports import port_is_free
 from controller.supervisor import adoption
-from controller.supervisor.alongside_admission import Engine, refusal
+from controller.supervisor.alongside_admission import Engine, primary_refusal, refusal
 from controller.supervisor.driver import Driver
 from controller.supervisor.machine import State
 from controller.supervisor.status_view import ready_s
@@ -117,12 +119,23 @@ class EngineSet:
         if self._plan is None or self._factory is None:
             return "", "this controller runs one engine: it has no way to start one beside it"
         new, facts, spec = self._plan(recipe)
-        engines = [Engine(self.model_of(name, d) or "default", d.view.state, d.view.recipe,
-                          d.view.launch.spec if d.view.launch is not None else None)
-                   for name, d in self.engines() if d.view.state is not State.IDLE or d.view.launch]
+        engines = [self._beside(name, d) for name, d in self.engines()
+                   if d.view.state is not State.IDLE or d.view.launch]
         gpu = self._gpu_memory() if self._gpu_memory is not None else None
         why = refusal(new, facts, spec, engines, is_free=self._is_free, cpus=self._cpus, gpu=gpu)
         return spec.served_model_name, why
+
+    def _beside(self, name: str | None, d: Driver) -> Engine:
+        return Engine(self.model_of(name, d) or "default", d.view.state, d.view.recipe,
+                      d.view.launch.spec if d.view.launch is not None else None)
+
+    def judge_primary(self, recipe: str) -> str | None:
+        """Blocking: why the primary may not switch to `recipe` while engines run beside it (a name or
+        port one of them holds); None: it may (and without engines beside it, nothing is read)."""
+        if not self.alongside or self._plan is None:
+            return None
+        _, _, spec = self._plan(recipe)
+        return primary_refusal(spec, [self._beside(name, d) for name, d in self.alongside.items()])
 
     def add(self, model: str) -> Driver:
         """A new driver for an engine beside the primary, serving `model`; its loop runs at once when

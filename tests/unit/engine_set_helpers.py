@@ -46,6 +46,8 @@ RECIPES = {
     "cpu-samecores": beside_recipe("cpu-samecores", "smollm2-k", 8004, cores=None),
     "cpu-bigmem": beside_recipe("cpu-bigmem", "smollm2-m", 8005, worker_gib=400.0),
     "cpu-busyport": beside_recipe("cpu-busyport", "smollm2-u", 8006),
+    "cpu-b-twin": beside_recipe("cpu-b-twin", "smollm2-b", 8007),
+    "cpu-b-port": beside_recipe("cpu-b-port", "smollm2-q", 8001),
 }
 
 

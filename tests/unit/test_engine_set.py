@@ -311,3 +311,32 @@ async def test_the_set_runs_each_engine_loop_and_stops_them_with_the_controller(
     assert rig.engines.alongside == {} and rig.removed == ["smollm2-b"]
     stop.set()
     await asyncio.wait_for(runner, timeout=5)
+
+
+@pytest.mark.parametrize(("recipe", "words"), [
+    ("cpu-b-twin", "model name 'smollm2-b' is served by engine 'smollm2-b' (recipe cpu-beside), beside the "
+                   "primary engine; stop it first: `appliance stop --model smollm2-b`"),
+    ("cpu-b-port", "port 8001 is engine 'smollm2-b' (recipe cpu-beside)'s, beside the primary engine"),
+])
+async def test_the_primary_may_not_switch_to_a_name_or_port_an_engine_beside_it_holds(
+    rig: SetRig, client: httpx.AsyncClient, recipe: str, words: str,
+) -> None:
+    await primary_ready(rig, client)
+    await beside_ready(rig, client)
+    r = await client.post("/apply", json={"recipe": recipe}, headers=AUTH)
+    assert r.status_code == 409 and words in r.json()["detail"]
+    assert rig.primary.view.state is State.READY and rig.primary.view.recipe == "cpu-smollm2"
+
+
+async def test_the_primary_switches_by_the_hold_path_while_engines_run_beside_it(
+    rig: SetRig, client: httpx.AsyncClient,
+) -> None:
+    await primary_ready(rig, client)
+    assert (await client.post("/restart", headers=AUTH)).status_code == 202
+    # Alone: a preflight while it serves, then blue/green when it fits, as always.
+    assert rig.primary.view.state is State.PREFLIGHT and rig.primary.machine.blue_green is True
+    await until(rig, lambda: rig.primary.view.state is State.READY)
+    await beside_ready(rig, client)
+    assert (await client.post("/restart", headers=AUTH)).status_code == 202
+    # Beside another engine: drain first (the hold path); its fit would not count the other engine.
+    assert rig.primary.view.state is State.DRAINING

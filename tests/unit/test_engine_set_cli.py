@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from controller.api_client import ApiError
-from controller.cli import api_cmd
+from controller.cli import api_cmd, lifecycle_cmd
 
 ENGINES = [
     {"engine": "default", "primary": True, "model": "smollm2", "recipe": "cpu-smollm2", "state": "ready",
@@ -114,3 +114,14 @@ def test_status_lists_every_engine_when_there_is_more_than_one(
     ]
     one = run(app, monkeypatch, Controller([[ENGINES[0]]]), "status")
     assert "engines:" not in one.output and one.output.startswith("state:")
+
+
+def test_down_stops_the_engines_beside_the_primary_too() -> None:
+    # `appliance down` stops through the API; an engine beside the primary left running would outlive
+    # the controller (it stops only what `/stop` without a model names: the primary).
+    client = Controller()
+    lifecycle_cmd.stop_every_engine(client)
+    assert client.calls == [("/stop", None), ("/stop", {"model": "smollm2-b"})]
+    assert not lifecycle_cmd.every_engine_stopped({"state": "idle", "engines": ENGINES[1:]})
+    assert not lifecycle_cmd.every_engine_stopped({"state": "ready", "engines": ENGINES[:1]})
+    assert lifecycle_cmd.every_engine_stopped({"state": "idle", "engines": []})
