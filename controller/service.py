@@ -42,7 +42,7 @@ from controller.store import Store
 from controller.supervisor.blue_green import BesideCheck
 from controller.supervisor.clock import SystemClock
 from controller.supervisor.driver import Driver, DriverConfig
-from controller.supervisor.engine_set import EngineSet
+from controller.supervisor.engine_set import EngineSet, slot_name
 from controller.supervisor.events import EventLog
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
 from controller.supervisor.gpu_health_watch import GpuHealthLink, LaunchView
@@ -194,7 +194,7 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
         """The driver of an engine started beside the primary (engine_set.py): its own gateway slot
         (named `model`), its own metrics registry (not exported: a named gap), a preflight that counts
         nothing the running engines hold on a card as free, and no blue/green beside itself."""
-        link, _ = make_gateway(cfg, paths, engine=model)
+        link, _ = make_gateway(cfg, paths, engine=slot_name(model))
         beside_preflight = dataclasses.replace(preflight, gpu_memory=NothingReplaced(gpu_memory))
         return Driver(**shared, preflight=beside_preflight, gateway=link, metrics=ControllerMetrics(),
                       engine_name=model)

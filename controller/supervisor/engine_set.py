@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,6 +53,20 @@ log = logging.getLogger(__name__)
 Factory = Callable[[str], Driver]  # served model name → a new driver for an engine beside the primary
 Plan = Callable[[str], tuple[Recipe, HostFacts, LaunchSpec]]  # blocking: preflight.plan
 RemoveSlot = Callable[[Driver], Awaitable[None]]  # the gateway forgets that driver's slot
+
+
+# The gateway's engine names (controller/gateway/admin.py `EngineName`); a served model name may hold
+# more (`Qwen/Qwen3-8B`).
+_SLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def slot_name(model: str) -> str:
+    """The gateway slot of the engine serving `model`: the model name itself when the gateway takes it
+    as an engine name, else a readable form of it with a short hash (two names never share a slot)."""
+    if _SLOT_NAME.match(model):
+        return model
+    readable = re.sub(r"[^A-Za-z0-9._-]", "-", model).lstrip("._-")[:48] or "model"
+    return f"{readable}-{hashlib.sha256(model.encode()).hexdigest()[:10]}"
 
 
 class AlongsideRefused(Exception):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from controller.api.app import create_app
 from controller.api_context import ApiContext
 from controller.gateway.control import ControlGateway
 from controller.service import ServiceConfig, build
+from controller.supervisor.engine_set import slot_name
 from controller.supervisor.gpu_memory_check import NothingReplaced
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
@@ -340,3 +342,11 @@ async def test_the_primary_switches_by_the_hold_path_while_engines_run_beside_it
     assert (await client.post("/restart", headers=AUTH)).status_code == 202
     # Beside another engine: drain first (the hold path); its fit would not count the other engine.
     assert rig.primary.view.state is State.DRAINING
+
+
+def test_a_model_name_the_gateway_would_not_take_as_an_engine_name_gets_a_slot_it_takes() -> None:
+    assert slot_name("smollm2-b") == "smollm2-b"
+    odd = slot_name("Qwen/Qwen3-8B")
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", odd) and odd.startswith("Qwen-Qwen3-8B-")
+    assert slot_name("Qwen/Qwen3-8B") != slot_name("Qwen:Qwen3-8B")  # never one slot for two names
+    assert len(slot_name("x/" + "y" * 200)) <= 64
