@@ -375,7 +375,8 @@ def engine_lines(engines: list[dict[str, Any]]) -> list[str]:
     for e in engines:
         ready = f", ready in {e['ready_s']} s" if e.get("ready_s") is not None else ""
         why = f" — {e['diagnosis']}" if e.get("diagnosis") and e.get("state") != "ready" else ""
-        lines.append(f"  {e.get('model')}: {e.get('state')}  (recipe {e.get('recipe')}, port {e.get('port')}"
+        name = e.get("model") or e.get("engine")
+        lines.append(f"  {name}: {e.get('state')}  (recipe {e.get('recipe')}, port {e.get('port')}"
                      f"{ready}{', primary' if e.get('primary') else ''}){why}")
     return lines
 

@@ -112,6 +112,12 @@ def test_status_lists_every_engine_when_there_is_more_than_one(
         "  smollm2: ready  (recipe cpu-smollm2, port 8000, ready in 36.2 s, primary)",
         "  smollm2-b: starting  (recipe cpu-beside, port 8001)",
     ]
+    # A primary that failed before it launched anything has no model: it is named by its engine slot.
+    failed = {**ENGINES[0], "model": None, "state": "failed", "port": None, "ready_s": None,
+              "diagnosis": "no launchable recipe"}
+    result = run(app, monkeypatch, Controller([[failed, ENGINES[1]]]), "status")
+    line = "  default: failed  (recipe cpu-smollm2, port None, primary) — no launchable recipe"
+    assert line in result.output
     one = run(app, monkeypatch, Controller([[ENGINES[0]]]), "status")
     assert "engines:" not in one.output and one.output.startswith("state:")
 
