@@ -134,6 +134,13 @@ class EngineSet:
         not load or render."""
         if self._plan is None or self._factory is None:
             return "", "this controller runs one engine: it has no way to start one beside it"
+        primary = self.primary.view
+        if primary.launch is None and primary.state in (State.IDLE, State.FAILED):
+            # Nothing to start beside; and the gateway's default slot keeps claiming the name the
+            # primary last served (controller/gateway/engines.py), which a slot of the same name
+            # would be refused.
+            return "", (f"the primary engine runs nothing (state {primary.state.value}): apply {recipe} "
+                        "without --alongside, as the primary engine")
         new, facts, spec = self._plan(recipe)
         engines = [self._beside(name, d) for name, d in self.engines()
                    if d.view.state is not State.IDLE or d.view.launch]

@@ -350,3 +350,13 @@ def test_a_model_name_the_gateway_would_not_take_as_an_engine_name_gets_a_slot_i
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", odd) and odd.startswith("Qwen-Qwen3-8B-")
     assert slot_name("Qwen/Qwen3-8B") != slot_name("Qwen:Qwen3-8B")  # never one slot for two names
     assert len(slot_name("x/" + "y" * 200)) <= 64
+
+
+async def test_a_start_beside_a_primary_that_runs_nothing_is_refused(
+    rig: SetRig, client: httpx.AsyncClient,
+) -> None:
+    r = await client.post("/apply", json={"recipe": "cpu-beside", "alongside": True}, headers=AUTH)
+    assert r.status_code == 409
+    assert r.json()["detail"] == ("the primary engine runs nothing (state idle): apply cpu-beside without "
+                                  "--alongside, as the primary engine")
+    assert rig.engines.alongside == {}
