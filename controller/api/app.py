@@ -281,8 +281,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             beside_why = None  # the preflight says what is wrong with the recipe, as always
         if beside_why is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, beside_why)
-        # Blue/green judges the fit beside the primary's own engine only: not while others run too.
-        blue_green = body.blue_green and not engines.alongside
+        blue_green = engines.primary_blue_green(body.blue_green)
         # Before the apply: what serves now.
         switch = driver.switch_plan(body.recipe, drain_first=not blue_green)
         rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=blue_green))
@@ -331,8 +330,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             if rejected is not None:
                 raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
             return Accepted(state=beside.view.state.value, recipe=beside.view.recipe, model=model)
-        # Blue/green judges the fit beside the primary's own engine only: not while others run too.
-        blue_green = (body.blue_green if body is not None else True) and not engines.alongside
+        blue_green = engines.primary_blue_green(body.blue_green if body is not None else True)
         recipe = driver.view.recipe
         launch = driver.view.launch
         # Before the restart: its path (blue/green beside the serving engine when it fits, else the hold).

@@ -160,6 +160,12 @@ class EngineSet:
         _, _, spec = self._plan(recipe)
         return primary_refusal(spec, [self._beside(name, d) for name, d in self.alongside.items()])
 
+    def primary_blue_green(self, asked: bool = True) -> bool:
+        """Whether the primary's apply or restart may take the blue/green path: as asked while it runs
+        alone; never while engines run beside it (its fit counts only its own serving engine, not their
+        cores, cards and RAM)."""
+        return asked and not self.alongside
+
     def add(self, model: str) -> Driver:
         """A new driver for an engine beside the primary, serving `model`; its loop runs at once when
         the set's does. Raises AlongsideRefused when that name is taken."""

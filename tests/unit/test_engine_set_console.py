@@ -55,3 +55,19 @@ async def test_the_now_page_lists_the_engines_beside_and_stops_one_after_a_confi
     assert rig.primary.view.state is State.READY  # the primary was not touched
     assert 'id="beside"' not in (await client.get("/console/")).text
     assert (await client.get("/status", headers=AUTH)).json()["state"] == "ready"
+
+
+async def test_the_console_apply_and_restart_of_the_primary_keep_the_rules_of_the_api(
+    rig: SetRig, client: httpx.AsyncClient,
+) -> None:
+    await primary_ready(rig, client)
+    await beside_ready(rig, client)
+    await login(client)
+    csrf = _form_token((await client.get("/console/recipes/cpu-b-twin/apply")).text, "csrf")
+    # A name an engine beside the primary serves: refused, as POST /apply refuses it.
+    refused = await client.post("/console/recipes/cpu-b-twin/apply", data={"csrf": csrf})
+    assert refused.status_code == 409 and "model name &#39;smollm2-b&#39; is served by engine" in refused.text
+    assert rig.primary.view.state is State.READY and rig.primary.view.recipe == "cpu-smollm2"
+    # A restart of the primary beside another engine drains first (the hold path), as the API's does.
+    restarted = await client.post("/console/engine/restart", data={"csrf": csrf})
+    assert restarted.status_code == 303 and rig.primary.view.state is State.DRAINING

@@ -58,7 +58,11 @@ def register(router: APIRouter, pages: Pages) -> None:
                 return not_found(request)
             # An engine beside the primary restarts by draining first: no blue/green beside itself.
             target = beside
-        rejected = target.submit(Restart(blue_green=False) if model and signal is Restart else signal())
+        if signal is Restart:
+            # Blue/green only for the primary running alone (engine_set.py `primary_blue_green`).
+            rejected = target.submit(Restart(blue_green=not model and engines.primary_blue_green()))
+        else:
+            rejected = target.submit(signal())
         if rejected is not None:
             return problem(request, session, status.HTTP_409_CONFLICT, refused,
                            f"The controller refused: {rejected.reason}. Nothing was changed.")
