@@ -19,6 +19,7 @@ from controller import admin_token
 from controller.api.app import create_app
 from controller.api_context import ApiContext
 from controller.gateway.control import ControlGateway
+from controller.runtime.base import Provenance
 from controller.service import ServiceConfig, build
 from controller.supervisor.engine_set import slot_name
 from controller.supervisor.gpu_memory_check import NothingReplaced
@@ -26,7 +27,7 @@ from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
 from controller.supervisor.signals import Stop
 from tests.unit.engine_set_helpers import REPO, SetRig
-from tests.unit.supervisor_helpers import FakeClock, FakeRuntime
+from tests.unit.supervisor_helpers import FakeClock, FakeEngine, FakeRuntime, make_handle
 
 TOKEN = "adm_test-token-not-secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -360,3 +361,29 @@ async def test_a_start_beside_a_primary_that_runs_nothing_is_refused(
     assert r.json()["detail"] == ("the primary engine runs nothing (state idle): apply cpu-beside without "
                                   "--alongside, as the primary engine")
     assert rig.engines.alongside == {}
+
+
+async def test_of_two_running_engines_beside_the_primary_under_one_name_the_newer_is_adopted(
+    rig: SetRig, client: httpx.AsyncClient, home: Path,
+) -> None:
+    await primary_ready(rig, client)
+    await beside_ready(rig, client)
+    b = rig.engines.alongside["smollm2-b"].view.launch
+    assert b is not None and b.handle is not None
+    # A leftover of an earlier controller: an older engine marked as started beside the primary, under
+    # the same model name (the gateway routes a name to one engine, so one of them has to go).
+    older = make_handle("Lolder", recipe="cpu-beside", started_at=b.handle.started_at - 100)
+    older = older.model_copy(update={"instance": "i-test"})
+    rig.store.create_launch("Lolder", b.spec, "normal", Provenance(), older.started_at)
+    rig.store.set_handle("Lolder", older, older.started_at)
+    rig.store.add_event("alongside", "started beside the other engines", older.started_at, "Lolder")
+    rig.runtime.engines["Lolder"] = FakeEngine(older)
+    rig.store.close()
+    after = SetRig(home, clock=rig.clock, runtime=rig.runtime)
+    await after.engines.adopt()
+    beside = after.engines.alongside["smollm2-b"]
+    assert beside.view.launch is not None and beside.view.launch.launch_id == b.launch_id
+    assert rig.runtime.stopped == ["Lolder"]
+    record = after.store.get_launch("Lolder")
+    assert record is not None and record.status == "stopped"
+    assert any(e.kind == "adopt-extra" for e in record.events)
