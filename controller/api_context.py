@@ -18,6 +18,7 @@ from controller.runtime.base import EngineHandle, EngineRuntimeError
 from controller.store import Store
 from controller.supervisor.blue_green import serving_footprint
 from controller.supervisor.driver import Driver
+from controller.supervisor.engine_set import EngineSet
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import PlanReport, Preflight
 from controller.watch.load_sampler import LoadSampler
@@ -36,6 +37,18 @@ class ApiContext:
     max_body_bytes: int = MAX_BODY_BYTES
     load: LoadSampler | None = None  # the gateway's and engine's load, sampled (GET /load, the Now page)
     gateway_client_url: str | None = None  # the gateway's client address: the console's Try it box
+    # Every engine of the host: `driver` (the primary) and those started beside it (None: the primary
+    # alone, as a set of one that cannot start another).
+    engines: EngineSet | None = None
+
+    def __post_init__(self) -> None:
+        if self.engines is None:
+            self.engines = EngineSet(self.driver)
+
+    @property
+    def engine_set(self) -> EngineSet:
+        assert self.engines is not None  # set in __post_init__
+        return self.engines
 
 
 class LogUnavailable(Exception):
@@ -66,6 +79,12 @@ def read_launch_log(ctx: ApiContext, launch_id: str, offset: int) -> tuple[str, 
     # vLLM 0.26.0 logs the key it read from its config file (appliance/engine_secret.py).
     key = ctx.driver.engine_key(launch_id)
     return redact_keys(text, [key] if key else []), next_offset
+
+
+def status_of(ctx: ApiContext) -> dict[str, Any]:
+    """`GET /status`: the primary engine's status as always, plus `engines`, one short entry per
+    engine of the host (the primary first; engine_set.py)."""
+    return {**ctx.driver.status(), "engines": ctx.engine_set.entries()}
 
 
 def load_view(ctx: ApiContext, now: float) -> dict[str, Any]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -40,16 +42,18 @@ from controller.store import Store
 from controller.supervisor.blue_green import BesideCheck
 from controller.supervisor.clock import SystemClock
 from controller.supervisor.driver import Driver, DriverConfig
+from controller.supervisor.engine_set import EngineSet, slot_name
 from controller.supervisor.events import EventLog
 from controller.supervisor.gateway_link import GatewayLink, NoGateway
 from controller.supervisor.gpu_health_watch import GpuHealthLink, LaunchView
-from controller.supervisor.gpu_memory_check import GpuMemoryLink
+from controller.supervisor.gpu_memory_check import GpuMemoryLink, NothingReplaced
 from controller.supervisor.gpu_memory_watch import GpuWatchLink
 from controller.supervisor.host_memory_watch import EngineView, HostWatchLink
 from controller.supervisor.machine import Policy, State
 from controller.supervisor.preflight import Preflight, UnknownRecipe
 from controller.supervisor.probes import HttpProber
 from controller.supervisor.provenance import provenance_for
+from controller.supervisor.scrape_targets import ScrapeTargets
 from controller.supervisor.signals import Apply
 from controller.watch.gpu import GpuReader
 from controller.watch.load_sampler import EngineTarget, LoadSampler
@@ -104,14 +108,17 @@ def container_grant_warnings(docker_note: str | None) -> list[str]:
     return [c.detail for c in checks if not c.ok]
 
 
-def make_gateway(cfg: ServiceConfig, paths: Paths) -> tuple[GatewayLink, str | None]:
+def make_gateway(cfg: ServiceConfig, paths: Paths,
+                 engine: str | None = None) -> tuple[GatewayLink, str | None]:
+    """The gateway link of the primary engine (`engine` None: the gateway's default slot) or of an
+    engine beside it (its named slot: its served model name)."""
     if not cfg.gateway_url:
         return NoGateway(), None
     token = admin_token.read_gateway_token(paths.home / "run")
     if token is None:
         return NoGateway(), (f"no gateway control token in {paths.home / 'run'}: the gateway at "
                              f"{cfg.gateway_url} will not be told about engine slots")
-    return ControlGateway(cfg.gateway_url, token), None
+    return ControlGateway(cfg.gateway_url, token, engine=engine), None
 
 
 @dataclass
@@ -127,6 +134,7 @@ class Service:
     metrics: ControllerMetrics
     gpu_health: GpuHealthLink
     load: LoadSampler
+    engines: EngineSet
 
 
 def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Service:
@@ -163,19 +171,41 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     # The event stream exists before the driver: the on-ready proof is built with its `note`.
     clock = SystemClock()
     events = EventLog(store, clock)
-    driver = Driver(
-        runtimes=runtimes, store=store, preflight=preflight, prober=prober, gateway=gateway, clock=clock,
-        policy=cfg.policy, config=cfg.driver, provenance=provenance_for(runtimes),
-        spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events, gpu_events=gpu_health.gpu_events,
-        metrics=metrics, mem_target=recipe_mem_target(preflight.recipe),
-        beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes,
-                           gpu_memory=lambda: gpu_memory.view(replaces_running=False)),
+    # One Prometheus target file for every engine of the host (each driver publishes its own).
+    targets = ScrapeTargets(paths.prometheus_targets)
+    # The host seams every driver shares, the primary's and those of the engines beside it.
+    shared: dict[str, Any] = dict(
+        runtimes=runtimes, store=store, prober=prober, clock=clock, policy=cfg.policy, config=cfg.driver,
+        provenance=provenance_for(runtimes), spec_for_recipe=spec_for_recipe, oom_events=watch.oom_events,
+        gpu_events=gpu_health.gpu_events, mem_target=recipe_mem_target(preflight.recipe),
         unavailable_runtimes={kind: gap.reason for kind, gap in missing.items()},
         process_peaks=watch.process_peaks,
         on_ready=ready_hook(runtimes, recipe_expectations(preflight.recipe), events.note,
                             recipe_deployment(preflight.recipe, str(cfg.home))), events=events,
-        scrape_targets=paths.prometheus_targets,
+        scrape_targets=targets,
     )
+    driver = Driver(
+        **shared, preflight=preflight, gateway=gateway, metrics=metrics,
+        beside=BesideCheck(preflight.recipe, preflight.facts, render, runtimes,
+                           gpu_memory=lambda: gpu_memory.view(replaces_running=False)),
+    )
+
+    def alongside(model: str) -> Driver:
+        """The driver of an engine started beside the primary (engine_set.py): its own gateway slot
+        (named `model`), its own metrics registry (not exported: a named gap), a preflight that counts
+        nothing the running engines hold on a card as free, and no blue/green beside itself."""
+        link, _ = make_gateway(cfg, paths, engine=slot_name(model))
+        beside_preflight = dataclasses.replace(preflight, gpu_memory=NothingReplaced(gpu_memory))
+        return Driver(**shared, preflight=beside_preflight, gateway=link, metrics=ControllerMetrics(),
+                      engine_name=model)
+
+    async def remove_slot(gone: Driver) -> None:
+        link = gone.gateway
+        if isinstance(link, ControlGateway):
+            await link.remove()
+
+    engines = EngineSet(driver, alongside, plan=preflight.plan, remove_slot=remove_slot,
+                        gpu_memory=lambda: gpu_memory.view(replaces_running=False))
     watch.engine = engine_view(driver)
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
     preflight.note = driver.note
@@ -193,8 +223,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     app = create_app(ApiContext(driver, store, preflight, cfg.home, cfg.apply_on_start,
                                 extra_routers=(keys_router(guard), gpu_router(guard, gpu_health),
                                                usage_router(guard)),
-                                listen_host=cfg.host, load=load, gateway_client_url=cfg.gateway_client_url))
-    return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health, load)
+                                listen_host=cfg.host, load=load, gateway_client_url=cfg.gateway_client_url,
+                                engines=engines))
+    return Service(store, driver, watch, gpu_watch, prober, app, metrics, gpu_health, load, engines)
 
 
 def ready_engine(driver: Driver) -> Callable[[], EngineTarget | None]:
@@ -236,10 +267,11 @@ async def serve(cfg: ServiceConfig) -> None:
 
     stop = asyncio.Event()
     driver.note("controller", f"controller starting on {cfg.host}:{cfg.port} (pid {os.getpid()})")
-    await driver.adopt()
+    await svc.engines.adopt()
     if cfg.apply_on_start and driver.view.state is State.IDLE:
         driver.submit(Apply(cfg.apply_on_start))
-    tasks = [asyncio.create_task(driver.run(stop), name="supervisor")]
+    # Every engine's supervision loop: the primary's, and one per engine started beside it.
+    tasks = [asyncio.create_task(svc.engines.run(stop), name="supervisors")]
     for hook in getattr(app.state, "on_start", ()):  # e.g. a choice a restart cut off resumes
         hook()
     if cfg.watch_host:
@@ -257,7 +289,7 @@ async def serve(cfg: ServiceConfig) -> None:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(task, timeout=10)
-        await driver.shutdown()
+        await svc.engines.shutdown()
         await prober.close()
         driver.note("controller", "controller stopped; the engine (if any) keeps running for adoption")
         store.close()

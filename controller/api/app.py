@@ -14,10 +14,13 @@ the offending field in `detail[].loc`).
     GET  /recipes                  what can be applied
     GET  /recipes/{name}           one recipe and its rendering on this host
     POST /recipes/{name}/plan      lint + admission + rendering, nothing started
-    POST /apply                    {"recipe": name, "fresh_cache": false}
-    POST /restart | /stop
+    POST /apply                    {"recipe": name, "fresh_cache": false, "alongside": false}; alongside:
+                                   start it beside the running engines (409 with what is in the way)
+    POST /restart | /stop          {"model": name}: the engine serving that model (404: unknown, with
+                                   the known ones); without it, the primary engine as always
     GET  /status                   state, phase, progress (fraction of the ready budget), eta (expected
-                                   ready time from earlier launches, likely-stall flag), diagnosis
+                                   ready time from earlier launches, likely-stall flag), diagnosis;
+                                   `engines`: one short entry per engine
     GET  /load                     how busy it is: req/s, output tokens/s, TTFT/TPOT p50/p99, in flight,
                                    queued, KV cache, 4xx/429/5xx, uptime since ready; ~15 min of series
     GET  /launches[?recipe=&limit=], /launches/{id}, /launches/{id}/log?offset= (admin)
@@ -40,7 +43,15 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from appliance.engine_secret import redact_recipe_data
 from appliance.recipe.recipe_loader import RecipeError
-from controller.api_context import ApiContext, LogUnavailable, load_view, read_launch_log, running_view
+from appliance.recipe.render import RenderError
+from controller.api_context import (
+    ApiContext,
+    LogUnavailable,
+    load_view,
+    read_launch_log,
+    running_view,
+    status_of,
+)
 from controller.api_guard import (
     SQLITE_INT_MAX,
     AdminTokenFirst,
@@ -57,8 +68,11 @@ from controller.evaluation.router import evaluation_router
 from controller.evaluation.store import EvalStore
 from controller.store import LaunchRecord, LaunchSummary, redact_spec
 from controller.supervisor import compile_cache
+from controller.supervisor.driver import Driver
+from controller.supervisor.engine_set import AlongsideRefused
 from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import Apply, Restart, Stop
+from host_setup.facts import HostFactsError
 
 SSE_HEARTBEAT_S = 15.0
 _TEXT = "text/plain; charset=utf-8"
@@ -84,10 +98,30 @@ class ApplyBody(BaseModel):
         "memory, a free port), then switch with no hold; false: always drain, stop and start with the "
         "gateway holding new requests.",
     )
+    alongside: bool = Field(
+        default=False,
+        description="Start it beside the running engines, as an engine of its own serving the recipe's "
+        "model name (controller/supervisor/engine_set.py); refused (409, naming the engine in the way) when "
+        "the name, the port, the host's RAM, CPU cores or GPU cards are taken.",
+    )
+
+
+# A served model name as the gateway takes one (controller/gateway/admin.py): printable, no spaces.
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+
+
+class StopBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(default=None, min_length=1, max_length=200, pattern=MODEL_PATTERN,
+                              description="The engine serving this model (None: the primary engine).")
 
 
 class RestartBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(default=None, min_length=1, max_length=200, pattern=MODEL_PATTERN,
+                              description="The engine serving this model (None: the primary engine).")
 
     blue_green: bool = Field(
         default=True,
@@ -104,6 +138,8 @@ class Accepted(BaseModel):
     apply_id: int | None = None
     # Which path the switch takes and why, with the numbers (controller/supervisor/hold_plan.py).
     switch: dict[str, Any] | None = None
+    # The engine it is about, by its served model name (None: the primary engine).
+    model: str | None = None
 
 
 class RecipeSummary(BaseModel):
@@ -147,7 +183,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
                        allowed_hosts=allowed_hosts(ctx.listen_host, ctx.extra_hosts))
     install_error_handlers(app)
     Admin = Depends(AdminGuard(ctx.home))
-    driver, store, preflight = ctx.driver, ctx.store, ctx.preflight
+    driver, store, preflight, engines = ctx.driver, ctx.store, ctx.preflight, ctx.engine_set
 
     async def known_recipe(name: str) -> None:
         try:
@@ -237,19 +273,64 @@ def create_app(ctx: ApiContext) -> FastAPI:
               response_model=Accepted, responses={404: {}, 409: {}, 422: {}})
     async def apply(body: ApplyBody) -> Accepted:
         await known_recipe(body.recipe)
+        if body.alongside:
+            return await apply_alongside(body)
+        try:
+            beside_why = await asyncio.to_thread(engines.judge_primary, body.recipe)
+        except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError):
+            beside_why = None  # the preflight says what is wrong with the recipe, as always
+        if beside_why is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, beside_why)
+        blue_green = engines.primary_blue_green(body.blue_green)
         # Before the apply: what serves now.
-        switch = driver.switch_plan(body.recipe, drain_first=not body.blue_green)
-        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=body.blue_green))
+        switch = driver.switch_plan(body.recipe, drain_first=not blue_green)
+        rejected = driver.submit(Apply(body.recipe, body.fresh_cache, body.force, blue_green=blue_green))
         if rejected is not None:
             raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
         apply_id = driver.view.machine.apply.token if driver.view.machine.apply is not None else None
         return Accepted(state=driver.view.state.value, recipe=driver.view.recipe, apply_id=apply_id,
                         switch=switch)
 
+    async def apply_alongside(body: ApplyBody) -> Accepted:
+        try:
+            model, why = await asyncio.to_thread(engines.judge, body.recipe)
+        except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError) as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"{body.recipe}: {exc}") from exc
+        if why is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, why)
+        try:
+            beside = engines.add(model)
+        except AlongsideRefused as exc:  # taken meanwhile by another request
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+        # Judged against the engines running now; the driver's own preflight (lint, admission) follows.
+        # `force`: a new driver has nothing running to leave unchanged; no blue/green beside itself.
+        beside.submit(Apply(body.recipe, body.fresh_cache, force=True, blue_green=False))
+        apply_id = beside.view.machine.apply.token if beside.view.machine.apply is not None else None
+        return Accepted(state=beside.view.state.value, recipe=beside.view.recipe, apply_id=apply_id,
+                        model=model)
+
+    def engine_for(model: str | None) -> Driver:
+        """The driver serving `model` (None: the primary); 404 naming the known models."""
+        if model is None:
+            return driver
+        found = engines.for_model(model)
+        if found is None:
+            known = sorted(engines.models())
+            raise HTTPException(status.HTTP_404_NOT_FOUND,
+                                f"no engine serves model {model!r}; serving: {', '.join(known) or 'none'}")
+        return found
+
     @app.post("/restart", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
-              response_model=Accepted, responses={409: {}})
+              response_model=Accepted, responses={404: {}, 409: {}})
     async def restart(body: RestartBody | None = None) -> Accepted:
-        blue_green = body.blue_green if body is not None else True
+        model = body.model if body is not None else None
+        if model is not None and engine_for(model) is not driver:
+            beside = engine_for(model)
+            rejected = beside.submit(Restart(blue_green=False))
+            if rejected is not None:
+                raise HTTPException(status.HTTP_409_CONFLICT, rejected.reason)
+            return Accepted(state=beside.view.state.value, recipe=beside.view.recipe, model=model)
+        blue_green = engines.primary_blue_green(body.blue_green if body is not None else True)
         recipe = driver.view.recipe
         launch = driver.view.launch
         # Before the restart: its path (blue/green beside the serving engine when it fits, else the hold).
@@ -261,14 +342,16 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return Accepted(state=driver.view.state.value, recipe=driver.view.recipe, switch=switch)
 
     @app.post("/stop", tags=["control"], status_code=status.HTTP_202_ACCEPTED, dependencies=[Admin],
-              response_model=Accepted)
-    async def stop() -> Accepted:
-        driver.submit(Stop())
-        return Accepted(state=driver.view.state.value, recipe=driver.view.recipe)
+              response_model=Accepted, responses={404: {}})
+    async def stop(body: StopBody | None = None) -> Accepted:
+        model = body.model if body is not None else None
+        target = engine_for(model)
+        target.submit(Stop())
+        return Accepted(state=target.view.state.value, recipe=target.view.recipe, model=model)
 
     @app.get("/status", tags=["status"])
     async def get_status() -> dict[str, Any]:
-        return driver.status()
+        return status_of(ctx)
 
     @app.get("/load", tags=["status"])
     async def get_load() -> dict[str, Any]:
@@ -311,7 +394,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     ) -> StreamingResponse:
         async def stream() -> AsyncIterator[bytes]:
             async with driver.subscribe() as queue:
-                yield _sse("status", driver.status())
+                yield _sse("status", status_of(ctx))
                 if after is not None:
                     for record in await asyncio.to_thread(store.events, after, 1000):
                         yield _sse("event", {"type": "event", **record.model_dump()}, record.id)

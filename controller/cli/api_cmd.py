@@ -162,12 +162,18 @@ def apply(
         "--blue-green/--no-blue-green",
         help="Start the new engine beside the serving one when it fits, then switch with no hold "
         "(default); --no-blue-green: drain, stop and start with the gateway holding requests.")] = True,
+    alongside: Annotated[bool, typer.Option(
+        "--alongside",
+        help="Start it beside the running engines, as an engine of its own serving the recipe's model "
+        "name (the gateway routes that name to it); refused when its name, port, RAM, cores or cards "
+        "are taken, naming the engine in the way.")] = False,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
     """Apply RECIPE: preflight, then blue/green when the new engine fits beside the serving one (start
     it, switch the gateway when it is ready, drain and stop the old one), else drain and stop the
-    current engine and start the new one while the gateway holds new requests.
+    current engine and start the new one while the gateway holds new requests. With --alongside: start
+    it beside the running engines, leaving them as they are.
 
     Says what the preflight decided: REFUSED (exit 1, the old engine keeps serving), unchanged (the
     same launch is already ready: nothing restarted unless --force), or started. With --json stdout
@@ -177,11 +183,23 @@ def apply(
         body: dict[str, object] = {"recipe": recipe, "fresh_cache": fresh_cache, "force": force}
         if not blue_green:  # the default is left out: a controller before blue/green takes the body too
             body["blue_green"] = False
+        if alongside:  # left out unless asked: an older controller refuses the field (422)
+            body["alongside"] = True
         answer = client.post("/apply", body)
     except ApiError as exc:
         if exc.status == 404:
             raise _unknown_recipe(client, recipe, exc) from exc
         raise fail(str(exc), _exit_code(exc)) from exc
+    if alongside:
+        model = str(answer.get("model"))
+        if as_json:
+            _echo_json(answer)
+        else:
+            typer.echo(f"accepted: {recipe} beside the running engines, as model '{model}' "
+                       f"(state {answer['state']})")
+        if follow:
+            follow_engine(client, model, err=as_json)
+        return
     if as_json:
         _echo_json(answer)
     else:
@@ -224,6 +242,40 @@ def _await_preflight(client: Client, apply_id: int | None,
         time.sleep(0.3)
 
 
+# An engine's state that ends `follow_engine`: how it ended (ready), or that it did not.
+_ENGINE_ENDS = {"ready": True, "failed": False, "idle": False}
+
+
+def follow_engine(client: Client, model: str, *, err: bool = False, timeout_s: float | None = None,
+                  poll_s: float = 1.0) -> None:
+    """Follow one engine of `GET /status` → `engines` (by its model) until it is ready (return) or has
+    failed, stopped or gone (exit 1, with its diagnosis)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    said: str | None = None
+    while True:
+        s = _call(client.get, "/status")
+        entry = next((e for e in s.get("engines") or [] if e.get("model") == model), None)
+        state = str(entry["state"]) if entry is not None else "gone"
+        if state != said:
+            typer.echo(f"{model}: {state}", err=err)
+            said = state
+        if entry is None:
+            raise fail(f"engine '{model}' is not running any more (`appliance launches` shows its record)")
+        if state in _ENGINE_ENDS:
+            if _ENGINE_ENDS[state]:
+                typer.echo(f"ready: {model} ({entry.get('recipe')}, port {entry.get('port')}, "
+                           f"in {entry.get('ready_s')} s)", err=err)
+                return
+            raise fail(f"{model} {state}: {entry.get('diagnosis') or 'no diagnosis'}")
+        if deadline is not None and time.monotonic() > deadline:
+            raise fail(f"{model} is still {state}; `appliance status` tells how it ends")
+        time.sleep(poll_s)
+
+
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", help="The engine serving this model (default: the primary engine).")]
+
+
 def restart(
     follow: FollowOpt = False,
     blue_green: Annotated[bool, typer.Option(
@@ -231,15 +283,27 @@ def restart(
         help="Start the new engine beside the serving one when it fits (another card, or room on the "
         "same one), then switch with no hold (default); --no-blue-green: drain, stop and start with "
         "the gateway holding requests.")] = True,
+    model: ModelOpt = None,
     as_json: JsonOpt = False,
     api: ApiOpt = None,
 ) -> None:
     """Restart the current recipe: blue/green when the new engine fits beside the serving one, else
     drain, stop, start under the hold (the answer's `switch` says which and why, with the numbers).
-    With --json stdout is the API's answer."""
+    With --model: the engine serving that model (drain, stop, start). With --json stdout is the API's
+    answer."""
     client = _client(api)
-    # The default is left out: a controller before blue/green restarts takes the bodyless call too.
-    answer = _call(client.post, "/restart", *(() if blue_green else ({"blue_green": False},)))
+    # Defaults are left out: a controller before blue/green restarts takes the bodyless call too.
+    body: dict[str, object] = {**({} if blue_green else {"blue_green": False}),
+                               **({"model": model} if model is not None else {})}
+    answer = _call(client.post, "/restart", *((body,) if body else ()))
+    if model is not None:
+        if as_json:
+            _echo_json(answer)
+        else:
+            typer.echo(f"restarting {model}: {answer['recipe']} (state {answer['state']})")
+        if follow:
+            follow_engine(client, model, err=as_json)
+        return
     if as_json:
         _echo_json(answer)
     else:
@@ -253,13 +317,14 @@ def restart(
             end_of_follow(client, follow_outcome(client))
 
 
-def stop(as_json: JsonOpt = False, api: ApiOpt = None) -> None:
-    """Stop the engine (drain first) and stay idle. With --json stdout is the API's answer."""
-    answer = _call(_client(api).post, "/stop")
+def stop(model: ModelOpt = None, as_json: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Stop the engine (drain first) and stay idle; with --model, the engine serving that model (the
+    others keep serving). With --json stdout is the API's answer."""
+    answer = _call(_client(api).post, "/stop", *(({"model": model},) if model is not None else ()))
     if as_json:
         _echo_json(answer)
         return
-    typer.echo(f"stopping (state {answer['state']})")
+    typer.echo(f"stopping{f' {model}' if model is not None else ''} (state {answer['state']})")
 
 
 WatchOpt = Annotated[bool, typer.Option("--watch", "-w", metavar="",
@@ -302,7 +367,23 @@ def _load(client: Client) -> dict[str, Any] | None:
     return load
 
 
+def engine_lines(engines: list[dict[str, Any]]) -> list[str]:
+    """One line per engine, when there is more than one (the primary's details follow as always)."""
+    if len(engines) < 2:
+        return []
+    lines = [f"engines:    {len(engines)}"]
+    for e in engines:
+        ready = f", ready in {e['ready_s']} s" if e.get("ready_s") is not None else ""
+        why = f" — {e['diagnosis']}" if e.get("diagnosis") and e.get("state") != "ready" else ""
+        name = e.get("model") or e.get("engine")
+        lines.append(f"  {name}: {e.get('state')}  (recipe {e.get('recipe')}, port {e.get('port')}"
+                     f"{ready}{', primary' if e.get('primary') else ''}){why}")
+    return lines
+
+
 def _print_status(s: dict[str, Any]) -> None:
+    for line in engine_lines(s.get("engines") or []):
+        typer.echo(line)
     typer.echo(f"state:      {s['state']}" + (f"  (recipe {s['recipe']})" if s.get("recipe") else ""))
     launch = s.get("launch")
     if launch:

@@ -305,8 +305,8 @@ def down(
     stopped_cleanly = False
     if not keep_engine and client.token and client.alive():
         try:
-            client.post("/stop")
-            stopped_cleanly = _wait_http(lambda: client.get("/status")["state"] == "idle", grace + 15)
+            stop_every_engine(client)
+            stopped_cleanly = _wait_http(lambda: every_engine_stopped(client.get("/status")), grace + 15)
         except ApiError as exc:
             typer.echo(f"stop through the API failed ({exc}); stopping by PID", err=True)
     typer.echo(f"controller: {'stopped' if controller_d.stop(grace) else 'was not running'}")
@@ -320,6 +320,20 @@ def down(
     # The gateway's control token dies with the gateway (`up` writes a new one for the next).
     if gateway_d.process() is None:
         (home / "run" / admin_token.GATEWAY_TOKEN_FILE).unlink(missing_ok=True)
+
+
+def stop_every_engine(client: Any) -> None:
+    """`POST /stop` for the primary engine, then for each engine started beside it (by its model)."""
+    client.post("/stop")
+    for engine in client.get("/status").get("engines") or []:
+        if not engine.get("primary"):
+            client.post("/stop", {"model": engine["model"]})
+
+
+def every_engine_stopped(status: dict[str, Any]) -> bool:
+    """The primary is idle and no engine beside it is left (each goes from the set once stopped)."""
+    others = [e for e in status.get("engines") or [] if not e.get("primary")]
+    return status["state"] == "idle" and not others
 
 
 def _port_of(controller_d: Daemon) -> int:

@@ -199,18 +199,21 @@ class GatewayUpstream:
 
 
 class ControlGateway:
-    """The real gateway, through its admin surface. `token` is the gateway's control token."""
+    """The real gateway, through its admin surface. `token` is the gateway's control token; `engine`:
+    the named slot every call is about (None: the gateway's ``"default"``, the primary engine's; an
+    engine started beside it names its own, its served model name)."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, engine: str | None = None) -> None:
         self.url = url
         self._token = token
+        self.engine = engine
 
     async def point_to(
         self, url: str, served_model: str, api_key: str | None = None, aliases: Sequence[str] = ()
     ) -> None:
         await set_upstream(
             self.url, self._token, url, served_model, drain_deadline_s=0.0, upstream_key=api_key,
-            aliases=aliases,
+            aliases=aliases, engine=self.engine,
         )
 
     async def switch(
@@ -220,7 +223,7 @@ class ControlGateway:
         """Blue/green: the new upstream at once; the previous one's requests drain (PUT /admin/upstream)."""
         result = await set_upstream(
             self.url, self._token, url, served_model, drain_deadline_s=deadline_s, upstream_key=api_key,
-            aliases=aliases,
+            aliases=aliases, engine=self.engine,
         )
         return DrainResult(result.drained, result.aborted, result.remaining, result.waited_s)
 
@@ -229,7 +232,7 @@ class ControlGateway:
     ) -> DrainResult:
         result = await set_upstream(
             self.url, self._token, None, None, drain_deadline_s=deadline_s,
-            retry_after_s=_secs(retry_after_s), hold=hold,
+            retry_after_s=_secs(retry_after_s), hold=hold, engine=self.engine,
         )
         return DrainResult(result.drained, result.aborted, result.remaining, result.waited_s)
 
@@ -238,16 +241,21 @@ class ControlGateway:
     ) -> None:
         await set_upstream(
             self.url, self._token, None, None, drain_deadline_s=0.0, retry_after_s=_secs(retry_after_s),
-            hold=hold, detail=detail,
+            hold=hold, detail=detail, engine=self.engine,
         )
 
     async def renew_hold(self, hold: HoldPlan) -> dict[str, Any] | None:
-        data = await renew_hold(self.url, self._token, hold)
+        data = await renew_hold(self.url, self._token, hold, engine=self.engine)
         view = data.get("hold")
         return view if isinstance(view, dict) else None
 
     async def current(self) -> GatewayUpstream | None:
-        data = await get_upstream(self.url, self._token)
+        try:
+            data = await get_upstream(self.url, self._token, engine=self.engine)
+        except GatewayControlError as exc:
+            if self.engine is not None and exc.status == 404:
+                return None  # a named slot the gateway does not have (it restarted): no upstream
+            raise
         up = data.get("upstream")
         if not isinstance(up, dict) or not isinstance(up.get("url"), str):
             return None
@@ -256,6 +264,13 @@ class ControlGateway:
         aliases = (frozenset(a for a in names if isinstance(a, str)) if isinstance(names, list)
                    else frozenset[str]())
         return GatewayUpstream(up["url"], served if isinstance(served, str) else None, aliases)
+
+
+    async def remove(self, deadline_s: float = 0.0) -> None:
+        """This named slot goes (its model names answer 404): its engine was stopped for good.
+        Never the default slot (the primary engine's, kept with its reason while nothing serves)."""
+        if self.engine is not None:
+            await remove_engine(self.url, self._token, self.engine, drain_deadline_s=deadline_s)
 
 
 def _secs(value: float) -> int:

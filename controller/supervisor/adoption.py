@@ -7,11 +7,16 @@ stopped (the host holds one engine at a time, DOMAIN §3). The chosen engine's r
 completed and its `LaunchRun` rebuilt: its engine key read back from where the runtime put it, its
 recorded ready time, or, mid-start, its compile-cache record resumed. The driver then hands it to the
 machine (`Adopted`) and watches it like any start.
+
+Engines started beside the primary (controller/supervisor/engine_set.py) carry an `alongside` event
+in their launch record: the primary's search skips them (`skip`), and `find_alongside` hands each of
+them, one per served model name, to a driver of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from appliance.recipe.engine_key import recipe_key
@@ -24,6 +29,20 @@ from controller.supervisor.host_seams import HostSeams
 from controller.supervisor.launch_run import LaunchRun
 from controller.supervisor.signals import StartKind
 
+# The event kind that marks a launch started beside the primary engine (its driver notes it at start).
+ALONGSIDE_EVENT = "alongside"
+
+# Which engines a search leaves alone: neither taken nor stopped.
+Skip = Callable[[EngineHandle], bool]
+
+
+def started_alongside(host: HostSeams) -> Skip:
+    """Whether an engine's launch record says it was started beside the primary."""
+    def marked(handle: EngineHandle) -> bool:
+        record = host.store.get_launch(handle.launch_id)
+        return record is not None and any(e.kind == ALONGSIDE_EVENT for e in record.events)
+    return marked
+
 
 @dataclass(frozen=True)
 class Found:
@@ -35,15 +54,21 @@ class Found:
     mem_target: int | None
 
 
-async def find_engine(host: HostSeams, stop_grace_s: float) -> Found | None:
-    """The newest supervisable engine of ours (older ones stopped, their records closed), or None."""
-    note = host.events.note
+async def _running(host: HostSeams) -> list[EngineHandle]:
     found: list[EngineHandle] = []
     for rt in host.runtimes.values():
         try:
             found.extend(await asyncio.to_thread(rt.adopt))
         except EngineRuntimeError as exc:
-            note("adopt-error", f"{rt.name} runtime: {exc}")
+            host.events.note("adopt-error", f"{rt.name} runtime: {exc}")
+    return found
+
+
+async def find_engine(host: HostSeams, stop_grace_s: float, skip: Skip | None = None) -> Found | None:
+    """The newest supervisable engine of ours (older ones stopped, their records closed), or None.
+    Engines `skip` names are left alone (engines beside the primary, each adopted by its own driver)."""
+    note = host.events.note
+    found = [h for h in await _running(host) if skip is None or not skip(h)]
     if not found:
         return None
     # First which engines can be supervised at all (a known spec), newest first; only then is
@@ -86,6 +111,28 @@ async def find_engine(host: HostSeams, stop_grace_s: float) -> Found | None:
         host.store.set_handle(handle.launch_id, handle, handle.started_at)
     run = await _rebuild_run(host, handle, spec)
     return Found(handle, spec, run, await host.mem_target_of(spec))
+
+
+async def find_alongside(host: HostSeams, stop_grace_s: float, marked: Skip) -> list[Found]:
+    """The running engines of ours that were started beside the primary (`marked`), with a launch
+    record: the newest per served model name (an older one of the same name is stopped: the gateway
+    routes a name to one engine)."""
+    note = host.events.note
+    found = sorted((h for h in await _running(host) if marked(h)), key=lambda h: h.started_at, reverse=True)
+    taken: dict[str, Found] = {}
+    for handle in found:
+        spec = host.store.get_spec(handle.launch_id)
+        if spec is None:
+            continue  # marked, so it has a record; a record without a spec cannot be supervised
+        if spec.served_model_name in taken:
+            note("adopt-extra", f"stopping older engine {handle.ref} ({handle.recipe}): engine "
+                 f"{spec.served_model_name!r} is a newer one", handle.launch_id)
+            info = await asyncio.to_thread(host.runtime(handle).stop, handle, stop_grace_s)
+            host.store.mark_ended(handle.launch_id, host.clock.now(), "stopped", info)
+            continue
+        run = await _rebuild_run(host, handle, spec)
+        taken[spec.served_model_name] = Found(handle, spec, run, await host.mem_target_of(spec))
+    return list(taken.values())
 
 
 async def _rebuild_run(host: HostSeams, handle: EngineHandle, spec: LaunchSpec) -> LaunchRun:

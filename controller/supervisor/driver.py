@@ -127,7 +127,8 @@ class Driver:
         process_peaks: ProcessPeaks | None = None,
         on_ready: OnReady | None = None,
         events: EventLog | None = None,
-        scrape_targets: Path | None = None,
+        scrape_targets: Path | ScrapeTargets | None = None,
+        engine_name: str | None = None,
     ) -> None:
         clock = clock or SystemClock()
         metrics = metrics if metrics is not None else ControllerMetrics()
@@ -138,6 +139,9 @@ class Driver:
             spec_for_recipe=spec_for_recipe, oom_events=oom_events, gpu_events=gpu_events,
             mem_target=mem_target, process_peaks=process_peaks, beside=beside, on_ready=on_ready)
         self.config = config or DriverConfig()
+        # None: the primary engine (the gateway's default slot); else an engine started beside it,
+        # named by its served model name (engine_set.py): its gateway slot and its launches' mark.
+        self.engine_name = engine_name
         # Per engine: the machine (written by `submit` only; read through `view`) and what goes with it.
         self._cell = MachineCell(Machine(policy=policy or Policy()))
         self.view = MachineView(self._cell)
@@ -164,9 +168,11 @@ class Driver:
         self.metrics.set_engine_state(self.machine.state.value)
         # Prometheus' file_sd list of the engines to scrape (scrape_targets.py): written now (empty,
         # or what this machine holds) and after every transition that changes it.
-        self.scrape_targets = ScrapeTargets(scrape_targets) if scrape_targets is not None else None
+        # One file for every engine of the host: a shared ScrapeTargets is handed in by the engine set.
+        self.scrape_targets = (ScrapeTargets(scrape_targets) if isinstance(scrape_targets, Path)
+                               else scrape_targets)
         if self.scrape_targets is not None:
-            self.scrape_targets.publish(self.machine)
+            self.scrape_targets.publish(self.machine, self.engine_name)
 
     @property
     def machine(self) -> Machine:
@@ -195,7 +201,7 @@ class Driver:
         if self.machine.state is not before.state:
             self.recorder.state_changed()
         if self.scrape_targets is not None:
-            self.scrape_targets.publish(self.machine)
+            self.scrape_targets.publish(self.machine, self.engine_name)
         rejected: Reject | None = None
         for action in actions:
             if isinstance(action, Reject):
@@ -391,11 +397,16 @@ class Driver:
     # ------------------------------------------------------------------------------------------
     # Adoption (adoption.py finds the engine; the machine takes it or not)
 
-    async def adopt(self) -> None:
-        """A controller restart never kills a healthy engine: find ours and supervise it again."""
-        found = await adoption.find_engine(self.host, self.machine.policy.stop_grace_s)
-        if found is None:
-            return
+    async def adopt(self, skip: adoption.Skip | None = None) -> None:
+        """A controller restart never kills a healthy engine: find ours and supervise it again.
+        `skip`: engines that are not this driver's to take nor to stop (the ones started beside the
+        primary, adopted by their own drivers: engine_set.py)."""
+        found = await adoption.find_engine(self.host, self.machine.policy.stop_grace_s, skip)
+        if found is not None:
+            await self.take(found)
+
+    async def take(self, found: adoption.Found) -> None:
+        """Supervise this running engine (found by `adoption`) as the machine's launch."""
         handle, spec, run = found.handle, found.spec, found.run
         self.runs.begin(run)
         self.submit(Adopted(handle, spec, ready_recorded=run.recorded_ready_s is not None))
@@ -461,6 +472,10 @@ class Driver:
             except (RuntimeError, OSError, ValueError) as exc:
                 self.note("provenance-error", f"could not record versions: {exc}", action.launch_id)
         await self.recorder.begin(action, run, prov, now)
+        if self.engine_name is not None:
+            # The mark a later controller adopts it by as an engine beside the primary (engine_set.py).
+            self.note(adoption.ALONGSIDE_EVENT, f"started beside the other engines as engine "
+                      f"{self.engine_name!r}", action.launch_id, {"engine": self.engine_name})
         key, deliver = launch_key(spec)
         # The engine's environment is the spec's alone: the key goes in its --config file
         # (appliance/engine_secret.py), which the compile factors leave out like vLLM does.

@@ -40,3 +40,14 @@ class GpuMemoryLink:
             return GpuMemoryView(cards=cards, held={})  # nothing runs: nothing to count back
         held = self.reader.process_memory(pids) if pids else None
         return GpuMemoryView(cards=cards, held=held)
+
+
+class NothingReplaced:
+    """The cards' memory for a start beside the running engines (engine_set.py): nothing is stopped
+    first, so what the running engines hold never counts as free, whatever the caller asks."""
+
+    def __init__(self, source: GpuMemoryLink) -> None:
+        self.source = source
+
+    def view(self, replaces_running: bool = True) -> GpuMemoryView:
+        return self.source.view(replaces_running=False)

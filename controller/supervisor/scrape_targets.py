@@ -73,15 +73,30 @@ def write_atomically(path: Path, groups: list[TargetGroup]) -> None:
 
 
 class ScrapeTargets:
-    """Writes `engine_targets` of the driver's machine to `path` whenever they change."""
+    """Writes the `engine_targets` of every driver's machine to `path` whenever they change.
+
+    Several engines on one host (engine_set.py) share one file: each driver publishes its machine
+    under its engine name (`engine`: None for the primary), and the file lists them all, the
+    primary's first, so that one driver's transition never drops another's engines from it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._written: list[TargetGroup] | None = None
         self._failing = False
+        self._machines: dict[str | None, Machine] = {}
 
-    def publish(self, m: Machine) -> None:
-        groups = engine_targets(m)
+    def publish(self, m: Machine, engine: str | None = None) -> None:
+        self._machines[engine] = m
+        self._write()
+
+    def forget(self, engine: str) -> None:
+        """That engine's driver is gone (stopped and removed from the set): its targets go."""
+        if self._machines.pop(engine, None) is not None:
+            self._write()
+
+    def _write(self) -> None:
+        order = sorted(self._machines, key=lambda name: (name is not None, name or ""))
+        groups = [g for name in order for g in engine_targets(self._machines[name])]
         if groups == self._written:
             return
         try:

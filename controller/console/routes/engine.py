@@ -1,5 +1,6 @@
 """Stop and Restart of the engine: a confirm page, then the submit (the same confirm + CSRF discipline
-as Apply); 409 when the controller refuses."""
+as Apply); 409 when the controller refuses. `?model=M` (and the form's `model`): the engine started
+beside the primary that serves M (controller/supervisor/engine_set.py); 404 for a model none serves."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from controller.supervisor.signals import Restart, Stop
 def register(router: APIRouter, pages: Pages) -> None:
     page, problem, current, session_form = pages.page, pages.problem, pages.current, pages.session_form
     not_found = pages.not_found
-    driver = pages.ctx.driver
+    driver, engines = pages.ctx.driver, pages.ctx.engine_set
 
     engine_actions: dict[str, tuple[type[Stop] | type[Restart], str, str]] = {
         "stop": (Stop, "stopping", "Not stopped"), "restart": (Restart, "restarting", "Not restarted")}
@@ -23,6 +24,14 @@ def register(router: APIRouter, pages: Pages) -> None:
         session = current(request)
         if action not in engine_actions:
             return not_found(request)
+        model = request.query_params.get("model")
+        if model is not None:
+            beside = engines.alongside.get(model)
+            if beside is None:
+                return not_found(request)
+            launch = beside.view.launch
+            return page(request, "engine_action.html", session, action=action, status=beside.status(),
+                        launch=launch.launch_id if launch else None, switch=None, gateway=None, model=model)
         launch = driver.view.launch
         recipe = driver.view.recipe
         # The consequence, as Apply's confirm page says it: a restart's path, hold bound and the ready
@@ -41,7 +50,19 @@ def register(router: APIRouter, pages: Pages) -> None:
         if action not in engine_actions:
             return not_found(request)
         signal, notice, refused = engine_actions[action]
-        rejected = driver.submit(signal())
+        target = driver
+        model = form.get("model")
+        if model:
+            beside = engines.alongside.get(model)
+            if beside is None:
+                return not_found(request)
+            # An engine beside the primary restarts by draining first: no blue/green beside itself.
+            target = beside
+        if signal is Restart:
+            # Blue/green only for the primary running alone (engine_set.py `primary_blue_green`).
+            rejected = target.submit(Restart(blue_green=not model and engines.primary_blue_green()))
+        else:
+            rejected = target.submit(signal())
         if rejected is not None:
             return problem(request, session, status.HTTP_409_CONFLICT, refused,
                            f"The controller refused: {rejected.reason}. Nothing was changed.")

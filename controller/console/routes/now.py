@@ -40,9 +40,11 @@ def register(router: APIRouter, pages: Pages) -> None:
                                    "result": None,
                                    "gateway_url": pages.ctx.gateway_client_url,
                                    "max_tokens": try_it.MAX_TOKENS, **extra}
+        # The engines started beside the primary (engine_set.py), each with its Stop and Restart.
+        beside = [e for e in pages.ctx.engine_set.entries() if not e["primary"]]
         return page(request, "now.html", session, code, status=snapshot, expect=expectations, gateway=gateway,
                     status_json=json.dumps(live), live=live, gpu=gpu, load=load, panel=load_panel(load),
-                    try_it=context)
+                    try_it=context, beside=beside)
 
     @router.get("/")
     async def now(request: Request) -> Response:

@@ -8,6 +8,7 @@ import asyncio
 from fastapi import APIRouter, Request, status
 from fastapi.responses import RedirectResponse, Response
 
+from appliance.recipe.render import RenderError
 from controller.api_context import running_view
 from controller.console import views
 from controller.console.routes.pages import UNREADABLE, Pages, secure
@@ -79,7 +80,15 @@ def register(router: APIRouter, pages: Pages) -> None:
                            "/console/recipes")
         except UNREADABLE as exc:
             return problem(request, session, 500, "Recipes do not load", str(exc), "/console/recipes")
-        rejected = driver.submit(Apply(name, fresh_cache))
+        engines = pages.ctx.engine_set
+        try:
+            beside_why = await asyncio.to_thread(engines.judge_primary, name)
+        except (*UNREADABLE, RenderError):
+            beside_why = None  # the preflight says what is wrong with the recipe, as always
+        if beside_why is not None:
+            return problem(request, session, status.HTTP_409_CONFLICT, "Not applied",
+                           f"The controller refused: {beside_why}. Nothing was changed.")
+        rejected = driver.submit(Apply(name, fresh_cache, blue_green=engines.primary_blue_green()))
         if rejected is not None:
             return problem(request, session, status.HTTP_409_CONFLICT, "Not applied",
                            f"The controller refused: {rejected.reason}. Nothing was changed: the current "
