@@ -18,8 +18,9 @@ from typing import Any
 import psutil
 import pytest
 
-from bench.hold_bench import GatewayProcess, beside_cores, engine_pid, gateway_process
+from bench.hold_bench import GatewayProcess, beside_cores, beside_interpreter, engine_pid, gateway_process
 from tests.integration.controller_harness import (
+    ENGINE,
     START_LIVENESS_S,
     Controller,
     engine_recipe,
@@ -41,8 +42,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
     home, recipes = recipe_dirs(tmp_path, "cpu-smollm2")
     a_port, b_port = free_port(), free_port()
     (recipes / f"{A}.yaml").write_text(engine_recipe(A, "cpu-smollm2", a_port))
-    (recipes / f"{B}.yaml").write_text(engine_recipe(B, "cpu-smollm2", b_port,
-                                                     model={"served_name": B_MODEL}, env=beside_cores()))
+    (recipes / f"{B}.yaml").write_text(engine_recipe(
+        B, "cpu-smollm2", b_port, model={"served_name": B_MODEL}, env=beside_cores(),
+        runtime=beside_interpreter(tmp_path, str(ENGINE.engine_python))))
     with gateway_process(home, free_port(), free_port()) as gw:
         c = Controller(home, recipes, free_port(), a_port, recipe=A,
                        extra_args=("--gateway-url", gw.control_url))
