@@ -23,8 +23,10 @@ def test_settle_heap_freezes_what_survives_so_full_collections_skip_it(unfrozen:
     assert frozen == gc.get_freeze_count() > 0
     # What was frozen is no longer in any generation the collector walks.
     assert len(gc.get_objects()) < before - frozen // 2
-    kept = [object() for _ in range(10)]  # made after: still collected as usual
-    assert gc.get_freeze_count() == frozen
+    kept = [object() for _ in range(1000)]  # made after: still collected as usual, never frozen
+    # At most what was frozen: a frozen object that loses its last reference is still freed (other
+    # tests' threads did that in a full run: 489,919 of 489,972), but nothing new joins the frozen set.
+    assert gc.get_freeze_count() <= frozen
     del kept
 
 
