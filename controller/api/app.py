@@ -184,6 +184,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     install_error_handlers(app)
     Admin = Depends(AdminGuard(ctx.home))
     driver, store, preflight, engines = ctx.driver, ctx.store, ctx.preflight, ctx.engine_set
+    alongside_lock = asyncio.Lock()  # POST /apply {"alongside": true}: one judged-and-added at a time
 
     async def known_recipe(name: str) -> None:
         try:
@@ -292,6 +293,12 @@ def create_app(ctx: ApiContext) -> FastAPI:
                         switch=switch)
 
     async def apply_alongside(body: ApplyBody) -> Accepted:
+        # One start beside the others at a time: judged and added under one lock, so two requests
+        # cannot both pass the port, core and RAM checks against a set that holds neither of them yet.
+        async with alongside_lock:
+            return await _apply_alongside(body)
+
+    async def _apply_alongside(body: ApplyBody) -> Accepted:
         try:
             model, why = await asyncio.to_thread(engines.judge, body.recipe)
         except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError) as exc:

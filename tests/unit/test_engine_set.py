@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,31 @@ async def test_a_start_beside_an_engine_still_starting_is_refused_until_it_is_re
     await until(rig, lambda: rig.primary.view.state is State.READY)
     r = await client.post("/apply", json={"recipe": "cpu-beside", "alongside": True}, headers=AUTH)
     assert r.status_code == 202
+
+
+async def test_two_starts_beside_at_once_are_judged_one_after_the_other(
+    rig: SetRig, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both bind core 3: whichever is judged second must see the first in the set and be refused. The
+    judge runs in a worker thread: each judge here waits (up to 2 s) for the other to begin, so without
+    the lock both are judged against a set that holds neither and both start."""
+    await primary_ready(rig, client)
+    judge = rig.engines.judge
+    begun: list[threading.Event] = [threading.Event(), threading.Event()]
+
+    def slow_judge(recipe: str) -> tuple[str, str | None]:
+        mine = 0 if recipe == "cpu-beside" else 1
+        begun[mine].set()
+        begun[1 - mine].wait(timeout=2.0)
+        return judge(recipe)
+
+    monkeypatch.setattr(rig.engines, "judge", slow_judge)
+    first, second = await asyncio.gather(
+        client.post("/apply", json={"recipe": "cpu-beside", "alongside": True}, headers=AUTH),
+        client.post("/apply", json={"recipe": "cpu-beside-c", "alongside": True}, headers=AUTH),
+    )
+    assert sorted([first.status_code, second.status_code]) == [202, 409], (first.text, second.text)
+    assert len(rig.engines.alongside) == 1
 
 
 async def test_the_second_start_beside_counts_both_running_engines(
