@@ -422,7 +422,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     evals = EvalStore(store.path)  # one handle on the evaluation tables: the API and the console read it
     # What `serve` runs once its loop runs (a choice cut off by a restart resumes): app.state.on_start.
     app.state.on_start = []
-    choices = Choices(driver, store, preflight, evals)  # one runner: the API and the console start the same
+    # One runner: the API and the console start the same; it refuses while engines run beside the primary.
+    choices = Choices(driver, store, preflight, evals, beside=lambda: sorted(engines.alongside))
     app.include_router(evaluation_router(driver, store, preflight, AdminGuard(ctx.home), evals,
                                          on_start=app.state.on_start, choices=choices))
     for router in ctx.extra_routers:

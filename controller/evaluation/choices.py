@@ -7,6 +7,7 @@ choice started from either is the same choice and two cannot run at once.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,6 +64,10 @@ class ChoiceBody(BaseModel):
     sweep: dict[str, list[int]] | None = None
 
 
+class BesideRefused(RuntimeError):
+    """A compare or choice refused because engines run beside the primary (the reason is the message)."""
+
+
 class PromoteRefused(RuntimeError):
     """A champion that cannot be promoted now (the reason is the message); `busy`: the controller
     refused the apply (a start in progress), not the choice."""
@@ -88,9 +93,24 @@ class Prepared:
     extra: dict[str, Any]
 
 
+def beside_refusal(beside: list[str], what: str) -> str | None:
+    """Why `what` (a compare, a choice, a promotion) may not run while engines run beside the primary:
+    it switches the primary through recipes whose names and ports nobody checked against theirs, and
+    its measurements would share the host with them. None when none runs beside it."""
+    if not beside:
+        return None
+    names = ", ".join(beside)
+    stops = "; ".join(f"appliance stop --model {name}" for name in beside)
+    return (f"{what} switches the primary engine, and engines run beside it ({names}): their names, "
+            f"ports and load are not part of it; stop them first ({stops})")
+
+
 class Choices:
-    def __init__(self, driver: Driver, store: Store, preflight: Preflight, evals: EvalStore) -> None:
+    def __init__(self, driver: Driver, store: Store, preflight: Preflight, evals: EvalStore,
+                 beside: Callable[[], list[str]] = list) -> None:
+        """`beside`: the model names of the engines running beside the primary (the engine set's)."""
         self.driver, self.store, self.preflight, self.evals = driver, store, preflight, evals
+        self.beside = beside
         self.records = ChoiceStore(store.path)
         self.chooser = Chooser(self.records, metrics=driver.metrics)
 
@@ -139,7 +159,11 @@ class Choices:
         return shown.model_copy(update=p.extra)
 
     async def start(self, body: ChoiceBody) -> ChoiceRecord:
-        """Claim and run a choice in the background (ChoiceInputError; ChoiceBusy: one is running)."""
+        """Claim and run a choice in the background (ChoiceInputError; ChoiceBusy: one is running;
+        BesideRefused: engines run beside the primary)."""
+        why = beside_refusal(self.beside(), "a choice")
+        if why is not None:
+            raise BesideRefused(why)
         p = await self.prepare(body)
         record = self.chooser.begin(
             p.entries, platform=p.platform, pattern=body.recipes, baseline=body.baseline, costs=p.costs,
@@ -158,7 +182,7 @@ class Choices:
         record = await asyncio.to_thread(self.records.get, choice_id)
         if record is None:
             raise LookupError(choice_id)
-        why = promotion_refusal(record)
+        why = promotion_refusal(record) or beside_refusal(self.beside(), "promoting a champion")
         if why is not None:
             raise PromoteRefused(why)
         rejected = self.driver.submit(Apply(record.champion, False))

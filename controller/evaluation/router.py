@@ -40,7 +40,7 @@ from appliance.evaluation.tournament import (
     markdown,
 )
 from controller.evaluation.bench import BenchParams
-from controller.evaluation.choices import ChoiceBody, Choices, PromoteRefused
+from controller.evaluation.choices import BesideRefused, ChoiceBody, Choices, PromoteRefused, beside_refusal
 from controller.evaluation.choose import ChoiceBusy
 from controller.evaluation.client import ClientError, EngineNotReady
 from controller.evaluation.compare import CompareError, CompareOptions, compare
@@ -218,6 +218,9 @@ def evaluation_router(
             raise HTTPException(status.HTTP_409_CONFLICT, "a compare is already running")
         if chooser.task is not None and not chooser.task.done():
             raise HTTPException(status.HTTP_409_CONFLICT, "a choice is running (its gates switch recipes)")
+        why = beside_refusal(choices.beside(), "a compare")
+        if why is not None:
+            raise HTTPException(status.HTTP_409_CONFLICT, why)
         job = CompareJob(id=f"cmpjob-{uuid.uuid4().hex[:12]}", body=body)
         jobs[job.id] = job
         job.task = asyncio.get_running_loop().create_task(run(job), name=f"compare {job.id}")
@@ -279,6 +282,8 @@ def evaluation_router(
             raise HTTPException(422, str(exc)) from exc
         except ChoiceBusy as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, f"choice {exc} is already running") from exc
+        except BesideRefused as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         return record.model_dump(mode="json")
 
     @router.post("/choices/{choice_id}/promote", dependencies=[Depends(require_admin)],

@@ -165,6 +165,23 @@ async def test_two_starts_beside_at_once_are_judged_one_after_the_other(
     assert len(rig.engines.alongside) == 1
 
 
+async def test_a_compare_or_a_choice_is_refused_while_engines_run_beside_the_primary(
+    rig: SetRig, client: httpx.AsyncClient,
+) -> None:
+    """They switch the primary through recipes whose names and ports nobody checked against the engines
+    beside it, and would measure beside their load: refused, naming them and how to stop them."""
+    await primary_ready(rig, client)
+    await beside_ready(rig, client)
+    started = len(rig.runtime.started)
+    for path, body in (("/compare", {"baseline": "cpu-smollm2", "candidate": "cpu-beside-c"}),
+                       ("/choices", {"recipes": "cpu-*"})):
+        r = await client.post(path, json=body, headers=AUTH)
+        assert r.status_code == 409, (path, r.text)
+        assert "engines run beside it (smollm2-b)" in r.json()["detail"]
+        assert "appliance stop --model smollm2-b" in r.json()["detail"]
+    assert len(rig.runtime.started) == started and rig.primary.view.state is State.READY
+
+
 async def test_the_second_start_beside_counts_both_running_engines(
     rig: SetRig, client: httpx.AsyncClient,
 ) -> None:

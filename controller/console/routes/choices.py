@@ -16,7 +16,7 @@ from appliance.evaluation.sweep import parse_sweep
 from appliance.evaluation.tournament import ChoiceInputError
 from controller.console.choice_views import eta_source, plan_rows
 from controller.console.routes.pages import UNREADABLE, Pages, secure
-from controller.evaluation.choices import ChoiceBody, PromoteRefused
+from controller.evaluation.choices import BesideRefused, ChoiceBody, PromoteRefused
 from controller.evaluation.choose import ChoiceBusy
 
 FIELDS = ("recipes", "baseline", "budget", "sweep", "platform", "fast", "promote")
@@ -85,6 +85,9 @@ def register(router: APIRouter, pages: Pages) -> None:
             return problem(request, session, status.HTTP_409_CONFLICT, "Not started",
                            f"Choice {exc} is already running: one at a time. Nothing was started.",
                            "/console/choices")
+        except BesideRefused as exc:
+            return problem(request, session, status.HTTP_409_CONFLICT, "Not started",
+                           f"{exc}. Nothing was started.", "/console/choices")
         return secure(RedirectResponse(f"/console/choices/{record.id}", status.HTTP_303_SEE_OTHER))
 
     @router.get("/choices/{choice_id}")
