@@ -1,0 +1,239 @@
+#!/bin/bash
+# alongside.sh — two engines side by side on the ONE card of the lent H200, behind one gateway:
+# `up --recipe cuda-smollm2-graph` (the primary, model `smollm2`, gpu_memory_utilization 0.3), then
+# `apply cuda-smollm2-eager-side --alongside` (a recipe this script writes: cuda-smollm2-eager served as
+# `smollm2-side` on port 8001) — admitted against the card's free memory with the graph engine on it
+# (controller/supervisor/alongside_admission.py), started beside it, its own gateway slot. Then 2 clients
+# per model through the gateway for 20 s (both must answer, 0 failed), then `stop --model smollm2-side`:
+# the primary keeps answering, the side model answers 404.
+# docs/gpu-h200.md says how it is sent: the kit set up by an earlier call (gpu-kit's setup.sh: vLLM
+# 0.26.0 in /root/site, the model in /root/gpu/smollm2), the appliance's code in .gpuwt/; run from the
+# repo root copy as
+#   bash .gpuwt/scripts/gpu_h200/alongside.sh
+# Budget: everything packed by DEADLINE (420 s) of wall time, each wait bounded by what is left; the
+# background processes (the clients, the nvidia-smi sampler) are stopped by their PIDs, the appliance
+# by `down`, also when a step fails (trap).
+# What comes back: $OUT/alongside.tgz (alongside/: status-*.json, apply.json, client-*.json,
+# gpu-mem.csv, after-stop.txt, launches.json, launch-ID.json, runs/ID/engine.log, logs/) and
+# $OUT/alongside-summary.txt (the verdict: both engines ready on one card, each model's requests and
+# failures, the card's memory with one and two engines, what answered after the stop).
+set -euo pipefail
+W="$PWD/.gpuwt"; cd "$W"  # python -m puts the cwd first on sys.path: the checkout's own code must not win
+export APPLIANCE_HOME=/root/app APPLIANCE_RECIPES="$W/recipes" PYTHONPATH="/root/site:$W" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-/tmp/alongside-out}"; mkdir -p "$OUT"
+APP=(python3 -m controller.cli.main)
+R=/root/results/alongside
+T0=$(date +%s)
+DEADLINE=${ALONGSIDE_DEADLINE_S:-420}  # seconds of wall time by which everything is packed
+RESERVE=45                             # stop clients + collect + down + pack + judge
+PRIMARY=cuda-smollm2-graph
+SIDE=cuda-smollm2-eager-side
+SIDE_MODEL=smollm2-side
+CLIENT_A=""; CLIENT_B=""; SMI_PID=""; UP=0; DONE=0
+say() { echo "[alongside $(( $(date +%s) - T0 ))s] $*"; }
+el() { echo $(( $(date +%s) - T0 )); }
+cap() { local rest=$(( DEADLINE - RESERVE - $(el) )); [ "$rest" -lt 1 ] && rest=1; [ "$rest" -lt "$1" ] && echo "$rest" || echo "$1"; }
+redact() {  # the admin token, gateway keys (sk-app-…), engine keys (eng_ + 43 url-safe base64 chars)
+  sed -i -E -e "s/(APPLIANCE_ADMIN_TOKEN=)[^ ]+/\1<redacted>/g; s/(shown once\): )[^ ]+/\1<redacted>/g" \
+    -e 's/adm_[A-Za-z0-9_-]{43}/adm_<redacted>/g; s/sk-app-[A-Za-z0-9_-]+/sk-app-<redacted>/g' \
+    -e 's/eng_[A-Za-z0-9_-]{43}/eng_<redacted>/g' "$@" 2>/dev/null || true
+}
+pack() { tar -C /root/results -czf "$OUT/alongside.tgz" alongside 2>/dev/null || true; }
+layout() {
+  mkdir -p /root/app/engine/cuda/bin /root/app/models
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /root/app/engine/cuda/bin/python
+  chmod +x /root/app/engine/cuda/bin/python
+  ln -sfn /root/site /root/app/engine/cuda/site
+  ln -sfn /root/gpu/smollm2 /root/app/models/smollm2-135m-instruct
+}
+# stop PID: TERM, up to 10 s, then KILL — only the processes this script started
+stop_pid() {
+  local pid="$1" i
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+# the status as JSON → FILE; the value of a dotted key of it (empty when absent)
+status_to() { timeout 20 "${APP[@]}" status --json > "$1" 2>/dev/null || true; }
+field() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))
+    for part in sys.argv[2].split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+except (OSError, ValueError):
+    v = None
+print("" if v is None else v)
+PY
+}
+collect() {
+  say "collect"
+  timeout 20 "${APP[@]}" launches --json > "$R/launches.json" 2>&1 || true
+  local id
+  for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null || true); do
+    timeout 20 "${APP[@]}" launches "$id" --json > "$R/launch-$id.json" 2>/dev/null || true
+    mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null || true
+  done
+  status_to "$R/status-end.json"
+}
+# one engine of the status' `engines` list by model: its state (empty when absent)
+engine_state() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1])).get("engines") or []
+except (OSError, ValueError):
+    rows = []
+print(next((str(r.get("state")) for r in rows if r.get("model") == sys.argv[2]), ""))
+PY
+}
+ask() {  # ask MODEL: one chat completion through the gateway → its HTTP status
+  python3 - "$1" <<'PY' 2>/dev/null || echo none
+import json, sys, urllib.error, urllib.request
+key = open("/root/app/alongside.key").read().strip()
+body = json.dumps({"model": sys.argv[1], "max_tokens": 8, "temperature": 0,
+                   "messages": [{"role": "user", "content": "Say hi."}]}).encode()
+req = urllib.request.Request("http://127.0.0.1:8080/v1/chat/completions", data=body, method="POST",
+                             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        print(resp.status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+PY
+}
+finish() {  # on every exit: the background processes by PID, the appliance by `down`, then pack
+  local rc=$?
+  [ "$DONE" = 1 ] && return 0
+  DONE=1
+  set +e
+  touch "$R/stop" 2>/dev/null
+  stop_pid "$CLIENT_A"; stop_pid "$CLIENT_B"; stop_pid "$SMI_PID"
+  if [ "$UP" = 1 ]; then
+    [ -f "$R/launches.json" ] || collect
+    say "down"; timeout 60 "${APP[@]}" down > "$R/down.txt" 2>&1
+  fi
+  mkdir -p "$R/logs"; cp /root/app/logs/*.log "$R/logs/" 2>/dev/null
+  find "$R" -type f -size +4M -exec truncate -s 4M {} + 2>/dev/null
+  redact "$R"/*.txt "$R"/*.json "$R"/runs/*/engine.log "$R"/logs/*
+  say "judge"
+  python3 - "$R" > "$OUT/alongside-summary.txt" 2>&1 <<'PY'; local jrc=$?
+import json, pathlib, sys
+r = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((r / name).read_text())
+    except (OSError, ValueError):
+        return {}
+both = load("status-both.json").get("engines") or []
+ready = sorted(e.get("model") for e in both if e.get("state") == "ready")
+a, b = load("client-smollm2.json"), load("client-smollm2-side.json")
+after = dict(line.split() for line in (r / "after-stop.txt").read_text().splitlines() if line.strip()) \
+    if (r / "after-stop.txt").exists() else {}
+mem = (r / "gpu-mem-snapshots.txt").read_text() if (r / "gpu-mem-snapshots.txt").exists() else ""
+checks = {
+    "both engines ready side by side": ready == ["smollm2", "smollm2-side"],
+    "smollm2 answered, 0 failed": a.get("requests", 0) > 0 and a.get("failed") == 0,
+    "smollm2-side answered, 0 failed": b.get("requests", 0) > 0 and b.get("failed") == 0,
+    "after stop --model smollm2-side: smollm2 200": after.get("smollm2") == "200",
+    "after stop --model smollm2-side: smollm2-side 404": after.get("smollm2-side") == "404",
+}
+print("engines:", json.dumps([{k: e.get(k) for k in ("model", "recipe", "state", "port", "ready_s")} for e in both]))
+for name, c in (("smollm2", a), ("smollm2-side", b)):
+    print(f"{name}: requests {c.get('requests')} failed {c.get('failed')} longest {c.get('longest_s')} s")
+print("card memory:\n" + mem.strip())
+print("after the stop:", after)
+for what, ok in checks.items():
+    print(("PASS " if ok else "FAIL ") + what)
+verdict = all(checks.values())
+print("VERDICT", "PASS" if verdict else "FAIL")
+sys.exit(0 if verdict else 1)
+PY
+  { echo; echo "wall time $(el) s; script rc=$rc"; cat "$R/steps.txt" 2>/dev/null; } >> "$OUT/alongside-summary.txt"
+  cp "$OUT/alongside-summary.txt" "$R/" 2>/dev/null
+  cp "$R"/client-*.json "$R/launches.json" "$R/status-both.json" "$OUT/" 2>/dev/null
+  cp "$R/logs/controller.log" "$OUT/controller.log" 2>/dev/null
+  pack
+  cat "$OUT/alongside-summary.txt"; ls -l "$OUT"
+  [ "$rc" = 0 ] && exit "$jrc" || exit "$rc"
+}
+trap finish EXIT
+
+[ -d /root/site/vllm ] || { echo "no vLLM in /root/site: run gpu-kit's setup.sh first (docs/gpu-h200.md)"; exit 2; }
+if [ -e /root/app ]; then
+  timeout 60 "${APP[@]}" down > /dev/null 2>&1 || true
+  mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
+fi
+rm -rf "$R"; mkdir -p "$R"; : > "$R/steps.txt"
+layout
+# the engine beside the primary: cuda-smollm2-eager under another served name and port
+cat > "$W/recipes/$SIDE.yaml" <<YAML
+name: $SIDE
+extends: cuda-smollm2-eager
+description: cuda-smollm2-eager served as $SIDE_MODEL on port 8001, beside the graph engine on the same card
+model:
+  served_name: $SIDE_MODEL
+engine:
+  port: 8001
+YAML
+TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
+export APPLIANCE_ADMIN_TOKEN="$TOKEN"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1 || true
+"${APP[@]}" keys create --name alongside --json 2> "$R/keys-create.txt" \
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); open("/root/app/alongside.key","w").write(d["key"]); print("key", d["id"], d["name"])' >> "$R/keys-create.txt" 2>&1
+redact "$R/keys-create.txt"
+
+say "up --recipe $PRIMARY (timeout $(cap 240) s)"
+UP=1
+rc=0; timeout "$(cap 240)" "${APP[@]}" up --recipe "$PRIMARY" > "$R/up.txt" 2>&1 || rc=$?
+redact "$R/up.txt"; tail -3 "$R/up.txt"; echo "up rc=$rc" >> "$R/steps.txt"
+status_to "$R/status-one.json"
+[ "$(field "$R/status-one.json" state)" = ready ] || { say "not ready after up: stopping here"; exit 1; }
+{ echo "one engine:"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; } > "$R/gpu-mem-snapshots.txt" 2>&1 || true
+nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv,noheader -l 2 > "$R/gpu-mem.csv" 2>&1 &
+SMI_PID=$!
+
+say "apply $SIDE --alongside"
+rc=0; timeout 60 "${APP[@]}" apply "$SIDE" --alongside --json > "$R/apply.json" 2> "$R/apply.err" || rc=$?
+echo "apply --alongside rc=$rc model=$(field "$R/apply.json" model)" >> "$R/steps.txt"
+[ "$rc" = 0 ] || { cat "$R/apply.err"; say "refused: stopping here"; exit 1; }
+WAIT=$(cap 200); END=$(( $(el) + WAIT ))
+while [ "$(el)" -lt "$END" ]; do
+  status_to "$R/status-both.json"
+  s=$(engine_state "$R/status-both.json" "$SIDE_MODEL")
+  [ "$s" = ready ] || [ "$s" = failed ] && break
+  sleep 2
+done
+echo "side engine: $(engine_state "$R/status-both.json" "$SIDE_MODEL") after $(el) s (bound $WAIT s)" >> "$R/steps.txt"
+[ "$(engine_state "$R/status-both.json" "$SIDE_MODEL")" = ready ] || { say "the side engine is not ready"; exit 1; }
+{ echo "two engines:"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; } >> "$R/gpu-mem-snapshots.txt" 2>&1 || true
+
+say "load: 2 clients per model for 20 s"
+python3 "$W/scripts/gpu_h200/switch_load.py" http://127.0.0.1:8080 smollm2 "$R/client-smollm2.json" \
+  --key-file /root/app/alongside.key --stop-file "$R/stop" --clients 2 --max-s "$(cap 60)" > "$R/client-a.txt" 2>&1 &
+CLIENT_A=$!
+python3 "$W/scripts/gpu_h200/switch_load.py" http://127.0.0.1:8080 "$SIDE_MODEL" "$R/client-$SIDE_MODEL.json" \
+  --key-file /root/app/alongside.key --stop-file "$R/stop" --clients 2 --max-s "$(cap 60)" > "$R/client-b.txt" 2>&1 &
+CLIENT_B=$!
+sleep "$(cap 20)"
+touch "$R/stop"
+for _ in $(seq 1 60); do kill -0 "$CLIENT_A" 2>/dev/null || kill -0 "$CLIENT_B" 2>/dev/null || break; sleep 0.5; done
+stop_pid "$CLIENT_A"; CLIENT_A=""; stop_pid "$CLIENT_B"; CLIENT_B=""
+cat "$R/client-a.txt" "$R/client-b.txt" 2>/dev/null || true
+
+say "stop --model $SIDE_MODEL"
+timeout 30 "${APP[@]}" stop --model "$SIDE_MODEL" --json > "$R/stop.json" 2>&1 || true
+END=$(( $(el) + $(cap 60) ))
+while [ "$(el)" -lt "$END" ]; do
+  status_to "$R/status-after.json"
+  [ -z "$(engine_state "$R/status-after.json" "$SIDE_MODEL")" ] && break
+  sleep 2
+done
+{ echo "smollm2 $(ask smollm2)"; echo "$SIDE_MODEL $(ask "$SIDE_MODEL")"; } > "$R/after-stop.txt"
+cat "$R/after-stop.txt"
+stop_pid "$SMI_PID"; SMI_PID=""
+collect
+exit 0
