@@ -22,8 +22,9 @@ Named gaps (what follows the primary engine only, for now):
   registry of its own that `/metrics` does not export (sharing one would let its launch clear the
   primary's per-launch series);
 - a restart of an engine beside the primary drains, stops and starts (no blue/green beside itself);
-  so do the primary's apply and restart while engines run beside it (its blue/green check counts its
-  own serving engine only, not the cores, cards and RAM of the others).
+  so do the primary's apply and restart while a CPU engine, or one not ready yet, runs beside it (its
+  CPU fit compares cores with its own serving engine only); beside ready GPU engines it may go
+  blue/green (`primary_blue_green`: NVML and MemAvailable already count theirs).
 """
 
 from __future__ import annotations
@@ -162,9 +163,17 @@ class EngineSet:
 
     def primary_blue_green(self, asked: bool = True) -> bool:
         """Whether the primary's apply or restart may take the blue/green path: as asked while it runs
-        alone; never while engines run beside it (its fit counts only its own serving engine, not their
-        cores, cards and RAM)."""
-        return asked and not self.alongside
+        alone or beside ready GPU engines only — NVML's free memory and MemAvailable already count what
+        they hold, and their ports are bound, so the new engine's fit and port are judged truly. Never
+        beside a CPU engine or one not ready yet: the CPU fit compares cores with the primary's own
+        serving engine only, and a starting engine has not shown its peak or bound its port."""
+        if not asked:
+            return False
+        for driver in self.alongside.values():
+            launch = driver.view.launch
+            if driver.view.state is not State.READY or launch is None or launch.spec.platform == "cpu":
+                return False
+        return True
 
     def add(self, model: str) -> Driver:
         """A new driver for an engine beside the primary, serving `model`; its loop runs at once when

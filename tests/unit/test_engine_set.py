@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ from controller.api_context import ApiContext
 from controller.gateway.control import ControlGateway
 from controller.runtime.base import Provenance
 from controller.service import ServiceConfig, build
-from controller.supervisor.engine_set import slot_name
+from controller.supervisor.engine_set import EngineSet, slot_name
 from controller.supervisor.gpu_memory_check import NothingReplaced
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
@@ -430,3 +431,27 @@ async def test_of_two_running_engines_beside_the_primary_under_one_name_the_newe
     record = after.store.get_launch("Lolder")
     assert record is not None and record.status == "stopped"
     assert any(e.kind == "adopt-extra" for e in record.events)
+
+
+def _stub(state: State, platform: str | None) -> Any:
+    """A driver as primary_blue_green reads it: its view's state and launch spec platform."""
+    launch = None if platform is None else SimpleNamespace(spec=SimpleNamespace(platform=platform))
+    return SimpleNamespace(view=SimpleNamespace(state=state, launch=launch))
+
+
+@pytest.mark.parametrize(("beside", "expected"), [
+    ([], True),
+    ([(State.READY, "cuda")], True),  # the card's free memory and MemAvailable count it
+    ([(State.READY, "cuda"), (State.READY, "rocm")], True),
+    ([(State.READY, "cpu")], False),  # cores: the CPU fit compares with the primary's own engine only
+    ([(State.READY, "cuda"), (State.READY, "cpu")], False),
+    ([(State.STARTING, "cuda")], False),  # its peak and port are not known yet
+    ([(State.PREFLIGHT, None)], False),
+])
+def test_the_primary_may_go_blue_green_beside_ready_gpu_engines_only(
+    beside: list[tuple[State, str | None]], expected: bool,
+) -> None:
+    engines = EngineSet(_stub(State.READY, "cuda"))
+    engines.alongside = {f"m{i}": _stub(state, platform) for i, (state, platform) in enumerate(beside)}
+    assert engines.primary_blue_green() is expected
+    assert engines.primary_blue_green(asked=False) is False

@@ -59,7 +59,8 @@ def register(router: APIRouter, pages: Pages) -> None:
             # An engine beside the primary restarts by draining first: no blue/green beside itself.
             target = beside
         if signal is Restart:
-            # Blue/green only for the primary running alone (engine_set.py `primary_blue_green`).
+            # Blue/green only for the primary, alone or beside ready GPU engines
+            # (engine_set.py `primary_blue_green`).
             rejected = target.submit(Restart(blue_green=not model and engines.primary_blue_green()))
         else:
             rejected = target.submit(signal())
