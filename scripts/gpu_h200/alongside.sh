@@ -4,13 +4,15 @@
 # `apply cuda-smollm2-eager-side --alongside` (a recipe this script writes: cuda-smollm2-eager served as
 # `smollm2-side` on port 8001) — admitted against the card's free memory with the graph engine on it
 # (controller/supervisor/alongside_admission.py), started beside it, its own gateway slot. Then 2 clients
-# per model through the gateway for 20 s (both must answer, 0 failed), then `stop --model smollm2-side`:
-# the primary keeps answering, the side model answers 404.
+# per model through the gateway (both must answer, 0 failed) across a restart of the primary (same-card
+# blue/green when the card's free memory admits a third engine for the switch, else the hold: the path
+# and why are reported), then `stop --model smollm2-side`: the primary keeps answering, the side model
+# answers 404.
 # docs/gpu-h200.md says how it is sent: the kit set up by an earlier call (gpu-kit's setup.sh: vLLM
 # 0.26.0 in /root/site, the model in /root/gpu/smollm2), the appliance's code in .gpuwt/; run from the
 # repo root copy as
 #   bash .gpuwt/scripts/gpu_h200/alongside.sh
-# Budget: everything packed by DEADLINE (420 s) of wall time, each wait bounded by what is left; the
+# Budget: everything packed by DEADLINE (560 s) of wall time, each wait bounded by what is left; the
 # background processes (the clients, the nvidia-smi sampler) are stopped by their PIDs, the appliance
 # by `down`, also when a step fails (trap).
 # What comes back: $OUT/alongside.tgz (alongside/: status-*.json, apply.json, client-*.json,
@@ -25,7 +27,7 @@ OUT="${OUT:-/tmp/alongside-out}"; mkdir -p "$OUT"
 APP=(python3 -m controller.cli.main)
 R=/root/results/alongside
 T0=$(date +%s)
-DEADLINE=${ALONGSIDE_DEADLINE_S:-420}  # seconds of wall time by which everything is packed
+DEADLINE=${ALONGSIDE_DEADLINE_S:-560}  # seconds of wall time by which everything is packed
 RESERVE=45                             # stop clients + collect + down + pack + judge
 PRIMARY=cuda-smollm2-graph
 SIDE=cuda-smollm2-eager-side
@@ -146,6 +148,12 @@ for name, c in (("smollm2", a), ("smollm2-side", b)):
     print(f"{name}: requests {c.get('requests')} failed {c.get('failed')} longest {c.get('longest_s')} s")
 print("card memory:\n" + mem.strip())
 print("after the stop:", after)
+restart = load("restart.json").get("switch") or {}
+print("the primary's restart beside the side engine: path", restart.get("path"), "-", restart.get("why"))
+checks["the primary restarted and serves again"] = bool(
+    load("status-restarted.json").get("state") == "ready"
+    and (load("status-restarted.json").get("launch") or {}).get("id")
+    != (load("status-both.json").get("launch") or {}).get("id"))
 for what, ok in checks.items():
     print(("PASS " if ok else "FAIL ") + what)
 verdict = all(checks.values())
@@ -211,14 +219,33 @@ echo "side engine: $(engine_state "$R/status-both.json" "$SIDE_MODEL") after $(e
 [ "$(engine_state "$R/status-both.json" "$SIDE_MODEL")" = ready ] || { say "the side engine is not ready"; exit 1; }
 { echo "two engines:"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; } >> "$R/gpu-mem-snapshots.txt" 2>&1 || true
 
-say "load: 2 clients per model for 20 s"
+say "load: 2 clients per model, across the primary's restart"
 python3 "$W/scripts/gpu_h200/switch_load.py" http://127.0.0.1:8080 smollm2 "$R/client-smollm2.json" \
-  --key-file /root/app/alongside.key --stop-file "$R/stop" --clients 2 --max-s "$(cap 60)" > "$R/client-a.txt" 2>&1 &
+  --key-file /root/app/alongside.key --stop-file "$R/stop" --clients 2 --max-s "$(cap 220)" > "$R/client-a.txt" 2>&1 &
 CLIENT_A=$!
 python3 "$W/scripts/gpu_h200/switch_load.py" http://127.0.0.1:8080 "$SIDE_MODEL" "$R/client-$SIDE_MODEL.json" \
-  --key-file /root/app/alongside.key --stop-file "$R/stop" --clients 2 --max-s "$(cap 60)" > "$R/client-b.txt" 2>&1 &
+  --key-file /root/app/alongside.key --stop-file "$R/stop" --clients 2 --max-s "$(cap 220)" > "$R/client-b.txt" 2>&1 &
 CLIENT_B=$!
-sleep "$(cap 20)"
+sleep "$(cap 10)"
+# The primary's restart while the side engine serves: same-card blue/green when the card's free memory
+# (two engines on it now) admits a third for the switch, else the hold; the path and why are reported.
+say "restart --json (the primary, beside $SIDE_MODEL)"
+OLD_ID=$(field "$R/status-both.json" launch.id)
+rc=0; timeout 30 "${APP[@]}" restart --json > "$R/restart.json" 2> "$R/restart.err" || rc=$?
+echo "restart rc=$rc path=$(field "$R/restart.json" switch.path)" >> "$R/steps.txt"
+END=$(( $(el) + $(cap 150) ))
+while [ "$(el)" -lt "$END" ]; do
+  status_to "$R/status-poll.json"
+  NEW_ID=$(field "$R/status-poll.json" launch.id)
+  if [ "$(field "$R/status-poll.json" state)" = ready ] && [ -n "$NEW_ID" ] && [ "$NEW_ID" != "$OLD_ID" ] \
+     && [ -z "$(field "$R/status-poll.json" blue_green)" ]; then
+    break
+  fi
+  sleep 2
+done
+cp "$R/status-poll.json" "$R/status-restarted.json" 2>/dev/null || true
+echo "restart: old $OLD_ID new $(field "$R/status-restarted.json" launch.id) after $(el) s" >> "$R/steps.txt"
+sleep "$(cap 5)"
 touch "$R/stop"
 for _ in $(seq 1 60); do kill -0 "$CLIENT_A" 2>/dev/null || kill -0 "$CLIENT_B" 2>/dev/null || break; sleep 0.5; done
 stop_pid "$CLIENT_A"; CLIENT_A=""; stop_pid "$CLIENT_B"; CLIENT_B=""
