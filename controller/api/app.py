@@ -200,7 +200,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         # Liveness for compose's healthcheck / a pod's livenessProbe: answering HTTP is not enough
         # if the loop that watches the engine has stopped coming round, or the launch store's file
         # was deleted or replaced under the controller (its records would be lost at the restart).
-        problem = driver.liveness_problem()
+        problem = engines.liveness_problem()  # every engine's loop: the primary's and those beside it
         body = {"ok": problem is None, "state": driver.view.state.value}
         if problem is not None:
             return JSONResponse({**body, "problem": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)

@@ -258,6 +258,15 @@ class EngineSet:
             self.alongside[model] = driver
             await driver.take(found)
 
+    def liveness_problem(self) -> str | None:
+        """The first engine whose supervision has stopped (or the store's problem), named; None: every
+        engine's loop comes round."""
+        for name, driver in self.engines():
+            problem = driver.liveness_problem()
+            if problem is not None:
+                return problem if name is None else f"engine {name!r}: {problem}"
+        return None
+
     async def shutdown(self) -> None:
         for _, driver in self.engines():
             await driver.shutdown()

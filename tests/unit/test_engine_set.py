@@ -455,3 +455,21 @@ def test_the_primary_may_go_blue_green_beside_ready_gpu_engines_only(
     engines.alongside = {f"m{i}": _stub(state, platform) for i, (state, platform) in enumerate(beside)}
     assert engines.primary_blue_green() is expected
     assert engines.primary_blue_green(asked=False) is False
+
+
+async def test_healthz_names_an_engine_beside_the_primary_whose_supervision_stopped(
+    rig: SetRig, client: httpx.AsyncClient,
+) -> None:
+    """Liveness covers every engine's loop: one beside the primary that stops coming round is a 503
+    naming it, as the primary's own is."""
+    await primary_ready(rig, client)
+    await beside_ready(rig, client)
+    beside = rig.engines.alongside["smollm2-b"]
+    rig.primary.loop_alive_at = beside.loop_alive_at = rig.clock.now()
+    assert (await client.get("/healthz")).status_code == 200
+    rig.clock.t += 600
+    rig.primary.loop_alive_at = rig.clock.now()  # the primary's loop still comes round
+    r = await client.get("/healthz")
+    assert r.status_code == 503
+    problem = r.json()["problem"]
+    assert problem.startswith("engine 'smollm2-b': the supervision loop last came round 600 s ago")
