@@ -1,8 +1,9 @@
 """May a recipe start beside the engines that run now? (`appliance apply NAME --alongside`)
 
-A pure judgement over what the engine set knows (engine_set.py): the new recipe, its rendering on
-this host, the host facts now and each engine's launch (read from its launch spec, never from its
-recipe file). The first refusal is the answer, and it names the engine in the way and what to stop:
+A judgement over what the engine set knows (engine_set.py): the new recipe, its rendering on this
+host, the host facts now and each engine's launch (read from its launch spec, never from its recipe
+file). Blocking: it looks at the recipe's cache root and probes its port (engine_set.judge runs it in
+a worker thread). The first refusal is the answer, and it names the engine in the way and what to stop:
 
 - an engine still starting (or about to start again: preflight, starting, exited, backoff): its peak is
   not in MemAvailable yet, so nothing beside it can be judged — wait for it to be ready;
@@ -72,18 +73,14 @@ def refusal(new: Recipe, facts: HostFacts, spec: LaunchSpec, engines: Sequence[E
         if e.recipe == new.name and e.state is not State.IDLE:
             return (f"recipe {new.name!r} is what {e.who()} runs already; restart it "
                     f"(`appliance restart --model {e.model}`) or apply another recipe beside it")
-    wanted = {spec.served_model_name, *spec.served_model_aliases}
-    for e in engines:
-        shared = sorted(wanted & e.names)
-        if shared:
-            return (f"model name {shared[0]!r} is served by {e.who()}: the gateway routes a name to one "
-                    f"engine; {_stop_it(e)}, or give the recipe another model.served_name")
+    if taken := _names_taken(spec, engines):
+        e, name = taken[0]
+        return (f"model name {name!r} is served by {e.who()}: the gateway routes a name to one "
+                f"engine; {_stop_it(e)}, or give the recipe another model.served_name")
+    if on_port := _port_taken(spec, engines):
+        e = on_port[0]
+        return f"port {spec.port} is {e.who()}'s; {_stop_it(e)}, or give the recipe another engine port"
     running = [e for e in engines if e.spec is not None]
-    for e in running:
-        assert e.spec is not None
-        if e.spec.port == spec.port:
-            return (f"port {spec.port} is {e.who()}'s; {_stop_it(e)}, or give the recipe another "
-                    "engine port")
     if not is_free(spec.host, spec.port):
         return (f"port {spec.port} is in use on this host (not by an engine of this appliance): free it, "
                 "or give the recipe another engine port")
@@ -118,12 +115,22 @@ def cache_is_empty_safe(spec: LaunchSpec) -> bool:
 def primary_refusal(spec: LaunchSpec, others: Sequence[Engine]) -> str | None:
     """Why the primary engine may not switch to `spec` while `others` run beside it: a model name or
     the port one of them holds (the gateway would refuse the name; the engine would not bind)."""
-    wanted = {spec.served_model_name, *spec.served_model_aliases}
-    for e in others:
-        shared = sorted(wanted & e.names)
-        if shared:
-            return (f"model name {shared[0]!r} is served by {e.who()}, beside the primary engine; "
+    for e in others:  # engine by engine, a name before a port, as the primary's answer always was
+        if taken := _names_taken(spec, [e]):
+            return (f"model name {taken[0][1]!r} is served by {e.who()}, beside the primary engine; "
                     f"{_stop_it(e)}")
-        if e.spec is not None and e.spec.port == spec.port:
+        if _port_taken(spec, [e]):
             return f"port {spec.port} is {e.who()}'s, beside the primary engine; {_stop_it(e)}"
     return None
+
+
+def _names_taken(spec: LaunchSpec, engines: Sequence[Engine]) -> list[tuple[Engine, str]]:
+    """Each engine claiming one of the names `spec` serves (its served name or an alias), with the
+    first such name: the gateway routes a name to one engine."""
+    wanted = {spec.served_model_name, *spec.served_model_aliases}
+    return [(e, sorted(wanted & e.names)[0]) for e in engines if wanted & e.names]
+
+
+def _port_taken(spec: LaunchSpec, engines: Sequence[Engine]) -> list[Engine]:
+    """Each launched engine on `spec`'s port."""
+    return [e for e in engines if e.spec is not None and e.spec.port == spec.port]
