@@ -19,68 +19,19 @@
 # gpu-mem.csv, after-stop.txt, launches.json, launch-ID.json, runs/ID/engine.log, logs/) and
 # $OUT/alongside-summary.txt (the verdict: both engines ready on one card, each model's requests and
 # failures, the card's memory with one and two engines, what answered after the stop).
-set -euo pipefail
-W="$PWD/.gpuwt"; cd "$W"  # python -m puts the cwd first on sys.path: the checkout's own code must not win
-export APPLIANCE_HOME=/root/app APPLIANCE_RECIPES="$W/recipes" PYTHONPATH="/root/site:$W" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT="${OUT:-/tmp/alongside-out}"; mkdir -p "$OUT"
-APP=(python3 -m controller.cli.main)
-R=/root/results/alongside
-T0=$(date +%s)
+NAME=alongside
+# shellcheck source=scripts/gpu_h200/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # the shared prelude: env, layout, token, redact, pack, collect
+set -e
 DEADLINE=${ALONGSIDE_DEADLINE_S:-560}  # seconds of wall time by which everything is packed
 RESERVE=45                             # stop clients + collect + down + pack + judge
 PRIMARY=cuda-smollm2-graph
 SIDE=cuda-smollm2-eager-side
 SIDE_MODEL=smollm2-side
 CLIENT_A=""; CLIENT_B=""; SMI_PID=""; UP=0; DONE=0
-say() { echo "[alongside $(( $(date +%s) - T0 ))s] $*"; }
 el() { echo $(( $(date +%s) - T0 )); }
+# a wait's bound: its own cap, or what is left before DEADLINE - RESERVE (at least 1 s)
 cap() { local rest=$(( DEADLINE - RESERVE - $(el) )); [ "$rest" -lt 1 ] && rest=1; [ "$rest" -lt "$1" ] && echo "$rest" || echo "$1"; }
-redact() {  # the admin token, gateway keys (sk-app-…), engine keys (eng_ + 43 url-safe base64 chars)
-  sed -i -E -e "s/(APPLIANCE_ADMIN_TOKEN=)[^ ]+/\1<redacted>/g; s/(shown once\): )[^ ]+/\1<redacted>/g" \
-    -e 's/adm_[A-Za-z0-9_-]{43}/adm_<redacted>/g; s/sk-app-[A-Za-z0-9_-]+/sk-app-<redacted>/g' \
-    -e 's/eng_[A-Za-z0-9_-]{43}/eng_<redacted>/g' "$@" 2>/dev/null || true
-}
-pack() { tar -C /root/results -czf "$OUT/alongside.tgz" alongside 2>/dev/null || true; }
-layout() {
-  mkdir -p /root/app/engine/cuda/bin /root/app/models
-  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /root/app/engine/cuda/bin/python
-  chmod +x /root/app/engine/cuda/bin/python
-  ln -sfn /root/site /root/app/engine/cuda/site
-  ln -sfn /root/gpu/smollm2 /root/app/models/smollm2-135m-instruct
-}
-# stop PID: TERM, up to 10 s, then KILL — only the processes this script started
-stop_pid() {
-  local pid="$1" i
-  [ -n "$pid" ] || return 0
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for i in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-# the status as JSON → FILE; the value of a dotted key of it (empty when absent)
-status_to() { timeout 20 "${APP[@]}" status --json > "$1" 2>/dev/null || true; }
-field() {
-  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
-import json, sys
-try:
-    v = json.load(open(sys.argv[1]))
-    for part in sys.argv[2].split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-except (OSError, ValueError):
-    v = None
-print("" if v is None else v)
-PY
-}
-collect() {
-  say "collect"
-  timeout 20 "${APP[@]}" launches --json > "$R/launches.json" 2>&1 || true
-  local id
-  for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null || true); do
-    timeout 20 "${APP[@]}" launches "$id" --json > "$R/launch-$id.json" 2>/dev/null || true
-    mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null || true
-  done
-  status_to "$R/status-end.json"
-}
 # one engine of the status' `engines` list by model: its state (empty when absent)
 engine_state() {
   python3 - "$1" "$2" <<'PY' 2>/dev/null || true
@@ -170,13 +121,7 @@ PY
 }
 trap finish EXIT
 
-[ -d /root/site/vllm ] || { echo "no vLLM in /root/site: run gpu-kit's setup.sh first (docs/gpu-h200.md)"; exit 2; }
-if [ -e /root/app ]; then
-  timeout 60 "${APP[@]}" down > /dev/null 2>&1 || true
-  mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
-fi
-rm -rf "$R"; mkdir -p "$R"; : > "$R/steps.txt"
-layout
+: > "$R/steps.txt"
 # the engine beside the primary: cuda-smollm2-eager under another served name and port
 cat > "$W/recipes/$SIDE.yaml" <<YAML
 name: $SIDE
@@ -187,9 +132,6 @@ model:
 engine:
   port: 8001
 YAML
-TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
-export APPLIANCE_ADMIN_TOKEN="$TOKEN"
-nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1 || true
 "${APP[@]}" keys create --name alongside --json 2> "$R/keys-create.txt" \
   | python3 -c 'import json,sys; d=json.load(sys.stdin); open("/root/app/alongside.key","w").write(d["key"]); print("key", d["id"], d["name"])' >> "$R/keys-create.txt" 2>&1
 redact "$R/keys-create.txt"

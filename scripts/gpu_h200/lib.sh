@@ -1,5 +1,5 @@
 #!/bin/bash
-# lib.sh — the prelude compare.sh and choose.sh share; sourced by them (never run), with NAME set to
+# lib.sh — the prelude compare.sh, choose.sh and alongside.sh share; sourced by them (never run), with NAME set to
 # the script's name (its results folder /root/results/$NAME, its $OUT default, its log prefix).
 # What it sets up is docs/gpu-h200.md's device layout: the kit from gpu-kit's setup.sh (vLLM in
 # /root/site, the model in /root/gpu/smollm2), the appliance's code in .gpuwt/, a fresh
@@ -25,6 +25,39 @@ layout() {
   chmod +x /root/app/engine/cuda/bin/python
   ln -sfn /root/site /root/app/engine/cuda/site
   ln -sfn /root/gpu/smollm2 /root/app/models/smollm2-135m-instruct
+}
+# stop PID: TERM, up to 10 s, then KILL — only the processes the script started
+stop_pid() {
+  local pid="$1" i
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+# the status as JSON → FILE; the value of a dotted key of it (empty when absent)
+status_to() { timeout 20 "${APP[@]}" status --json > "$1" 2>/dev/null || true; }
+field() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))
+    for part in sys.argv[2].split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+except (OSError, ValueError):
+    v = None
+print("" if v is None else v)
+PY
+}
+# every launch's record and engine log into $R, and the status at the end
+collect() {
+  say "collect"
+  timeout 20 "${APP[@]}" launches --json > "$R/launches.json" 2>&1 || true
+  local id
+  for id in $(python3 -c 'import json,sys; print(" ".join(r["id"] for r in json.load(open(sys.argv[1]))))' "$R/launches.json" 2>/dev/null || true); do
+    timeout 20 "${APP[@]}" launches "$id" --json > "$R/launch-$id.json" 2>/dev/null || true
+    mkdir -p "$R/runs/$id"; cp "/root/app/runs/$id/engine.log" "$R/runs/$id/" 2>/dev/null || true
+  done
+  status_to "$R/status-end.json"
 }
 
 [ -d /root/site/vllm ] || { echo "no vLLM in /root/site: run gpu-kit's setup.sh first (docs/gpu-h200.md)"; exit 2; }
