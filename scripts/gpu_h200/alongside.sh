@@ -73,47 +73,10 @@ finish() {  # on every exit: the background processes by PID, the appliance by `
   find "$R" -type f -size +4M -exec truncate -s 4M {} + 2>/dev/null
   redact "$R"/*.txt "$R"/*.json "$R"/runs/*/engine.log "$R"/logs/*
   say "judge"
-  python3 - "$R" > "$OUT/alongside-summary.txt" 2>&1 <<'PY'; local jrc=$?
-import json, pathlib, sys
-r = pathlib.Path(sys.argv[1])
-def load(name):
-    try:
-        return json.loads((r / name).read_text())
-    except (OSError, ValueError):
-        return {}
-both = load("status-both.json").get("engines") or []
-ready = sorted(e.get("model") for e in both if e.get("state") == "ready")
-a, b = load("client-smollm2.json"), load("client-smollm2-side.json")
-after = dict(line.split() for line in (r / "after-stop.txt").read_text().splitlines() if line.strip()) \
-    if (r / "after-stop.txt").exists() else {}
-mem = (r / "gpu-mem-snapshots.txt").read_text() if (r / "gpu-mem-snapshots.txt").exists() else ""
-checks = {
-    "both engines ready side by side": ready == ["smollm2", "smollm2-side"],
-    "smollm2 answered, 0 failed": a.get("requests", 0) > 0 and a.get("failed") == 0,
-    "smollm2-side answered, 0 failed": b.get("requests", 0) > 0 and b.get("failed") == 0,
-    "after stop --model smollm2-side: smollm2 200": after.get("smollm2") == "200",
-    "after stop --model smollm2-side: smollm2-side 404": after.get("smollm2-side") == "404",
-}
-print("engines:", json.dumps([{k: e.get(k) for k in ("model", "recipe", "state", "port", "ready_s")} for e in both]))
-for name, c in (("smollm2", a), ("smollm2-side", b)):
-    print(f"{name}: requests {c.get('requests')} failed {c.get('failed')} longest {c.get('longest_s')} s")
-print("card memory:\n" + mem.strip())
-print("after the stop:", after)
-restart = load("restart.json").get("switch") or {}
-print("the primary's restart beside the side engine: path", restart.get("path"), "-", restart.get("why"))
-checks["the primary restarted and serves again"] = bool(
-    load("status-restarted.json").get("state") == "ready"
-    and (load("status-restarted.json").get("launch") or {}).get("id")
-    != (load("status-both.json").get("launch") or {}).get("id"))
-for what, ok in checks.items():
-    print(("PASS " if ok else "FAIL ") + what)
-verdict = all(checks.values())
-print("VERDICT", "PASS" if verdict else "FAIL")
-sys.exit(0 if verdict else 1)
-PY
+  python3 "$W/scripts/gpu_h200/alongside_judge.py" "$R" > "$OUT/alongside-summary.txt" 2>&1; local jrc=$?
   { echo; echo "wall time $(el) s; script rc=$rc"; cat "$R/steps.txt" 2>/dev/null; } >> "$OUT/alongside-summary.txt"
   cp "$OUT/alongside-summary.txt" "$R/" 2>/dev/null
-  cp "$R"/client-*.json "$R/launches.json" "$R/status-both.json" "$OUT/" 2>/dev/null
+  cp "$R"/client-*.json "$R/launches.json" "$R/status-both.json" "$R/restart.json" "$OUT/" 2>/dev/null
   cp "$R/logs/controller.log" "$OUT/controller.log" 2>/dev/null
   pack
   cat "$OUT/alongside-summary.txt"; ls -l "$OUT"

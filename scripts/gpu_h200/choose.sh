@@ -16,29 +16,46 @@
 # every step with its evidence, every run with its texts), $OUT/launches/ID.json (each launch record
 # with its events: kernel proof, deployment probe), $OUT/choose-summary.txt, $OUT/choose.tgz
 # (progress, launches, comparisons, engine logs, redacted).
+# CHOOSE_COLLECT=1 (the next call, within the machine's 30 s): the home and the running choice are kept;
+# this call only waits (CHOOSE_WAIT_S more) for the CLI started by the first and collects.
 NAME=choose
+# The CLI writes here, outside the packed results: they are copied and redacted (sed -i makes a new
+# file) only as snapshots, so a choice still running keeps writing to its own files.
+LIVE=/root/results/choose-live
+[ "${CHOOSE_COLLECT:-0}" = 1 ] && export KEEP_HOME=1
 # shellcheck source=scripts/gpu_h200/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # the shared prelude: env, layout, token, redact, pack
 
+if [ "${CHOOSE_COLLECT:-0}" = 1 ]; then
+  CPID=$(cat "$R/choose.pid" 2>/dev/null || true)
+  [ -n "$CPID" ] || { say "CHOOSE_COLLECT=1 but no choice was started here ($R/choose.pid): the machine went back?"; exit 2; }
+  say "collecting the choice of the earlier call (pid $CPID)"
+else
 say "up with the baseline (eager)"
 timeout 240 "${APP[@]}" up --recipe cuda-smollm2-eager > "$R/up.txt" 2>&1; echo "up rc=$?" >> "$R/up.txt"
 redact "$R/up.txt"; tail -3 "$R/up.txt"; pack
 
 say "choose (plan, then the tournament; the ETA is in the plan)"
+rm -rf "$LIVE"; mkdir -p "$LIVE"
 # The CLI follows the choice and prints the record at the end. It runs in its own session so that a
 # choice longer than one device command can be collected by the next call (CHOOSE_WAIT_S bounds this
 # one's wait; the controller and the choice go on until the machine goes back). On a fresh host the
 # ETA comes from defaults (no history), so the budget must cover them: CHOOSE_BUDGET.
 setsid timeout 3000 "${APP[@]}" choose --recipes "${CHOOSE_RECIPES:-cuda-smollm2-*}" --json --yes "${ACC[@]}" \
-  --budget "${CHOOSE_BUDGET:-8m}" --ready-timeout 400 > "$R/choice.json" 2> "$R/choose-progress.txt" < /dev/null &
+  --budget "${CHOOSE_BUDGET:-8m}" --ready-timeout 400 > "$LIVE/choice.json" 2> "$LIVE/choose-progress.txt" < /dev/null &
 CPID=$!
+echo "$CPID" > "$R/choose.pid"
+fi
 END=$(( T0 + ${CHOOSE_WAIT_S:-540} ))
 while kill -0 "$CPID" 2>/dev/null && [ "$(date +%s)" -lt "$END" ]; do sleep 3; done
 if kill -0 "$CPID" 2>/dev/null; then
   RC=124; say "the choice is still running (pid $CPID): collecting what it has; call again with CHOOSE_COLLECT=1"
+elif [ "${CHOOSE_COLLECT:-0}" = 1 ]; then
+  RC=0; say "the choice's CLI has ended (not this shell's child: its exit status is in the record's state)"
 else
   wait "$CPID"; RC=$?
 fi
+cp "$LIVE/choice.json" "$LIVE/choose-progress.txt" "$R/" 2>/dev/null
 echo "choose rc=$RC" >> "$R/choose-progress.txt"
 redact "$R/choose-progress.txt" "$R/choice.json"; tail -5 "$R/choose-progress.txt"; pack
 

@@ -69,12 +69,29 @@ if ! python3 -c 'import rouge_score' 2>/dev/null; then
   python3 -c 'import rouge_score' 2>/dev/null \
     || { ACC=(--no-accuracy); say "rouge-score not importable (no wheels in .whl/): the $NAME runs with --no-accuracy"; }
 fi
-if [ -e /root/app ]; then
-  timeout 60 "${APP[@]}" down > /dev/null 2>&1
-  mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
+# The admin token of the appliance this prelude set up: root-only, outside the results (never packed),
+# so that a later call with KEEP_HOME=1 can still drive it.
+TOKEN_FILE=/root/.appliance-admin-token
+if [ "${KEEP_HOME:-0}" = 1 ] && [ -d /root/app ] && [ -s "$TOKEN_FILE" ]; then
+  # a later call of the same work (a choice longer than one command): the home, the running appliance
+  # and the results so far stay as they are
+  say "KEEP_HOME=1: the appliance home /root/app and $R are kept"
+  mkdir -p "$R"
+  export APPLIANCE_ADMIN_TOKEN="$(cat "$TOKEN_FILE")"
+else
+  if [ -e /root/app ]; then
+    timeout 60 "${APP[@]}" down > /dev/null 2>&1
+    mv /root/app "/root/app.prev-$T0"; say "moved an earlier /root/app to /root/app.prev-$T0"
+  fi
+  rm -rf "$R"; mkdir -p "$R"
+  layout
+  # KEEP_CACHE=1: the compile caches of the home moved aside come along (one machine, several scripts
+  # in a row: what an earlier script warmed starts warm here; the launch history stays behind)
+  if [ "${KEEP_CACHE:-0}" = 1 ] && [ -d "/root/app.prev-$T0/cache" ]; then
+    mv "/root/app.prev-$T0/cache" /root/app/cache; say "KEEP_CACHE=1: the compile caches of /root/app.prev-$T0 are kept"
+  fi
+  TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
+  (umask 077; printf '%s' "$TOKEN" > "$TOKEN_FILE")
+  export APPLIANCE_ADMIN_TOKEN="$TOKEN"
 fi
-rm -rf "$R"; mkdir -p "$R"
-layout
-TOKEN=$(python3 -c 'from pathlib import Path; from controller import admin_token as a; t = a.new_token(); a.write_hash(Path("/root/app"), t); print(t)')
-export APPLIANCE_ADMIN_TOKEN="$TOKEN"
 nvidia-smi --query-gpu=name,memory.used,memory.total,power.limit,driver_version --format=csv,noheader > "$R/gpu.txt" 2>&1
