@@ -60,7 +60,9 @@ builds a fresh one and asserts on its values. The supervisor and the watchers ca
 - `observe_gpus(samples)` → `appliance_gpu_memory_used_bytes{gpu,vendor}`,
   `appliance_gpu_memory_total_bytes{gpu,vendor}`, `appliance_gpu_utilization_ratio{gpu,vendor}` (NVML or
   amdgpu sysfs, controller/watch/gpu.py).
-- `render()` → `(body, content_type)` for the admin API's `GET /metrics`.
+- `render()` → `(body, content_type)`: this registry alone. The admin API's `GET /metrics` renders the
+  primary engine's registry merged with the `PER_ENGINE_FAMILIES` of every engine beside it, each of
+  their samples labelled `model` (`controller/supervisor/engine_metrics.py`).
 
 Why two OOM counters: a counter series that is born at 1 (a new `victim` label value) has no
 earlier sample, so `increase()` cannot see its first kill; `appliance_oom_kills_total{constraint}`
@@ -105,6 +107,24 @@ READY_BUCKETS = (15, 30, 45, 60, 90, 120, 180, 240, 300, 360, 480, 600, 900, 120
 
 # How a planned switch of the engine went (`record_switch`).
 SWITCH_PATHS = ("hold", "stop", "blue_green")
+
+# The families a driver writes for its own engine (launch_recorder.py, hold_keeper.py, the driver's
+# state): an engine beside the primary records them into a registry of its own, and `GET /metrics`
+# exports them beside the primary's under the same family, labelled with its model. The rest are the
+# host's, kept in the primary's registry only: host memory, PSI, OOM kills, GPUs, the launch watermarks
+# and engine process memory (the host watch attributes them to the primary's launch), console log-ins,
+# choices, benchmarks. tests/unit/test_engine_metrics.py drives a driver through its launches and
+# fails when it writes a family not named here.
+PER_ENGINE_FAMILIES = frozenset({
+    "appliance_engine_state", "appliance_engine_phase", "appliance_engine_phase_reached_seconds",
+    "appliance_engine_launches", "appliance_engine_restarts",
+    "appliance_engine_launch_start_timestamp_seconds", "appliance_engine_ready_budget_seconds",
+    "appliance_engine_ready", "appliance_engine_ready_seconds", "appliance_engine_last_ready_seconds",
+    "appliance_engine_compile_cache", "appliance_compile_cache_misses",
+    "appliance_launch_memory_available_target_bytes", "appliance_engine_switches",
+    "appliance_drain_cut_requests",
+})
+
 
 class _EngineProcessCollector(Collector):
     """Per-process memory of the engine from the latest sample. A snapshot collector, not gauges

@@ -192,8 +192,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
 
     def alongside(model: str) -> Driver:
         """The driver of an engine started beside the primary (engine_set.py): its own gateway slot
-        (named `model`), its own metrics registry (not exported: a named gap), a preflight that counts
-        nothing the running engines hold on a card as free, and no blue/green beside itself."""
+        (named `model`), its own metrics registry (`GET /metrics` merges its engine series in, labelled
+        `model`: engine_metrics.py), a preflight that counts nothing the running engines hold on a card
+        as free, and no blue/green beside itself."""
         link, _ = make_gateway(cfg, paths, engine=slot_name(model))
         beside_preflight = dataclasses.replace(preflight, gpu_memory=NothingReplaced(gpu_memory))
         return Driver(**shared, preflight=beside_preflight, gateway=link, metrics=ControllerMetrics(),

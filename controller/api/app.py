@@ -10,7 +10,8 @@ machine's own refusal, so two concurrent applies get one 202 and one 409), 422 a
 the offending field in `detail[].loc`).
 
     GET  /healthz                  the controller answers
-    GET  /metrics                  Prometheus (controller/metrics.py, the driver's ControllerMetrics)
+    GET  /metrics                  Prometheus (controller/metrics.py: the primary's ControllerMetrics, with
+                                   each engine beside it by `model`: supervisor/engine_metrics.py)
     GET  /recipes                  what can be applied
     GET  /recipes/{name}           one recipe and its rendering on this host
     POST /recipes/{name}/plan      lint + admission + rendering, nothing started
@@ -69,6 +70,7 @@ from controller.evaluation.store import EvalStore
 from controller.store import LaunchRecord, LaunchSummary, redact_spec
 from controller.supervisor import compile_cache
 from controller.supervisor.driver import Driver
+from controller.supervisor.engine_metrics import engine_set_metrics
 from controller.supervisor.engine_set import AlongsideRefused
 from controller.supervisor.preflight import UnknownRecipe
 from controller.supervisor.signals import Apply, Restart, Stop
@@ -206,9 +208,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
             return JSONResponse({**body, "problem": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
         return JSONResponse(body)
 
+    # Every engine's series: the primary's as its registry has them, those of each engine beside it
+    # under the same families with a `model` label (engine_metrics.py).
+    exposition = engine_set_metrics(engines)
+
     @app.get("/metrics", tags=["meta"], response_class=Response)
     async def get_metrics() -> Response:
-        body, content_type = ctx.driver.metrics.render()
+        body, content_type = exposition.render()
         return Response(content=body, media_type=content_type)
 
     @app.get("/recipes", tags=["recipes"], response_model=list[RecipeSummary])

@@ -11,16 +11,19 @@ a restarted controller gives each of them back to a driver of its own (adoption.
 its own supervision loop, started and stopped with the primary's; an engine beside the primary that
 is stopped (idle, nothing launched) is removed from the set, its scrape targets and its gateway slot
 with it (its model then answers 404). One that failed for good stays, with its diagnosis, until it is
-stopped. Prometheus' target file is one for the set (scrape_targets.py).
+stopped. Prometheus' target file is one for the set (scrape_targets.py). Each driver records into a
+metrics registry of its own (one shared registry would let a launch clear another engine's per-launch
+series); `GET /metrics` exports the primary's with every engine's per-engine series merged in under the
+same families, labelled `model` (engine_metrics.py), so the engine alerts fire per model and name it
+and the engine-serving dashboard has a Models row.
 
 Whether a recipe may start beside the running engines is alongside_admission.py's judgement.
 
 Named gaps (what follows the primary engine only, for now):
 - the host watches (MemAvailable/swap/PSI/kmsg OOM, GPU memory and health, the load sampler) watch and
-  attribute to the primary's launch; an engine beside it is not sampled for its per-launch peaks;
-- the controller's `appliance_engine_*` series are the primary's: each engine beside it records into a
-  registry of its own that `/metrics` does not export (sharing one would let its launch clear the
-  primary's per-launch series);
+  attribute to the primary's launch; an engine beside it is not sampled for its per-launch peaks, so
+  the launch watermarks (`appliance_launch_*` minimum and peaks) and the engine process memory series
+  are the primary's alone, and a MemAvailable, PSI or OOM peak is put on the primary's launch record;
 - a restart of an engine beside the primary drains, stops and starts (no blue/green beside itself);
   so do the primary's apply and restart while a CPU engine, or one not ready yet, runs beside it (its
   CPU fit compares cores with its own serving engine only); beside ready GPU engines it may go

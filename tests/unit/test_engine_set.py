@@ -328,7 +328,7 @@ def test_service_build_gives_each_engine_beside_the_primary_its_own_slot_metrics
     link = beside.gateway
     assert isinstance(link, ControlGateway) and link.engine == "smollm2-b"
     assert beside.engine_name == "smollm2-b"
-    # The host's seams are the primary's; the metrics registry is its own (not exported: a named gap),
+    # The host's seams are the primary's; the metrics registry is its own (GET /metrics merges it in),
     # the target file is the one file of the host, and its preflight never counts a running engine's
     # share of a card as free (nothing is stopped before it starts).
     assert beside.store is svc.store and beside.host.runtimes == svc.driver.host.runtimes

@@ -354,7 +354,6 @@ NOT_ON_A_DASHBOARD = {
     "appliance_gateway_gc_frozen_objects": "a start-up constant of the gateway process",
     "appliance_gateway_gc_pause_seconds": "a gateway benchmark's concern (bench/), not an operator's",
     "appliance_choice_runs": "a choice's record (`appliance choose`); alerted on",
-    "appliance_engine_ready": "the same fact as appliance_engine_state{state=\"ready\"}, which is shown",
     "appliance_gateway_usage_store_errors": "alerted on (ApplianceGatewayUsageStoreFailing), with the fix",
     "appliance_gpu_health_finding": "alerted on by finding; the GPU health verdict panel sums them up",
     "appliance_gpu_lost": "alerted on (ApplianceGpuLost); the GPU health verdict panel says refuse",
