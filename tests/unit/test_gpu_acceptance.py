@@ -243,15 +243,19 @@ def test_committed_acceptance_runs_pass(folder: Path) -> None:
 
 
 SHIM_REDACTED = LOGS / "gpu-h200-accept-2026-12-01d"
+# The run after the shim's key list moved to appliance/engine_redact.argv_keys (the Docker wrapper
+# shares it): the same facts must hold on the H200.
+SHIM_REDACTED_RUNS = [SHIM_REDACTED, LOGS / "gpu-h200-accept-2026-12-02"]
 
 
-def test_the_shim_redacts_the_engine_key_as_vllm_logs_it_on_the_h200() -> None:
+@pytest.mark.parametrize("run", SHIM_REDACTED_RUNS, ids=[p.name for p in SHIM_REDACTED_RUNS])
+def test_the_shim_redacts_the_engine_key_as_vllm_logs_it_on_the_h200(run: Path) -> None:
     """The fourth H200 acceptance run: vLLM 0.26.0 prints its non-default args with the key from its
     config file; the process shim wrote `'<redacted>'` into engine.log itself. (The acceptance
     script's own pass over what it brings back writes `eng_<redacted>`, as the third run's logs
     show: there the key had reached the file on disk.) After `down`, no file under the appliance's
     home held a key and no key file was left."""
-    logs = sorted((SHIM_REDACTED / "runs").glob("*/engine.log"))
+    logs = sorted((run / "runs").glob("*/engine.log"))
     assert len(logs) == 7
     for log in logs:
         args = [line for line in log.read_text().splitlines() if "non-default args:" in line]
@@ -259,7 +263,7 @@ def test_the_shim_redacts_the_engine_key_as_vllm_logs_it_on_the_h200() -> None:
         assert "eng_" not in log.read_text(), log
     earlier = sorted((LOGS / "gpu-h200-accept-2026-12-01c" / "runs").glob("*/engine.log"))
     assert earlier and all("'api_key': ['eng_<redacted>']" in p.read_text() for p in earlier)
-    facts = (SHIM_REDACTED / "key-delivery.txt").read_text()
+    facts = (run / "key-delivery.txt").read_text()
     assert "engine logs with the key in vLLM's non-default args line: 0 of 7" in facts
     assert "after down: files under /root/app holding an engine key: 0" in facts
     assert "after down: key files left: 0" in facts
