@@ -20,8 +20,15 @@ tournament line then names that variant. Every sweep line comes before every tou
 tournament starts only once each recipe has its variant.
 
 Every recipe of the host's platform is a line of the record: refused ones with their lint or
-admission reason, not-tried ones with why (the pattern, the budget), a failed start with its
-diagnosis (skipped, never retried into the budget), a recipe edited during the choice as stale.
+admission reason, not-tried ones with why (the pattern, the budget spent before its turn), a failed
+start with its diagnosis (skipped, never retried into the budget), a recipe edited during the choice
+as stale.
+
+The budget decides at each candidate's turn, with the time actually spent (`over_budget`), never at
+plan time: the plan's ETA is a forecast (on a fresh host the defaults', 2,100 s an arm; the H200's
+first choice took 330 s against it, docs/gpu-h200.md), so a candidate the ETAs put past the budget is
+planned and says so. Records written before kept their plan-time `not-tried` "budget: ..." lines;
+they load as they are and stay not tried.
 """
 
 from __future__ import annotations
@@ -265,7 +272,10 @@ def plan(
     sweep: Mapping[str, Sequence[int]] | None = None,
 ) -> ChoiceRecord:
     """The plan of a choice: every entry a line, the baseline, the candidates in order with their
-    ETA; refused, unmatched and over-budget ones with why. ChoiceInputError for bad input.
+    ETA; refused and unmatched ones with why. Every admitted candidate is planned, even one the ETAs
+    put past the budget (its why says so): the ETA is a forecast (on a fresh host the defaults'
+    guess), and the runner decides at each turn with the time actually spent (`over_budget`).
+    The record's ETA is the sum over every planned line. ChoiceInputError for bad input.
     `variants`: the sweep's variants of the chosen recipes (each with `sweep_of`), surveyed like
     any recipe; their lines come first (module doc)."""
     chosen = matching(entries, pattern)
@@ -307,13 +317,9 @@ def plan(
                                   "with the largest memory margin", stage="sweep"))
                 continue
             cost = costs[v.recipe].total_s
-            if budget_s is not None and eta + cost > budget_s:
-                left = max(0.0, budget_s - eta)
-                lines.append(line(v, "not-tried", f"budget: expected {cost:.0f} s, "
-                                  f"{left:.0f} s of {budget_s:.0f} s left at its turn", cost, "sweep"))
-                continue
+            why = f"variant {rank + 1} of {r.recipe}'s sweep{may_not_fit(eta, cost, budget_s)}"
             eta += cost
-            lines.append(line(v, "planned", f"variant {rank + 1} of {r.recipe}'s sweep", cost, "sweep"))
+            lines.append(line(v, "planned", why, cost, "sweep"))
         for v in sorted((v for v in variants if v.sweep_of == r.recipe and not v.admitted),
                         key=lambda x: x.recipe):
             lines.append(line(v, "refused", v.reason or "refused", stage="sweep"))
@@ -321,12 +327,9 @@ def plan(
                       "the safest admitted recipe: eager, the largest memory margin"))
     for rank, e in enumerate(candidates, start=1):
         cost = costs[e.recipe].total_s
-        if budget_s is not None and eta + cost > budget_s:
-            lines.append(line(e, "not-tried", f"budget: expected {cost:.0f} s, "
-                              f"{max(0.0, budget_s - eta):.0f} s of {budget_s:.0f} s left at its turn", cost))
-            continue
+        why = f"candidate {rank} by the rule{may_not_fit(eta, cost, budget_s)}"
         eta += cost
-        lines.append(line(e, "planned", f"candidate {rank} by the rule", cost))
+        lines.append(line(e, "planned", why, cost))
     for e in sorted(entries, key=lambda x: x.recipe):
         if e.recipe in chosen_names and e.admitted:
             continue
@@ -422,8 +425,27 @@ def skipped(
     return out
 
 
+def may_not_fit(eta_before_s: float, cost_s: float, budget_s: float | None) -> str:
+    """The words a planned line gets when, by the ETAs, it would start too late to finish within the
+    budget ('' when it fits): a forecast only, `over_budget` decides at its turn."""
+    if budget_s is None or eta_before_s + cost_s <= budget_s:
+        return ""
+    left = max(0.0, budget_s - eta_before_s)
+    return (f"; by the ETA it may not fit: expected {cost_s:.0f} s, {left:.0f} s of {budget_s:.0f} s "
+            "left at its turn")
+
+
+def budget_note(eta_s: float, budget_s: float | None) -> str:
+    """What a plan says beside its ETA when that is over the budget ('' otherwise); one line."""
+    if budget_s is None or eta_s <= budget_s:
+        return ""
+    return ("a forecast over the budget: the budget is checked at each candidate's turn against the time "
+            "spent, so it may stop the choice before the last candidates")
+
+
 def over_budget(record: ChoiceRecord, elapsed_s: float, recipe: str, stage: Stage = "tournament") -> bool:
-    """Whether `recipe`'s expected cost no longer fits what is left of the budget."""
+    """Whether `recipe`, started now, would by its ETA end past the budget: the time actually spent
+    (`elapsed_s`) plus its expected cost. The one budget decision of a running choice."""
     if record.budget_s is None:
         return False
     return elapsed_s + (record.line(recipe, stage).eta_s or 0.0) > record.budget_s

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from appliance.evaluation.sweep import MAX_VARIANTS, SweepInputError, parse_sweep
+from appliance.evaluation.tournament import budget_note
 from controller.api_client import ApiError, Client, api_url
 from controller.cli.options import JsonOpt
 
@@ -68,6 +69,8 @@ def print_plan(record: dict[str, Any]) -> None:
     if any(x.get("eta_from_history") is False for x in record["lines"]):
         typer.echo("  * no launch or bench of that variant on this host yet: its ETA is the defaults' guess")
     budget = f" of a {_secs(record['budget_s'])} budget" if record.get("budget_s") else ""
+    note = budget_note(float(record["eta_s"]), record.get("budget_s"))
+    budget += f" ({note})" if note else ""
     typer.echo(f"expected duration: {_secs(record['eta_s'])}{budget}; serving now: "
                f"{record.get('serving_before') or 'nothing'} (returned to at the end"
                + (", unless the champion is promoted)" if record.get("promote") else ")"))

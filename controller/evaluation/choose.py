@@ -198,6 +198,8 @@ class Chooser:
         while (line := next_candidate(record)) is not None:
             elapsed = self.clock() - record.started_at
             stage = line.stage
+            # The one budget decision: the time actually spent, not the plan's forecast (a fresh
+            # host's default ETAs would have ruled out candidates an early fast gate leaves time for).
             if over_budget(record, elapsed, line.recipe, stage):
                 return stop_at_budget(record, elapsed, self.clock())
             now_hash = await self._seam.spec_hash(line.recipe)

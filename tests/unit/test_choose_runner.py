@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from appliance.evaluation.tournament import ArmCost, ChoiceInputError, ChoiceRecord, Entry
+from appliance.evaluation.tournament import (
+    DEFAULT_BENCH_S,
+    DEFAULT_READY_S,
+    ArmCost,
+    ChoiceInputError,
+    ChoiceRecord,
+    Entry,
+)
 from controller.evaluation.choice_store import ChoiceStore
 from controller.evaluation.choose import (
     ArmFailed,
@@ -21,6 +28,7 @@ from controller.evaluation.choose import (
     Progress,
 )
 from controller.metrics import ControllerMetrics
+from tests.unit.test_choose_tournament import OLD_BUDGET_WHY, old_record
 
 COST = ArmCost(cold_ready_s=100, warm_ready_s=20, bench_s=60, from_history=True)  # 260 s an arm
 ENTRIES = [
@@ -153,6 +161,61 @@ async def test_the_budget_stops_with_the_champion_so_far(tmp_path: Path) -> None
     assert (record.state, record.champion) == ("stopped-budget", "piecewise")
     assert record.line("graph").status == "not-tried" and record.line("graph").why.startswith("budget: 400 s")
     assert metrics.value("appliance_choice_runs_total", {"outcome": "stopped-budget"}) == 1
+
+
+# A fresh host: no launch history, so each arm's ETA is the defaults' 2,100 s; `--budget 40m`. By the
+# ETAs the second candidate would not fit (2,100 + 2,100 s > 2,400 s); the plan still has it planned.
+FRESH = ArmCost(cold_ready_s=DEFAULT_READY_S, warm_ready_s=DEFAULT_READY_S, bench_s=DEFAULT_BENCH_S,
+                from_history=False)
+
+
+def fresh_host(tmp_path: Path, gate_s: float) -> tuple[Chooser, FakeSeam, ChoiceRecord]:
+    clock = Clock()
+    seam = FakeSeam(clock, {"piecewise": "accept", "graph": "accept"}, step=gate_s)
+    chooser, _, _ = rig(tmp_path, seam, clock)
+    record = begin(chooser, costs={e.recipe: FRESH for e in ENTRIES}, budget_s=2400.0)
+    assert statuses(record)["graph"] == "planned" and "it may not fit" in record.line("graph").why
+    return chooser, seam, record
+
+
+async def test_a_first_gate_faster_than_its_eta_leaves_time_and_the_second_candidate_is_gated(
+    tmp_path: Path,
+) -> None:
+    chooser, seam, record = fresh_host(tmp_path, gate_s=173.0)  # the H200's graph gate
+    done = await chooser.run(record)
+    assert seam.gates == [("eager", "piecewise"), ("piecewise", "graph")]  # 173 + 2100 s ≤ 2400 s
+    assert (done.state, done.champion) == ("done", "graph")
+    assert statuses(done) == {"eager": "baseline", "piecewise": "won", "graph": "won", "huge": "refused"}
+
+
+async def test_a_first_gate_slower_than_that_leaves_the_second_not_tried_with_the_time_spent(
+    tmp_path: Path,
+) -> None:
+    chooser, seam, record = fresh_host(tmp_path, gate_s=400.0)
+    stopped = await chooser.run(record)
+    assert seam.gates == [("eager", "piecewise")]  # 400 + 2100 s > 2400 s
+    assert (stopped.state, stopped.champion) == ("stopped-budget", "piecewise")
+    assert stopped.line("graph").status == "not-tried"
+    assert stopped.line("graph").why == "budget: 400 s of 2400 s spent before its turn"
+
+
+async def test_an_old_running_record_resumes_and_its_plan_time_budget_line_stays_not_tried(
+    tmp_path: Path,
+) -> None:
+    record = old_record("running")
+    graph = record.line("cuda-smollm2-graph")
+    clock = Clock(record.started_at + 100.0)
+    seam = FakeSeam(clock, {graph.recipe: "accept"}, hashes={graph.recipe: graph.spec_hash},
+                    serving_now=record.baseline)
+    chooser, store, _ = rig(tmp_path, seam, clock)
+    assert store.claim(record) is None  # as the earlier version left it in the store
+    task = chooser.resume()
+    assert task is not None
+    done = await task
+    assert seam.gates == [(record.baseline, graph.recipe)]  # piecewise is not revived
+    assert (done.state, done.champion) == ("done", graph.recipe)
+    assert (done.line("cuda-smollm2-piecewise").status, done.line("cuda-smollm2-piecewise").why) == (
+        "not-tried", OLD_BUDGET_WHY)
 
 
 async def test_a_recipe_edited_during_the_choice_is_marked_stale_not_run(tmp_path: Path) -> None:

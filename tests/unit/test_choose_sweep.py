@@ -136,6 +136,32 @@ def test_the_plan_puts_each_recipes_sweep_before_the_tournament() -> None:
     assert record.sweep == GRID and record.eta_s == 3 * 260.0 and record.picked == {}
 
 
+def test_variants_past_the_budget_by_the_eta_are_planned_and_the_cli_plan_says_the_budget_may_stop_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from controller.cli.choose_cmd import print_plan
+
+    record = _plan(budget_s=400.0)  # 260 s a gate: only the first fits by the ETAs
+    assert [(x.stage, x.recipe, x.status) for x in record.lines if x.status == "planned"] == [
+        ("sweep", "eager.sweep.mns256", "planned"), ("sweep", "graph.sweep.mns256", "planned"),
+        ("tournament", "graph", "planned")]
+    assert record.line("eager.sweep.mns256", "sweep").why == "variant 2 of eager's sweep"
+    assert record.line("graph.sweep.mns256", "sweep").why == (
+        "variant 2 of graph's sweep; by the ETA it may not fit: expected 260 s, 140 s of 400 s "
+        "left at its turn")
+    assert record.line("graph", "tournament").why == (
+        "candidate 1 by the rule; by the ETA it may not fit: expected 260 s, 0 s of 400 s left at its turn")
+    assert record.eta_s == 3 * 260.0
+    print_plan(record.model_dump(mode="json"))
+    expected = [x for x in capsys.readouterr().out.splitlines() if x.startswith("expected duration:")]
+    assert expected == [
+        "expected duration: 13.0 min of a 6.7 min budget (a forecast over the budget: the budget is checked "
+        "at each candidate's turn against the time spent, so it may stop the choice before the last "
+        "candidates); serving now: eager (returned to at the end)"]
+    print_plan(_plan(budget_s=780.0).model_dump(mode="json"))  # the forecast fits: no such words
+    assert "a forecast over the budget" not in capsys.readouterr().out
+
+
 def test_a_sweep_win_moves_only_its_recipes_pick_and_the_tournament_line_names_the_pick() -> None:
     record = judged(_plan(), "eager.sweep.mns256", "accept", "cmp-1", ["faster"], 250.0, "sweep")
     x = record.line("eager.sweep.mns256", "sweep")

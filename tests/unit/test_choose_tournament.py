@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from appliance.evaluation.tournament import (
+    DEFAULT_BENCH_S,
+    DEFAULT_READY_S,
     ArmCost,
     ChoiceInputError,
     ChoiceRecord,
     Entry,
     arm_cost,
+    budget_note,
     choose_baseline,
     judged,
     margin_of,
     markdown,
+    next_candidate,
     order,
+    over_budget,
     parse_duration,
     plan,
     resumed,
@@ -23,6 +31,8 @@ from appliance.evaluation.tournament import (
 from appliance.recipe.admission import Admission, Check
 
 COST = ArmCost(cold_ready_s=100, warm_ready_s=20, bench_s=60, from_history=True)  # total 260 s
+H200_CHOICE = (Path(__file__).resolve().parents[1] / "fixtures" / "evaluation" / "h200-choose-2026-12-02"
+               / "choice.json")
 
 
 def e(name: str, mode: str, margin: float | None, admitted: bool = True, reason: str | None = None) -> Entry:
@@ -114,13 +124,52 @@ def test_the_plan_lists_every_recipe_with_why() -> None:
     assert (record.baseline, record.champion, record.eta_s) == ("x-eager-big", "x-eager-big", 520.0)
 
 
-def test_the_budget_cuts_the_plan_and_a_budget_under_one_arm_is_bad_input() -> None:
+def test_the_budget_never_cuts_the_plan_but_a_budget_under_one_arm_is_bad_input() -> None:
+    # Past the budget by the ETAs (260 + 260 + 260 s of 600 s): still planned, the turn decides.
     record = _plan(budget_s=600.0)
     assert [x.status for x in record.lines] == [
-        "baseline", "planned", "planned", "not-tried", "refused"]
-    assert record.line("x-graph-small").why == "budget: expected 260 s, 80 s of 600 s left at its turn"
+        "baseline", "planned", "planned", "planned", "refused"]
+    assert record.line("x-graph-big").why == "candidate 2 by the rule"
+    assert record.line("x-graph-small").why == (
+        "candidate 3 by the rule; by the ETA it may not fit: expected 260 s, 80 s of 600 s left at its turn")
+    assert record.eta_s == 780.0  # every planned line counted: the forecast is over the budget
     with pytest.raises(ChoiceInputError, match=r"too small for one arm: x-eager-small .* take 260 s"):
         _plan(budget_s=100.0)
+
+
+# A fresh host (no launch history: the defaults, 2,100 s an arm) and `--budget 40m`, as measured on
+# the H200 on 2026-12-02, where the graph gate took 173 s.
+FRESH = ArmCost(cold_ready_s=DEFAULT_READY_S, warm_ready_s=DEFAULT_READY_S, bench_s=DEFAULT_BENCH_S,
+                from_history=False)
+H200 = [e("cuda-smollm2-eager", "eager", 121.4), e("cuda-smollm2-graph", "graph", 121.4),
+        e("cuda-smollm2-piecewise", "graph", 121.4)]
+
+
+def test_a_second_candidate_past_the_budget_by_the_eta_is_planned_with_the_may_not_fit_words() -> None:
+    record = plan(choice_id="c", platform="cuda", entries=H200, pattern="cuda-smollm2-*", baseline=None,
+                  costs={x.recipe: FRESH for x in H200}, budget_s=2400.0, started_at=0.0)
+    assert [(x.recipe, x.status, x.eta_s) for x in record.lines] == [
+        ("cuda-smollm2-eager", "baseline", None),
+        ("cuda-smollm2-graph", "planned", 2100.0),
+        ("cuda-smollm2-piecewise", "planned", 2100.0),
+    ]
+    assert record.line("cuda-smollm2-graph").why == "candidate 1 by the rule"
+    assert record.line("cuda-smollm2-piecewise").why == (
+        "candidate 2 by the rule; by the ETA it may not fit: expected 2100 s, 300 s of 2400 s "
+        "left at its turn")
+    assert record.eta_s == 4200.0
+    assert budget_note(record.eta_s, record.budget_s).startswith("a forecast over the budget")
+    assert budget_note(2400.0, 2400.0) == "" and budget_note(4200.0, None) == ""
+
+
+def test_over_budget_is_the_time_spent_plus_the_candidates_eta_against_the_budget() -> None:
+    record = plan(choice_id="c", platform="cuda", entries=H200, pattern="cuda-smollm2-*", baseline=None,
+                  costs={x.recipe: FRESH for x in H200}, budget_s=2400.0, started_at=0.0)
+    piecewise = "cuda-smollm2-piecewise"
+    assert not over_budget(record, 173.0, piecewise)  # the graph gate as measured: piecewise is gated
+    assert not over_budget(record, 300.0, piecewise)  # ending exactly at the budget fits
+    assert over_budget(record, 300.5, piecewise)
+    assert not over_budget(record.model_copy(update={"budget_s": None}), 1e9, piecewise)
 
 
 def test_a_pattern_matching_nothing_is_bad_input_naming_what_there_is() -> None:
@@ -149,6 +198,38 @@ def test_budget_stop_and_resume() -> None:
     again = resumed(cut)
     assert again.line("x-eager-small").status == "planned"
     assert "controller restart" in again.line("x-eager-small").why
+
+
+OLD_BUDGET_WHY = "budget: expected 2100 s, 300 s of 2400 s left at its turn"
+
+
+def old_record(state: str = "done") -> ChoiceRecord:
+    """A record as earlier versions stored it: the H200 fixture's choice with piecewise cut at plan
+    time by the budget, in the words and figures the 2026-12-02 `--budget 40m` run wrote; `running`:
+    caught mid-gate of graph by a controller restart."""
+    data = json.loads(H200_CHOICE.read_text())
+    for x in data["lines"]:
+        if x["recipe"] == "cuda-smollm2-piecewise":
+            x.update(status="not-tried", why=OLD_BUDGET_WHY, eta_s=2100.0, eta_from_history=False)
+        if x["recipe"] == "cuda-smollm2-graph" and state == "running":
+            x.update(status="running", verdict=None, comparison_id=None, took_s=None, against=None)
+    if state == "running":
+        data.update(state="running", ended_at=None, ended_why=None, restored=None,
+                    champion=data["baseline"], champion_verdict=None)
+    return ChoiceRecord.model_validate(data)
+
+
+def test_an_old_record_with_plan_time_budget_lines_loads_and_they_stay_not_tried() -> None:
+    done = old_record()
+    piecewise = done.line("cuda-smollm2-piecewise")
+    assert (piecewise.status, piecewise.why) == ("not-tried", OLD_BUDGET_WHY)
+    assert f"| not-tried | - | - | - | 35.0 min | - | {OLD_BUDGET_WHY} |" in markdown(done)
+    # Caught mid-gate and resumed: the cut gate runs again, the old budget line is not revived.
+    again = resumed(old_record("running"))
+    assert again.line("cuda-smollm2-graph").status == "planned"
+    assert again.line("cuda-smollm2-piecewise").status == "not-tried"
+    assert next_candidate(again) == again.line("cuda-smollm2-graph")
+    assert next_candidate(judged(again, "cuda-smollm2-graph", "accept", "cmp-x", [], 173.0)) is None
 
 
 def test_markdown_has_a_row_per_recipe_and_names_fast_mode() -> None:

@@ -142,6 +142,22 @@ async def test_start_a_choice_shows_the_plan_and_its_eta_then_starts_it_with_the
     assert page.status_code == 200 and 'id="sweep-grid"' in page.text and "FAST MODE" in page.text
 
 
+async def test_a_plan_whose_eta_is_over_the_budget_says_the_budget_may_stop_it(
+    client: httpx.AsyncClient, rig: Rig
+) -> None:
+    await login(client)
+    # No launch history: 2,100 s an arm; with the sweep three gates are planned, 6,300 s in all.
+    query = {"plan": "1", "recipes": "cpu-smollm2,cpu-smollm2-eager", "platform": "cpu",
+             "sweep": "max_num_seqs=4,8", "budget": "40m"}
+    over = await client.get("/console/choices/new", params=query)
+    assert over.status_code == 200, over.text
+    note = re.search(r'<span id="budget-note">(.*?)</span>', over.text)
+    assert note and note.group(1).startswith("a forecast over the budget: the budget is checked at each")
+    assert over.text.count("status-planned") == 3 and "it may not fit" in over.text  # none cut
+    within = await client.get("/console/choices/new", params={**query, "budget": "2h"})
+    assert within.status_code == 200 and 'id="budget-note"' not in within.text
+
+
 def test_the_plan_says_where_its_eta_comes_from() -> None:
     from appliance.evaluation.tournament import ArmCost, Entry, plan
     from controller.console.choice_views import eta_source

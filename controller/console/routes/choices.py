@@ -13,7 +13,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 
 from appliance.evaluation.sweep import parse_sweep
-from appliance.evaluation.tournament import ChoiceInputError
+from appliance.evaluation.tournament import ChoiceInputError, budget_note
 from controller.console.choice_views import eta_source, plan_rows
 from controller.console.routes.pages import UNREADABLE, Pages, secure
 from controller.evaluation.choices import BesideRefused, ChoiceBody, PromoteRefused
@@ -69,6 +69,7 @@ def register(router: APIRouter, pages: Pages) -> None:
         return page(request, "choice_new.html", session, form=form, plan=planned, error=error,
                     rows=plan_rows(planned) if planned else [], running=choices.running(),
                     eta_source=eta_source(planned) if planned else "",
+                    budget_note=budget_note(planned.eta_s, planned.budget_s) if planned else "",
                     code=status.HTTP_422_UNPROCESSABLE_CONTENT if error else 200)
 
     @router.post("/choices")
