@@ -208,6 +208,9 @@ def build(cfg: ServiceConfig, runtimes: dict[str, Runtime] | None = None) -> Ser
     engines = EngineSet(driver, alongside, plan=preflight.plan, remove_slot=remove_slot,
                         gpu_memory=lambda: gpu_memory.view(replaces_running=False))
     watch.engine = engine_view(driver)
+    # OOM attribution and the launch records' memory marks follow every engine; the GPU watches below
+    # stay the primary's (engine_set.py, "Named gaps").
+    watch.beside = lambda: [engine_view(d) for d in engines.alongside.values()]
     gpu_health.view = LaunchView(launch=watch.engine.launch, pids=watch.pids_of, note=driver.note)
     preflight.note = driver.note
     preflight.gpu_memory = gpu_memory

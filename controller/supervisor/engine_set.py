@@ -20,10 +20,13 @@ and the engine-serving dashboard has a Models row.
 Whether a recipe may start beside the running engines is alongside_admission.py's judgement.
 
 Named gaps (what follows the primary engine only, for now):
-- the host watches (MemAvailable/swap/PSI/kmsg OOM, GPU memory and health, the load sampler) watch and
-  attribute to the primary's launch; an engine beside it is not sampled for its per-launch peaks, so
-  the launch watermarks (`appliance_launch_*` minimum and peaks) and the engine process memory series
-  are the primary's alone, and a MemAvailable, PSI or OOM peak is put on the primary's launch record;
+- the GPU watches (GPU memory and health) and the load sampler watch the primary's launch alone. The
+  host memory watch follows every engine (host_memory_watch.py `beside`, beside_watch.py): a kernel OOM
+  kill is attributed among all their launches (container id, cgroup, pids read before the kill), so an
+  engine's own exit diagnosis names the OOM killer, and each launch record gets the host's MemAvailable
+  low-water mark and swap peak over its own run and its processes' RssAnon peaks (TP ranks' host RAM);
+  but the Prometheus launch watermarks (`appliance_launch_*` minimum and peaks) and the engine process
+  memory series stay the primary's (the watch records into the primary's registry);
 - a restart of an engine beside the primary drains, stops and starts (no blue/green beside itself);
   so do the primary's apply and restart while a CPU engine, or one not ready yet, runs beside it (its
   CPU fit compares cores with its own serving engine only); beside ready GPU engines it may go

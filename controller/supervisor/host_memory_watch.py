@@ -8,6 +8,11 @@
 - Every kernel OOM kill from `/dev/kmsg` → Prometheus, attributed to a launch (container id,
   cgroup, or the pids sampled before the kill: the victim is dead when the record arrives) → the
   launch record, and kept for the driver's exit diagnosis (a global OOM is not a cgroup OOM).
+
+The primary engine is `engine`; the engines started beside it (engine_set.py) are `beside`: each of
+their launches gets the same low-water / high-water marks in its record and the same OOM attribution
+(beside_watch.py keeps their runs). The Prometheus watermark gauges (`appliance_launch_*`) stay the
+primary's: this registry is the primary's, and each engine beside it records into its own.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from appliance.observe.rank_logs import anon_by_pid
 from controller.metrics import ControllerMetrics
 from controller.runtime.base import ContainerScoped, EngineHandle, EngineRuntimeError, Runtime
 from controller.store import Store
+from controller.supervisor.beside_watch import BesideEngine, BesideRun, BesideWatch
 from controller.supervisor.machine import Launch, State
 from controller.watch.history import HOST_HISTORY
 from controller.watch.kmsg_follower import DevKmsg, KmsgFollower
@@ -60,6 +66,10 @@ class HostWatchLink:
         self.record_every_s = record_every_s
         self.clock = clock
         self.engine: EngineView | None = None  # set once the driver exists (it takes our oom_events)
+        # The engines started beside the primary, as of now (controller/service.py wires the engine set).
+        self.beside: Callable[[], list[EngineView]] = lambda: []
+        self._beside = BesideWatch()
+        self._beside_last_record = 0.0
         self._marks: Watermarks | None = None
         self._last_record = 0.0
         self._targets: dict[str, tuple[LaunchTarget, float]] = {}  # launch id → (target, last seen)
@@ -88,9 +98,11 @@ class HostWatchLink:
         launch_id, recipe, handle, container, _ = watched
         return launch_id, recipe, self._engine_pids(handle), container
 
-    def _watched(self) -> tuple[str, str, EngineHandle, str | None, bool] | None:
-        """(launch id, recipe, handle, container id, still starting) — without scanning processes."""
-        engine = self.engine
+    def _watched(self, view: EngineView | None = None
+                 ) -> tuple[str, str, EngineHandle, str | None, bool] | None:
+        """(launch id, recipe, handle, container id, still starting) of the primary's launch, or of
+        `view`'s — without scanning processes."""
+        engine = view if view is not None else self.engine
         launch = engine.launch() if engine else None
         if engine is None or launch is None or launch.handle is None:
             return None
@@ -100,8 +112,8 @@ class HostWatchLink:
         starting = engine.state() is not State.READY
         return launch.launch_id, launch.spec.recipe, handle, container, starting
 
-    def _engine_pids(self, handle: EngineHandle) -> list[int]:
-        engine = self.engine
+    def _engine_pids(self, handle: EngineHandle, view: EngineView | None = None) -> list[int]:
+        engine = view if view is not None else self.engine
         runtime = engine.runtime(handle.runtime) if engine else None
         try:
             return runtime.engine_pids(handle) if runtime else []
@@ -133,6 +145,43 @@ class HostWatchLink:
             sample = await asyncio.to_thread(self.sampler.sample, roots, launch=launch_id,
                                              starting=starting)
             self.on_sample(sample, (launch_id, recipe, [p.pid for p in sample.processes], container))
+        beside = self._beside_engines()
+        if beside or self._beside.runs:
+            fresh = await asyncio.to_thread(self._beside.read, sample, beside, self.sampler.reader,
+                                            self.sampler.schedule.policy)
+            self.on_beside(self._beside.observe(sample, beside, fresh))
+
+    def _beside_engines(self) -> list[BesideEngine]:
+        """The launches of the engines beside the primary that have a handle (without scanning)."""
+        engines = []
+        for view in self.beside():
+            watched = self._watched(view)
+            launch = view.launch()
+            if watched is None or launch is None:
+                continue
+            launch_id, recipe, handle, container, starting = watched
+            engines.append(BesideEngine(launch_id, recipe, container, starting, launch.phase,
+                                        functools.partial(self._engine_pids, handle, view)))
+        return engines
+
+    def on_beside(self, ended: list[BesideRun]) -> None:
+        """After BesideWatch.observe (`ended`: the runs that just left): their pids for OOM
+        attribution, their marks into the records (every record_every_s, and once more as a launch
+        leaves, so its low-water mark since the last write is not lost)."""
+        now = self.clock()
+        for run in self._beside.runs.values():
+            self._targets[run.engine.launch_id] = (self._target(run.engine.launch_id, run.engine.recipe,
+                                                                run.engine.container, run.pids), now)
+        due = now - self._beside_last_record >= self.record_every_s
+        for run in [*ended, *(self._beside.runs.values() if due else ())]:
+            self._record(run.marks)
+        if due:
+            self._beside_last_record = now
+
+    @staticmethod
+    def _target(launch_id: str, recipe: str, container: str | None, pids: frozenset[int]) -> LaunchTarget:
+        return LaunchTarget(launch_id=launch_id, recipe=recipe, container_id=container,
+                            cgroup_paths=(f"/docker/{container}",) if container else (), pids=pids)
 
     def on_sample(self, sample: HostSample, current: tuple[str, str, list[int], str | None] | None) -> None:
         self.metrics.observe_host(sample)
@@ -150,17 +199,17 @@ class HostWatchLink:
         self._marks.update(sample, phase)
         self.metrics.observe_watermarks(recipe, self._marks)
         self._targets[launch_id] = (
-            LaunchTarget(launch_id=launch_id, recipe=recipe, container_id=container,
-                         cgroup_paths=(f"/docker/{container}",) if container else (),
-                         pids=frozenset(self._marks.pids_seen | set(pids))),
+            self._target(launch_id, recipe, container, frozenset(self._marks.pids_seen | set(pids))),
             self.clock(),
         )
         if self.clock() - self._last_record >= self.record_every_s:
             self._flush()
 
     def process_peaks(self, launch_id: str) -> dict[int, int]:
-        """Peak RssAnon per engine pid of the launch being watched (empty for any other launch)."""
-        marks = self._marks
+        """Peak RssAnon per engine pid of a launch being watched, the primary's or one beside it
+        (empty for any other launch)."""
+        beside = self._beside.runs.get(launch_id)
+        marks = beside.marks if beside is not None else self._marks
         if marks is None or marks.launch_id != launch_id:
             return {}
         return anon_by_pid(marks.process_anon_peak_bytes)
@@ -170,7 +219,12 @@ class HostWatchLink:
         if marks is None or marks.samples == 0:
             return
         self._last_record = self.clock()
-        self.store.record_memory(marks.launch_id, marks.mem_available_min_bytes, marks.swap_used_peak_bytes)
+        self._record(marks)
+
+    def _record(self, marks: Watermarks) -> None:
+        if marks.samples:
+            self.store.record_memory(marks.launch_id, marks.mem_available_min_bytes,
+                                     marks.swap_used_peak_bytes)
 
     # -- kernel OOM kills
 

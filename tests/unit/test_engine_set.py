@@ -338,6 +338,9 @@ def test_service_build_gives_each_engine_beside_the_primary_its_own_slot_metrics
     assert isinstance(beside.preflight, Preflight)
     assert isinstance(beside.preflight.gpu_memory, NothingReplaced)
     assert beside.host.beside is None  # its restart drains and starts: no blue/green beside itself
+    # The host watch attributes OOM kills and marks launch records for it too; `engine` stays the primary.
+    assert [view.note for view in svc.watch.beside()] == [beside.note]
+    assert svc.watch.engine is not None and svc.watch.engine.note == svc.driver.note
 
 
 async def test_the_set_runs_each_engine_loop_and_stops_them_with_the_controller(
