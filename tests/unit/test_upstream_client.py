@@ -681,6 +681,71 @@ async def test_a_slow_reader_pauses_the_upstream_and_loses_nothing() -> None:
 
 
 @both_loops
+async def test_reading_pauses_again_after_every_resume() -> None:
+    """Each read that drains the buffer resumes the upstream; the next time the buffer passes the
+    high-water mark it must pause again, or a slow client's answer is buffered whole (a mutant that
+    left ``_paused`` set at the resume never paused a second time: 10 MiB buffered)."""
+    size = 12 << 20
+    payload = bytes(range(256)) * (size // 256)
+
+    async def big(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        writer.write(payload)
+        await writer.drain()
+        await read_request(state, reader)
+
+    async def settled(resp: UpstreamConnection) -> int:
+        """The buffered size once it stops growing (paused, or everything arrived)."""
+        last = -1
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if resp._buffered == last:
+                break
+            last = resp._buffered
+        return resp._buffered
+
+    async with serve(big) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        got = bytearray()
+        for _ in range(3):  # pause → read (resume) → pause again, three times
+            assert await settled(resp) < 4 << 20
+            assert resp._paused
+            got += await resp.read()
+        got += await resp.read_all()
+        assert bytes(got) == payload
+        resp.release()
+        await p.close()
+
+
+@both_loops
+async def test_a_read_returns_every_chunk_buffered_since_the_last() -> None:
+    """Two body chunks arrive before the client reads: one read returns both, in order."""
+    async def two_parts(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"world")
+        await writer.drain()
+        await read_request(state, reader)
+
+    async with serve(two_parts) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        for _ in range(300):
+            if resp._complete:
+                break
+            await asyncio.sleep(0.01)
+        assert resp._complete and len(resp._chunks) == 2  # both parts buffered, nothing read yet
+        assert await resp.read() == b"helloworld"
+        assert await resp.read() == b""
+        resp.release()
+        await p.close()
+
+
+@both_loops
 async def test_the_limit_makes_requests_wait_for_a_connection() -> None:
     async with serve(keep_answering) as srv:
         p = pool(limit=1)
