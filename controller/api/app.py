@@ -142,6 +142,9 @@ class Accepted(BaseModel):
     switch: dict[str, Any] | None = None
     # The engine it is about, by its served model name (None: the primary engine).
     model: str | None = None
+    # An engine started beside the others: why it fits beside them, with the numbers (host RAM, cores,
+    # cards: controller/supervisor/alongside_admission.py).
+    admitted: str | None = None
 
 
 class RecipeSummary(BaseModel):
@@ -306,7 +309,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     async def _apply_alongside(body: ApplyBody) -> Accepted:
         try:
-            model, why = await asyncio.to_thread(engines.judge, body.recipe)
+            model, why, fits = await asyncio.to_thread(engines.judge, body.recipe)
         except (UnknownRecipe, RecipeError, RenderError, HostFactsError, OSError) as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, f"{body.recipe}: {exc}") from exc
         if why is not None:
@@ -315,12 +318,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
             beside = engines.add(model)
         except AlongsideRefused as exc:  # taken meanwhile by another request
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+        beside.admitted_why = fits  # on its launch's `alongside` event
         # Judged against the engines running now; the driver's own preflight (lint, admission) follows.
         # `force`: a new driver has nothing running to leave unchanged; no blue/green beside itself.
         beside.submit(Apply(body.recipe, body.fresh_cache, force=True, blue_green=False))
         apply_id = beside.view.machine.apply.token if beside.view.machine.apply is not None else None
         return Accepted(state=beside.view.state.value, recipe=beside.view.recipe, apply_id=apply_id,
-                        model=model)
+                        model=model, admitted=fits)
 
     def engine_for(model: str | None) -> Driver:
         """The driver serving `model` (None: the primary); 404 naming the known models."""

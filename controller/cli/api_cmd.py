@@ -197,6 +197,8 @@ def apply(
         else:
             typer.echo(f"accepted: {recipe} beside the running engines, as model '{model}' "
                        f"(state {answer['state']})")
+            if answer.get("admitted"):
+                typer.echo(f"fits:     {answer['admitted']}")
         if follow:
             follow_engine(client, model, err=as_json)
         return

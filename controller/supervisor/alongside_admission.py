@@ -65,43 +65,64 @@ def refusal(new: Recipe, facts: HostFacts, spec: LaunchSpec, engines: Sequence[E
             is_free: Callable[[str, int], bool] = port_is_free, cpus: int = 1,
             gpu: GpuMemoryView | None = None, cold: bool | None = None) -> str | None:
     """Why `new` (rendered as `spec`) may not start beside `engines`; None: it may."""
-    for e in engines:
-        if e.state in STARTING_STATES:
-            return (f"{e.who()} is {e.state.value}: what it holds at its peak is not in MemAvailable yet, "
-                    "so a start beside it cannot be judged; wait until it is ready")
-    for e in engines:
-        if e.recipe == new.name and e.state is not State.IDLE:
-            return (f"recipe {new.name!r} is what {e.who()} runs already; restart it "
-                    f"(`appliance restart --model {e.model}`) or apply another recipe beside it")
-    if taken := _names_taken(spec, engines):
-        e, name = taken[0]
-        return (f"model name {name!r} is served by {e.who()}: the gateway routes a name to one "
-                f"engine; {_stop_it(e)}, or give the recipe another model.served_name")
-    if on_port := _port_taken(spec, engines):
-        e = on_port[0]
-        return f"port {spec.port} is {e.who()}'s; {_stop_it(e)}, or give the recipe another engine port"
-    running = [e for e in engines if e.spec is not None]
-    if not is_free(spec.host, spec.port):
-        return (f"port {spec.port} is in use on this host (not by an engine of this appliance): free it, "
-                "or give the recipe another engine port")
-    start_cold = cache_is_empty_safe(spec) if cold is None else cold
-    ram_ok, ram_why, _ = host_fit(new, facts, start_cold)
-    if not ram_ok and running:
-        names = ", ".join(e.who() for e in running)
-        return (f"host RAM: {ram_why} (what the running engines hold is already out of MemAvailable: "
-                f"{names}); stop one first: `appliance stop --model {running[0].model}`")
-    if not ram_ok:
-        return f"host RAM: {ram_why}"
-    util = utilization(new)
-    for e in running:
-        assert e.spec is not None
-        cpu_ok, cpu_why, _ = cpu_fit(spec, e.spec, cpus)
-        if not cpu_ok:
-            return f"CPU cores beside {e.who()}: {cpu_why}; {_stop_it(e)}, or bind the recipe to other cores"
-        gpu_ok, gpu_why, _ = gpu_fit(spec, e.spec, gpu, util)
-        if not gpu_ok:
-            return f"GPU beside {e.who()}: {gpu_why}; {_stop_it(e)}, or give the recipe other cards"
-    return None
+    return judgement(new, facts, spec, engines, is_free=is_free, cpus=cpus, gpu=gpu, cold=cold)[0]
+
+
+def judgement(new: Recipe, facts: HostFacts, spec: LaunchSpec, engines: Sequence[Engine], *,
+              is_free: Callable[[str, int], bool] = port_is_free, cpus: int = 1,
+              gpu: GpuMemoryView | None = None, cold: bool | None = None) -> tuple[str | None, str]:
+    """(why `new` may not start beside `engines` — None: it may —, why it fits, with the numbers: the
+    host RAM sentence and each running engine's CPU and GPU sentences, as `apply --alongside` and the
+    launch record show them; empty when refused before the numbers were read)."""
+    fits: list[str] = []
+
+    def why_not() -> str | None:
+        for e in engines:
+            if e.state in STARTING_STATES:
+                return (f"{e.who()} is {e.state.value}: what it holds at its peak is not in MemAvailable "
+                        "yet, so a start beside it cannot be judged; wait until it is ready")
+        for e in engines:
+            if e.recipe == new.name and e.state is not State.IDLE:
+                return (f"recipe {new.name!r} is what {e.who()} runs already; restart it "
+                        f"(`appliance restart --model {e.model}`) or apply another recipe beside it")
+        if taken := _names_taken(spec, engines):
+            e, name = taken[0]
+            return (f"model name {name!r} is served by {e.who()}: the gateway routes a name to one "
+                    f"engine; {_stop_it(e)}, or give the recipe another model.served_name")
+        if on_port := _port_taken(spec, engines):
+            e = on_port[0]
+            return f"port {spec.port} is {e.who()}'s; {_stop_it(e)}, or give the recipe another engine port"
+        running = [e for e in engines if e.spec is not None]
+        if not is_free(spec.host, spec.port):
+            return (f"port {spec.port} is in use on this host (not by an engine of this appliance): free it, "
+                    "or give the recipe another engine port")
+        start_cold = cache_is_empty_safe(spec) if cold is None else cold
+        ram_ok, ram_why, _ = host_fit(new, facts, start_cold)
+        if not ram_ok and running:
+            names = ", ".join(e.who() for e in running)
+            return (f"host RAM: {ram_why} (what the running engines hold is already out of MemAvailable: "
+                    f"{names}); stop one first: `appliance stop --model {running[0].model}`")
+        if not ram_ok:
+            return f"host RAM: {ram_why}"
+        fits.append(f"host RAM: {ram_why}")
+        util = utilization(new)
+        for e in running:
+            assert e.spec is not None
+            cpu_ok, cpu_why, _ = cpu_fit(spec, e.spec, cpus)
+            if not cpu_ok:
+                return (f"CPU cores beside {e.who()}: {cpu_why}; {_stop_it(e)}, "
+                        "or bind the recipe to other cores")
+            if cpu_why:
+                fits.append(f"CPU cores beside {e.who()}: {cpu_why}")
+            gpu_ok, gpu_why, _ = gpu_fit(spec, e.spec, gpu, util)
+            if not gpu_ok:
+                return f"GPU beside {e.who()}: {gpu_why}; {_stop_it(e)}, or give the recipe other cards"
+            if gpu_why:
+                fits.append(f"GPU beside {e.who()}: {gpu_why}")
+        return None
+
+    refused = why_not()
+    return refused, "" if refused is not None else "; ".join(fits)
 
 
 def cache_is_empty_safe(spec: LaunchSpec) -> bool:

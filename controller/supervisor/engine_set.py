@@ -42,7 +42,7 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from appliance.host_facts import HostFacts
 from appliance.recipe.gpu_kv_admission import GpuMemoryView
@@ -50,7 +50,7 @@ from appliance.recipe.launch_spec import LaunchSpec
 from appliance.recipe.recipe_model import Recipe
 from controller.runtime.ports import port_is_free
 from controller.supervisor import adoption
-from controller.supervisor.alongside_admission import Engine, primary_refusal, refusal
+from controller.supervisor.alongside_admission import Engine, judgement, primary_refusal
 from controller.supervisor.driver import Driver
 from controller.supervisor.machine import State
 from controller.supervisor.status_view import ready_s
@@ -74,6 +74,14 @@ def slot_name(model: str) -> str:
         return model
     readable = re.sub(r"[^A-Za-z0-9._-]", "-", model).lstrip("._-")[:48] or "model"
     return f"{readable}-{hashlib.sha256(model.encode()).hexdigest()[:10]}"
+
+
+class Judged(NamedTuple):
+    """What `EngineSet.judge` says of a recipe to start beside the running engines."""
+
+    model: str  # the served model name it would start under ("" when refused before it was read)
+    refused: str | None  # why it may not start; None: it may
+    fits: str | None = None  # when it may: why it fits, with the numbers (RAM, cores, cards)
 
 
 class AlongsideRefused(Exception):
@@ -135,25 +143,25 @@ class EngineSet:
     # ------------------------------------------------------------------------------------------
     # Starting one beside the others
 
-    def judge(self, recipe: str) -> tuple[str, str | None]:
-        """Blocking: the served model name `recipe` would start under, and why it may not start beside
-        the running engines (None: it may). Raises what preflight.plan raises for a recipe that does
-        not load or render."""
+    def judge(self, recipe: str) -> Judged:
+        """Blocking: the served model name `recipe` would start under, why it may not start beside the
+        running engines (None: it may) and, when it may, why it fits (the numbers). Raises what
+        preflight.plan raises for a recipe that does not load or render."""
         if self._plan is None or self._factory is None:
-            return "", "this controller runs one engine: it has no way to start one beside it"
+            return Judged("", "this controller runs one engine: it has no way to start one beside it")
         primary = self.primary.view
         if primary.launch is None and primary.state in (State.IDLE, State.FAILED):
             # Nothing to start beside; and the gateway's default slot keeps claiming the name the
             # primary last served (controller/gateway/engines.py), which a slot of the same name
             # would be refused.
-            return "", (f"the primary engine runs nothing (state {primary.state.value}): apply {recipe} "
-                        "without --alongside, as the primary engine")
+            return Judged("", f"the primary engine runs nothing (state {primary.state.value}): apply "
+                          f"{recipe} without --alongside, as the primary engine")
         new, facts, spec = self._plan(recipe)
         engines = [self._beside(name, d) for name, d in self.engines()
                    if d.view.state is not State.IDLE or d.view.launch]
         gpu = self._gpu_memory() if self._gpu_memory is not None else None
-        why = refusal(new, facts, spec, engines, is_free=self._is_free, cpus=self._cpus, gpu=gpu)
-        return spec.served_model_name, why
+        why, fits = judgement(new, facts, spec, engines, is_free=self._is_free, cpus=self._cpus, gpu=gpu)
+        return Judged(spec.served_model_name, why, fits or None)
 
     def _beside(self, name: str | None, d: Driver) -> Engine:
         return Engine(self.model_of(name, d) or "default", d.view.state, d.view.recipe,

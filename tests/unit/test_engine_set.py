@@ -23,7 +23,7 @@ from controller.api_context import ApiContext
 from controller.gateway.control import ControlGateway
 from controller.runtime.base import Provenance
 from controller.service import ServiceConfig, build
-from controller.supervisor.engine_set import EngineSet, slot_name
+from controller.supervisor.engine_set import EngineSet, Judged, slot_name
 from controller.supervisor.gpu_memory_check import NothingReplaced
 from controller.supervisor.machine import State
 from controller.supervisor.preflight import Preflight
@@ -69,20 +69,26 @@ async def primary_ready(rig: SetRig, client: httpx.AsyncClient) -> None:
 
 
 async def beside_ready(rig: SetRig, client: httpx.AsyncClient, recipe: str = "cpu-beside",
-                       model: str = "smollm2-b") -> None:
+                       model: str = "smollm2-b") -> dict[str, Any]:
     r = await client.post("/apply", json={"recipe": recipe, "alongside": True}, headers=AUTH)
     assert r.status_code == 202, r.text
     assert r.json()["model"] == model and r.json()["recipe"] == recipe
     await until(rig, lambda: model in rig.engines.alongside
                 and rig.engines.alongside[model].view.state is State.READY)
+    answer: dict[str, Any] = r.json()
+    return answer
 
 
 async def test_an_engine_applied_alongside_runs_beside_the_primary_with_its_own_gateway_slot(
     rig: SetRig, client: httpx.AsyncClient,
 ) -> None:
     await primary_ready(rig, client)
-    await beside_ready(rig, client)
+    accepted = await beside_ready(rig, client)
     primary, beside = rig.primary.view.launch, rig.engines.alongside["smollm2-b"].view.launch
+    # Why it fits beside the primary, with the numbers: the answer says it, the launch record keeps it.
+    admitted = accepted["admitted"]
+    assert admitted.startswith("host RAM: ")
+    assert "CPU cores beside engine 'smollm2' (recipe cpu-smollm2)" in admitted
     assert primary is not None and beside is not None and primary.launch_id != beside.launch_id
     # The primary still serves its launch, told to the default slot once; the new engine has its own
     # slot (its link), pointed at its own port under its own model name.
@@ -95,7 +101,8 @@ async def test_an_engine_applied_alongside_runs_beside_the_primary_with_its_own_
     launches = (await client.get("/launches")).json()
     assert {row["recipe"] for row in launches} == {"cpu-smollm2", "cpu-beside"}
     record = (await client.get(f"/launches/{beside.launch_id}")).json()
-    assert [e["data"] for e in record["events"] if e["kind"] == "alongside"] == [{"engine": "smollm2-b"}]
+    assert [e["data"] for e in record["events"] if e["kind"] == "alongside"] == [
+        {"engine": "smollm2-b", "admitted": admitted}]
     status = (await client.get("/status")).json()
     assert status["state"] == "ready" and status["recipe"] == "cpu-smollm2"  # the shape it always had
     assert [(e["model"], e["recipe"], e["state"], e["port"], e["primary"]) for e in status["engines"]] == [
@@ -151,7 +158,7 @@ async def test_two_starts_beside_at_once_are_judged_one_after_the_other(
     judge = rig.engines.judge
     begun: list[threading.Event] = [threading.Event(), threading.Event()]
 
-    def slow_judge(recipe: str) -> tuple[str, str | None]:
+    def slow_judge(recipe: str) -> Judged:
         mine = 0 if recipe == "cpu-beside" else 1
         begun[mine].set()
         begun[1 - mine].wait(timeout=2.0)

@@ -21,6 +21,10 @@ ENGINES = [
 ]
 
 
+# Why an engine fits beside the others, as the controller answers it (alongside_admission.judgement).
+FITS = ("host RAM: MemAvailable now 9.00 GiB − predicted need 2.10 GiB = 6.90 GiB, ≥ the target 1.00 GiB; "
+        "CPU cores beside engine 'smollm2' (recipe cpu-smollm2): cores 1 vs 0: disjoint")
+
 class Controller:
     """Records every call; answers /status from a script of `engines` lists (the last one repeats)."""
 
@@ -37,7 +41,7 @@ class Controller:
         if path == "/apply":
             model = "smollm2-b" if (body or {}).get("alongside") else None
         return {"accepted": True, "state": "preflight", "recipe": (body or {}).get("recipe", "cpu-beside"),
-                "apply_id": 1, "model": model}
+                "apply_id": 1, "model": model, "admitted": FITS}
 
     def get(self, path: str) -> Any:
         if path == "/load":
@@ -68,6 +72,7 @@ def test_apply_alongside_asks_for_it_and_says_which_model_it_serves(
     assert client.calls == [("/apply", {"recipe": "cpu-beside", "fresh_cache": False, "force": False,
                                         "alongside": True})]
     assert "accepted: cpu-beside beside the running engines, as model 'smollm2-b'" in result.output
+    assert f"fits:     {FITS}" in result.output  # why it fits beside them, with the numbers
     # A plain apply does not send the field (an older controller refuses unknown ones).
     client = Controller()
     run(app, monkeypatch, client, "apply", "cpu-smollm2")
