@@ -76,7 +76,16 @@ def print_plan(record: dict[str, Any]) -> None:
                + (", unless the champion is promoted)" if record.get("promote") else ")"))
 
 
-def _follow(client: Client, choice_id: str, eta_s: float) -> dict[str, Any]:
+def time_left(eta_s: float, budget_s: float | None, spent: float) -> float:
+    """What is left to wait, about: the ETA's rest, never past the budget (the budget stops the choice
+    there, whatever the ETA forecast — a fresh host's default ETA can be far over it)."""
+    left = eta_s - spent
+    if budget_s is not None:
+        left = min(left, budget_s - spent)
+    return max(0.0, left)
+
+
+def _follow(client: Client, choice_id: str, eta_s: float, budget_s: float | None = None) -> dict[str, Any]:
     after, t0 = 0, time.monotonic()
     while True:
         got = client.get(f"/choices/{choice_id}/events?after={after}")
@@ -89,7 +98,8 @@ def _follow(client: Client, choice_id: str, eta_s: float) -> dict[str, Any]:
             record: dict[str, Any] = client.get(f"/choices/{choice_id}")
             return record
         spent = time.monotonic() - t0
-        typer.echo(f"  … {_secs(spent)} spent, about {_secs(max(0.0, eta_s - spent))} left", err=True)
+        left = time_left(eta_s, budget_s, spent)
+        typer.echo(f"  … {_secs(spent)} spent, about {_secs(left)} left", err=True)
         time.sleep(POLL_S)
 
 
@@ -138,7 +148,9 @@ def choose(
         typer.echo(json.dumps(record, indent=2) if as_json else record["id"])
         return
     try:
-        record = _follow(client, record["id"], float(record.get("eta_s") or 0.0))
+        budget_s = record.get("budget_s")
+        record = _follow(client, record["id"], float(record.get("eta_s") or 0.0),
+                         float(budget_s) if budget_s else None)
     except ApiError as exc:
         raise _fail(f"following {record['id']}: {exc} (the choice goes on in the controller)", 1) from exc
     _show(client, record, as_json, markdown=not as_json)

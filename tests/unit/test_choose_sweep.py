@@ -247,3 +247,14 @@ def test_the_cli_plan_names_the_sweep_stage_and_marks_guessed_etas(
     graph = next(line for line in out.splitlines() if line.startswith("  planned    graph "))
     assert "ETA 4.3 min*" in graph  # the recipe without history: the defaults' guess, marked
     assert "its ETA is the defaults' guess" in out
+
+
+def test_the_time_left_while_following_never_passes_the_budget() -> None:
+    """A fresh host's ETA (2,100 s an arm) over a 40-minute budget: what the CLI says is left is the
+    budget's rest, since the budget stops the choice there; within the budget, the ETA's rest."""
+    from controller.cli.choose_cmd import time_left
+
+    assert time_left(4200.0, 2400.0, 200.0) == 2200.0  # the budget's rest, not the ETA's 4,000 s
+    assert time_left(1000.0, 2400.0, 200.0) == 800.0  # the ETA's rest
+    assert time_left(1000.0, None, 200.0) == 800.0
+    assert time_left(1000.0, 2400.0, 2500.0) == 0.0  # never negative
