@@ -197,6 +197,32 @@ async def test_chunked_and_close_delimited_bodies_come_back_whole() -> None:
 
 
 @both_loops
+async def test_an_answer_that_asks_to_close_or_is_http_1_0_is_never_pooled() -> None:
+    """`Connection: close` on an HTTP/1.1 answer, or an HTTP/1.0 answer even with `Connection:
+    keep-alive`: both framed by Content-Length, and the upstream keeps the socket open — the client
+    must not keep the connection for another request either way (RFC 9112 §9.3; the client speaks
+    HTTP/1.1 and reuses only HTTP/1.1 connections). A mutant that took either condition alone pooled one."""
+    heads = [b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+             b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"]
+
+    for answer in heads:
+        async def keeps_open(state: Server, reader: R, writer: W, answer: bytes = answer) -> None:
+            while await read_request(state, reader) is not None:
+                writer.write(answer)
+                await writer.drain()
+
+        async with serve(keeps_open) as srv:
+            p = pool()
+            for _ in range(2):
+                resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+                assert (resp.status, await resp.read_all()) == (200, b"ok")
+                resp.release()
+                assert p.idle_count == 0, answer
+            await p.close()
+        assert srv.connections == 2, answer  # a new connection for the second request
+
+
+@both_loops
 async def test_head_and_204_need_no_body() -> None:
     async def answer(state: Server, reader: R, writer: W) -> None:
         while (req := await read_request(state, reader)) is not None:
