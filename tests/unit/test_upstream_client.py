@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
@@ -220,6 +222,99 @@ async def test_an_answer_that_asks_to_close_or_is_http_1_0_is_never_pooled() -> 
                 assert p.idle_count == 0, answer
             await p.close()
         assert srv.connections == 2, answer  # a new connection for the second request
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (IP SAN) and its key, made by the openssl CLI."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+@asynccontextmanager
+async def serve_tls(cert: Path, key: Path) -> AsyncIterator[str]:
+    """An HTTPS upstream answering every request with ok(b"tls")."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    state = Server()
+
+    async def on_connect(reader: R, writer: W) -> None:
+        try:
+            while await read_request(state, reader) is not None:
+                writer.write(ok(b"tls"))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0, ssl=ctx)
+    try:
+        yield f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@both_loops
+async def test_an_https_upstream_is_spoken_to_over_tls_and_its_certificate_is_checked() -> None:
+    """An https origin: TLS with the host's name checked against the certificate. A certificate the
+    context trusts answers; the default context (the system's CAs) refuses a self-signed one as a
+    connect failure saying why — never plain HTTP to a TLS port, never an unchecked peer."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = _self_signed(Path(tmp))
+        async with serve_tls(cert, key) as url:
+            p = pool()
+            with pytest.raises(ConnectRefused, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+                await p.request(p.origin(url), b"GET", b"/", [], b"")
+            await p.close()
+            trusting = pool()
+            trusting._tls = ssl.create_default_context(cafile=str(cert))  # what an operator's CA would be
+            resp = await trusting.request(trusting.origin(url), b"GET", b"/", [], b"")
+            assert (resp.status, await resp.read_all()) == (200, b"tls")
+            resp.release()
+            await trusting.close()
+
+
+@both_loops
+async def test_closing_an_answer_twice_frees_its_slot_once() -> None:
+    """The pool's connection limit: a connection closed twice gives its slot back once, or the limit
+    grows by one each time (a mutant that left the slot marked held did)."""
+    async with serve(keep_answering) as srv:
+        p = pool(limit=1)
+        origin = p.origin(srv.url)
+        first = await p.request(origin, b"GET", b"/", [], b"")
+        first.close()
+        first.close()
+        held = await p.request(origin, b"GET", b"/", [], b"")
+        waiting = asyncio.create_task(p.request(origin, b"GET", b"/", [], b""))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the one slot is held: the limit is still 1
+        held.close()
+        resp = await asyncio.wait_for(waiting, 2.0)
+        resp.close()
+        await p.close()
+
+
+@both_loops
+async def test_the_head_stays_read_after_the_body_fails() -> None:
+    """An answer whose body is cut after its head: reading the body fails, but the head that came
+    is still the answer's (an ``on_cancel`` hook may wait for the head again after a half-close)."""
+    async def cut(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+        await writer.drain()
+
+    async with serve(cut) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        with pytest.raises(BrokenResponse):
+            await resp.read_all()
+        await resp.head()  # no raise: the head had come
+        assert resp.status == 200
+        resp.close()
+        await p.close()
 
 
 @both_loops
