@@ -318,6 +318,23 @@ async def test_the_head_stays_read_after_the_body_fails() -> None:
 
 
 @both_loops
+async def test_a_transfer_coding_other_than_chunked_is_refused_saying_so() -> None:
+    for coding in (b"gzip", b"gzip, chunked", b"chunked, gzip"):
+        async def coded(state: Server, reader: R, writer: W, coding: bytes = coding) -> None:
+            await read_request(state, reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: %s\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % coding)
+            await writer.drain()
+
+        async with serve(coded) as srv:
+            p = pool()
+            with pytest.raises(BrokenResponse,
+                               match=r"^upstream sent a Transfer-Encoding other than one 'chunked'$"):
+                await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+            assert p.idle_count == 0
+            await p.close()
+
+
+@both_loops
 async def test_head_and_204_need_no_body() -> None:
     async def answer(state: Server, reader: R, writer: W) -> None:
         while (req := await read_request(state, reader)) is not None:
@@ -960,7 +977,9 @@ async def test_several_1xx_then_204_and_a_101_is_refused_and_never_pooled() -> N
     upgrade = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n\x00\x00"
     async with serve(await interim_then(upgrade)) as srv:
         p = pool()
-        with pytest.raises(BrokenResponse, match="101"):
+        # The words an operator reads in the gateway's log and the 502's body.
+        with pytest.raises(BrokenResponse,
+                           match=r"^upstream switched protocols \(101\) though none was asked for$"):
             await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
         assert p.idle_count == 0
         await asyncio.wait_for(srv.eof_seen.wait(), 2.0)  # the client closed it
