@@ -335,6 +335,44 @@ async def test_a_transfer_coding_other_than_chunked_is_refused_saying_so() -> No
 
 
 @both_loops
+async def test_a_fresh_connection_closed_without_an_answer_is_broken_not_stale() -> None:
+    """Only a connection taken from the pool can be stale (closed by the upstream while idle); a fresh
+    one the upstream closes after reading the request is a broken answer — it had the request — so a
+    POST is never retried on it (a mutant that marked every connection reused made it stale)."""
+    async def read_then_close(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+
+    async with serve(read_then_close) as srv:
+        p = pool()
+        with pytest.raises(BrokenResponse, match="closed the connection mid-answer"):
+            await p.request(p.origin(srv.url), b"POST", b"/v1/completions", [], b"{}")
+        await p.close()
+    assert srv.connections == 1 and len(srv.requests) == 1  # sent once, never again
+
+
+@both_loops
+async def test_a_pooled_connection_whose_transport_is_closing_is_not_taken_again() -> None:
+    """A pooled connection whose transport is already closing (its `connection_lost` not delivered
+    yet) is never handed out: a POST on it would be lost as a stale connection, which a POST is not
+    retried after. The next request gets a fresh connection and its answer."""
+    async with serve(keep_answering) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        first = await p.request(origin, b"GET", b"/", [], b"")
+        await first.read_all()
+        first.release()
+        assert p.idle_count == 1
+        idle = p._idle[origin][0]
+        assert idle._transport is not None
+        idle._transport.close()  # closing now; connection_lost comes on a later turn of the loop
+        resp = await p.request(origin, b"POST", b"/", [], b"{}")
+        assert (resp.status, await resp.read_all()) == (200, b'{"n":2}')
+        resp.release()
+        await p.close()
+    assert srv.connections == 2
+
+
+@both_loops
 async def test_head_and_204_need_no_body() -> None:
     async def answer(state: Server, reader: R, writer: W) -> None:
         while (req := await read_request(state, reader)) is not None:
