@@ -9,7 +9,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, MutableMapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from controller.gateway.keystore import KeyStore
 from controller.gateway.upstream_client import (
     BrokenResponse,
     ConnectRefused,
+    ConnectTimeout,
     Origin,
     ReadTimeout,
     RefusedRequest,
@@ -370,6 +371,72 @@ async def test_a_pooled_connection_whose_transport_is_closing_is_not_taken_again
         resp.release()
         await p.close()
     assert srv.connections == 2
+
+
+@both_loops
+async def test_a_stale_connection_says_so_in_words() -> None:
+    """A pooled connection the upstream closed cleanly (EOF, no error from the OS): the words an
+    operator reads in the gateway's log are exactly these, with no reason appended."""
+    async def once_then_eof(state: Server, reader: R, writer: W) -> None:
+        await read_request(state, reader)
+        writer.write(ok(b"first"))
+        await writer.drain()
+        await read_request(state, reader)  # the next request arrives: end the connection, no answer
+
+    async with serve(once_then_eof) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        resp = await p.request(origin, b"GET", b"/", [], b"")
+        assert await resp.read_all() == b"first"
+        resp.release()
+        with pytest.raises(StaleConnection, match=r"^the upstream closed a pooled connection$"):
+            await p.request(origin, b"GET", b"/", [], b"")
+        await p.close()
+
+
+@contextlib.contextmanager
+def _silent_listener() -> Iterator[int]:
+    """A port whose SYNs go unanswered: a listener with a zero backlog whose accept queue is filled
+    (Linux drops further SYNs then), so a connect neither succeeds nor is refused — it times out."""
+    server = socket.socket()
+    fillers: list[socket.socket] = []
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                c.connect(("127.0.0.1", port))
+            fillers.append(c)
+        probe = socket.socket()
+        probe.settimeout(0.2)
+        try:
+            probe.connect(("127.0.0.1", port))
+            pytest.skip("this kernel answered a SYN to a full accept queue: no silent port to test with")
+        except TimeoutError:
+            pass
+        finally:
+            probe.close()
+        yield port
+    finally:
+        for c in fillers:
+            c.close()
+        server.close()
+
+
+def test_a_connect_that_never_completes_times_out_saying_where_and_after_how_long() -> None:
+    with _silent_listener() as port:
+        async def case() -> None:
+            p = pool(connect_timeout_s=0.3)
+            words = rf"^connecting to 127\.0\.0\.1:{port} timed out after 0\.3 s$"
+            with pytest.raises(ConnectTimeout, match=words):
+                await p.request(p.origin(f"http://127.0.0.1:{port}"), b"GET", b"/", [], b"")
+            await p.close()
+
+        asyncio.run(case())
+        uvloop.run(case())
 
 
 @both_loops
