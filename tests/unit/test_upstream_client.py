@@ -1014,6 +1014,27 @@ def test_origins() -> None:
     assert (o.port, o.tls, o.host_header, o.prefix) == (8000, False, b"127.0.0.1:8000", b"")
     with pytest.raises(ValueError, match="not an http"):
         Origin.parse("ftp://x")
+    # Default ports by scheme; userinfo is never part of the Host header (RFC 9110 §7.2).
+    assert Origin.parse("http://engine.local").port == 80
+    o = Origin.parse("http://user:secret@engine.local:8000/v1/")
+    assert (o.host, o.port, o.host_header, o.prefix) == ("engine.local", 8000, b"engine.local:8000", b"/v1")
+    # A Host the client would refuse to write is refused here, once, naming it.
+    with pytest.raises(ValueError, match=r"^unusable upstream URL: refused to send the Host header: "):
+        Origin.parse("http://exa mple:80/")
+
+
+@both_loops
+async def test_an_answer_released_after_the_pool_closed_is_not_pooled() -> None:
+    """The pool is closed while an answer is still being read (the gateway shutting down): releasing
+    that answer afterwards closes its connection instead of putting it back into a closed pool."""
+    async with serve(keep_answering) as srv:
+        p = pool()
+        resp = await p.request(p.origin(srv.url), b"GET", b"/", [], b"")
+        await p.close()
+        await resp.read_all()
+        resp.release()
+        assert p.idle_count == 0
+        assert resp._transport is not None and resp._transport.is_closing()  # closed, not kept
 
 
 # --- Regressions of the red team's probes (issue: the upstream client held to RFC 9110/9112) ----------
