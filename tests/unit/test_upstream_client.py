@@ -320,7 +320,8 @@ async def test_the_head_stays_read_after_the_body_fails() -> None:
 
 @both_loops
 async def test_a_transfer_coding_other_than_chunked_is_refused_saying_so() -> None:
-    for coding in (b"gzip", b"gzip, chunked", b"chunked, gzip"):
+    # (the last: "chunked" twice, as two field lines — the second one is refused)
+    for coding in (b"gzip", b"gzip, chunked", b"chunked, gzip", b"chunked\r\nTransfer-Encoding: chunked"):
         async def coded(state: Server, reader: R, writer: W, coding: bytes = coding) -> None:
             await read_request(state, reader)
             writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: %s\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % coding)
