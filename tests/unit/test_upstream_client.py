@@ -1224,6 +1224,22 @@ async def test_a_body_longer_than_its_length_leaves_the_connection_unpooled() ->
     assert srv.connections == 2
 
 
+@both_loops
+async def test_an_empty_body_is_framed_as_content_length_0_for_methods_that_carry_content() -> None:
+    """POST, PUT and PATCH define a meaning for enclosed content: with an empty body the request
+    still says `Content-Length: 0` (RFC 9110 §8.6's SHOULD); GET, DELETE and HEAD say nothing."""
+    async with serve(keep_answering) as srv:
+        p = pool()
+        origin = p.origin(srv.url)
+        for method in (b"POST", b"PUT", b"PATCH", b"GET", b"DELETE"):
+            resp = await p.request(origin, method, b"/", [], b"")
+            await resp.read_all()
+            resp.release()
+        await p.close()
+    framed = [req.split(b" ", 1)[0] for req in srv.requests if b"\r\nContent-Length: 0\r\n" in req]
+    assert framed == [b"POST", b"PUT", b"PATCH"]
+
+
 def test_only_idempotent_methods_may_be_retried_unless_the_setting_says_so() -> None:
     for method in (b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE"):
         assert may_retry(method, retry_non_idempotent=False)
