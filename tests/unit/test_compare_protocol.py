@@ -5,8 +5,10 @@ before anything is switched."""
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from appliance.evaluation.accuracy import Kind, build_set
 from appliance.evaluation.bench_result import ProofResult, RequestRecord
 from appliance.evaluation.gate import StepStatus, Verdict
+from controller.evaluation import bench as bench_mod
 from controller.evaluation import compare as compare_mod
 from controller.evaluation.accuracy_run import set_sizes
 from controller.evaluation.bench import BenchParams, LaunchInfo
@@ -32,6 +35,7 @@ class World:
         self.launch = 0
         self.applied: list[str] = []
         self.delay = {BASE: 0.02, CAND: 0.01}  # the candidate is twice as fast
+        self.now = 1000.0  # the bench's clock (controller/evaluation/bench.py reads time.perf_counter)
         self.fail_tier: dict[str, str] = {}
         self.wrong_answers: set[str] = set()
         self.chats: dict[str, int] = {BASE: 0, CAND: 0}
@@ -103,7 +107,10 @@ def fake_client(world: World) -> type:
                         ignore_eos: bool) -> RequestRecord:
             recipe = str(world.current)
             world.sent.append((recipe, tier, index, list(prompt), max_tokens))
-            await asyncio.sleep(world.delay[recipe])
+            # The engine's time passes on the bench's clock (the fixture's), never the wall clock's:
+            # the arms' throughput ratio stays exactly 2 on a loaded machine.
+            world.now += world.delay[recipe]
+            await asyncio.sleep(0)
             if world.fail_tier.get(recipe) == tier:
                 return RequestRecord(
                     tier=tier, index=index, input_tokens=len(prompt), ok=False, error="HTTP 500"
@@ -135,6 +142,9 @@ OPTS = CompareOptions(accuracy_items=2)
 def world(monkeypatch: pytest.MonkeyPatch) -> World:
     w = World()
     monkeypatch.setattr(compare_mod, "EngineClient", fake_client(w))
+    # A clock the fake engine advances: the gate's throughput and SLA steps compare the arms on it, so
+    # a busy CI machine cannot turn the 2× faster candidate into a "regression" (it once read -15 %).
+    monkeypatch.setattr(bench_mod, "time", SimpleNamespace(perf_counter=lambda: w.now, time=time.time))
     return w
 
 
