@@ -12,13 +12,12 @@ from typing import Any, cast
 import pytest
 
 from appliance.evaluation.gate import Flag, StepStatus, Verdict
-from controller.evaluation import compare as compare_mod
 from controller.evaluation.choice_seam import DriverSeam
 from controller.evaluation.compare import Control
 from controller.evaluation.store import EvalStore
 from controller.supervisor.preflight import Preflight
 from tests.unit.test_choose_runner import Clock, FakeSeam, begin, rig
-from tests.unit.test_compare_protocol import OPTS, PARAMS, World, fake_client
+from tests.unit.test_compare_protocol import OPTS, PARAMS, World, install
 
 _ENGINE = {"max_num_seqs": 8}
 EAGER: dict[str, Any] = {"platform": "cpu", "model": {"path": "/m"}, "engine": {**_ENGINE, "mode": "eager"},
@@ -32,8 +31,7 @@ GRAPH: dict[str, Any] = {"platform": "cpu", "model": {"path": "/m"}, "engine": {
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> World:
-    w = World()
-    monkeypatch.setattr(compare_mod, "EngineClient", fake_client(w))
+    w = install(World(), monkeypatch)
     w.recipes = {"eager": EAGER, "eager2": EAGER, "piecewise": PIECEWISE, "graph": GRAPH}
     w.delay = {"eager": 0.04, "eager2": 0.04, "piecewise": 0.02, "graph": 0.01}  # each mode twice as fast
     w.chats = dict.fromkeys(w.recipes, 0)

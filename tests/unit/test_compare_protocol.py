@@ -140,10 +140,14 @@ OPTS = CompareOptions(accuracy_items=2)
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> World:
-    w = World()
+    return install(World(), monkeypatch)
+
+
+def install(w: World, monkeypatch: pytest.MonkeyPatch) -> World:
+    """The fake engine in place of the real client, and the bench's clock on the fake engine's time:
+    the gate's throughput and SLA steps compare the arms on it, so a busy CI machine cannot turn the
+    2× faster candidate into a "regression" (with real sleeps it once read -15 %)."""
     monkeypatch.setattr(compare_mod, "EngineClient", fake_client(w))
-    # A clock the fake engine advances: the gate's throughput and SLA steps compare the arms on it, so
-    # a busy CI machine cannot turn the 2× faster candidate into a "regression" (it once read -15 %).
     monkeypatch.setattr(bench_mod, "time", SimpleNamespace(perf_counter=lambda: w.now, time=time.time))
     return w
 

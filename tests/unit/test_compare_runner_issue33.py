@@ -15,7 +15,7 @@ from controller.evaluation import compare as compare_mod
 from controller.evaluation.bench import BenchParams, LaunchInfo
 from controller.evaluation.compare import CompareError, CompareOptions, compare
 from controller.evaluation.smoke import SMOKE_TIER
-from tests.unit.test_compare_protocol import BASE, CAND, OPTS, PARAMS, World, fake_client
+from tests.unit.test_compare_protocol import BASE, CAND, OPTS, PARAMS, World, install
 
 EAGER: dict[str, Any] = {
     "platform": "cpu", "model": {"path": "/m"}, "engine": {"max_num_seqs": 8, "mode": "eager"},
@@ -27,8 +27,7 @@ GRAPH: dict[str, Any] = {
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> World:
-    w = World()
-    monkeypatch.setattr(compare_mod, "EngineClient", fake_client(w))
+    w = install(World(), monkeypatch)
     return w
 
 

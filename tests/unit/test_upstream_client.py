@@ -653,13 +653,15 @@ async def test_the_idle_check_fails_at_the_deadline_and_otherwise_rearms_for_wha
         clock.now = start + 10.0
         resp._check_idle()
         timer = resp._timer
-        assert timer is not None and 19.0 < timer.when() - loop.time() <= 20.0  # 30 − 10 s left
+        # (1e-6: uvloop's time is whole milliseconds, and `when` is that time + 20.0 in floating point —
+        # 6352.235 + 20.0 is 6372.235000000001)
+        assert timer is not None and 19.0 < timer.when() - loop.time() <= 20.0 + 1e-6  # 30 − 10 s left
         # Paused for a slow client: silence does not count; the next check is a whole period away.
         resp._paused = True
         clock.now = start + 100.0
         resp._check_idle()
         timer = resp._timer
-        assert timer is not None and 29.0 < timer.when() - loop.time() <= 30.0
+        assert timer is not None and 29.0 < timer.when() - loop.time() <= 30.0 + 1e-6
         assert resp._last_data == start + 100.0
         resp._paused = False
         clock.now = start + 130.0  # exactly the deadline from the pause's restart
