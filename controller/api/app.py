@@ -318,7 +318,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
             beside = engines.add(model)
         except AlongsideRefused as exc:  # taken meanwhile by another request
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-        beside.admitted_why = fits  # on its launch's `alongside` event
         # Judged against the engines running now; the driver's own preflight (lint, admission) follows.
         # `force`: a new driver has nothing running to leave unchanged; no blue/green beside itself.
         beside.submit(Apply(body.recipe, body.fresh_cache, force=True, blue_green=False))

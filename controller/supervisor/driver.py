@@ -142,9 +142,6 @@ class Driver:
         # None: the primary engine (the gateway's default slot); else an engine started beside it,
         # named by its served model name (engine_set.py): its gateway slot and its launches' mark.
         self.engine_name = engine_name
-        # Why an engine beside the primary was admitted (set by the API before its apply); shown on
-        # its launch's `alongside` event.
-        self.admitted_why: str | None = None
         # Per engine: the machine (written by `submit` only; read through `view`) and what goes with it.
         self._cell = MachineCell(Machine(policy=policy or Policy()))
         self.view = MachineView(self._cell)
@@ -476,14 +473,9 @@ class Driver:
                 self.note("provenance-error", f"could not record versions: {exc}", action.launch_id)
         await self.recorder.begin(action, run, prov, now)
         if self.engine_name is not None:
-            # The mark a later controller adopts it by as an engine beside the primary (engine_set.py),
-            # with why it was admitted beside them (the API's judgement, alongside_admission.py).
-            fits = f": {self.admitted_why}" if self.admitted_why else ""
-            data: dict[str, Any] = {"engine": self.engine_name}
-            if self.admitted_why:
-                data["admitted"] = self.admitted_why
+            # The mark a later controller adopts it by as an engine beside the primary (engine_set.py).
             self.note(adoption.ALONGSIDE_EVENT, f"started beside the other engines as engine "
-                      f"{self.engine_name!r}{fits}", action.launch_id, data)
+                      f"{self.engine_name!r}", action.launch_id, {"engine": self.engine_name})
         key, deliver = launch_key(spec)
         # The engine's environment is the spec's alone: the key goes in its --config file
         # (appliance/engine_secret.py), which the compile factors leave out like vLLM does.
