@@ -17,6 +17,7 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+command -v openssl >/dev/null || need+=(openssl)  # tests/unit/test_upstream_client.py makes a TLS certificate with it
 if [ ${#need[@]} -eq 0 ]; then
   echo "[setup-system] system packages present"
   exit 0
