@@ -219,18 +219,34 @@ def engine_pid(home: Path, launch_id: str) -> int:
 
 
 async def across(load: Load, switch: Callable[[], Awaitable[float | None]], settle_s: float = 5.0,
-                 warmup_s: float = 5.0) -> tuple[float, float, float | None]:
+                 warmup_s: float = 5.0, wait_most_s: float = 600.0) -> tuple[float, float, float | None]:
     """Run `load`, then `switch` (which returns the kill time, if any) once it has warmed up, then
-    let it run `settle_s` more. Returns (switch start, switch end, kill time)."""
+    let it run `settle_s` more. Returns (switch start, switch end, kill time).
+
+    Warmed up and settled are events, not only durations: the switch starts once `warmup_s` has passed
+    AND every client has had an answer (so some requests end before the switch), and the load stops
+    once `settle_s` has passed AND a request begun after the switch has ended (so the new engine
+    served). On a slow machine a first answer took longer than the 5 s warm-up, every request
+    overlapped the switch, and the row had nothing to compare with. `wait_most_s` bounds each wait:
+    past it the load goes on and the caller's assertions say what is missing."""
     runner = asyncio.create_task(load.run())
-    await asyncio.sleep(warmup_s)
+    await _until(lambda: len(load.requests) >= load.clients, warmup_s, wait_most_s, runner)
     t0 = time.monotonic()
     kill_t = await switch()
     t1 = time.monotonic()
-    await asyncio.sleep(settle_s)
+    await _until(lambda: any(r.t0 >= t1 for r in load.requests), settle_s, wait_most_s, runner)
     load.stop.set()
     await runner
     return t0, t1, kill_t
+
+
+async def _until(done: Callable[[], bool], least_s: float, most_s: float, runner: asyncio.Task[None]) -> None:
+    """Sleep `least_s`, then until `done()` — at most `most_s` in all, and never past the load's end."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(least_s, most_s)
+    await asyncio.sleep(least_s)
+    while not done() and not runner.done() and loop.time() < deadline:
+        await asyncio.sleep(0.1)
 
 
 def beside_cores() -> dict[str, Any]:
