@@ -37,7 +37,7 @@ check:
 	$(BIN)/lint-imports
 
 unit: setup
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n auto tests/unit
 
 ## Mutation testing of the pure decision modules (docs/mutation-testing.md). Slow, so not part of
 ## `make test` or CI: run it by hand after changing one of them. MUTANTS narrows it to some modules

@@ -1,14 +1,15 @@
-"""Bench, fingerprint and compare against the real vLLM CPU engine, through a real controller.
+"""Bench, fingerprint and choose (the gate) against the real vLLM CPU engine, through a real controller.
 
 One controller and one engine start are shared by the whole module (CPU is scarce), and the
 scenarios run in order: a bench of the running eager recipe; a fingerprint, a restart and a second
-fingerprint (across-restart evidence); a compare against a candidate whose context is half the
-baseline's (so its long-tier requests fail mid-run → reject, everything stored together); a bench
-whose output length leaves no tier (refused, nothing stored); and a bench with the engine stopped
-(refused, nothing stored). The compare runs the whole protocol (appliance/evaluation/protocol.py) at
-its smallest: the smoke request on both arms, one discarded warm-up request per tier, the baseline's
-accuracy on one item of each kind, and no candidate accuracy (its throughput steps fail). Request
-counts and output lengths are small; nothing asserts on the model's words or on timings.
+fingerprint (across-restart evidence); `appliance choose` in fast mode over the eager baseline and a
+candidate whose context is half the baseline's (so its long-tier requests fail mid-run → reject, the
+gate stored whole, the host back on the baseline); a bench whose output length leaves no tier
+(refused, nothing stored); and a bench with the engine stopped (refused, nothing stored). The gate
+runs the whole protocol (appliance/evaluation/protocol.py) at its smallest: the smoke request on both
+arms, one discarded warm-up request per tier, the baseline's accuracy, and no candidate accuracy (its
+throughput steps fail). Request counts and output lengths are small; nothing asserts on the model's
+words or on timings.
 """
 
 from __future__ import annotations
@@ -151,49 +152,73 @@ def test_fingerprint_then_restart_compares_the_streams_across_restarts(controlle
 
 
 @pytest.mark.timeout(3600)
-def test_compare_with_a_candidate_failing_requests_mid_run_rejects_and_stores_it_whole(
+def test_choose_in_fast_mode_gates_a_candidate_failing_mid_run_stores_it_whole_and_returns(
     controller: Controller,
 ) -> None:
+    """`appliance choose` in FAST MODE over the two recipes of this module (--recipes narrows it; the
+    platform's others are lines of the record, not tried): the eager baseline, then the candidate
+    whose context is half the baseline's — its long-tier requests fail mid-run, so its gate ends at the
+    first five (no re-runs, no candidate accuracy run: the shortest real gate). The gate it runs is the
+    compare protocol, stored whole (the comparison, both benches tied to it, the gate's steps); then the
+    host is back on the recipe that was serving. One tournament carries what a separate `compare` run
+    asserted here before (the same runner, an engine start and a whole baseline bench fewer: the CI
+    machine ran out of time); `appliance compare`'s own CLI and API are unit-tested over the protocol."""
     controller.wait_ready(START_LIVENESS_S)
     before = len(_rows(controller, "eval_benchmarks"))
-    out = controller.home / "cmp.json"
-    r = _cli(controller, "compare", BASE, SHORT, *SMALL, "--no-single-stream", "--ready-timeout", "1500",
-             "--accuracy-items", "1", "--out", str(out))
+    choose = ("choose", "--recipes", "itest-eval-*", "--baseline", BASE, "--fast", "--platform", "cpu")
+    plan = _cli(controller, *choose, "--plan")
+    assert plan.returncode == 0, plan.stderr
+    assert "FAST MODE" in plan.stdout and "expected duration" in plan.stdout
+
+    r = _cli(controller, *choose, "--yes", "--json", "--ready-timeout", "1500", timeout=3000)
     assert r.returncode == 0, r.stderr + r.stdout
-    assert "VERDICT: REJECT" in r.stdout
-    assert f"candidate {SHORT} failed 5 request(s)" in r.stdout  # the whole 16-32K tier, nothing earlier
-    report = json.loads(out.read_text())
-    steps = {s["name"]: s for s in report["gate"]["steps"]}
+    record = json.loads(r.stdout)
+    assert record["fast"] is True and record["state"] == "done", record
+    lines = {x["recipe"]: x for x in record["lines"]}
+    assert lines[BASE]["status"] == "baseline"
+    cand = lines[SHORT]
+    # the candidate was gated against the baseline: a stored compare, a verdict, a loss (its long tier failed)
+    assert (cand["status"], cand["against"], cand["verdict"]) == ("lost", BASE, "reject"), cand
+    assert cand["comparison_id"] and cand["took_s"] is not None and cand["eta_s"] is not None
+    # the other recipes of the platform are lines too, each with why it was not tried
+    for name in ("cpu-smollm2", "cpu-smollm2-eager"):
+        assert lines[name]["status"] == "not-tried" and "pattern" in lines[name]["why"]
+    assert (record["champion"], record["champion_verdict"]) == (BASE, None)
+    assert record["champion_why"].startswith("the baseline")
+    # the host is back on the recipe that was serving (no --promote)
+    assert record["serving_before"] == BASE and record["restored"] == BASE and record["promoted"] is None
+    status = controller.status()
+    assert (status["state"], status["recipe"]) == ("ready", BASE)
+
+    # the gate, stored whole: one comparison, its steps, both arms' benches tied to it
+    comparisons = _rows(controller, "eval_comparisons")
+    assert [c["id"] for c in comparisons] == [cand["comparison_id"]] and comparisons[0]["verdict"] == "reject"
+    steps = {s["name"]: s for s in json.loads(comparisons[0]["gate_json"])["steps"]}
     assert list(steps) == ["proof", "smoke", "first-five", "re-runs", "score", "accuracy"]
     assert steps["proof"]["status"] == "pass"  # declared markers: enforce_eager=True, the CPU KV cache
     assert steps["smoke"]["status"] == "pass", steps["smoke"]  # the 8-16K request fits the short context
     assert steps["first-five"]["status"] == "fail"
     assert steps["accuracy"]["status"] == "skipped" and "throughput" in steps["accuracy"]["reasons"][0]
-    base_run, cand_run = report["runs"]["baseline"][0], report["runs"]["candidate"][0]
-    for run in (base_run, cand_run):
-        assert run["smoke"]["log_checked"] and run["smoke"]["alive_after"] and run["smoke"]["request"]["ok"]
-        assert [w["tier"] for w in run["warmup"]] == ["warmup:4-8K", "warmup:8-16K", "warmup:16-32K"]
-        assert run["settings"]["output_limits"] == {"max_tokens": 8, "ignore_eos": True}
-    assert sorted(i["kind"] for i in base_run["accuracy"]["items"]) == [
-        "keyword_aggregation", "multihop_qa", "retrieval_multi_point", "summarization"]
-    assert cand_run["accuracy"] is None
-    assert f"[{SHORT}] switch" in r.stderr and f"[{BASE}] switch" not in r.stderr  # the baseline ran already
-    comparisons = _rows(controller, "eval_comparisons")
-    assert len(comparisons) == 1 and comparisons[0]["verdict"] == "reject"
     benches = _rows(controller, "eval_benchmarks")[before:]
     assert sorted(b["recipe"] for b in benches) == [BASE, SHORT]
-    assert all(b["comparison_id"] == comparisons[0]["id"] for b in benches)
+    assert all(b["comparison_id"] == cand["comparison_id"] for b in benches)
     short = json.loads(next(b for b in benches if b["recipe"] == SHORT)["result_json"])
     failed_tiers = [t["tier"]["name"] for t in short["tiers"] if any(not q["ok"] for q in t["requests"])]
     assert failed_tiers == ["16-32K"]
-    assert controller.status()["recipe"] == SHORT
+    stored = {c["id"]: c for c in controller.get("/comparisons")}
+    assert stored[cand["comparison_id"]]["verdict"] == "reject"
+
+    md = _cli(controller, "choices", record["id"], "--markdown")
+    assert md.returncode == 0 and "FAST MODE" in md.stdout and f"| {SHORT} |" in md.stdout
+    listed = _cli(controller, "choices")
+    assert record["id"] in listed.stdout and "FAST" in listed.stdout
 
 
 @pytest.mark.timeout(1200)
 def test_a_context_that_fits_no_tier_is_refused_and_nothing_is_stored(controller: Controller) -> None:
     controller.wait_ready(START_LIVENESS_S)
     before = len(_rows(controller, "eval_benchmarks"))
-    r = _cli(controller, "bench", "--output-tokens", "500")  # 512-token context: 12 input tokens left
+    r = _cli(controller, "bench", "--output-tokens", "1000")  # 1024-token context: 24 input tokens left
     assert r.returncode == 2
     assert "NoTierFits" in r.stderr and "no tier fits" in r.stderr and "nothing stored" in r.stderr
     assert len(_rows(controller, "eval_benchmarks")) == before

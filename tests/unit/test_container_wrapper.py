@@ -156,7 +156,9 @@ def test_the_engine_gets_the_environment_the_wrapper_was_execd_with() -> None:
 # -- the pure pieces --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", [new_engine_key() for _ in range(20)] + [
+# Generated keys get fixed ids: a random id differs between collections (pytest-xdist's workers
+# must collect the same tests), and a key does not belong in a test name.
+@pytest.mark.parametrize("key", [pytest.param(new_engine_key(), id=f"generated-{i}") for i in range(20)] + [
     "plain-key_0123", "-starts-with-dash", "has'quote", "a:b#c", "'quoted'", "!bang", "yes", "~", "null1",
     "%percent", "@at", "`tick", "{brace}", "[list]", "*star", "&amp", "key:", "?q", "|bar", ">gt",
 ])

@@ -36,13 +36,13 @@ def _run(load: Load, switch_s: float, **kw: float) -> tuple[float, float]:
 
 def test_the_switch_starts_only_after_every_client_had_an_answer() -> None:
     load = SlowLoad("http://unused", "k", clients=3, pause_s=0.0)
-    t0, t1 = _run(load, 0.05, warmup_s=0.01, settle_s=0.01)
+    t0, _ = _run(load, 0.05, warmup_s=0.01, settle_s=0.01)
     assert sum(1 for r in load.requests if r.t1 <= t0) >= 3
 
 
 def test_the_load_stops_only_after_a_request_begun_after_the_switch_ended() -> None:
     load = SlowLoad("http://unused", "k", clients=2, pause_s=0.0)
-    t0, t1 = _run(load, 0.05, warmup_s=0.01, settle_s=0.01)
+    _, t1 = _run(load, 0.05, warmup_s=0.01, settle_s=0.01)
     assert any(r.t0 >= t1 for r in load.requests)
 
 
