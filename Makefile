@@ -14,7 +14,7 @@ test: setup setup-system engine
 	bash scripts/start-dockerd.sh
 	PYTHON=$(BIN)/python bash scripts/build-images.sh
 	$(MAKE) check
-	$(BIN)/python -m pytest -ra --durations=15 tests/integration
+	$(BIN)/python -m pytest -ra --durations=40 tests/integration
 	BIN=$(BIN) bash scripts/ci-beside-appliance.sh  # the unit suite, beside a running appliance
 
 setup:

@@ -39,11 +39,13 @@ B_MODEL = "smollm2-b"
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[Controller, GatewayProcess, Path]]:
     require_engine()
-    home, recipes = recipe_dirs(tmp_path, "cpu-smollm2")
+    home, recipes = recipe_dirs(tmp_path, "cpu-smollm2", "cpu-smollm2-eager")
     a_port, b_port = free_port(), free_port()
     (recipes / f"{A}.yaml").write_text(engine_recipe(A, "cpu-smollm2", a_port))
     (recipes / f"{B}.yaml").write_text(engine_recipe(
-        B, "cpu-smollm2", b_port, model={"served_name": B_MODEL}, env=beside_cores(),
+        # eager: B's wrapper interpreter and core binding are in its compile key, so a compiled B
+        # compiled cold on every run (minutes on the CI machine); two engines by name are the subject
+        B, "cpu-smollm2-eager", b_port, model={"served_name": B_MODEL}, env=beside_cores(),
         runtime=beside_interpreter(tmp_path, str(ENGINE.engine_python))))
     with gateway_process(home, free_port(), free_port()) as gw:
         c = Controller(home, recipes, free_port(), a_port, recipe=A,

@@ -64,6 +64,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "2048",
             "--dtype",
             "bfloat16",
+            # The gateway is the subject, not compilation: eager skips a cold torch.compile into
+            # vLLM's default cache (235 s of this module's setup on the CI machine).
+            "--enforce-eager",
             "--host",
             "127.0.0.1",
             "--port",
