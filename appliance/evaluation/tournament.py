@@ -29,6 +29,12 @@ plan time: the plan's ETA is a forecast (on a fresh host the defaults', 2,100 s 
 first choice took 330 s against it, docs/gpu-h200.md), so a candidate the ETAs put past the budget is
 planned and says so. Records written before kept their plan-time `not-tried` "budget: ..." lines;
 they load as they are and stay not tried.
+
+An operator's latency bound (`--sla`, appliance/evaluation/sla_bound.py) narrows the tournament and
+the sweep: a gate won by a candidate over the bound in some tier does not make it champion (its line:
+"lost", and why), and a champion over the bound (the baseline: no gate judges it) is named so and is
+not promoted. Each arm's measured breaches are on its line (`sla`: None when no bound was asked or the
+arm was not measured yet, [] when it held).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.evaluation.gate import Verdict
+from appliance.evaluation.sla_bound import SlaBound
 from appliance.host_facts import HostFacts
 from appliance.recipe.admission import Admission
 
@@ -108,6 +115,9 @@ class Line(BaseModel):
     # whose sweep picked this variant (None: the recipe as written).
     sweep_of: str | None = None
     point: dict[str, int] = Field(default_factory=dict)
+    # The operator's latency bound on this arm (--sla): None when none was asked or the arm was not
+    # measured yet; [] when it held; else each breach as a sentence (appliance/evaluation/sla_bound.py).
+    sla: list[str] | None = None
 
 
 class ChoiceRecord(BaseModel):
@@ -142,6 +152,7 @@ class ChoiceRecord(BaseModel):
     sweep: dict[str, list[int]] = Field(default_factory=dict)  # the declared grid (empty: no sweep stage)
     sweep_champions: dict[str, str] = Field(default_factory=dict)  # swept recipe → its variant so far
     picked: dict[str, str] = Field(default_factory=dict)  # swept recipe → the variant its sweep picked
+    sla: dict[str, float] = Field(default_factory=dict)  # the operator's bound, ms (empty: none asked)
 
     def line(self, recipe: str, stage: Stage | None = None) -> Line:
         """`recipe`'s line in `stage`; without one, its tournament line first (a picked variant
@@ -390,17 +401,29 @@ def next_candidate(record: ChoiceRecord) -> Line | None:
 
 
 def judged(record: ChoiceRecord, recipe: str, verdict: str, comparison_id: str | None,
-           reasons: Sequence[str], took_s: float, stage: Stage = "tournament") -> ChoiceRecord:
+           reasons: Sequence[str], took_s: float, stage: Stage = "tournament",
+           sla: Mapping[str, list[str]] | None = None) -> ChoiceRecord:
     """The record after `recipe`'s gate against the champion (of its sweep, in that stage): a win
-    makes it champion."""
+    makes it champion — unless the operator's bound (`sla`: arm recipe → its breaches in this gate,
+    given when a bound was asked) is broken by the candidate. The champion's breaches land on its line
+    the first time it is measured."""
     out = record.model_copy(deep=True)
     x = out.line(recipe, stage)
     against = champion_for(record, x)
-    won = verdict in WINS
+    over = list((sla or {}).get(recipe) or [])
+    if sla is not None:
+        x.sla = over
+        champ = _line_of(out, against)
+        if champ is not None and champ.sla is None and against in sla:
+            champ.sla = list(sla[against])
+    won = verdict in WINS and not over
     x.status = "won" if won else "lost"
     x.verdict, x.comparison_id, x.reasons = verdict, comparison_id, list(reasons)
     x.against, x.took_s = against, took_s
-    x.why = (f"beat {against} ({verdict})" if won else f"did not beat {against} ({verdict})")
+    if verdict in WINS and over:
+        x.why = f"won its gate against {against} ({verdict}) but breaks the SLA: {'; '.join(over)}"
+    else:
+        x.why = (f"beat {against} ({verdict})" if won else f"did not beat {against} ({verdict})")
     if stage == "sweep" and x.sweep_of is not None:
         x.why += f" with --allow-diff {','.join(record.sweep)}"
         if won:
@@ -410,6 +433,18 @@ def judged(record: ChoiceRecord, recipe: str, verdict: str, comparison_id: str |
         out.champion, out.champion_verdict = recipe, verdict
         out.champion_why = f"won its gate against {against} ({verdict}, comparison {comparison_id})"
     return out
+
+
+def _line_of(record: ChoiceRecord, recipe: str) -> Line | None:
+    """The line a champion's measurements belong to: its tournament line, else its sweep line."""
+    return next((x for x in record.lines if x.recipe == recipe and x.stage == "tournament"),
+                next((x for x in record.lines if x.recipe == recipe), None))
+
+
+def champion_over_sla(record: ChoiceRecord) -> list[str]:
+    """The champion's breaches of the operator's bound ([]: none asked, held, or not measured)."""
+    champ = _line_of(record, record.champion)
+    return list(champ.sla or []) if champ is not None and record.sla else []
 
 
 def skipped(
@@ -472,6 +507,10 @@ def promotion_refusal(record: ChoiceRecord) -> str | None:
                 f"{record.champion})")
     if record.state == "failed" and record.champion == record.baseline:
         return f"choice {record.id} failed before any candidate was judged: there is no decision to promote"
+    over = champion_over_sla(record)
+    if over:
+        return (f"{record.champion} breaks the SLA asked for this choice ({'; '.join(over)}): no recipe "
+                f"tried meets it; not promoted")
     return None
 
 
@@ -503,6 +542,7 @@ def markdown(record: ChoiceRecord) -> str:
         f"- platform: {record.platform}; recipes: `{record.pattern}`"
         + ("; FAST MODE (capped outputs: not a full measurement)" if record.fast else ""),
         f"- champion: **{record.champion}** — {record.champion_why}",
+        *([f"- SLA (--sla): {sla_summary(record)}"] if record.sla else []),
         f"- baseline: {record.baseline}; serving before: {record.serving_before or 'nothing'}",
         f"- rule: {record.rule}",
         f"- budget: {_secs(record.budget_s)}; expected: {_secs(record.eta_s)}; "
@@ -527,6 +567,17 @@ def markdown(record: ChoiceRecord) -> str:
     return "\n".join(head + rows) + "\n"
 
 
+def sla_summary(record: ChoiceRecord) -> str | None:
+    """The operator's bound and where the champion stands against it (None: no bound was asked)."""
+    if not record.sla:
+        return None
+    champ = _line_of(record, record.champion)
+    over = champion_over_sla(record)
+    state = (f"breaks it: {'; '.join(over)}" if over else
+             "holds it" if champ is not None and champ.sla is not None else "was not measured against it")
+    return f"{SlaBound.model_validate(record.sla).words()}; the champion {state}"
+
+
 def _table(lines: Sequence[Line], title: str | None) -> list[str]:
     rows = ["", *([title, ""] if title else []),
             "| recipe | mode | admission | margin GiB | status | against | verdict | comparison | ETA "
@@ -537,9 +588,16 @@ def _table(lines: Sequence[Line], title: str | None) -> list[str]:
             f"| {x.recipe} | {x.mode or '-'} | {x.admission or '-'} | {margin} | {x.status} "
             f"| {x.against or '-'} "
             f"| {x.verdict or '-'} | {x.comparison_id or '-'} | {_secs(x.eta_s)} | {_secs(x.took_s)} "
-            f"| {x.why.replace('|', '/')} |"
+            f"| {line_why(x).replace('|', '/')} |"
         )
     return rows
+
+
+def line_why(x: Line) -> str:
+    """The line's why, with its breaches of the operator's bound when the why does not say them."""
+    if x.sla and "breaks the SLA" not in x.why:
+        return f"{x.why}; over the SLA: {'; '.join(x.sla)}"
+    return x.why
 
 
 def _secs(s: float | None) -> str:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from appliance.evaluation.sla_bound import SlaBound, SlaInputError, parse_sla
 from appliance.evaluation.sweep import MAX_VARIANTS, SweepInputError, parse_sweep
 from appliance.evaluation.tournament import budget_note
 from controller.api_client import ApiError, Client, api_url
@@ -60,6 +61,9 @@ def print_plan(record: dict[str, Any]) -> None:
         grid = "; ".join(f"{k}={','.join(map(str, v))}" for k, v in record["sweep"].items())
         typer.echo(f"sweep stage first: {grid} — each recipe's variants gated against each other "
                    f"(--allow-diff {','.join(record['sweep'])}), one picked per recipe")
+    if record.get("sla"):
+        typer.echo(f"SLA: {SlaBound.model_validate(record['sla']).words()} — a candidate over it does not "
+                   "become champion, a champion over it is not promoted")
     for x in record["lines"]:
         margin = "-" if x.get("margin_gib") is None else f"{x['margin_gib']:.2f} GiB"
         stage = "sweep " if x.get("stage") == "sweep" else ""
@@ -113,6 +117,9 @@ def choose(
     sweep: Annotated[list[str] | None, typer.Option(
         "--sweep", help="A sweep stage before the tournament: FIELD=V1,V2,... (max_num_seqs or "
         f"max_num_batched_tokens; repeatable; at most {MAX_VARIANTS} variants per recipe).")] = None,
+    sla: Annotated[str | None, typer.Option(
+        "--sla", help="A latency bound every tier must hold, P99 in ms: ttft=2000,tpot=80 (either or both). "
+        "A candidate over it does not become champion; a champion over it is not promoted.")] = None,
     accuracy: Annotated[bool, typer.Option("--accuracy/--no-accuracy", help="The accuracy veto.")] = True,
     ready_timeout: Annotated[float, typer.Option(help="Seconds an arm may take to become ready.")] = 3600,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
@@ -125,12 +132,14 @@ def choose(
     baseline first, compiled modes after, smaller memory margin last) → a decision record."""
     try:
         grid = parse_sweep(sweep) if sweep else None
-    except SweepInputError as exc:
+        bound = parse_sla(sla) if sla is not None else None
+    except (SweepInputError, SlaInputError) as exc:
         raise _fail(str(exc)) from exc
     client = Client(api_url(api))
     body: dict[str, Any] = {"recipes": recipes, "promote": promote, "fast": fast, "accuracy": accuracy,
                             "ready_timeout_s": ready_timeout}
     body |= {"sweep": grid} if grid else {}
+    body |= {"sla": bound.model_dump(exclude_none=True)} if bound is not None else {}
     body |= {k: v for k, v in (("baseline", baseline), ("budget", budget), ("platform", platform)) if v}
     planned = _post(client, {**body, "dry_run": True})
     if not as_json or plan_only:

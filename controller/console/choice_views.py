@@ -18,7 +18,9 @@ from appliance.evaluation.tournament import (
     DEFAULT_READY_S,
     ChoiceRecord,
     Line,
+    line_why,
     promotion_refusal,
+    sla_summary,
 )
 from controller.console import charts
 from controller.console.bench_views import TIER_NAMES, rate
@@ -37,7 +39,7 @@ def _secs(s: float | None) -> str:
 
 def _line_row(x: Line) -> dict[str, Any]:
     return {
-        "recipe": x.recipe, "stage": x.stage, "status": x.status, "why": x.why, "mode": x.mode or "—",
+        "recipe": x.recipe, "stage": x.stage, "status": x.status, "why": line_why(x), "mode": x.mode or "—",
         "admission": x.admission or "—",
         "margin": "—" if x.margin_gib is None else f"{x.margin_gib:.2f} GiB",
         "numbers": [(k, v) for k, v in sorted(x.numbers.items()) if k != "margin_gib" and v is not None],
@@ -100,6 +102,7 @@ class ChoiceData:
             "not_tried": [x for x in rows if x["status"] in ("not-tried", "refused", "stale")],
             "chart": self._chart(record),
             "promotion_refusal": promotion_refusal(record),
+            "sla": sla_summary(record),
         }
 
     def _chart(self, record: ChoiceRecord) -> Any:

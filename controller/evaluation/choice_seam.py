@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.evaluation.bench_tiers import NoTierFits
+from appliance.evaluation.sla_bound import SlaBound, breaches
 from appliance.evaluation.sweep import is_variant, variant_sources
 from appliance.evaluation.tournament import ArmCost, Entry, arm_cost, host_platform, matching
 from appliance.recipe.recipe_loader import RecipeError
@@ -125,6 +126,7 @@ class DriverSeam:
     params: BenchParams
     options: CompareOptions
     ready_timeout_s: float = 3600
+    sla: SlaBound | None = None  # the operator's latency bound (--sla): each arm's breaches are measured
 
     async def gate(
         self, champion: str, candidate: str, progress: Progress, allow_diff: frozenset[str] = frozenset()
@@ -143,7 +145,11 @@ class DriverSeam:
             raise GateError(message) from exc
         except (EngineNotReady, NoTierFits, ClientError) as exc:
             raise GateError(f"{type(exc).__name__}: {exc}") from exc
-        return GateOutcome(outcome.gate.verdict.value, outcome.id, list(outcome.gate.reasons))
+        measured = None
+        if self.sla is not None:
+            measured = {champion: breaches(self.sla, outcome.baselines),
+                        candidate: breaches(self.sla, outcome.candidates)}
+        return GateOutcome(outcome.gate.verdict.value, outcome.id, list(outcome.gate.reasons), measured)
 
     async def spec_hash(self, recipe: str) -> str | None:
         try:

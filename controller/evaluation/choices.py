@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from appliance.evaluation.accuracy import ITEMS_PER_KIND
 from appliance.evaluation.bench_tiers import FIRST_N
 from appliance.evaluation.protocol import Thresholds
+from appliance.evaluation.sla_bound import SlaBound
 from appliance.evaluation.sweep import check_sweep
 from appliance.evaluation.tournament import (
     ArmCost,
@@ -62,6 +63,9 @@ class ChoiceBody(BaseModel):
     # The sweep stage (appliance/evaluation/sweep.py): field → values, e.g. {"max_num_seqs": [64, 128]};
     # which fields, how many values and which numbers are checked there (422 naming the rule).
     sweep: dict[str, list[int]] | None = None
+    # The operator's latency bound (appliance/evaluation/sla_bound.py): P99 TTFT / TPOT in ms per tier;
+    # a candidate over it does not become champion, a champion over it is not promoted.
+    sla: SlaBound | None = None
 
 
 class BesideRefused(RuntimeError):
@@ -120,7 +124,7 @@ class Choices:
         options = CompareOptions(thresholds=Thresholds(max_rounds=b.max_rounds), accuracy=b.accuracy,
                                  accuracy_items=1 if b.fast else b.accuracy_items)
         return DriverSeam(driver_control(self.driver, self.store, self.preflight), self.preflight, self.evals,
-                          params, options, b.ready_timeout_s)
+                          params, options, b.ready_timeout_s, b.sla)
 
     def resume(self) -> None:
         """After a controller restart: the choice that was running continues (its settings as asked)."""
@@ -146,7 +150,8 @@ class Choices:
         arm_costs = await asyncio.to_thread(costs, self.store, self.evals, entries + variants)
         serving = self.driver.status()
         before = str(serving.get("recipe")) if serving.get("state") == "ready" else None
-        extra = {"settings": body.model_dump(mode="json"), "versions": _versions(self.store, serving)}
+        extra = {"settings": body.model_dump(mode="json"), "versions": _versions(self.store, serving),
+                 "sla": body.sla.model_dump(exclude_none=True) if body.sla is not None else {}}
         return Prepared(body, platform, entries, variants, texts, arm_costs, budget_s, grid, before, extra)
 
     async def plan(self, body: ChoiceBody) -> ChoiceRecord:

@@ -29,6 +29,7 @@ from appliance.evaluation.tournament import (
     Entry,
     allow_diff_for,
     champion_for,
+    champion_over_sla,
     ended,
     judged,
     margin_of,
@@ -71,6 +72,8 @@ class GateOutcome:
     verdict: str
     comparison_id: str | None
     reasons: list[str] = field(default_factory=list)
+    # With an operator's bound (--sla): each arm's recipe → its breaches in this gate ([]: held).
+    sla: dict[str, list[str]] | None = None
 
 
 class ChoiceSeam(Protocol):
@@ -237,7 +240,7 @@ class Chooser:
                 self._count("error")
             else:
                 record = judged(record, line.recipe, out.verdict, out.comparison_id, out.reasons,
-                                self.clock() - t0, stage)
+                                self.clock() - t0, stage, sla=out.sla)
                 self._count(out.verdict)
             self.store.save(record)
             status = record.line(line.recipe, stage).status
@@ -249,13 +252,18 @@ class Chooser:
     async def _finish(self, record: ChoiceRecord, publish: Progress) -> ChoiceRecord:
         """Promote the champion when told (never one that needs the full run), else go back."""
         target = record.serving_before
+        promoting = False
         update: dict[str, Any] = {}
         if record.promote and record.state in ("done", "stopped-budget"):
+            over = champion_over_sla(record)
             if record.champion_verdict == Verdict.ACCEPT_PENDING_FULL.value:
                 update["ended_why"] = (f"{record.ended_why}; not promoted: {record.champion}'s gate was "
                                        "ACCEPT-PENDING-FULL, promotion needs the full run (compare --full)")
+            elif over:
+                update["ended_why"] = (f"{record.ended_why}; not promoted: {record.champion} breaks the SLA "
+                                       f"({'; '.join(over)})")
             else:
-                target = record.champion
+                target, promoting = record.champion, True
         if target is None:
             return record.model_copy(update=update)
         try:
@@ -266,7 +274,7 @@ class Chooser:
         except GateError as exc:
             why = f"{update.get('ended_why', record.ended_why)}; could not switch to {target}: {exc}"
             return record.model_copy(update={"ended_why": why})
-        if target == record.champion and record.promote:
+        if promoting:
             return promotion_recorded(record.model_copy(update=update), self.clock(), "choose --promote")
         return record.model_copy(update={**update, "restored": target})
 

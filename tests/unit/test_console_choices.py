@@ -8,6 +8,7 @@ test_api.py's fakes); records go through the real choice store."""
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 
 import httpx
@@ -107,6 +108,24 @@ async def test_a_champion_pending_the_full_run_is_not_promoted_and_says_why(
     assert refused.status_code == 409 and "compare --full cpu-smollm2 cpu-smollm2-eager" in refused.text
     assert ChoiceStore(rig.store.path).get("choice-c").promoted is None  # type: ignore[union-attr]
     assert rig.driver.status()["recipe"] != "cpu-smollm2-eager"
+
+
+async def test_a_choice_with_an_sla_shows_it_and_a_champion_over_it_is_not_promoted(
+    client: httpx.AsyncClient, rig: Rig
+) -> None:
+    over = "P99 TTFT in 16-32K: 2400.0 ms > 2000 ms"
+    record = _record("choice-s")
+    record.sla = {"ttft_p99_ms": 2000.0}
+    record.line("cpu-smollm2-eager").sla = [over]
+    _save(rig, record)
+    await login(client)
+    page = await client.get("/console/choices/choice-s")
+    assert 'id="sla"' in page.text and "P99 TTFT ≤ 2000 ms in every tier; the champion breaks it" in page.text
+    assert f"over the SLA: {html.escape(over)}" in page.text  # the line's why says it (escaped: the >)
+    assert 'id="promote"' not in page.text and "breaks the SLA asked for this choice" in page.text
+    csrf = _form_token((await client.get("/console/keys")).text, "csrf")
+    refused = await client.post("/console/choices/choice-s/promote", data={"csrf": csrf})
+    assert refused.status_code == 409 and "breaks the SLA" in refused.text
 
 
 async def test_start_a_choice_shows_the_plan_and_its_eta_then_starts_it_with_the_csrf_token(
