@@ -170,7 +170,9 @@ def test_choose_in_fast_mode_gates_a_candidate_failing_mid_run_stores_it_whole_a
     assert plan.returncode == 0, plan.stderr
     assert "FAST MODE" in plan.stdout and "expected duration" in plan.stdout
 
-    r = _cli(controller, *choose, "--yes", "--json", "--ready-timeout", "1500", timeout=3000)
+    # An SLA every answer of this engine holds (an hour): it is measured on each arm, never decides here.
+    r = _cli(controller, *choose, "--sla", "ttft=3600000", "--yes", "--json", "--ready-timeout", "1500",
+             timeout=3000)
     assert r.returncode == 0, r.stderr + r.stdout
     record = json.loads(r.stdout)
     assert record["fast"] is True and record["state"] == "done", record
@@ -180,6 +182,10 @@ def test_choose_in_fast_mode_gates_a_candidate_failing_mid_run_stores_it_whole_a
     # the candidate was gated against the baseline: a stored compare, a verdict, a loss (its long tier failed)
     assert (cand["status"], cand["against"], cand["verdict"]) == ("lost", BASE, "reject"), cand
     assert cand["comparison_id"] and cand["took_s"] is not None and cand["eta_s"] is not None
+    # the bound, measured from each arm's runs: the baseline holds it; the candidate's failed tier has
+    # nothing measured, which counts as a breach, never a pass
+    assert record["sla"] == {"ttft_p99_ms": 3600000}
+    assert lines[BASE]["sla"] == [] and any("16-32K: not measured" in b for b in cand["sla"]), cand
     # the other recipes of the platform are lines too, each with why it was not tried
     for name in ("cpu-smollm2", "cpu-smollm2-eager"):
         assert lines[name]["status"] == "not-tried" and "pattern" in lines[name]["why"]
