@@ -26,6 +26,7 @@ from controller.gateway.config import GatewayConfig
 from controller.gateway.embedded import RunningGateway, serve_in_loop
 from controller.gateway.hold.queue import HoldPlan
 from controller.gateway.keystore import KeyStore
+from controller.gateway.usage.store import UsageStore
 
 ADMIN = "connections-admin-token"
 pytestmark = pytest.mark.timeout(120)
@@ -141,6 +142,19 @@ async def test_a_lost_connection_cancels_its_pipelined_request(tmp_path: Path) -
                 "the cancelled request counted as 499",
             )
             assert len(up.requests) == 2, "the third pipelined request must never start"
+            # ... and it is billed: both requests that reached the engine are recorded for the key, the
+            # cancelled one as an error with what it had cost (the usage is written in a `finally`).
+            rows: list[Any] = []
+            for _ in range(100):
+                await gw.app.accounting.flush()
+                rows = UsageStore(tmp_path / "usage.sqlite3").query()
+                if sum(r.requests for r in rows) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert sum(r.requests for r in rows) == 2 and sum(r.errors for r in rows) == 1, rows
+            # the synthetic engine counts a prompt as its body's length / 4: the first request's alone
+            # is ~7 tokens, so the cancelled stream's prompt (at least its own body's) was charged too
+            assert sum(r.prompt_tokens for r in rows) >= len(long) // 4 + 1, rows
     finally:
         await up.stop()
 
