@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from statistics import median
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from appliance.evaluation.bench_result import BenchResult
 
@@ -71,17 +71,10 @@ def parse_sla(text: str) -> SlaBound:
         values[field] = number
     try:
         return SlaBound.model_validate(values)
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise SlaInputError(f"--sla: {_first_error(exc)}") from exc
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ())) or "sla"
-        return f"{where}: {first.get('msg', exc)}"
-    return str(exc)
+    except ValidationError as exc:  # as appliance/settings.py words it: the field, then pydantic's rule
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "sla"
+        raise SlaInputError(f"--sla: {where}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
 def measured(runs: Sequence[BenchResult]) -> dict[str, dict[str, float | None]]:

@@ -152,7 +152,6 @@ class ChoiceRecord(BaseModel):
     sweep: dict[str, list[int]] = Field(default_factory=dict)  # the declared grid (empty: no sweep stage)
     sweep_champions: dict[str, str] = Field(default_factory=dict)  # swept recipe → its variant so far
     picked: dict[str, str] = Field(default_factory=dict)  # swept recipe → the variant its sweep picked
-    sla: dict[str, float] = Field(default_factory=dict)  # the operator's bound, ms (empty: none asked)
 
     def line(self, recipe: str, stage: Stage | None = None) -> Line:
         """`recipe`'s line in `stage`; without one, its tournament line first (a picked variant
@@ -441,10 +440,16 @@ def _line_of(record: ChoiceRecord, recipe: str) -> Line | None:
                 next((x for x in record.lines if x.recipe == recipe), None))
 
 
+def sla_of(record: ChoiceRecord) -> SlaBound | None:
+    """The operator's bound, as the choice was asked (its settings: the one place it is kept)."""
+    raw = record.settings.get("sla")
+    return SlaBound.model_validate(raw) if raw else None
+
+
 def champion_over_sla(record: ChoiceRecord) -> list[str]:
     """The champion's breaches of the operator's bound ([]: none asked, held, or not measured)."""
     champ = _line_of(record, record.champion)
-    return list(champ.sla or []) if champ is not None and record.sla else []
+    return list(champ.sla or []) if champ is not None and sla_of(record) is not None else []
 
 
 def skipped(
@@ -542,7 +547,7 @@ def markdown(record: ChoiceRecord) -> str:
         f"- platform: {record.platform}; recipes: `{record.pattern}`"
         + ("; FAST MODE (capped outputs: not a full measurement)" if record.fast else ""),
         f"- champion: **{record.champion}** — {record.champion_why}",
-        *([f"- SLA (--sla): {sla_summary(record)}"] if record.sla else []),
+        *([f"- SLA (--sla): {summary}"] if (summary := sla_summary(record)) else []),
         f"- baseline: {record.baseline}; serving before: {record.serving_before or 'nothing'}",
         f"- rule: {record.rule}",
         f"- budget: {_secs(record.budget_s)}; expected: {_secs(record.eta_s)}; "
@@ -569,13 +574,14 @@ def markdown(record: ChoiceRecord) -> str:
 
 def sla_summary(record: ChoiceRecord) -> str | None:
     """The operator's bound and where the champion stands against it (None: no bound was asked)."""
-    if not record.sla:
+    bound = sla_of(record)
+    if bound is None:
         return None
     champ = _line_of(record, record.champion)
     over = champion_over_sla(record)
     state = (f"breaks it: {'; '.join(over)}" if over else
              "holds it" if champ is not None and champ.sla is not None else "was not measured against it")
-    return f"{SlaBound.model_validate(record.sla).words()}; the champion {state}"
+    return f"{bound.words()}; the champion {state}"
 
 
 def _table(lines: Sequence[Line], title: str | None) -> list[str]:

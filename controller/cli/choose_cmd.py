@@ -61,8 +61,8 @@ def print_plan(record: dict[str, Any]) -> None:
         grid = "; ".join(f"{k}={','.join(map(str, v))}" for k, v in record["sweep"].items())
         typer.echo(f"sweep stage first: {grid} — each recipe's variants gated against each other "
                    f"(--allow-diff {','.join(record['sweep'])}), one picked per recipe")
-    if record.get("sla"):
-        typer.echo(f"SLA: {SlaBound.model_validate(record['sla']).words()} — a candidate over it does not "
+    if sla := (record.get("settings") or {}).get("sla"):
+        typer.echo(f"SLA: {SlaBound.model_validate(sla).words()} — a candidate over it does not "
                    "become champion, a champion over it is not promoted")
     for x in record["lines"]:
         margin = "-" if x.get("margin_gib") is None else f"{x['margin_gib']:.2f} GiB"

@@ -150,8 +150,7 @@ class Choices:
         arm_costs = await asyncio.to_thread(costs, self.store, self.evals, entries + variants)
         serving = self.driver.status()
         before = str(serving.get("recipe")) if serving.get("state") == "ready" else None
-        extra = {"settings": body.model_dump(mode="json"), "versions": _versions(self.store, serving),
-                 "sla": body.sla.model_dump(exclude_none=True) if body.sla is not None else {}}
+        extra = {"settings": body.model_dump(mode="json"), "versions": _versions(self.store, serving)}
         return Prepared(body, platform, entries, variants, texts, arm_costs, budget_s, grid, before, extra)
 
     async def plan(self, body: ChoiceBody) -> ChoiceRecord:

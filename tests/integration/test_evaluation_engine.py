@@ -184,7 +184,7 @@ def test_choose_in_fast_mode_gates_a_candidate_failing_mid_run_stores_it_whole_a
     assert cand["comparison_id"] and cand["took_s"] is not None and cand["eta_s"] is not None
     # the bound, measured from each arm's runs: the baseline holds it; the candidate's failed tier has
     # nothing measured, which counts as a breach, never a pass
-    assert record["sla"] == {"ttft_p99_ms": 3600000}
+    assert record["settings"]["sla"] == {"ttft_p99_ms": 3600000.0, "tpot_p99_ms": None}
     assert lines[BASE]["sla"] == [] and any("16-32K: not measured" in b for b in cand["sla"]), cand
     # the other recipes of the platform are lines too, each with why it was not tried
     for name in ("cpu-smollm2", "cpu-smollm2-eager"):

@@ -181,7 +181,6 @@ async def test_an_sla_is_in_the_plan_and_a_bad_one_is_422_naming_the_field(clien
     r = await client.post("/choices", json={**PLAN, "sla": {"ttft_p99_ms": 2000, "tpot_p99_ms": 80}},
                           headers=AUTH)
     assert r.status_code == 202, r.text
-    assert r.json()["sla"] == {"ttft_p99_ms": 2000, "tpot_p99_ms": 80}
     assert r.json()["settings"]["sla"] == {"ttft_p99_ms": 2000, "tpot_p99_ms": 80}  # a resume keeps it
     for sla, words in (({}, "at least one bound"), ({"ttft_p99_ms": 0}, "greater than 0"),
                        ({"ttft_p99_ms": "2000"}, "ttft_p99_ms"), ({"p50_ms": 10}, "p50_ms")):

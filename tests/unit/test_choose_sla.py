@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from appliance.evaluation.sla_bound import SlaBound
-from appliance.evaluation.tournament import markdown, promotion_refusal
+from appliance.evaluation.tournament import markdown, promotion_refusal, sla_of
 from controller.evaluation.choice_seam import DriverSeam
 from controller.evaluation.choose import GateOutcome, Progress
 from controller.evaluation.store import EvalStore
@@ -20,7 +20,7 @@ from tests.unit.test_compare_protocol import OPTS, PARAMS, World
 
 world, _control = _twins.world, _twins._control  # the faked engine's world (a fixture) and its control
 BOUND = {"tpot_p99_ms": 80.0}
-EXTRA = {"sla": BOUND}
+EXTRA = {"settings": {"sla": BOUND}}  # where a choice keeps its bound: the body as asked
 
 
 @dataclass
@@ -80,7 +80,7 @@ async def test_without_a_bound_nothing_is_measured_against_one(tmp_path: Path) -
     seam = FakeSeam(clock, {"piecewise": "accept", "graph": "accept"})
     chooser, _, _ = rig(tmp_path, seam, clock)
     record = await chooser.run(begin(chooser))
-    assert record.sla == {} and all(x.sla is None for x in record.lines)
+    assert sla_of(record) is None and all(x.sla is None for x in record.lines)
     assert "SLA" not in markdown(record)
 
 
@@ -96,7 +96,7 @@ async def _real_gate(tmp_path: Path, world: World, bound: SlaBound) -> Any:
     driver = DriverSeam(control=_control(world), preflight=cast(Preflight, None),
                         evals=EvalStore(tmp_path / "evals.sqlite3"), params=PARAMS, options=OPTS, sla=bound)
     chooser, _, _ = rig(tmp_path, seam, clock)
-    return await chooser.run(begin(chooser, extra={"sla": bound.model_dump(exclude_none=True)}))
+    return await chooser.run(begin(chooser, extra={"settings": {"sla": bound.model_dump(exclude_none=True)}}))
 
 
 async def test_the_real_gate_measures_each_arm_against_the_bound(tmp_path: Path, world: World) -> None:
@@ -128,7 +128,7 @@ def test_the_cli_plan_says_the_sla_and_what_it_does(capsys: Any) -> None:
     from controller.cli.choose_cmd import print_plan
     from tests.unit.test_choose_sweep import _plan
 
-    record = _plan().model_copy(update={"sla": {"ttft_p99_ms": 2000.0}})
+    record = _plan().model_copy(update={"settings": {"sla": {"ttft_p99_ms": 2000.0}}})
     print_plan(record.model_dump(mode="json"))
     out = capsys.readouterr().out
     assert ("SLA: P99 TTFT ≤ 2000 ms in every tier — a candidate over it does not become champion, a "

@@ -115,7 +115,7 @@ async def test_a_choice_with_an_sla_shows_it_and_a_champion_over_it_is_not_promo
 ) -> None:
     over = "P99 TTFT in 16-32K: 2400.0 ms > 2000 ms"
     record = _record("choice-s")
-    record.sla = {"ttft_p99_ms": 2000.0}
+    record.settings = {"sla": {"ttft_p99_ms": 2000.0}}
     record.line("cpu-smollm2-eager").sla = [over]
     _save(rig, record)
     await login(client)
