@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from controller.evaluation.choices import FAST_OUTPUT_TOKENS
 from tests.integration.controller_harness import (
     REPO,
     START_LIVENESS_S,
@@ -211,6 +212,18 @@ def test_choose_in_fast_mode_gates_a_candidate_failing_mid_run_stores_it_whole_a
     short = json.loads(next(b for b in benches if b["recipe"] == SHORT)["result_json"])
     failed_tiers = [t["tier"]["name"] for t in short["tiers"] if any(not q["ok"] for q in t["requests"])]
     assert failed_tiers == ["16-32K"]
+    assert all(not q["ok"] for q in short["tiers"][-1]["requests"])  # the whole 16-32K tier, nothing earlier
+    # each arm's run as the protocol stores it: the smoke checked against the log with the engine alive
+    # after it, one discarded warm-up per tier, the fast mode's output limits; accuracy on the baseline
+    # only (the candidate's throughput steps failed)
+    base_run = json.loads(next(b for b in benches if b["recipe"] == BASE)["result_json"])
+    for run in (base_run, short):
+        assert run["smoke"]["log_checked"] and run["smoke"]["alive_after"] and run["smoke"]["request"]["ok"]
+        assert [w["tier"] for w in run["warmup"]] == ["warmup:4-8K", "warmup:8-16K", "warmup:16-32K"]
+        assert run["settings"]["output_limits"] == {"max_tokens": FAST_OUTPUT_TOKENS, "ignore_eos": False}
+    assert sorted(i["kind"] for i in base_run["accuracy"]["items"]) == [
+        "keyword_aggregation", "multihop_qa", "retrieval_multi_point", "summarization"]
+    assert short["accuracy"] is None
     stored = {c["id"]: c for c in controller.get("/comparisons")}
     assert stored[cand["comparison_id"]]["verdict"] == "reject"
 
