@@ -66,6 +66,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: every socket stays bound until all are picked (one at a time, the
+    kernel may hand the same port out twice, and two of the stack's listeners would then share one)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 def _compose_cmd() -> list[str]:
     if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0:
         return ["docker", "compose"]
@@ -228,7 +238,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     print(f"\n[compose] images ready in {took:.1f} s\n{out}")
     _exits_at_once_image(client)
     tmp = tmp_path_factory.mktemp("compose")
-    ports = [_free_port() for _ in range(5)]
+    ports = _free_ports(5)
     admin, gateway, prom, engine, gateway_control = ports
     _write_recipes(tmp / "recipes", engine)
     _prometheus_config(tmp / "prometheus.yml", admin, gateway_control)
